@@ -1,0 +1,125 @@
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::InvalidArgument;
+
+/// The id of ONE acquisition attempt, chosen by the client (a UUID).
+///
+/// Together with the token it is the capability to renew or release, so it is
+/// never shown to other clients. A new attempt uses a new id.
+///
+/// ```
+/// use fenced_core::OwnerId;
+/// let owner = OwnerId::random();
+/// assert_eq!(OwnerId::from_bytes(owner.as_bytes())?, owner);
+/// assert!(OwnerId::from_bytes(&[0; 16]).is_err()); // the nil UUID
+/// # Ok::<(), fenced_core::InvalidArgument>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct OwnerId(Uuid);
+
+impl OwnerId {
+    /// A fresh random id (UUID v4) for a new acquisition attempt.
+    pub fn random() -> Self {
+        Self(Uuid::new_v4())
+    }
+
+    /// Validates a UUID: the nil UUID is refused.
+    pub fn new(id: Uuid) -> Result<Self, InvalidArgument> {
+        if id.is_nil() {
+            return Err(InvalidArgument::new(
+                "owner_id",
+                "must be a non-nil UUID (16 bytes)",
+            ));
+        }
+        Ok(Self(id))
+    }
+
+    /// Validates 16 raw bytes from the wire.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, InvalidArgument> {
+        let id = Uuid::from_slice(bytes).map_err(|_| {
+            InvalidArgument::new(
+                "owner_id",
+                format!("must be exactly 16 bytes (a UUID), got {}", bytes.len()),
+            )
+        })?;
+        Self::new(id)
+    }
+
+    /// Parses the text form (`67e55044-10b1-426f-9247-bb680e5fe0c8`).
+    pub fn parse(text: &str) -> Result<Self, InvalidArgument> {
+        let id = Uuid::parse_str(text)
+            .map_err(|e| InvalidArgument::new("owner_id", format!("must be a UUID: {e}")))?;
+        Self::new(id)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        self.0.as_bytes()
+    }
+
+    pub fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl fmt::Display for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// A fencing token: the ownership generation of a resource, always ≥ 1.
+///
+/// Compare tokens; derive no other meaning from the number.
+///
+/// ```
+/// use fenced_core::Token;
+/// assert_eq!(Token::new(7)?.get(), 7);
+/// assert!(Token::new(0).is_err());
+/// # Ok::<(), fenced_core::InvalidArgument>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Token(u64);
+
+impl Token {
+    /// Validates a token presented by a client: 0 is never issued.
+    pub fn new(value: u64) -> Result<Self, InvalidArgument> {
+        if value == 0 {
+            return Err(InvalidArgument::new(
+                "token",
+                "must be at least 1 (tokens start at 1)",
+            ));
+        }
+        Ok(Self(value))
+    }
+
+    /// A token issued by the table's counter, which starts at 1.
+    pub(crate) fn issued(value: u64) -> Self {
+        debug_assert!(value >= 1);
+        Self(value)
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({})", self.0)
+    }
+}

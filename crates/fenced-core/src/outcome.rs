@@ -1,0 +1,98 @@
+use serde::{Deserialize, Serialize};
+
+use crate::{ClusterTime, OwnerId, ResourceName, Token};
+
+/// A lease granted to an owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub token: Token,
+    /// Cluster time at which the lease ends unless renewed.
+    pub expires_at: ClusterTime,
+    pub ttl_ms: u64,
+}
+
+/// Why a renew or release by a non-holder changed nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LostReason {
+    /// The lease ran out before this request was applied.
+    Expired,
+    /// The lease was released.
+    Released,
+    /// A later owner was granted the resource; `current_token` is the newest
+    /// token issued for it.
+    Superseded { current_token: Token },
+    /// No such lease is known: wrong owner id or token, or forgotten.
+    Unknown,
+}
+
+/// The result of applying one command. Refusals are normal concurrency, not
+/// errors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Granted(Grant),
+    /// Another owner holds the resource.
+    Held {
+        current_token: Token,
+        remaining_ms: u64,
+    },
+    /// The owner is queued (`position` 1 is next); an [`Event`] answers it
+    /// later with a grant or with the end of its wait.
+    Waiting {
+        position: u32,
+    },
+    /// The resource already has the maximum number of waiters.
+    WaitQueueFull {
+        max_waiters: u32,
+    },
+    Renewed {
+        expires_at: ClusterTime,
+        ttl_ms: u64,
+    },
+    Lost(LostReason),
+    Released,
+    NotHolder(LostReason),
+}
+
+/// Something that happened while applying an entry without being the direct
+/// answer to one of its commands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    /// A queued owner was granted the resource.
+    WaiterGranted {
+        resource: ResourceName,
+        owner: OwnerId,
+        grant: Grant,
+    },
+    /// A queued owner's wait ran out; the resource is still held.
+    WaitElapsed {
+        resource: ResourceName,
+        owner: OwnerId,
+        current_token: Token,
+        remaining_ms: u64,
+    },
+    /// A lease ran out without being renewed or released.
+    Expired {
+        resource: ResourceName,
+        owner: OwnerId,
+        token: Token,
+    },
+}
+
+/// Everything one applied batch produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// One outcome per command, in order.
+    pub outcomes: Vec<Outcome>,
+    pub events: Vec<Event>,
+}
+
+/// What [`crate::LeaseTable::describe`] reports about a resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Description {
+    /// The newest token issued for this resource, 0 if none is remembered.
+    pub last_token: u64,
+    pub held: bool,
+    /// Milliseconds of the current lease left, 0 when not held.
+    pub remaining_ms: u64,
+    pub waiters: u32,
+}

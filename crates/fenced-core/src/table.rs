@@ -1,0 +1,657 @@
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    Applied, Batch, ClusterTime, Command, Description, Event, Grant, LostReason, Outcome, OwnerId,
+    ResourceName, Token, MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE,
+};
+
+/// The version of [`TableSnapshot`]'s layout. Bump it when the layout changes.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Lease {
+    owner: OwnerId,
+    token: Token,
+    expires_at: ClusterTime,
+    ttl_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum EndReason {
+    Released,
+    Expired,
+}
+
+/// The most recent lease of a resource that ended, so that a late renew or a
+/// retried release can be told exactly what happened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Ended {
+    owner: OwnerId,
+    token: Token,
+    reason: EndReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Waiter {
+    owner: OwnerId,
+    ttl_ms: u64,
+    deadline: ClusterTime,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    /// The newest token issued for this resource.
+    last_token: Token,
+    holder: Option<Lease>,
+    ended: Option<Ended>,
+    /// First come, first served. Never non-empty while `holder` is `None`:
+    /// the head waiter is granted in the same step that ends a lease.
+    waiters: VecDeque<Waiter>,
+    /// Position in the forget-oldest order while the resource is idle.
+    idle_seq: Option<u64>,
+}
+
+impl Record {
+    fn is_idle(&self) -> bool {
+        self.holder.is_none() && self.waiters.is_empty()
+    }
+
+    fn lost_reason(&self, owner: OwnerId, token: Token) -> LostReason {
+        match &self.ended {
+            Some(e) if e.owner == owner && e.token == token => match e.reason {
+                EndReason::Released => LostReason::Released,
+                EndReason::Expired => LostReason::Expired,
+            },
+            _ if token < self.last_token => LostReason::Superseded {
+                current_token: self.last_token,
+            },
+            _ => LostReason::Unknown,
+        }
+    }
+}
+
+/// The lease table: every resource's holder, token and waiters.
+///
+/// A pure state machine: [`LeaseTable::apply`] takes a [`Batch`] stamped with
+/// cluster time and returns one [`Outcome`] per command plus the [`Event`]s
+/// the batch caused. The same batches in the same order give the same table on
+/// every replica.
+///
+/// Tokens come from one counter for the whole table, so every grant's token is
+/// greater than every token issued before it, for that resource and all
+/// others: a resource that was forgotten and used again still gets a higher
+/// token.
+///
+/// ```
+/// use fenced_core::*;
+/// let mut table = LeaseTable::new();
+/// let (a, b) = (OwnerId::random(), OwnerId::random());
+/// let res = ResourceName::new("statement:account-1842:2026-07")?;
+/// let acquire = |owner| Command::Acquire { resource: res.clone(), owner, ttl_ms: 30_000, wait_ms: 0 };
+///
+/// let at = |ms| ClusterTime::from_millis(ms);
+/// let out = table.apply(&Batch { stamp: at(0), commands: vec![acquire(a)] });
+/// let Outcome::Granted(first) = out.outcomes[0] else { panic!() };
+///
+/// // B is refused while A's lease runs, and granted a higher token after it expires.
+/// let out = table.apply(&Batch { stamp: at(1_000), commands: vec![acquire(b)] });
+/// assert!(matches!(out.outcomes[0], Outcome::Held { .. }));
+/// let out = table.apply(&Batch { stamp: at(30_000), commands: vec![acquire(b)] });
+/// let Outcome::Granted(second) = out.outcomes[0] else { panic!() };
+/// assert!(second.token > first.token);
+/// # Ok::<(), fenced_core::InvalidArgument>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct LeaseTable {
+    now: ClusterTime,
+    last_token: u64,
+    records: BTreeMap<ResourceName, Record>,
+    /// Every held lease by expiry time.
+    expiries: BTreeSet<(ClusterTime, ResourceName)>,
+    /// Every waiter by the end of its wait.
+    deadlines: BTreeSet<(ClusterTime, ResourceName, OwnerId)>,
+    /// Idle resources, oldest first.
+    idle: BTreeSet<(u64, ResourceName)>,
+    next_idle_seq: u64,
+    max_idle: usize,
+}
+
+impl Default for LeaseTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LeaseTable {
+    pub fn new() -> Self {
+        Self {
+            now: ClusterTime::ZERO,
+            last_token: 0,
+            records: BTreeMap::new(),
+            expiries: BTreeSet::new(),
+            deadlines: BTreeSet::new(),
+            idle: BTreeSet::new(),
+            next_idle_seq: 0,
+            max_idle: MAX_IDLE_RECORDS,
+        }
+    }
+
+    /// A table that remembers at most `max_idle` idle resources (tests of the
+    /// bound use a small one; servers always use [`MAX_IDLE_RECORDS`]).
+    pub fn with_max_idle(max_idle: usize) -> Self {
+        Self {
+            max_idle,
+            ..Self::new()
+        }
+    }
+
+    /// The cluster time of the latest applied batch.
+    pub fn now(&self) -> ClusterTime {
+        self.now
+    }
+
+    /// The highest token ever issued by this table (0 before the first grant).
+    pub fn last_token(&self) -> u64 {
+        self.last_token
+    }
+
+    /// How many leases are held (not yet expired at [`LeaseTable::now`]).
+    pub fn live_leases(&self) -> usize {
+        self.expiries.len()
+    }
+
+    /// How many resources the table remembers, held or idle.
+    pub fn resources(&self) -> usize {
+        self.records.len()
+    }
+
+    /// The current holder of `resource` and its grant, if any.
+    pub fn holder(&self, resource: &str) -> Option<(OwnerId, Grant)> {
+        let lease = self.records.get(resource)?.holder.as_ref()?;
+        Some((
+            lease.owner,
+            Grant {
+                token: lease.token,
+                expires_at: lease.expires_at,
+                ttl_ms: lease.ttl_ms,
+            },
+        ))
+    }
+
+    /// The state of `resource` as seen at cluster time `now` (a read needs no
+    /// log entry; `now` is the leader's clock, never earlier than the table's).
+    pub fn describe(&self, resource: &str, now: ClusterTime) -> Description {
+        let now = now.max(self.now);
+        let Some(rec) = self.records.get(resource) else {
+            return Description {
+                last_token: 0,
+                held: false,
+                remaining_ms: 0,
+                waiters: 0,
+            };
+        };
+        let live = rec.holder.as_ref().filter(|l| l.expires_at > now);
+        Description {
+            last_token: rec.last_token.get(),
+            held: live.is_some(),
+            remaining_ms: live.map_or(0, |l| l.expires_at.millis_since(now)),
+            waiters: u32::try_from(rec.waiters.len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The earliest cluster time at which a tick would answer a waiter: the end
+    /// of a wait, or the expiry of a lease someone is waiting for.
+    pub fn next_wakeup(&self) -> Option<ClusterTime> {
+        let first_deadline = self.deadlines.first().map(|(t, _, _)| *t);
+        let contended_expiry = self
+            .deadlines
+            .iter()
+            .filter_map(|(_, name, _)| self.records.get(name)?.holder.as_ref())
+            .map(|l| l.expires_at)
+            .min();
+        match (first_deadline, contended_expiry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Applies one log entry. Cluster time only moves forward: a stamp older
+    /// than the table's time is treated as the table's time.
+    pub fn apply(&mut self, batch: &Batch) -> Applied {
+        if batch.stamp > self.now {
+            self.now = batch.stamp;
+        }
+        let now = self.now;
+        let mut applied = Applied {
+            outcomes: Vec::with_capacity(batch.commands.len()),
+            events: Vec::new(),
+        };
+        self.sweep(now, &mut applied.events);
+        for command in &batch.commands {
+            let outcome = match command {
+                Command::Acquire {
+                    resource,
+                    owner,
+                    ttl_ms,
+                    wait_ms,
+                } => self.acquire(resource, *owner, *ttl_ms, *wait_ms, now),
+                Command::Renew {
+                    resource,
+                    owner,
+                    token,
+                    ttl_ms,
+                } => self.renew(resource, *owner, *token, *ttl_ms, now),
+                Command::Release {
+                    resource,
+                    owner,
+                    token,
+                } => self.release(resource, *owner, *token, now, &mut applied.events),
+            };
+            self.update_idle(command.resource());
+            debug_assert!(self.check_record(command.resource()).is_ok());
+            applied.outcomes.push(outcome);
+        }
+        self.forget_oldest_idle();
+        applied
+    }
+
+    fn sweep(&mut self, now: ClusterTime, events: &mut Vec<Event>) {
+        // Waits that ran out come first: a waiter whose wait ended is not granted.
+        while let Some((deadline, name, owner)) = self.deadlines.first().cloned() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let Some(rec) = self.records.get_mut(&name) else {
+                continue;
+            };
+            rec.waiters.retain(|w| w.owner != owner);
+            if let Some(lease) = &rec.holder {
+                events.push(Event::WaitElapsed {
+                    resource: name.clone(),
+                    owner,
+                    current_token: lease.token,
+                    remaining_ms: lease.expires_at.millis_since(now),
+                });
+            }
+        }
+        while let Some((expires_at, name)) = self.expiries.first().cloned() {
+            if expires_at > now {
+                break;
+            }
+            self.expiries.pop_first();
+            let Some(rec) = self.records.get_mut(&name) else {
+                continue;
+            };
+            if let Some(lease) = rec.holder.take() {
+                rec.ended = Some(Ended {
+                    owner: lease.owner,
+                    token: lease.token,
+                    reason: EndReason::Expired,
+                });
+                events.push(Event::Expired {
+                    resource: name.clone(),
+                    owner: lease.owner,
+                    token: lease.token,
+                });
+            }
+            self.hand_off(&name, now, events);
+            self.update_idle(&name);
+        }
+    }
+
+    fn acquire(
+        &mut self,
+        name: &ResourceName,
+        owner: OwnerId,
+        ttl_ms: u64,
+        wait_ms: u64,
+        now: ClusterTime,
+    ) -> Outcome {
+        let ttl_ms = ttl_ms.max(1);
+        let Some(rec) = self.records.get_mut(name) else {
+            return Outcome::Granted(self.grant(name, owner, ttl_ms, now));
+        };
+        match &mut rec.holder {
+            // The holder asking again (its reply was lost): the same grant, with
+            // the lease running at least `ttl_ms` from now, so a client that
+            // times its lease from the retry is still on the safe side.
+            Some(lease) if lease.owner == owner => {
+                let expires_at = lease.expires_at.max(now.plus_millis(ttl_ms));
+                if expires_at != lease.expires_at {
+                    self.expiries.remove(&(lease.expires_at, name.clone()));
+                    self.expiries.insert((expires_at, name.clone()));
+                    lease.expires_at = expires_at;
+                    lease.ttl_ms = ttl_ms;
+                }
+                Outcome::Granted(Grant {
+                    token: lease.token,
+                    expires_at: lease.expires_at,
+                    ttl_ms: lease.ttl_ms,
+                })
+            }
+            Some(lease) => {
+                let held = Outcome::Held {
+                    current_token: lease.token,
+                    remaining_ms: lease.expires_at.millis_since(now),
+                };
+                if wait_ms == 0 {
+                    return held;
+                }
+                if let Some(pos) = rec.waiters.iter().position(|w| w.owner == owner) {
+                    return Outcome::Waiting {
+                        position: position_u32(pos + 1),
+                    };
+                }
+                if rec.waiters.len() >= MAX_WAITERS_PER_RESOURCE {
+                    return Outcome::WaitQueueFull {
+                        max_waiters: position_u32(MAX_WAITERS_PER_RESOURCE),
+                    };
+                }
+                let deadline = now.plus_millis(wait_ms);
+                rec.waiters.push_back(Waiter {
+                    owner,
+                    ttl_ms,
+                    deadline,
+                });
+                self.deadlines.insert((deadline, name.clone(), owner));
+                Outcome::Waiting {
+                    position: position_u32(rec.waiters.len()),
+                }
+            }
+            // Free: waiters are granted in the step that ends a lease, so a
+            // free resource has none queued.
+            None => Outcome::Granted(self.grant(name, owner, ttl_ms, now)),
+        }
+    }
+
+    fn renew(
+        &mut self,
+        name: &ResourceName,
+        owner: OwnerId,
+        token: Token,
+        ttl_ms: u64,
+        now: ClusterTime,
+    ) -> Outcome {
+        let ttl_ms = ttl_ms.max(1);
+        let Some(rec) = self.records.get_mut(name) else {
+            return Outcome::Lost(LostReason::Unknown);
+        };
+        match &mut rec.holder {
+            Some(lease) if lease.owner == owner && lease.token == token => {
+                let expires_at = now.plus_millis(ttl_ms);
+                self.expiries.remove(&(lease.expires_at, name.clone()));
+                self.expiries.insert((expires_at, name.clone()));
+                lease.expires_at = expires_at;
+                lease.ttl_ms = ttl_ms;
+                Outcome::Renewed { expires_at, ttl_ms }
+            }
+            _ => Outcome::Lost(rec.lost_reason(owner, token)),
+        }
+    }
+
+    fn release(
+        &mut self,
+        name: &ResourceName,
+        owner: OwnerId,
+        token: Token,
+        now: ClusterTime,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        let Some(rec) = self.records.get_mut(name) else {
+            return Outcome::NotHolder(LostReason::Unknown);
+        };
+        match &rec.holder {
+            Some(lease) if lease.owner == owner && lease.token == token => {
+                self.expiries.remove(&(lease.expires_at, name.clone()));
+                rec.holder = None;
+                rec.ended = Some(Ended {
+                    owner,
+                    token,
+                    reason: EndReason::Released,
+                });
+                self.hand_off(name, now, events);
+                Outcome::Released
+            }
+            _ => match rec.lost_reason(owner, token) {
+                // A retried release whose first reply was lost.
+                LostReason::Released => Outcome::Released,
+                reason => Outcome::NotHolder(reason),
+            },
+        }
+    }
+
+    /// Issues the next token to `owner` and makes it the holder of `name`.
+    fn grant(
+        &mut self,
+        name: &ResourceName,
+        owner: OwnerId,
+        ttl_ms: u64,
+        now: ClusterTime,
+    ) -> Grant {
+        self.last_token += 1;
+        let token = Token::issued(self.last_token);
+        let expires_at = now.plus_millis(ttl_ms);
+        let lease = Lease {
+            owner,
+            token,
+            expires_at,
+            ttl_ms,
+        };
+        match self.records.get_mut(name) {
+            Some(rec) => {
+                debug_assert!(rec.holder.is_none());
+                rec.last_token = token;
+                rec.holder = Some(lease);
+            }
+            None => {
+                self.records.insert(
+                    name.clone(),
+                    Record {
+                        last_token: token,
+                        holder: Some(lease),
+                        ended: None,
+                        waiters: VecDeque::new(),
+                        idle_seq: None,
+                    },
+                );
+            }
+        }
+        self.expiries.insert((expires_at, name.clone()));
+        Grant {
+            token,
+            expires_at,
+            ttl_ms,
+        }
+    }
+
+    /// Grants a free resource to its first waiter, in the same step.
+    fn hand_off(&mut self, name: &ResourceName, now: ClusterTime, events: &mut Vec<Event>) {
+        let Some(rec) = self.records.get_mut(name) else {
+            return;
+        };
+        if rec.holder.is_some() {
+            return;
+        }
+        let Some(waiter) = rec.waiters.pop_front() else {
+            return;
+        };
+        self.deadlines
+            .remove(&(waiter.deadline, name.clone(), waiter.owner));
+        let grant = self.grant(name, waiter.owner, waiter.ttl_ms, now);
+        events.push(Event::WaiterGranted {
+            resource: name.clone(),
+            owner: waiter.owner,
+            grant,
+        });
+    }
+
+    fn update_idle(&mut self, name: &ResourceName) {
+        let Some(rec) = self.records.get_mut(name) else {
+            return;
+        };
+        match (rec.is_idle(), rec.idle_seq) {
+            (true, None) => {
+                let seq = self.next_idle_seq;
+                self.next_idle_seq += 1;
+                rec.idle_seq = Some(seq);
+                self.idle.insert((seq, name.clone()));
+            }
+            (false, Some(seq)) => {
+                rec.idle_seq = None;
+                self.idle.remove(&(seq, name.clone()));
+            }
+            _ => {}
+        }
+    }
+
+    fn forget_oldest_idle(&mut self) {
+        while self.idle.len() > self.max_idle {
+            if let Some((_, name)) = self.idle.pop_first() {
+                self.records.remove(&name);
+            }
+        }
+    }
+
+    /// Checks every invariant of the table; used by tests, by debug builds and
+    /// when a snapshot is loaded.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut expiries = BTreeSet::new();
+        let mut deadlines = BTreeSet::new();
+        let mut idle = BTreeSet::new();
+        for (name, rec) in &self.records {
+            self.check_record(name)?;
+            if let Some(l) = &rec.holder {
+                expiries.insert((l.expires_at, name.clone()));
+            }
+            for w in &rec.waiters {
+                deadlines.insert((w.deadline, name.clone(), w.owner));
+            }
+            if let Some(seq) = rec.idle_seq {
+                idle.insert((seq, name.clone()));
+            }
+        }
+        if expiries != self.expiries {
+            return Err("expiry index does not match the holders".into());
+        }
+        if deadlines != self.deadlines {
+            return Err("deadline index does not match the waiters".into());
+        }
+        if idle != self.idle {
+            return Err("idle index does not match the idle records".into());
+        }
+        if self.idle.len() > self.max_idle {
+            return Err(format!(
+                "{} idle records, more than the bound {}",
+                self.idle.len(),
+                self.max_idle
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_record(&self, name: &ResourceName) -> Result<(), String> {
+        let Some(rec) = self.records.get(name) else {
+            return Ok(());
+        };
+        let fail = |what: &str| Err(format!("resource {name}: {what}"));
+        if rec.last_token.get() > self.last_token {
+            return fail("token above the table's counter");
+        }
+        if let Some(l) = &rec.holder {
+            if l.token != rec.last_token {
+                return fail("holder's token is not the newest token");
+            }
+            if l.expires_at <= self.now {
+                return fail("an expired lease is still held");
+            }
+        } else if !rec.waiters.is_empty() {
+            return fail("waiters queued on a free resource");
+        }
+        if rec.waiters.len() > MAX_WAITERS_PER_RESOURCE {
+            return fail("more waiters than the bound");
+        }
+        if rec.idle_seq.is_some() != rec.is_idle() {
+            return fail("idle mark is wrong");
+        }
+        Ok(())
+    }
+
+    /// The whole table in its persisted form.
+    pub fn snapshot(&self) -> TableSnapshot {
+        TableSnapshot {
+            format_version: SNAPSHOT_FORMAT_VERSION,
+            now: self.now,
+            last_token: self.last_token,
+            next_idle_seq: self.next_idle_seq,
+            records: self
+                .records
+                .iter()
+                .map(|(n, r)| (n.clone(), r.clone()))
+                .collect(),
+        }
+    }
+
+    /// Rebuilds a table from a snapshot, refusing an unknown format or a
+    /// snapshot whose contents break an invariant.
+    pub fn from_snapshot(snapshot: TableSnapshot) -> Result<Self, SnapshotError> {
+        if snapshot.format_version != SNAPSHOT_FORMAT_VERSION {
+            return Err(SnapshotError::Version {
+                found: snapshot.format_version,
+                supported: SNAPSHOT_FORMAT_VERSION,
+            });
+        }
+        let mut table = LeaseTable {
+            now: snapshot.now,
+            last_token: snapshot.last_token,
+            next_idle_seq: snapshot.next_idle_seq,
+            ..LeaseTable::new()
+        };
+        for (name, rec) in snapshot.records {
+            if let Some(l) = &rec.holder {
+                table.expiries.insert((l.expires_at, name.clone()));
+            }
+            for w in &rec.waiters {
+                table.deadlines.insert((w.deadline, name.clone(), w.owner));
+            }
+            if let Some(seq) = rec.idle_seq {
+                table.idle.insert((seq, name.clone()));
+            }
+            table.records.insert(name, rec);
+        }
+        table.check_invariants().map_err(SnapshotError::Invariant)?;
+        Ok(table)
+    }
+}
+
+fn position_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The whole lease table in a form that serializes, tagged with its format
+/// version ([`SNAPSHOT_FORMAT_VERSION`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableSnapshot {
+    format_version: u32,
+    now: ClusterTime,
+    last_token: u64,
+    next_idle_seq: u64,
+    records: Vec<(ResourceName, Record)>,
+}
+
+impl TableSnapshot {
+    pub fn format_version(&self) -> u32 {
+        self.format_version
+    }
+}
+
+/// A snapshot that cannot be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot format version {found} is not supported (this build reads {supported})")]
+    Version { found: u32, supported: u32 },
+    #[error("snapshot breaks an invariant: {0}")]
+    Invariant(String),
+}

@@ -1,0 +1,161 @@
+use fenced_core::{
+    ClusterTime, Command, Description, InvalidArgument, Limits, LostReason, Outcome, OwnerId,
+    ResourceName, Token,
+};
+use tonic::Status;
+
+use crate::v1;
+
+/// The gRPC status for a request field out of bounds.
+pub fn invalid_argument(err: &InvalidArgument) -> Status {
+    Status::invalid_argument(err.to_string())
+}
+
+/// A validated [`Command::Acquire`] from the wire.
+///
+/// ```
+/// use fenced_core::Limits;
+/// use fenced_proto::{acquire_command, v1::AcquireRequest};
+/// let req = AcquireRequest { resource: b"".to_vec(), owner_id: vec![7; 16], ttl_ms: 5_000, wait_ms: 0 };
+/// let err = acquire_command(&req, &Limits::default()).unwrap_err();
+/// assert_eq!(err.field(), "resource");
+/// ```
+pub fn acquire_command(
+    req: &v1::AcquireRequest,
+    limits: &Limits,
+) -> Result<Command, InvalidArgument> {
+    let command = Command::Acquire {
+        resource: ResourceName::from_bytes(&req.resource)?,
+        owner: OwnerId::from_bytes(&req.owner_id)?,
+        ttl_ms: req.ttl_ms,
+        wait_ms: req.wait_ms,
+    };
+    command.validate(limits)?;
+    Ok(command)
+}
+
+/// A validated [`Command::Renew`] from the wire.
+pub fn renew_command(req: &v1::RenewRequest, limits: &Limits) -> Result<Command, InvalidArgument> {
+    let command = Command::Renew {
+        resource: ResourceName::from_bytes(&req.resource)?,
+        owner: OwnerId::from_bytes(&req.owner_id)?,
+        token: Token::new(req.token)?,
+        ttl_ms: req.ttl_ms,
+    };
+    command.validate(limits)?;
+    Ok(command)
+}
+
+/// A validated [`Command::Release`] from the wire.
+pub fn release_command(req: &v1::ReleaseRequest) -> Result<Command, InvalidArgument> {
+    Ok(Command::Release {
+        resource: ResourceName::from_bytes(&req.resource)?,
+        owner: OwnerId::from_bytes(&req.owner_id)?,
+        token: Token::new(req.token)?,
+    })
+}
+
+/// The validated resource name of a describe request.
+pub fn describe_resource(req: &v1::DescribeRequest) -> Result<ResourceName, InvalidArgument> {
+    ResourceName::from_bytes(&req.resource)
+}
+
+fn reason_parts(reason: LostReason) -> (i32, u64) {
+    let (r, current) = match reason {
+        LostReason::Expired => (v1::LostReason::Expired, 0),
+        LostReason::Released => (v1::LostReason::Released, 0),
+        LostReason::Superseded { current_token } => {
+            (v1::LostReason::Superseded, current_token.get())
+        }
+        LostReason::Unknown => (v1::LostReason::Unknown, 0),
+    };
+    (r as i32, current)
+}
+
+fn unexpected(outcome: &Outcome, rpc: &str) -> Status {
+    Status::internal(format!("{rpc}: unexpected outcome {outcome:?}"))
+}
+
+/// The reply to an acquire whose outcome is final (not `Waiting`).
+pub fn acquire_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::AcquireResponse, Status> {
+    use v1::acquire_response::Outcome as O;
+    let outcome = match outcome {
+        Outcome::Granted(g) => O::Granted(v1::Granted {
+            token: g.token.get(),
+            expires_at_ms: g.expires_at.as_millis(),
+            ttl_ms: g.ttl_ms,
+        }),
+        Outcome::Held {
+            current_token,
+            remaining_ms,
+        } => O::Held(v1::Held {
+            current_token: current_token.get(),
+            remaining_ms: *remaining_ms,
+        }),
+        Outcome::WaitQueueFull { max_waiters } => {
+            return Err(Status::resource_exhausted(format!(
+                "wait_ms: the resource already has the maximum of {max_waiters} waiters; \
+                 retry later or acquire without waiting"
+            )))
+        }
+        other => return Err(unexpected(other, "acquire")),
+    };
+    Ok(v1::AcquireResponse {
+        outcome: Some(outcome),
+        cluster_time_ms: now.as_millis(),
+    })
+}
+
+/// The reply to a renew.
+pub fn renew_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::RenewResponse, Status> {
+    use v1::renew_response::Outcome as O;
+    let outcome = match outcome {
+        Outcome::Renewed { expires_at, ttl_ms } => O::Renewed(v1::Renewed {
+            expires_at_ms: expires_at.as_millis(),
+            ttl_ms: *ttl_ms,
+        }),
+        Outcome::Lost(reason) => {
+            let (reason, current_token) = reason_parts(*reason);
+            O::Lost(v1::Lost {
+                reason,
+                current_token,
+            })
+        }
+        other => return Err(unexpected(other, "renew")),
+    };
+    Ok(v1::RenewResponse {
+        outcome: Some(outcome),
+        cluster_time_ms: now.as_millis(),
+    })
+}
+
+/// The reply to a release.
+pub fn release_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::ReleaseResponse, Status> {
+    use v1::release_response::Outcome as O;
+    let outcome = match outcome {
+        Outcome::Released => O::Released(v1::Released {}),
+        Outcome::NotHolder(reason) => {
+            let (reason, current_token) = reason_parts(*reason);
+            O::NotHolder(v1::NotHolder {
+                reason,
+                current_token,
+            })
+        }
+        other => return Err(unexpected(other, "release")),
+    };
+    Ok(v1::ReleaseResponse {
+        outcome: Some(outcome),
+        cluster_time_ms: now.as_millis(),
+    })
+}
+
+/// The reply to a describe.
+pub fn describe_reply(d: &Description, now: ClusterTime) -> v1::DescribeResponse {
+    v1::DescribeResponse {
+        last_token: d.last_token,
+        held: d.held,
+        remaining_ms: d.remaining_ms,
+        waiters: d.waiters,
+        cluster_time_ms: now.as_millis(),
+    }
+}

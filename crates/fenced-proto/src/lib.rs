@@ -1,0 +1,15 @@
+//! fenced's gRPC contract, generated from `proto/fenced/v1`, and the checked
+//! conversions between wire messages and [`fenced_core`] types.
+//!
+//! Every conversion from the wire validates: a bad field becomes a
+//! [`fenced_core::InvalidArgument`] naming the field and the bound, which
+//! [`invalid_argument`] turns into a gRPC `INVALID_ARGUMENT` status.
+
+pub mod v1 {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("fenced.v1");
+}
+
+mod convert;
+
+pub use convert::*;

@@ -1,0 +1,129 @@
+//! Bad input arriving as protobuf bytes is refused by field, with the bound.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use fenced_core::{Limits, Outcome};
+use fenced_proto::{v1, *};
+use prost::Message;
+
+fn decode_acquire(req: &v1::AcquireRequest) -> v1::AcquireRequest {
+    v1::AcquireRequest::decode(req.encode_to_vec().as_slice()).unwrap()
+}
+
+fn good() -> v1::AcquireRequest {
+    v1::AcquireRequest {
+        resource: b"statement:account-1842:2026-07".to_vec(),
+        owner_id: vec![0x42; 16],
+        ttl_ms: 30_000,
+        wait_ms: 0,
+    }
+}
+
+fn refused(req: v1::AcquireRequest, field: &str, bound: &str) {
+    let err = acquire_command(&decode_acquire(&req), &Limits::default()).unwrap_err();
+    let status = invalid_argument(&err);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().starts_with(&format!("{field}: ")),
+        "{}",
+        status.message()
+    );
+    assert!(status.message().contains(bound), "{}", status.message());
+}
+
+#[test]
+fn a_valid_request_converts() {
+    assert!(acquire_command(&decode_acquire(&good()), &Limits::default()).is_ok());
+}
+
+#[test]
+fn invalid_utf8_in_the_resource_is_refused_by_field() {
+    refused(
+        v1::AcquireRequest {
+            resource: vec![b'a', 0xc3, 0x28],
+            ..good()
+        },
+        "resource",
+        "UTF-8",
+    );
+}
+
+#[test]
+fn an_empty_or_long_resource_is_refused_by_field() {
+    let empty = v1::AcquireRequest {
+        resource: vec![],
+        ..good()
+    };
+    refused(empty, "resource", "1 to 200 bytes");
+    let long = v1::AcquireRequest {
+        resource: vec![b'x'; 201],
+        ..good()
+    };
+    refused(long, "resource", "1 to 200 bytes");
+}
+
+#[test]
+fn a_missing_or_nil_owner_is_refused_by_field() {
+    let missing = v1::AcquireRequest {
+        owner_id: vec![],
+        ..good()
+    };
+    refused(missing, "owner_id", "16 bytes");
+    let nil = v1::AcquireRequest {
+        owner_id: vec![0; 16],
+        ..good()
+    };
+    refused(nil, "owner_id", "non-nil");
+}
+
+#[test]
+fn ttl_and_wait_outside_the_bounds_are_refused_by_field() {
+    let short = v1::AcquireRequest {
+        ttl_ms: 0,
+        ..good()
+    };
+    refused(short, "ttl_ms", "1000 and 3600000");
+    let long = v1::AcquireRequest {
+        ttl_ms: 3_600_001,
+        ..good()
+    };
+    refused(long, "ttl_ms", "1000 and 3600000");
+    let wait = v1::AcquireRequest {
+        wait_ms: u64::MAX,
+        ..good()
+    };
+    refused(wait, "wait_ms", "3600000");
+}
+
+#[test]
+fn token_zero_is_refused_on_renew_and_release() {
+    let renew = v1::RenewRequest {
+        resource: b"r".to_vec(),
+        owner_id: vec![1; 16],
+        token: 0,
+        ttl_ms: 5_000,
+    };
+    assert_eq!(
+        renew_command(&renew, &Limits::default())
+            .unwrap_err()
+            .field(),
+        "token"
+    );
+    let release = v1::ReleaseRequest {
+        resource: b"r".to_vec(),
+        owner_id: vec![1; 16],
+        token: 0,
+    };
+    assert_eq!(release_command(&release).unwrap_err().field(), "token");
+}
+
+#[test]
+fn a_full_waiter_queue_is_resource_exhausted_naming_the_bound() {
+    let status = acquire_reply(
+        &Outcome::WaitQueueFull { max_waiters: 1024 },
+        fenced_core::ClusterTime::ZERO,
+    )
+    .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    assert!(status.message().contains("1024"));
+}
