@@ -1,0 +1,290 @@
+//! `fencectl`: take, renew, release and inspect fenced leases from a shell.
+//!
+//! Exit codes: 0 success, 3 an expected refusal (held, lost, not holder),
+//! 1 an error, 2 a usage error.
+
+use std::{process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand};
+use fenced_client::{
+    AcquireOutcome, Client, ClientError, ReleaseOutcome, RenewOutcome, DEV_ENDPOINTS,
+};
+use fenced_core::OwnerId;
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(
+    name = "fencectl",
+    version,
+    about = "Leases with fencing tokens, from the command line"
+)]
+struct Cli {
+    /// Comma-separated host:port of cluster nodes (any node will do).
+    #[arg(long, env = "FENCED_ENDPOINTS", global = true, value_delimiter = ',')]
+    endpoints: Vec<String>,
+    /// Print one JSON object instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    /// How long a command may take in all, retries included.
+    #[arg(long, global = true, default_value = "10s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Take the lease on RESOURCE and a new fencing token.
+    Acquire {
+        resource: String,
+        /// Lease length, e.g. 30s, 2m.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// This attempt's owner id; a new random one if omitted. Reuse it only
+        /// to retry the same attempt.
+        #[arg(long)]
+        owner: Option<String>,
+        /// Wait on the server this long for a held resource.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+    },
+    /// Extend a lease you hold; the token stays the same.
+    Renew {
+        resource: String,
+        #[arg(long)]
+        owner: String,
+        #[arg(long)]
+        token: u64,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
+    /// End a lease you hold.
+    Release {
+        resource: String,
+        #[arg(long)]
+        owner: String,
+        #[arg(long)]
+        token: u64,
+    },
+    /// Show a resource's newest token and whether it is held.
+    Describe { resource: String },
+    /// Show the cluster as each endpoint sees it.
+    Status,
+}
+
+/// What a command printed and how it ends.
+struct Report {
+    value: Value,
+    text: String,
+    code: u8,
+}
+
+fn owner_id(text: &str) -> Result<OwnerId, ClientError> {
+    OwnerId::parse(text).map_err(|e| ClientError::InvalidArgument(e.to_string()))
+}
+
+async fn execute(client: &Client, command: Cmd) -> Result<Report, ClientError> {
+    Ok(match command {
+        Cmd::Acquire {
+            resource,
+            ttl,
+            owner,
+            wait,
+        } => {
+            let owner = match owner {
+                Some(o) => owner_id(&o)?,
+                None => OwnerId::random(),
+            };
+            match client.acquire(&resource, owner, ttl, wait).await? {
+                AcquireOutcome::Granted {
+                    token,
+                    expires_at_ms,
+                    ttl_ms,
+                    ..
+                } => Report {
+                    value: json!({"status": "granted", "resource": resource, "token": token,
+                        "owner_id": owner.to_string(), "ttl_ms": ttl_ms, "expires_at_ms": expires_at_ms}),
+                    text: format!(
+                        "granted {resource}: token {token}, owner {owner}, ttl {ttl_ms} ms"
+                    ),
+                    code: 0,
+                },
+                AcquireOutcome::Held {
+                    current_token,
+                    remaining_ms,
+                } => Report {
+                    value: json!({"status": "held", "resource": resource, "current_token": current_token,
+                        "remaining_ms": remaining_ms}),
+                    text: format!(
+                        "held {resource}: by token {current_token}, {remaining_ms} ms left"
+                    ),
+                    code: 3,
+                },
+            }
+        }
+        Cmd::Renew {
+            resource,
+            owner,
+            token,
+            ttl,
+        } => {
+            let owner = owner_id(&owner)?;
+            match client.renew(&resource, owner, token, ttl).await? {
+                RenewOutcome::Renewed {
+                    expires_at_ms,
+                    ttl_ms,
+                } => Report {
+                    value: json!({"status": "renewed", "resource": resource, "token": token,
+                        "ttl_ms": ttl_ms, "expires_at_ms": expires_at_ms}),
+                    text: format!("renewed {resource}: token {token}, ttl {ttl_ms} ms"),
+                    code: 0,
+                },
+                RenewOutcome::Lost(reason) => lost_report("lost", &resource, token, reason),
+            }
+        }
+        Cmd::Release {
+            resource,
+            owner,
+            token,
+        } => {
+            let owner = owner_id(&owner)?;
+            match client.release(&resource, owner, token).await? {
+                ReleaseOutcome::Released => Report {
+                    value: json!({"status": "released", "resource": resource, "token": token}),
+                    text: format!("released {resource}: token {token}"),
+                    code: 0,
+                },
+                ReleaseOutcome::NotHolder(reason) => {
+                    lost_report("not_holder", &resource, token, reason)
+                }
+            }
+        }
+        Cmd::Describe { resource } => {
+            let d = client.describe(&resource).await?;
+            Report {
+                value: json!({"resource": resource, "last_token": d.last_token, "held": d.held,
+                    "remaining_ms": d.remaining_ms, "waiters": d.waiters}),
+                text: if d.held {
+                    format!(
+                        "{resource}: held, token {}, {} ms left, {} waiting",
+                        d.last_token, d.remaining_ms, d.waiters
+                    )
+                } else {
+                    format!("{resource}: free, last token {}", d.last_token)
+                },
+                code: 0,
+            }
+        }
+        Cmd::Status => {
+            let each = client.status_of_each().await;
+            let mut nodes = Vec::new();
+            let mut lines = Vec::new();
+            let mut summary = None;
+            for (endpoint, r) in each {
+                match r {
+                    Ok(s) => {
+                        lines.push(format!(
+                            "{endpoint}: node {} {} term {} leader {} applied {} leases {}",
+                            s.node_id, s.role, s.term, s.leader_id, s.last_applied, s.live_leases
+                        ));
+                        let members: Vec<Value> = s
+                            .members
+                            .iter()
+                            .map(|m| json!({"id": m.id, "peer_addr": m.peer_addr, "client_addr": m.client_addr, "voter": m.voter}))
+                            .collect();
+                        let node = json!({"endpoint": endpoint, "node_id": s.node_id, "role": s.role,
+                            "leader_id": s.leader_id, "term": s.term, "last_applied": s.last_applied,
+                            "live_leases": s.live_leases, "last_token": s.last_token, "log_syncs": s.log_syncs,
+                            "applied_entries": s.applied_entries, "applied_commands": s.applied_commands,
+                            "members": members});
+                        if summary.is_none() || s.role == "leader" {
+                            summary = Some(node.clone());
+                        }
+                        nodes.push(node);
+                    }
+                    Err(e) => {
+                        lines.push(format!("{endpoint}: unreachable ({e})"));
+                        nodes.push(json!({"endpoint": endpoint, "error": e.to_string()}));
+                    }
+                }
+            }
+            let Some(summary) = summary else {
+                return Err(ClientError::Unavailable(lines.join("; ")));
+            };
+            Report {
+                value: json!({"leader_id": summary["leader_id"], "term": summary["term"],
+                    "members": summary["members"], "last_applied": summary["last_applied"], "nodes": nodes}),
+                text: lines.join("\n"),
+                code: 0,
+            }
+        }
+    })
+}
+
+fn lost_report(
+    status: &str,
+    resource: &str,
+    token: u64,
+    reason: fenced_client::LostReason,
+) -> Report {
+    let current = match reason {
+        fenced_client::LostReason::Superseded { current_token } => Some(current_token),
+        _ => None,
+    };
+    let mut value =
+        json!({"status": status, "resource": resource, "token": token, "reason": reason.as_str()});
+    let mut text = format!("{status} {resource}: token {token}, {}", reason.as_str());
+    if let Some(c) = current {
+        value["current_token"] = json!(c);
+        text.push_str(&format!(" (current token {c})"));
+    }
+    Report {
+        value,
+        text,
+        code: 3,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let endpoints: Vec<String> = if cli.endpoints.is_empty() {
+        DEV_ENDPOINTS.iter().map(|s| s.to_string()).collect()
+    } else {
+        cli.endpoints.clone()
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fencectl: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let json_out = cli.json;
+    let result = runtime.block_on(async {
+        let client = Client::new(&endpoints)?.with_call_timeout(cli.timeout);
+        execute(&client, cli.command).await
+    });
+    match result {
+        Ok(report) => {
+            if json_out {
+                println!("{}", report.value);
+            } else {
+                println!("{}", report.text);
+            }
+            ExitCode::from(report.code)
+        }
+        Err(e) => {
+            if json_out {
+                println!("{}", json!({"status": "error", "error": e.to_string()}));
+            }
+            eprintln!("fencectl: {e}");
+            ExitCode::from(match e {
+                ClientError::InvalidArgument(_) => 2,
+                _ => 1,
+            })
+        }
+    }
+}

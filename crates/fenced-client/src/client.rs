@@ -1,0 +1,352 @@
+use std::{
+    sync::atomic::{AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
+
+use fenced_core::OwnerId;
+use fenced_proto::v1::{
+    self, acquire_response, cluster_client::ClusterClient, lock_client::LockClient,
+    release_response, renew_response,
+};
+use tonic::{transport::Channel, Code, Status};
+
+/// The default addresses of `fenced dev`.
+pub const DEV_ENDPOINTS: [&str; 3] = ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"];
+
+/// What went wrong with a call. Expected refusals are not errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The request was refused as malformed; the message names the field.
+    #[error("invalid request: {0}")]
+    InvalidArgument(String),
+    /// A bound was reached (waiters per resource, pending proposals).
+    #[error("limit reached: {0}")]
+    ResourceExhausted(String),
+    /// No node could give an answer before the deadline. For an acquire the
+    /// outcome is unknown: retry with the SAME owner id.
+    #[error("cluster unavailable: {0}")]
+    Unavailable(String),
+    /// An endpoint is not a valid address.
+    #[error("endpoint {endpoint}: {reason}")]
+    Endpoint { endpoint: String, reason: String },
+    /// Any other failure reported by the server.
+    #[error("server error: {0}")]
+    Server(String),
+}
+
+fn classify(status: Status) -> Result<Status, ClientError> {
+    match status.code() {
+        Code::InvalidArgument => Err(ClientError::InvalidArgument(status.message().to_string())),
+        Code::ResourceExhausted => {
+            Err(ClientError::ResourceExhausted(status.message().to_string()))
+        }
+        // Worth another try, on this or another node.
+        Code::Unavailable
+        | Code::DeadlineExceeded
+        | Code::Aborted
+        | Code::Unknown
+        | Code::Cancelled => Ok(status),
+        _ => Err(ClientError::Server(format!(
+            "{:?}: {}",
+            status.code(),
+            status.message()
+        ))),
+    }
+}
+
+/// The result of an acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// The lease is yours: carry `token` with every protected write.
+    Granted {
+        token: u64,
+        expires_at_ms: u64,
+        ttl_ms: u64,
+        cluster_time_ms: u64,
+    },
+    /// Another owner holds it.
+    Held {
+        current_token: u64,
+        remaining_ms: u64,
+    },
+}
+
+/// Why a lease is gone (renew) or why a release changed nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostReason {
+    Expired,
+    Released,
+    Superseded { current_token: u64 },
+    Unknown,
+}
+
+impl LostReason {
+    fn from_wire(reason: i32, current_token: u64) -> Self {
+        match v1::LostReason::try_from(reason) {
+            Ok(v1::LostReason::Expired) => LostReason::Expired,
+            Ok(v1::LostReason::Released) => LostReason::Released,
+            Ok(v1::LostReason::Superseded) => LostReason::Superseded { current_token },
+            _ => LostReason::Unknown,
+        }
+    }
+
+    /// The reason as one word: `expired`, `released`, `superseded`, `unknown`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LostReason::Expired => "expired",
+            LostReason::Released => "released",
+            LostReason::Superseded { .. } => "superseded",
+            LostReason::Unknown => "unknown",
+        }
+    }
+}
+
+/// The result of a renew.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewOutcome {
+    Renewed { expires_at_ms: u64, ttl_ms: u64 },
+    Lost(LostReason),
+}
+
+/// The result of a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    Released,
+    NotHolder(LostReason),
+}
+
+/// A connection to a fenced cluster.
+pub struct Client {
+    endpoints: Vec<(String, Channel)>,
+    next: AtomicUsize,
+    call_timeout: Duration,
+}
+
+impl Client {
+    /// Connects (lazily) to the given `host:port` endpoints.
+    pub fn new<I, S>(endpoints: I) -> Result<Self, ClientError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut list = Vec::new();
+        for e in endpoints {
+            let e = e.as_ref().trim().to_string();
+            if e.is_empty() {
+                continue;
+            }
+            let url = if e.contains("://") {
+                e.clone()
+            } else {
+                format!("http://{e}")
+            };
+            let channel = Channel::from_shared(url)
+                .map_err(|err| ClientError::Endpoint {
+                    endpoint: e.clone(),
+                    reason: err.to_string(),
+                })?
+                .connect_timeout(Duration::from_secs(1))
+                .tcp_nodelay(true)
+                .connect_lazy();
+            list.push((e, channel));
+        }
+        if list.is_empty() {
+            return Err(ClientError::Endpoint {
+                endpoint: String::new(),
+                reason: "no endpoint given".into(),
+            });
+        }
+        Ok(Self {
+            endpoints: list,
+            next: AtomicUsize::new(0),
+            call_timeout: Duration::from_secs(10),
+        })
+    }
+
+    /// How long one call may take in all, retries included (default 10 s).
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// Calls `f` on endpoints in turn until one answers or `budget` runs out.
+    async fn with_retries<T, F, Fut>(&self, budget: Duration, mut f: F) -> Result<T, ClientError>
+    where
+        F: FnMut(Channel, Duration) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
+        let deadline = Instant::now() + budget;
+        let mut backoff = Duration::from_millis(25);
+        let mut last = String::from("no attempt");
+        loop {
+            let i = self.next.load(Ordering::Relaxed) % self.endpoints.len();
+            let (name, channel) = &self.endpoints[i];
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::Unavailable(last));
+            }
+            match f(channel.clone(), left).await {
+                Ok(v) => return Ok(v),
+                Err(status) => {
+                    let status = classify(status)?;
+                    last = format!("{name}: {}", status.message());
+                    tracing::debug!(endpoint = %name, error = %last, "retrying on the next endpoint");
+                    self.next.store(i + 1, Ordering::Relaxed);
+                }
+            }
+            let pause = backoff.min(deadline.saturating_duration_since(Instant::now()));
+            tokio::time::sleep(pause).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Takes the lease on `resource` for `ttl`, waiting up to `wait` on the
+    /// server if it is held. A retry after a lost reply must use the same
+    /// `owner`: it then returns the same grant.
+    pub async fn acquire(
+        &self,
+        resource: &str,
+        owner: OwnerId,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<AcquireOutcome, ClientError> {
+        let req = v1::AcquireRequest {
+            resource: resource.as_bytes().to_vec(),
+            owner_id: owner.as_bytes().to_vec(),
+            ttl_ms: millis(ttl),
+            wait_ms: millis(wait),
+        };
+        let resp = self
+            .with_retries(self.call_timeout + wait, |ch, left| {
+                let req = with_timeout(req.clone(), left);
+                async move { LockClient::new(ch).acquire(req).await }
+            })
+            .await?
+            .into_inner();
+        match resp.outcome {
+            Some(acquire_response::Outcome::Granted(g)) => Ok(AcquireOutcome::Granted {
+                token: g.token,
+                expires_at_ms: g.expires_at_ms,
+                ttl_ms: g.ttl_ms,
+                cluster_time_ms: resp.cluster_time_ms,
+            }),
+            Some(acquire_response::Outcome::Held(h)) => Ok(AcquireOutcome::Held {
+                current_token: h.current_token,
+                remaining_ms: h.remaining_ms,
+            }),
+            None => Err(ClientError::Server("acquire: empty response".into())),
+        }
+    }
+
+    /// Extends the lease held with (`owner`, `token`); the token stays.
+    pub async fn renew(
+        &self,
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, ClientError> {
+        let req = v1::RenewRequest {
+            resource: resource.as_bytes().to_vec(),
+            owner_id: owner.as_bytes().to_vec(),
+            token,
+            ttl_ms: millis(ttl),
+        };
+        let resp = self
+            .with_retries(self.call_timeout, |ch, left| {
+                let req = with_timeout(req.clone(), left);
+                async move { LockClient::new(ch).renew(req).await }
+            })
+            .await?
+            .into_inner();
+        match resp.outcome {
+            Some(renew_response::Outcome::Renewed(r)) => Ok(RenewOutcome::Renewed {
+                expires_at_ms: r.expires_at_ms,
+                ttl_ms: r.ttl_ms,
+            }),
+            Some(renew_response::Outcome::Lost(l)) => Ok(RenewOutcome::Lost(
+                LostReason::from_wire(l.reason, l.current_token),
+            )),
+            None => Err(ClientError::Server("renew: empty response".into())),
+        }
+    }
+
+    /// Ends the lease held with (`owner`, `token`).
+    pub async fn release(
+        &self,
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+    ) -> Result<ReleaseOutcome, ClientError> {
+        let req = v1::ReleaseRequest {
+            resource: resource.as_bytes().to_vec(),
+            owner_id: owner.as_bytes().to_vec(),
+            token,
+        };
+        let resp = self
+            .with_retries(self.call_timeout, |ch, left| {
+                let req = with_timeout(req.clone(), left);
+                async move { LockClient::new(ch).release(req).await }
+            })
+            .await?
+            .into_inner();
+        match resp.outcome {
+            Some(release_response::Outcome::Released(_)) => Ok(ReleaseOutcome::Released),
+            Some(release_response::Outcome::NotHolder(n)) => Ok(ReleaseOutcome::NotHolder(
+                LostReason::from_wire(n.reason, n.current_token),
+            )),
+            None => Err(ClientError::Server("release: empty response".into())),
+        }
+    }
+
+    /// The state of `resource` (linearizable).
+    pub async fn describe(&self, resource: &str) -> Result<v1::DescribeResponse, ClientError> {
+        let req = v1::DescribeRequest {
+            resource: resource.as_bytes().to_vec(),
+            allow_stale: false,
+        };
+        Ok(self
+            .with_retries(self.call_timeout, |ch, left| {
+                let req = with_timeout(req.clone(), left);
+                async move { LockClient::new(ch).describe(req).await }
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// The status of the first node that answers.
+    pub async fn status(&self) -> Result<v1::StatusResponse, ClientError> {
+        Ok(self
+            .with_retries(self.call_timeout, |ch, left| {
+                let req = with_timeout(v1::StatusRequest {}, left);
+                async move { ClusterClient::new(ch).status(req).await }
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// The status of every endpoint, each on its own (no retries).
+    pub async fn status_of_each(&self) -> Vec<(String, Result<v1::StatusResponse, ClientError>)> {
+        let mut out = Vec::new();
+        for (name, ch) in &self.endpoints {
+            let req = with_timeout(v1::StatusRequest {}, Duration::from_secs(2));
+            let r = ClusterClient::new(ch.clone())
+                .status(req)
+                .await
+                .map(|r| r.into_inner())
+                .map_err(|s| ClientError::Unavailable(format!("{name}: {}", s.message())));
+            out.push((name.clone(), r));
+        }
+        out
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn with_timeout<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.set_timeout(timeout);
+    req
+}

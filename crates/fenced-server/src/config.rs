@@ -1,0 +1,326 @@
+//! Settings from flags, `FENCED_*` environment variables and an optional TOML
+//! file, in that order of precedence.
+
+use std::{
+    collections::BTreeMap,
+    net::{SocketAddr, ToSocketAddrs},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use clap::Args;
+use serde::Deserialize;
+
+use crate::{
+    node::NodeConfig,
+    types::{Node, NodeId},
+};
+
+/// `fenced run` settings. Every one may also come from the TOML file given
+/// by `--config` (same names, with `_` instead of `-`).
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSettings {
+    /// This node's id (>= 1), unique in the cluster.
+    #[arg(long, env = "FENCED_ID")]
+    pub id: Option<u64>,
+    /// Where the Raft log and snapshots live.
+    #[arg(long, env = "FENCED_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Client listener, host:port.
+    #[arg(long, env = "FENCED_LISTEN")]
+    pub listen: Option<String>,
+    /// Peer (Raft) listener, host:port.
+    #[arg(long, env = "FENCED_PEER_LISTEN")]
+    pub peer_listen: Option<String>,
+    /// The first membership, the same on every node:
+    /// `1=HOST:PEERPORT[/HOST:CLIENTPORT],2=...,3=...`.
+    #[arg(long, env = "FENCED_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+    /// Shortest lease a client may ask for, ms.
+    #[arg(long, env = "FENCED_TTL_MIN_MS")]
+    pub ttl_min_ms: Option<u64>,
+    /// Longest lease a client may ask for, ms.
+    #[arg(long, env = "FENCED_TTL_MAX_MS")]
+    pub ttl_max_ms: Option<u64>,
+    /// Longest a blocking acquire may wait on the server, ms.
+    #[arg(long, env = "FENCED_WAIT_MAX_MS")]
+    pub wait_max_ms: Option<u64>,
+    /// Raft election timeout (lower bound; the upper is twice it), ms.
+    #[arg(long, env = "FENCED_ELECTION_TIMEOUT_MS")]
+    pub election_timeout_ms: Option<u64>,
+    /// Raft heartbeat interval, ms.
+    #[arg(long, env = "FENCED_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+    /// Snapshot (and purge the log) every this many entries.
+    #[arg(long, env = "FENCED_SNAPSHOT_LOGS")]
+    pub snapshot_logs: Option<u64>,
+    /// Most commands waiting to be proposed.
+    #[arg(long, env = "FENCED_MAX_PENDING")]
+    pub max_pending: Option<usize>,
+    /// Most commands in one log entry.
+    #[arg(long, env = "FENCED_MAX_BATCH")]
+    pub max_batch: Option<usize>,
+    /// Most blocking acquires parked on this node.
+    #[arg(long, env = "FENCED_MAX_PARKED")]
+    pub max_parked: Option<usize>,
+    /// How long a write may take to commit before the caller hears "unknown", ms.
+    #[arg(long, env = "FENCED_REQUEST_TIMEOUT_MS")]
+    pub request_timeout_ms: Option<u64>,
+    /// Test-only: run the leader clock this many parts per million fast (or slow).
+    #[arg(long, env = "FENCED_TEST_CLOCK_SKEW_PPM", hide = true)]
+    pub test_clock_skew_ppm: Option<i64>,
+}
+
+impl RunSettings {
+    /// Fills what flags and environment left unset from `file`.
+    pub fn or_file(self, file: RunSettings) -> RunSettings {
+        RunSettings {
+            id: self.id.or(file.id),
+            data_dir: self.data_dir.or(file.data_dir),
+            listen: self.listen.or(file.listen),
+            peer_listen: self.peer_listen.or(file.peer_listen),
+            initial_cluster: self.initial_cluster.or(file.initial_cluster),
+            ttl_min_ms: self.ttl_min_ms.or(file.ttl_min_ms),
+            ttl_max_ms: self.ttl_max_ms.or(file.ttl_max_ms),
+            wait_max_ms: self.wait_max_ms.or(file.wait_max_ms),
+            election_timeout_ms: self.election_timeout_ms.or(file.election_timeout_ms),
+            heartbeat_ms: self.heartbeat_ms.or(file.heartbeat_ms),
+            snapshot_logs: self.snapshot_logs.or(file.snapshot_logs),
+            max_pending: self.max_pending.or(file.max_pending),
+            max_batch: self.max_batch.or(file.max_batch),
+            max_parked: self.max_parked.or(file.max_parked),
+            request_timeout_ms: self.request_timeout_ms.or(file.request_timeout_ms),
+            test_clock_skew_ppm: self.test_clock_skew_ppm.or(file.test_clock_skew_ppm),
+        }
+    }
+
+    /// Reads a TOML settings file.
+    pub fn from_file(path: &Path) -> Result<RunSettings, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    /// Checks every setting and builds the node's configuration.
+    pub fn into_node_config(self) -> Result<NodeConfig, String> {
+        let id = self.id.ok_or("id: required (--id or FENCED_ID)")?;
+        if id == 0 {
+            return Err("id: must be at least 1".into());
+        }
+        let data_dir = self
+            .data_dir
+            .ok_or("data_dir: required (--data-dir or FENCED_DATA_DIR)")?;
+        let listen = resolve(
+            "listen",
+            &self
+                .listen
+                .ok_or("listen: required (--listen or FENCED_LISTEN)")?,
+        )?;
+        let peer_listen = resolve(
+            "peer_listen",
+            &self
+                .peer_listen
+                .ok_or("peer_listen: required (--peer-listen or FENCED_PEER_LISTEN)")?,
+        )?;
+        let initial_cluster =
+            parse_initial_cluster(&self.initial_cluster.ok_or(
+                "initial_cluster: required (--initial-cluster or FENCED_INITIAL_CLUSTER)",
+            )?)?;
+        let mut cfg = NodeConfig::new(id, data_dir, listen, peer_listen, initial_cluster);
+        let l = &mut cfg.limits;
+        l.ttl_min_ms = self.ttl_min_ms.unwrap_or(l.ttl_min_ms);
+        l.ttl_max_ms = self.ttl_max_ms.unwrap_or(l.ttl_max_ms);
+        l.wait_max_ms = self.wait_max_ms.unwrap_or(l.wait_max_ms);
+        l.validate().map_err(|e| e.to_string())?;
+        cfg.election_timeout_ms = bounded(
+            "election_timeout_ms",
+            self.election_timeout_ms,
+            cfg.election_timeout_ms,
+            50,
+            60_000,
+        )?;
+        cfg.heartbeat_ms = bounded(
+            "heartbeat_ms",
+            self.heartbeat_ms,
+            cfg.heartbeat_ms,
+            10,
+            cfg.election_timeout_ms - 1,
+        )?;
+        cfg.snapshot_logs = bounded(
+            "snapshot_logs",
+            self.snapshot_logs,
+            cfg.snapshot_logs,
+            10,
+            10_000_000,
+        )?;
+        cfg.proposer.max_pending = bounded(
+            "max_pending",
+            self.max_pending.map(|v| v as u64),
+            cfg.proposer.max_pending as u64,
+            1,
+            10_000_000,
+        )? as usize;
+        cfg.proposer.max_batch = bounded(
+            "max_batch",
+            self.max_batch.map(|v| v as u64),
+            cfg.proposer.max_batch as u64,
+            1,
+            fenced_core::MAX_BATCH_COMMANDS as u64,
+        )? as usize;
+        cfg.max_parked = bounded(
+            "max_parked",
+            self.max_parked.map(|v| v as u64),
+            cfg.max_parked as u64,
+            1,
+            10_000_000,
+        )? as usize;
+        cfg.request_timeout = Duration::from_millis(bounded(
+            "request_timeout_ms",
+            self.request_timeout_ms,
+            cfg.request_timeout.as_millis() as u64,
+            100,
+            600_000,
+        )?);
+        cfg.proposer.clock_skew_ppm = self
+            .test_clock_skew_ppm
+            .unwrap_or(0)
+            .clamp(-100_000, 100_000);
+        Ok(cfg)
+    }
+}
+
+fn bounded(
+    field: &str,
+    value: Option<u64>,
+    default: u64,
+    min: u64,
+    max: u64,
+) -> Result<u64, String> {
+    let v = value.unwrap_or(default);
+    if v < min || v > max {
+        return Err(format!("{field}: must be between {min} and {max}, got {v}"));
+    }
+    Ok(v)
+}
+
+fn resolve(field: &str, addr: &str) -> Result<SocketAddr, String> {
+    addr.to_socket_addrs()
+        .map_err(|e| format!("{field}: {addr} is not host:port ({e})"))?
+        .next()
+        .ok_or_else(|| format!("{field}: {addr} resolves to no address"))
+}
+
+/// Parses `1=HOST:PEERPORT[/HOST:CLIENTPORT],2=...`.
+pub fn parse_initial_cluster(spec: &str) -> Result<BTreeMap<NodeId, Node>, String> {
+    let mut members = BTreeMap::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addrs) = part
+            .split_once('=')
+            .ok_or_else(|| format!("initial_cluster: {part:?} is not ID=HOST:PEERPORT"))?;
+        let id: NodeId = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|id| *id >= 1)
+            .ok_or_else(|| format!("initial_cluster: {id:?} is not a node id (>= 1)"))?;
+        let (peer, client) = match addrs.split_once('/') {
+            Some((p, c)) => (p.trim(), c.trim()),
+            None => (addrs.trim(), ""),
+        };
+        for (what, a) in [("peer", peer), ("client", client)] {
+            if !a.is_empty()
+                && a.rsplit_once(':')
+                    .and_then(|(_, port)| port.parse::<u16>().ok())
+                    .is_none()
+            {
+                return Err(format!(
+                    "initial_cluster: node {id} {what} address {a:?} is not HOST:PORT"
+                ));
+            }
+        }
+        if peer.is_empty() {
+            return Err(format!("initial_cluster: node {id} has no peer address"));
+        }
+        let node = Node {
+            peer_addr: peer.to_string(),
+            client_addr: client.to_string(),
+        };
+        if members.insert(id, node).is_some() {
+            return Err(format!("initial_cluster: node {id} is named twice"));
+        }
+    }
+    if members.is_empty() {
+        return Err("initial_cluster: names no node".into());
+    }
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn an_initial_cluster_parses_with_and_without_client_addresses() {
+        let m =
+            parse_initial_cluster("1=127.0.0.1:7201/127.0.0.1:7101, 2=h2:7202,3=h3:7203").unwrap();
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[&1].client_addr, "127.0.0.1:7101");
+        assert_eq!(m[&2].peer_addr, "h2:7202");
+        assert_eq!(m[&2].client_addr, "");
+    }
+
+    #[test]
+    fn a_bad_initial_cluster_names_the_problem() {
+        for (spec, needle) in [
+            ("", "names no node"),
+            ("x=h:1", "not a node id"),
+            ("0=h:1", "not a node id"),
+            ("1=h", "not HOST:PORT"),
+            ("1=h:1,1=h:2", "named twice"),
+            ("1", "not ID=HOST:PEERPORT"),
+        ] {
+            let err = parse_initial_cluster(spec).unwrap_err();
+            assert!(
+                err.contains("initial_cluster") && err.contains(needle),
+                "{spec}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let flags = RunSettings {
+            id: Some(2),
+            ..Default::default()
+        };
+        let file: RunSettings = toml::from_str("id = 1\ndata_dir = \"/var/lib/fenced\"").unwrap();
+        let merged = flags.or_file(file);
+        assert_eq!(merged.id, Some(2));
+        assert_eq!(merged.data_dir, Some(PathBuf::from("/var/lib/fenced")));
+    }
+
+    #[test]
+    fn an_unknown_file_key_is_refused() {
+        assert!(toml::from_str::<RunSettings>("idd = 1").is_err());
+    }
+
+    #[test]
+    fn out_of_bounds_tuning_is_refused_by_name() {
+        let s = RunSettings {
+            id: Some(1),
+            data_dir: Some("/tmp/x".into()),
+            listen: Some("127.0.0.1:1".into()),
+            peer_listen: Some("127.0.0.1:2".into()),
+            initial_cluster: Some("1=127.0.0.1:2".into()),
+            max_batch: Some(1_000_000),
+            ..Default::default()
+        };
+        let err = s.into_node_config().unwrap_err();
+        assert!(
+            err.starts_with("max_batch: must be between 1 and 4096"),
+            "{err}"
+        );
+    }
+}

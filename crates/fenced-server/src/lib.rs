@@ -1,0 +1,22 @@
+//! The fenced node: openraft glue, durable storage, network and gRPC
+//! services around the pure lease table of `fenced-core`.
+//!
+//! Data flows one way: gRPC request → validation (`fenced-proto`) →
+//! [`proposer`] (batches, stamps cluster time) → openraft log (fdatasync'ed on
+//! a majority) → [`state_machine`] apply (`fenced-core`, pure) → one response
+//! per caller.
+
+// openraft's StorageError is large and its trait signatures impose it.
+#![allow(clippy::result_large_err)]
+
+pub mod codec;
+pub mod config;
+pub mod log_store;
+pub mod network;
+pub mod node;
+pub mod parking;
+pub mod proposer;
+pub mod raft_service;
+pub mod services;
+pub mod state_machine;
+pub mod types;

@@ -1,0 +1,272 @@
+//! The Raft log and vote on disk, through `raft-log` (a CRC-framed WAL made
+//! for Raft): every append and vote is fdatasync'ed before openraft hears it
+//! is done, so nothing is acknowledged that a crash could take back.
+
+use std::{
+    fmt::Debug,
+    io,
+    ops::{Bound, RangeBounds},
+    path::Path,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+};
+
+use openraft::{
+    storage::{LogFlushed, LogState, RaftLogStorage},
+    AnyError, CommittedLeaderId, EntryPayload, OptionalSend, RaftLogReader, StorageIOError, Vote,
+};
+use raft_log::{
+    api::raft_log_writer::RaftLogWriter,
+    codeq::{Decode, Encode},
+};
+
+use crate::{
+    codec,
+    types::{Entry, LogId, NodeId, StorageError, TypeConfig},
+};
+
+/// A log id in raft-log's encoding (openraft's own type has none).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WalLogId(LogId);
+
+impl Encode for WalLogId {
+    fn encode<W: io::Write>(&self, mut w: W) -> Result<usize, io::Error> {
+        Ok(self.0.leader_id.term.encode(&mut w)?
+            + self.0.leader_id.node_id.encode(&mut w)?
+            + self.0.index.encode(&mut w)?)
+    }
+}
+
+impl Decode for WalLogId {
+    fn decode<R: io::Read>(mut r: R) -> Result<Self, io::Error> {
+        let term = u64::decode(&mut r)?;
+        let node_id = u64::decode(&mut r)?;
+        let index = u64::decode(&mut r)?;
+        Ok(Self(LogId::new(
+            CommittedLeaderId::new(term, node_id),
+            index,
+        )))
+    }
+}
+
+/// A vote in raft-log's encoding, ordered exactly as openraft orders votes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalVote(Vote<NodeId>);
+
+impl PartialOrd for WalVote {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        self.0.partial_cmp(&other.0)
+    }
+}
+
+impl Encode for WalVote {
+    fn encode<W: io::Write>(&self, mut w: W) -> Result<usize, io::Error> {
+        Ok(self.0.leader_id.term.encode(&mut w)?
+            + self.0.leader_id.node_id.encode(&mut w)?
+            + self.0.committed.encode(&mut w)?)
+    }
+}
+
+impl Decode for WalVote {
+    fn decode<R: io::Read>(mut r: R) -> Result<Self, io::Error> {
+        let term = u64::decode(&mut r)?;
+        let node_id = u64::decode(&mut r)?;
+        let committed = bool::decode(&mut r)?;
+        let mut vote = Vote::new(term, node_id);
+        if committed {
+            vote.commit();
+        }
+        Ok(Self(vote))
+    }
+}
+
+/// Called by raft-log's flush thread once the data is on disk.
+pub enum FlushDone {
+    Raft(LogFlushed<TypeConfig>),
+    Wait(tokio::sync::oneshot::Sender<io::Result<()>>),
+}
+
+impl raft_log::Callback for FlushDone {
+    fn send(self, res: Result<(), io::Error>) {
+        match self {
+            FlushDone::Raft(done) => done.log_io_completed(res),
+            FlushDone::Wait(tx) => {
+                let _ = tx.send(res);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WalTypes;
+
+impl raft_log::Types for WalTypes {
+    type LogId = WalLogId;
+    /// An `EntryPayload` in [`codec`]'s versioned encoding.
+    type LogPayload = Vec<u8>;
+    type Vote = WalVote;
+    type Callback = FlushDone;
+    type UserData = Vec<u8>;
+
+    fn log_index(log_id: &Self::LogId) -> u64 {
+        log_id.0.index
+    }
+
+    fn payload_size(payload: &Self::LogPayload) -> u64 {
+        payload.len() as u64
+    }
+}
+
+/// The durable Raft log and vote of one node.
+#[derive(Clone)]
+pub struct LogStore {
+    wal: Arc<Mutex<raft_log::RaftLog<WalTypes>>>,
+}
+
+fn write_err(e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::write_logs(AnyError::new(&e)).into()
+}
+
+fn read_err(e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::read_logs(AnyError::new(&e)).into()
+}
+
+impl LogStore {
+    /// Opens (or creates) the log in `dir`; takes an exclusive lock on it.
+    pub fn open(dir: &Path) -> io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let config = raft_log::Config::new(dir.to_string_lossy().to_string());
+        let wal = raft_log::RaftLog::<WalTypes>::open(Arc::new(config))?;
+        Ok(Self {
+            wal: Arc::new(Mutex::new(wal)),
+        })
+    }
+
+    fn wal(&self) -> MutexGuard<'_, raft_log::RaftLog<WalTypes>> {
+        self.wal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many times the log has been fdatasync'ed since it was opened.
+    pub fn sync_count(&self) -> u64 {
+        self.wal().stat().flush_metrics.sync_batch_count
+    }
+
+    /// Flushes with fdatasync and waits for it.
+    async fn sync(&self) -> io::Result<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.wal().flush(true, Some(FlushDone::Wait(tx)))?;
+        rx.await
+            .map_err(|_| io::Error::other("log flush thread stopped"))?
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let start = match range.start_bound() {
+            Bound::Included(x) => *x,
+            Bound::Excluded(x) => x.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(x) => x.saturating_add(1),
+            Bound::Excluded(x) => *x,
+            Bound::Unbounded => u64::MAX,
+        };
+        let wal = self.wal();
+        let mut entries = Vec::new();
+        for item in wal.read(start, end) {
+            let (log_id, payload) = item.map_err(read_err)?;
+            let payload: EntryPayload<TypeConfig> =
+                codec::decode("log entry", &payload).map_err(read_err)?;
+            entries.push(Entry {
+                log_id: log_id.0,
+                payload,
+            });
+        }
+        Ok(entries)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let wal = self.wal();
+        let state = wal.log_state();
+        let last_purged_log_id = state.purged().map(|x| x.0);
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id: state.last().map(|x| x.0).or(last_purged_log_id),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        let vote_err = |e: io::Error| StorageIOError::write_vote(AnyError::new(&e));
+        self.wal().save_vote(WalVote(*vote)).map_err(vote_err)?;
+        self.sync().await.map_err(vote_err)?;
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
+        Ok(self.wal().log_state().vote().map(|v| v.0))
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        if let Some(c) = committed {
+            let mut wal = self.wal();
+            wal.commit(WalLogId(c)).map_err(write_err)?;
+            // Written without its own sync: the next append's sync covers it,
+            // and a lost commit mark only delays re-applying after a restart.
+            wal.flush(false, None).map_err(write_err)?;
+        }
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        Ok(self.wal().log_state().committed().map(|x| x.0))
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut items = Vec::new();
+        for e in entries {
+            items.push((
+                WalLogId(e.log_id),
+                codec::encode("log entry", &e.payload).map_err(write_err)?,
+            ));
+        }
+        let mut wal = self.wal();
+        wal.append(items).map_err(write_err)?;
+        // openraft counts the entries as persisted only when raft-log's flush
+        // thread calls back, after fdatasync.
+        wal.flush(true, Some(FlushDone::Raft(callback)))
+            .map_err(write_err)?;
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.wal().truncate(log_id.index).map_err(write_err)?;
+        self.sync().await.map_err(write_err)?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let mut wal = self.wal();
+        wal.purge(WalLogId(log_id)).map_err(write_err)?;
+        wal.flush(true, None).map_err(write_err)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,297 @@
+//! One fenced node: storage, Raft, the proposer and the gRPC listeners,
+//! started together and stopped together.
+
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+
+use fenced_core::Limits;
+use fenced_proto::v1::{
+    cluster_server::ClusterServer, lock_server::LockServer, raft_server::RaftServer,
+};
+use openraft::{
+    error::{InitializeError, RaftError},
+    SnapshotPolicy,
+};
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{server::TcpIncoming, Server};
+
+use crate::{
+    log_store::LogStore,
+    network::{Network, RAFT_MESSAGE_MAX_BYTES},
+    parking::Parking,
+    proposer::{run_ticker, LeaderTime, Proposer, ProposerConfig},
+    raft_service::RaftService,
+    services::{ClusterService, LockService, NodeContext},
+    state_machine::StateMachine,
+    types::{Node, NodeId, Raft},
+};
+
+/// The largest client request accepted, in bytes (names are at most 200).
+const CLIENT_MESSAGE_MAX_BYTES: usize = 64 * 1024;
+
+/// Everything a node needs to start.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub id: NodeId,
+    pub data_dir: PathBuf,
+    /// Client listener.
+    pub listen: SocketAddr,
+    /// Peer (Raft) listener.
+    pub peer_listen: SocketAddr,
+    /// The cluster's first membership, identical on every node.
+    pub initial_cluster: BTreeMap<NodeId, Node>,
+    pub limits: Limits,
+    pub election_timeout_ms: u64,
+    pub heartbeat_ms: u64,
+    /// Build a snapshot (and purge the log behind it) every this many entries.
+    pub snapshot_logs: u64,
+    pub proposer: ProposerConfig,
+    pub max_parked: usize,
+    pub request_timeout: Duration,
+}
+
+impl NodeConfig {
+    /// A node with default tuning.
+    pub fn new(
+        id: NodeId,
+        data_dir: PathBuf,
+        listen: SocketAddr,
+        peer_listen: SocketAddr,
+        initial_cluster: BTreeMap<NodeId, Node>,
+    ) -> Self {
+        Self {
+            id,
+            data_dir,
+            listen,
+            peer_listen,
+            initial_cluster,
+            limits: Limits::default(),
+            election_timeout_ms: 500,
+            heartbeat_ms: 100,
+            snapshot_logs: 10_000,
+            proposer: ProposerConfig {
+                max_pending: 65_536,
+                max_batch: fenced_core::MAX_BATCH_COMMANDS,
+                max_in_flight: 2,
+                clock_skew_ppm: 0,
+            },
+            max_parked: 100_000,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("{0}")]
+    Config(String),
+    #[error("data dir {dir}: {source}")]
+    Storage {
+        dir: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// A started node.
+pub struct RunningNode {
+    pub ctx: NodeContext,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningNode {
+    /// Starts the node: opens storage, binds both listeners, starts Raft and,
+    /// on a pristine data dir, proposes the initial membership.
+    pub async fn start(cfg: NodeConfig) -> Result<Self, NodeError> {
+        cfg.limits
+            .validate()
+            .map_err(|e| NodeError::Config(e.to_string()))?;
+        if !cfg.initial_cluster.is_empty() && !cfg.initial_cluster.contains_key(&cfg.id) {
+            return Err(NodeError::Config(format!(
+                "initial_cluster: does not name this node's id {}",
+                cfg.id
+            )));
+        }
+        let storage = |source: Box<dyn std::error::Error + Send + Sync>| NodeError::Storage {
+            dir: cfg.data_dir.clone(),
+            source,
+        };
+        let log =
+            LogStore::open(&cfg.data_dir.join("raft-log")).map_err(|e| storage(Box::new(e)))?;
+        let parking = Parking::new(cfg.max_parked);
+        let sm = StateMachine::open(&cfg.data_dir.join("state"), parking)
+            .map_err(|e| storage(e.to_string().into()))?;
+        let shared = sm.shared();
+
+        let client_listener =
+            TcpListener::bind(cfg.listen)
+                .await
+                .map_err(|source| NodeError::Listen {
+                    addr: cfg.listen,
+                    source,
+                })?;
+        let peer_listener =
+            TcpListener::bind(cfg.peer_listen)
+                .await
+                .map_err(|source| NodeError::Listen {
+                    addr: cfg.peer_listen,
+                    source,
+                })?;
+
+        let raft_config = openraft::Config {
+            cluster_name: "fenced".into(),
+            heartbeat_interval: cfg.heartbeat_ms,
+            election_timeout_min: cfg.election_timeout_ms,
+            election_timeout_max: cfg.election_timeout_ms * 2,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_logs),
+            max_in_snapshot_log_to_keep: 1_000,
+            purge_batch_size: 256,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| NodeError::Config(e.to_string()))?;
+        let raft = Raft::new(
+            cfg.id,
+            Arc::new(raft_config),
+            Network::default(),
+            log.clone(),
+            sm,
+        )
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+        if !initialized && !cfg.initial_cluster.is_empty() {
+            match raft.initialize(cfg.initial_cluster.clone()).await {
+                Ok(()) => tracing::info!(
+                    members = cfg.initial_cluster.len(),
+                    "initial membership proposed"
+                ),
+                Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(NodeError::Raft(e.to_string())),
+            }
+        }
+
+        let time = Arc::new(LeaderTime::new(cfg.proposer.clock_skew_ppm));
+        let proposer = Proposer::start(
+            raft.clone(),
+            Arc::clone(&shared),
+            Arc::clone(&time),
+            cfg.proposer,
+        );
+        let ctx = NodeContext::new(
+            cfg.id,
+            raft.clone(),
+            Arc::clone(&shared),
+            proposer.clone(),
+            Arc::clone(&time),
+            cfg.limits,
+            log,
+            cfg.request_timeout,
+        );
+
+        let stop = CancellationToken::new();
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(run_ticker(
+            raft.clone(),
+            shared,
+            time,
+            proposer,
+        )));
+
+        let outer_timeout = Duration::from_millis(cfg.limits.wait_max_ms) + cfg.request_timeout * 2;
+        let lock = || {
+            LockServer::new(LockService::new(ctx.clone()))
+                .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
+        };
+        let cluster = || {
+            ClusterServer::new(ClusterService::new(ctx.clone()))
+                .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
+        };
+        let client_server = Server::builder()
+            .timeout(outer_timeout)
+            .add_service(lock())
+            .add_service(cluster())
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(client_listener),
+                stop.clone().cancelled_owned(),
+            );
+        // The peer port carries Raft and the requests followers forward.
+        let peer_server = Server::builder()
+            .timeout(outer_timeout)
+            .add_service(
+                RaftServer::new(RaftService::new(raft.clone()))
+                    .max_decoding_message_size(RAFT_MESSAGE_MAX_BYTES)
+                    .max_encoding_message_size(RAFT_MESSAGE_MAX_BYTES),
+            )
+            .add_service(lock())
+            .add_service(cluster())
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(peer_listener),
+                stop.clone().cancelled_owned(),
+            );
+        let id = cfg.id;
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = client_server.await {
+                tracing::error!(node = id, error = %e, "client listener failed");
+            }
+        }));
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = peer_server.await {
+                tracing::error!(node = id, error = %e, "peer listener failed");
+            }
+        }));
+        tracing::info!(
+            node = cfg.id,
+            client = %cfg.listen,
+            peer = %cfg.peer_listen,
+            data_dir = %cfg.data_dir.display(),
+            "node started"
+        );
+        Ok(Self { ctx, stop, tasks })
+    }
+
+    /// Waits until a leader is known, up to `timeout`; returns its id.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> Option<NodeId> {
+        self.ctx
+            .raft
+            .wait(Some(timeout))
+            .metrics(|m| m.current_leader.is_some(), "a leader is known")
+            .await
+            .ok()
+            .and_then(|m| m.current_leader)
+    }
+
+    /// Stops serving, then stops Raft; storage is closed when this returns.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        let mut tasks = self.tasks.into_iter();
+        if let Some(ticker) = tasks.next() {
+            ticker.abort();
+        }
+        // Listeners finish the requests in flight, for a short while.
+        for t in tasks {
+            let abort = t.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), t)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        if let Err(e) = self.ctx.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        tracing::info!(node = self.ctx.id, "node stopped");
+    }
+}

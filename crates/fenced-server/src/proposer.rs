@@ -1,0 +1,287 @@
+//! The leader's write path: stamps commands with cluster time and coalesces
+//! concurrent ones into one log entry (a batch), so the cluster is not capped
+//! at one fsync per operation; answers each caller with its own outcome.
+
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use fenced_core::{Batch, ClusterTime, Command, LeaderClock, Outcome};
+use openraft::{error::ClientWriteError, ServerState};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::{
+    state_machine::Shared,
+    types::{Node, NodeId, Raft},
+};
+
+/// Why a proposal has no outcome.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProposeError {
+    #[error("not the leader")]
+    NotLeader { leader: Option<(NodeId, Node)> },
+    #[error("the proposal queue is full (max_pending {0}); retry with backoff")]
+    QueueFull(usize),
+    #[error("the outcome is unknown ({0}); retry with the same owner_id")]
+    Unknown(String),
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+}
+
+type Reply = oneshot::Sender<Result<(Outcome, ClusterTime), ProposeError>>;
+
+struct Proposal {
+    /// `None` is a tick: an entry that only advances cluster time.
+    command: Option<Command>,
+    reply: Option<Reply>,
+}
+
+/// Tuning of the write path.
+#[derive(Debug, Clone, Copy)]
+pub struct ProposerConfig {
+    /// Most commands waiting for a batch; beyond it callers get RESOURCE_EXHAUSTED.
+    pub max_pending: usize,
+    /// Most commands in one log entry.
+    pub max_batch: usize,
+    /// Log entries proposed and not yet applied, at most.
+    pub max_in_flight: usize,
+    /// Clock-rate skew for fault-injection tests only; 0 otherwise.
+    pub clock_skew_ppm: i64,
+}
+
+/// The leader's clock, valid for one term.
+pub struct LeaderTime {
+    started: Instant,
+    clock: Mutex<Option<(u64, LeaderClock)>>,
+    skew_ppm: i64,
+}
+
+impl LeaderTime {
+    pub fn new(skew_ppm: i64) -> Self {
+        Self {
+            started: Instant::now(),
+            clock: Mutex::new(None),
+            skew_ppm,
+        }
+    }
+
+    fn mono(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Cluster time now, if this node's clock is running for `term`.
+    pub fn now(&self, term: u64, applied: ClusterTime) -> Option<ClusterTime> {
+        let mut guard = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
+        let (t, clock) = guard.as_mut()?;
+        if *t != term {
+            return None;
+        }
+        clock.observe(applied);
+        Some(clock.now(self.mono()))
+    }
+
+    /// Starts the clock for `term` from the last applied cluster time.
+    fn start(&self, term: u64, base: ClusterTime) {
+        let clock = LeaderClock::new(base, self.mono()).with_skew_ppm(self.skew_ppm);
+        *self.clock.lock().unwrap_or_else(PoisonError::into_inner) = Some((term, clock));
+    }
+}
+
+/// Handle used by the services to propose commands.
+#[derive(Clone)]
+pub struct Proposer {
+    tx: mpsc::Sender<Proposal>,
+    max_pending: usize,
+}
+
+impl Proposer {
+    /// Starts the proposer task.
+    pub fn start(
+        raft: Raft,
+        shared: Arc<Shared>,
+        time: Arc<LeaderTime>,
+        config: ProposerConfig,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(config.max_pending.max(1));
+        tokio::spawn(run(raft, shared, time, config, rx));
+        Self {
+            tx,
+            max_pending: config.max_pending,
+        }
+    }
+
+    /// Proposes one command and waits for its applied outcome.
+    pub async fn propose(&self, command: Command) -> Result<(Outcome, ClusterTime), ProposeError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .try_send(Proposal {
+                command: Some(command),
+                reply: Some(reply),
+            })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => ProposeError::QueueFull(self.max_pending),
+                mpsc::error::TrySendError::Closed(_) => {
+                    ProposeError::Unavailable("shutting down".into())
+                }
+            })?;
+        rx.await
+            .map_err(|_| ProposeError::Unknown("the proposer stopped".into()))?
+    }
+
+    /// Proposes an entry that only advances cluster time (to end waits and
+    /// expire leases someone is waiting for).
+    pub fn tick(&self) {
+        let _ = self.tx.try_send(Proposal {
+            command: None,
+            reply: None,
+        });
+    }
+}
+
+/// The current leader as this node knows it.
+pub fn leader_of(raft: &Raft) -> Option<(NodeId, Node)> {
+    let m = raft.metrics().borrow().clone();
+    let id = m.current_leader?;
+    let node = m.membership_config.membership().get_node(&id)?.clone();
+    Some((id, node))
+}
+
+/// Makes sure this node is leader with a running clock; returns the term.
+async fn ensure_clock(
+    raft: &Raft,
+    shared: &Shared,
+    time: &LeaderTime,
+) -> Result<u64, ProposeError> {
+    let (state, term) = {
+        let m = raft.metrics();
+        let m = m.borrow();
+        (m.state, m.current_term)
+    };
+    if state != ServerState::Leader {
+        return Err(ProposeError::NotLeader {
+            leader: leader_of(raft),
+        });
+    }
+    if time.now(term, shared.now()).is_some() {
+        return Ok(term);
+    }
+    // A new term: wait until everything committed before it is applied, so
+    // the clock starts from the latest cluster time any entry carried.
+    raft.ensure_linearizable()
+        .await
+        .map_err(|e| match e.forward_to_leader() {
+            Some(f) => ProposeError::NotLeader {
+                leader: f.leader_id.zip(f.leader_node.clone()),
+            },
+            None => ProposeError::Unavailable(e.to_string()),
+        })?;
+    let base = shared.now();
+    time.start(term, base);
+    tracing::info!(
+        term,
+        cluster_time_ms = base.as_millis(),
+        "leader clock started"
+    );
+    Ok(term)
+}
+
+async fn run(
+    raft: Raft,
+    shared: Arc<Shared>,
+    time: Arc<LeaderTime>,
+    config: ProposerConfig,
+    mut rx: mpsc::Receiver<Proposal>,
+) {
+    let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
+    while let Some(first) = rx.recv().await {
+        // While earlier entries are in flight, callers keep queueing: the
+        // next batch grows with the load.
+        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+            break;
+        };
+        let mut proposals = vec![first];
+        while proposals.len() < config.max_batch {
+            match rx.try_recv() {
+                Ok(p) => proposals.push(p),
+                Err(_) => break,
+            }
+        }
+        let term = match ensure_clock(&raft, &shared, &time).await {
+            Ok(term) => term,
+            Err(e) => {
+                answer_all(proposals, &e);
+                continue;
+            }
+        };
+        let Some(stamp) = time.now(term, shared.now()) else {
+            answer_all(
+                proposals,
+                &ProposeError::Unavailable("leadership changed".into()),
+            );
+            continue;
+        };
+        let (commands, replies): (Vec<Command>, Vec<Option<Reply>>) = proposals
+            .into_iter()
+            .filter_map(|p| p.command.map(|c| (c, p.reply)))
+            .unzip();
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            let result = raft.client_write(Batch { stamp, commands }).await;
+            drop(permit);
+            match result {
+                Ok(resp) => {
+                    let outcomes = resp.data.0;
+                    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Ok((outcome, stamp)));
+                        }
+                    }
+                }
+                Err(e) => {
+                    let err = match e.api_error() {
+                        Some(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
+                            leader: f.leader_id.zip(f.leader_node.clone()),
+                        },
+                        _ => ProposeError::Unknown(e.to_string()),
+                    };
+                    for reply in replies.into_iter().flatten() {
+                        let _ = reply.send(Err(err.clone()));
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn answer_all(proposals: Vec<Proposal>, err: &ProposeError) {
+    for p in proposals {
+        if let Some(reply) = p.reply {
+            let _ = reply.send(Err(err.clone()));
+        }
+    }
+}
+
+/// Proposes ticks on the leader when a wait ends or a lease someone waits for
+/// expires, so parked callers are answered on time.
+pub async fn run_ticker(
+    raft: Raft,
+    shared: Arc<Shared>,
+    time: Arc<LeaderTime>,
+    proposer: Proposer,
+) {
+    let mut interval = tokio::time::interval(Duration::from_millis(20));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        interval.tick().await;
+        let term = raft.metrics().borrow().current_term;
+        let Some(wakeup) = shared.next_wakeup() else {
+            continue;
+        };
+        if let Some(now) = time.now(term, shared.now()) {
+            if now >= wakeup {
+                proposer.tick();
+            }
+        }
+    }
+}

@@ -1,0 +1,437 @@
+//! The client-facing gRPC services: translate, forward to the leader when
+//! this node is not it, propose, answer. No decisions are made here.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use fenced_core::{ClusterTime, Limits, Outcome};
+use fenced_proto::{
+    acquire_command, acquire_reply, describe_reply, describe_resource, invalid_argument,
+    release_command, release_reply, renew_command, renew_reply,
+    v1::{
+        self, cluster_client::ClusterClient, cluster_server, lock_client::LockClient, lock_server,
+    },
+};
+use openraft::{ChangeMembers, ServerState};
+use tonic::{metadata::MetadataValue, transport::Channel, Request, Response, Status};
+
+use crate::{
+    log_store::LogStore,
+    network,
+    parking::WaitEnd,
+    proposer::{leader_of, LeaderTime, ProposeError, Proposer},
+    state_machine::Shared,
+    types::{Node, NodeId, Raft},
+};
+
+/// Marks a request a follower forwarded, so it is never forwarded twice.
+const FORWARDED: &str = "x-fenced-forwarded";
+/// On UNAVAILABLE "not the leader": the leader's client address, if known.
+pub const LEADER_HEADER: &str = "x-fenced-leader";
+/// Extra time a parked acquire waits past its `wait_ms` for the answer.
+const WAIT_GRACE: Duration = Duration::from_secs(5);
+
+/// Everything the services of one node share.
+#[derive(Clone)]
+pub struct NodeContext {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub shared: Arc<Shared>,
+    pub proposer: Proposer,
+    pub time: Arc<LeaderTime>,
+    pub limits: Limits,
+    pub log: LogStore,
+    pub request_timeout: Duration,
+    forward: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl NodeContext {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: NodeId,
+        raft: Raft,
+        shared: Arc<Shared>,
+        proposer: Proposer,
+        time: Arc<LeaderTime>,
+        limits: Limits,
+        log: LogStore,
+        request_timeout: Duration,
+    ) -> Self {
+        Self {
+            id,
+            raft,
+            shared,
+            proposer,
+            time,
+            limits,
+            log,
+            request_timeout,
+            forward: Arc::default(),
+        }
+    }
+
+    /// The leader, when it is known and is not this node.
+    fn other_leader(&self) -> Option<(NodeId, Node)> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.state == ServerState::Leader {
+            return None;
+        }
+        leader_of(&self.raft)
+    }
+
+    fn channel_to(&self, leader: &(NodeId, Node)) -> Result<Channel, Status> {
+        let mut map = self.forward.lock().unwrap_or_else(PoisonError::into_inner);
+        let addr = &leader.1.peer_addr;
+        if let Some(ch) = map.get(addr) {
+            return Ok(ch.clone());
+        }
+        let ch = network::channel(addr, Duration::from_secs(1))
+            .map_err(|e| Status::unavailable(format!("leader address {addr}: {e}")))?;
+        map.insert(addr.clone(), ch.clone());
+        Ok(ch)
+    }
+
+    fn cluster_now(&self) -> ClusterTime {
+        let term = self.raft.metrics().borrow().current_term;
+        self.time
+            .now(term, self.shared.now())
+            .unwrap_or_else(|| self.shared.now())
+    }
+}
+
+fn is_forwarded<T>(req: &Request<T>) -> bool {
+    req.metadata().contains_key(FORWARDED)
+}
+
+fn forwarded<T>(msg: T, timeout: Duration) -> Request<T> {
+    let mut req = Request::new(msg);
+    req.metadata_mut()
+        .insert(FORWARDED, MetadataValue::from_static("1"));
+    req.set_timeout(timeout);
+    req
+}
+
+fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
+    match leader {
+        None => Status::unavailable("no leader is elected right now; retry with backoff"),
+        Some((id, node)) => {
+            let mut status = Status::unavailable(format!(
+                "this node is not the leader; the leader is node {id} (client address {})",
+                if node.client_addr.is_empty() {
+                    "unknown"
+                } else {
+                    &node.client_addr
+                }
+            ));
+            if let Ok(v) = node.client_addr.parse() {
+                status.metadata_mut().insert(LEADER_HEADER, v);
+            }
+            status
+        }
+    }
+}
+
+fn propose_status(e: ProposeError) -> Status {
+    match e {
+        ProposeError::NotLeader { leader } => not_leader(leader.as_ref()),
+        ProposeError::QueueFull(_) => Status::resource_exhausted(e.to_string()),
+        ProposeError::Unknown(_) | ProposeError::Unavailable(_) => {
+            Status::unavailable(e.to_string())
+        }
+    }
+}
+
+/// Runs `call` against the leader when this node is not it.
+macro_rules! forward_or {
+    ($ctx:expr, $req:expr, $client:ident, $method:ident) => {
+        if let Some(leader) = $ctx.other_leader() {
+            if is_forwarded(&$req) {
+                return Err(not_leader(Some(&leader)));
+            }
+            let ch = $ctx.channel_to(&leader)?;
+            let timeout = $ctx.request_timeout + WAIT_GRACE;
+            return $client::new(ch)
+                .$method(forwarded($req.into_inner(), timeout))
+                .await;
+        }
+    };
+}
+
+pub struct LockService {
+    ctx: NodeContext,
+}
+
+impl LockService {
+    pub fn new(ctx: NodeContext) -> Self {
+        Self { ctx }
+    }
+
+    async fn propose(
+        &self,
+        command: fenced_core::Command,
+    ) -> Result<(Outcome, ClusterTime), ProposeError> {
+        match tokio::time::timeout(self.ctx.request_timeout, self.ctx.proposer.propose(command))
+            .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(ProposeError::Unknown(format!(
+                "not committed within {} ms",
+                self.ctx.request_timeout.as_millis()
+            ))),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl lock_server::Lock for LockService {
+    async fn acquire(
+        &self,
+        req: Request<v1::AcquireRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        let command =
+            acquire_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
+        forward_or!(self.ctx, req, LockClient, acquire);
+        let wait_ms = req.get_ref().wait_ms;
+        let parked = if wait_ms > 0 {
+            Some(
+                self.ctx
+                    .shared
+                    .parking
+                    .park(command.resource().clone(), command.owner())
+                    .map_err(|e| Status::resource_exhausted(e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        let (outcome, now) = self.propose(command).await.map_err(propose_status)?;
+        let (Outcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
+            return acquire_reply(&outcome, now).map(Response::new);
+        };
+        let wait = Duration::from_millis(wait_ms) + WAIT_GRACE;
+        let end = match tokio::time::timeout(wait, &mut parked.rx).await {
+            Ok(Ok(end)) => end,
+            Ok(Err(_)) => {
+                return Err(Status::aborted(
+                    "a retry with the same owner_id took over this wait; use the retry's answer",
+                ))
+            }
+            Err(_) => return Err(Status::deadline_exceeded(
+                "no answer within wait_ms; the outcome is unknown: retry with the same owner_id",
+            )),
+        };
+        let now = self.ctx.cluster_now();
+        let outcome = match end {
+            WaitEnd::Granted(grant) => Outcome::Granted(grant),
+            WaitEnd::Elapsed {
+                current_token,
+                remaining_ms,
+            } => Outcome::Held {
+                current_token,
+                remaining_ms,
+            },
+        };
+        acquire_reply(&outcome, now).map(Response::new)
+    }
+
+    async fn renew(
+        &self,
+        req: Request<v1::RenewRequest>,
+    ) -> Result<Response<v1::RenewResponse>, Status> {
+        let command =
+            renew_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
+        forward_or!(self.ctx, req, LockClient, renew);
+        let (outcome, now) = self.propose(command).await.map_err(propose_status)?;
+        renew_reply(&outcome, now).map(Response::new)
+    }
+
+    async fn release(
+        &self,
+        req: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let command = release_command(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        forward_or!(self.ctx, req, LockClient, release);
+        let (outcome, now) = self.propose(command).await.map_err(propose_status)?;
+        release_reply(&outcome, now).map(Response::new)
+    }
+
+    async fn describe(
+        &self,
+        req: Request<v1::DescribeRequest>,
+    ) -> Result<Response<v1::DescribeResponse>, Status> {
+        let resource = describe_resource(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        if req.get_ref().allow_stale {
+            let now = self.ctx.shared.now();
+            return Ok(Response::new(describe_reply(
+                &self.ctx.shared.describe(resource.as_str(), now),
+                now,
+            )));
+        }
+        forward_or!(self.ctx, req, LockClient, describe);
+        // Read index: confirm leadership with a quorum and wait until the
+        // state machine has applied everything committed before the read.
+        self.ctx.raft.ensure_linearizable().await.map_err(|e| {
+            not_leader(
+                e.forward_to_leader()
+                    .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
+                    .as_ref(),
+            )
+        })?;
+        let now = self.ctx.cluster_now();
+        Ok(Response::new(describe_reply(
+            &self.ctx.shared.describe(resource.as_str(), now),
+            now,
+        )))
+    }
+}
+
+pub struct ClusterService {
+    ctx: NodeContext,
+}
+
+impl ClusterService {
+    pub fn new(ctx: NodeContext) -> Self {
+        Self { ctx }
+    }
+
+    fn members(&self) -> Vec<v1::Member> {
+        let m = self.ctx.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, node)| v1::Member {
+                id: *id,
+                peer_addr: node.peer_addr.clone(),
+                client_addr: node.client_addr.clone(),
+                voter: voters.contains(id),
+            })
+            .collect()
+    }
+
+    fn membership_response(&self, log_index: u64) -> v1::MembershipResponse {
+        v1::MembershipResponse {
+            members: self.members(),
+            log_index,
+        }
+    }
+}
+
+fn write_status<E: std::error::Error>(e: openraft::error::RaftError<NodeId, E>) -> Status {
+    Status::failed_precondition(e.to_string())
+}
+
+#[tonic::async_trait]
+impl cluster_server::Cluster for ClusterService {
+    async fn status(
+        &self,
+        _req: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::StatusResponse>, Status> {
+        let m = self.ctx.raft.metrics().borrow().clone();
+        let leader = leader_of(&self.ctx.raft);
+        let role = match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        };
+        let c = &self.ctx.shared.counters;
+        use std::sync::atomic::Ordering::Relaxed;
+        Ok(Response::new(v1::StatusResponse {
+            node_id: self.ctx.id,
+            leader_id: leader.as_ref().map_or(0, |l| l.0),
+            leader_addr: leader.map(|l| l.1.client_addr).unwrap_or_default(),
+            term: m.current_term,
+            members: self.members(),
+            last_applied: self.ctx.shared.last_applied().map_or(0, |l| l.index),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            role: role.to_string(),
+            live_leases: self.ctx.shared.live_leases() as u64,
+            last_token: self.ctx.shared.last_token(),
+            log_syncs: self.ctx.log.sync_count(),
+            applied_entries: c.entries.load(Relaxed),
+            applied_commands: c.commands.load(Relaxed),
+            snapshot_index: m.snapshot.map_or(0, |l| l.index),
+            purged_index: m.purged.map_or(0, |l| l.index),
+        }))
+    }
+
+    async fn add_learner(
+        &self,
+        req: Request<v1::AddLearnerRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        let r = req.get_ref();
+        if r.node_id == 0 {
+            return Err(Status::invalid_argument("node_id: must be at least 1"));
+        }
+        if r.peer_addr.is_empty() {
+            return Err(Status::invalid_argument("peer_addr: must be host:port"));
+        }
+        forward_or!(self.ctx, req, ClusterClient, add_learner);
+        let r = req.into_inner();
+        let node = Node {
+            peer_addr: r.peer_addr,
+            client_addr: r.client_addr,
+        };
+        let resp = self
+            .ctx
+            .raft
+            .add_learner(r.node_id, node, true)
+            .await
+            .map_err(write_status)?;
+        Ok(Response::new(self.membership_response(resp.log_id.index)))
+    }
+
+    async fn change_membership(
+        &self,
+        req: Request<v1::ChangeMembershipRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        if req.get_ref().voter_ids.is_empty() {
+            return Err(Status::invalid_argument(
+                "voter_ids: must name at least one node",
+            ));
+        }
+        forward_or!(self.ctx, req, ClusterClient, change_membership);
+        let voters: BTreeSet<NodeId> = req.into_inner().voter_ids.into_iter().collect();
+        let resp = self
+            .ctx
+            .raft
+            .change_membership(voters, false)
+            .await
+            .map_err(write_status)?;
+        Ok(Response::new(self.membership_response(resp.log_id.index)))
+    }
+
+    async fn remove_node(
+        &self,
+        req: Request<v1::RemoveNodeRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        let id = req.get_ref().node_id;
+        forward_or!(self.ctx, req, ClusterClient, remove_node);
+        let m = self.ctx.raft.metrics().borrow().clone();
+        let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
+        if voters.contains(&id) {
+            let rest: BTreeSet<NodeId> = voters.into_iter().filter(|v| *v != id).collect();
+            if rest.is_empty() {
+                return Err(Status::failed_precondition(
+                    "node_id: cannot remove the last voter",
+                ));
+            }
+            self.ctx
+                .raft
+                .change_membership(rest, false)
+                .await
+                .map_err(write_status)?;
+        }
+        let resp = self
+            .ctx
+            .raft
+            .change_membership(ChangeMembers::RemoveNodes([id].into()), false)
+            .await
+            .map_err(write_status)?;
+        Ok(Response::new(self.membership_response(resp.log_id.index)))
+    }
+}
