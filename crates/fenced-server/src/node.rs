@@ -151,8 +151,10 @@ impl RunningNode {
             election_timeout_min: cfg.election_timeout_ms,
             election_timeout_max: cfg.election_timeout_ms * 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_logs),
-            max_in_snapshot_log_to_keep: 1_000,
-            purge_batch_size: 256,
+            // Entries kept behind a snapshot let a follower that lags a little
+            // catch up from the log instead of a whole snapshot.
+            max_in_snapshot_log_to_keep: (cfg.snapshot_logs / 2).min(1_000),
+            purge_batch_size: (cfg.snapshot_logs / 4).clamp(1, 256),
             ..Default::default()
         }
         .validate()

@@ -356,6 +356,7 @@ impl cluster_server::Cluster for ClusterService {
             applied_commands: c.commands.load(Relaxed),
             snapshot_index: m.snapshot.map_or(0, |l| l.index),
             purged_index: m.purged.map_or(0, |l| l.index),
+            state_digest: self.ctx.shared.digest(),
         }))
     }
 

@@ -1,0 +1,324 @@
+//! A harness that runs real `fenced` processes on loopback.
+//!
+//! The binaries come from the workspace's target directory: build them first
+//! (`cargo build --workspace --bins`, which `.ci/run` does).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    fs::File,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use fenced_client::Client;
+use fenced_proto::v1::{cluster_client::ClusterClient, lock_client::LockClient, StatusResponse};
+use nix::{
+    sys::signal::{kill, Signal},
+    unistd::Pid,
+};
+use tonic::transport::Channel;
+
+/// The directory holding the workspace's built binaries.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+/// The path of a workspace binary, e.g. `fenced` or `fencectl`.
+pub fn bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace --bins` before the tests",
+        path.display()
+    );
+    path
+}
+
+/// A free loopback port (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct NodeProc {
+    pub id: u64,
+    pub client_port: u16,
+    pub peer_port: u16,
+    pub data_dir: PathBuf,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl NodeProc {
+    pub fn client_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    pub fn pid(&self) -> Option<Pid> {
+        self.child.as_ref().map(|c| Pid::from_raw(c.id() as i32))
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+/// A cluster of `fenced run` processes on loopback.
+pub struct Cluster {
+    pub nodes: Vec<NodeProc>,
+    pub dir: tempfile::TempDir,
+    initial_cluster: String,
+    extra_env: Vec<(String, String)>,
+}
+
+impl Cluster {
+    /// Starts `n` nodes and waits until they agree on a leader.
+    pub async fn start(n: u64) -> Cluster {
+        Self::start_with(n, &[]).await
+    }
+
+    /// Like [`Cluster::start`], with extra `FENCED_*` settings for every node.
+    pub async fn start_with(n: u64, env: &[(&str, &str)]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes: Vec<NodeProc> = (1..=n)
+            .map(|id| NodeProc {
+                id,
+                client_port: free_port(),
+                peer_port: free_port(),
+                data_dir: dir.path().join(format!("node{id}")),
+                child: None,
+                log: dir.path().join(format!("node{id}.log")),
+            })
+            .collect();
+        let initial_cluster = nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "{}=127.0.0.1:{}/127.0.0.1:{}",
+                    n.id, n.peer_port, n.client_port
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Cluster {
+            nodes,
+            dir,
+            initial_cluster,
+            extra_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        for id in 1..=n {
+            cluster.spawn(id);
+        }
+        cluster.wait_for_leader(Duration::from_secs(20)).await;
+        cluster
+    }
+
+    fn node(&self, id: u64) -> &NodeProc {
+        &self.nodes[(id - 1) as usize]
+    }
+
+    fn node_mut(&mut self, id: u64) -> &mut NodeProc {
+        &mut self.nodes[(id - 1) as usize]
+    }
+
+    /// Starts node `id` (again), with the same arguments as before.
+    pub fn spawn(&mut self, id: u64) {
+        let initial = self.initial_cluster.clone();
+        let env = self.extra_env.clone();
+        let node = self.node_mut(id);
+        assert!(node.child.is_none(), "node {id} is already running");
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .unwrap();
+        let mut cmd = Command::new(bin("fenced"));
+        cmd.args([
+            "run",
+            "--id",
+            &id.to_string(),
+            "--data-dir",
+            node.data_dir.to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{}", node.client_port),
+            "--peer-listen",
+            &format!("127.0.0.1:{}", node.peer_port),
+            "--initial-cluster",
+            &initial,
+        ])
+        .env("FENCED_LOG", "info,openraft=warn")
+        .stdout(Stdio::null())
+        .stderr(log);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        node.child = Some(cmd.spawn().unwrap());
+    }
+
+    /// `kill -9` node `id`.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut child) = self.node_mut(id).child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal` to node `id` without forgetting the process.
+    pub fn signal(&self, id: u64, signal: Signal) {
+        if let Some(pid) = self.node(id).pid() {
+            kill(pid, signal).unwrap();
+        }
+    }
+
+    /// SIGTERM node `id` and wait for it to exit; returns its exit status.
+    pub fn terminate(&mut self, id: u64, within: Duration) -> Option<std::process::ExitStatus> {
+        self.signal(id, Signal::SIGTERM);
+        let mut child = self.node_mut(id).child.take()?;
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Client endpoints of the running nodes.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes.iter().map(NodeProc::client_addr).collect()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(self.endpoints()).unwrap()
+    }
+
+    /// A client that only knows node `id`.
+    pub fn client_of(&self, id: u64) -> Client {
+        Client::new([self.node(id).client_addr()]).unwrap()
+    }
+
+    pub fn channel(&self, id: u64) -> Channel {
+        Channel::from_shared(format!("http://{}", self.node(id).client_addr()))
+            .unwrap()
+            .connect_lazy()
+    }
+
+    pub fn lock_client(&self, id: u64) -> LockClient<Channel> {
+        LockClient::new(self.channel(id))
+    }
+
+    /// The status of node `id`, if it answers within a second.
+    pub async fn status(&self, id: u64) -> Option<StatusResponse> {
+        let mut client = ClusterClient::new(self.channel(id));
+        let mut req = tonic::Request::new(fenced_proto::v1::StatusRequest {});
+        req.set_timeout(Duration::from_secs(1));
+        tokio::time::timeout(Duration::from_secs(2), client.status(req))
+            .await
+            .ok()?
+            .ok()
+            .map(|r| r.into_inner())
+    }
+
+    /// Waits until every running node names the same leader; returns it.
+    pub async fn wait_for_leader(&self, within: Duration) -> u64 {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut leaders = Vec::new();
+            for n in self.nodes.iter().filter(|n| n.is_running()) {
+                leaders.push(self.status(n.id).await.map(|s| s.leader_id));
+            }
+            if let Some(Some(first)) = leaders.first() {
+                let agreed = leaders.iter().all(|l| *l == Some(*first));
+                let alive = self.nodes.iter().any(|n| n.id == *first && n.is_running());
+                if *first != 0 && agreed && alive {
+                    return *first;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader within {within:?}: {leaders:?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until every running node has applied the same index; returns
+    /// their statuses.
+    pub async fn wait_for_convergence(&self, within: Duration) -> Vec<StatusResponse> {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut all = Vec::new();
+            for n in self.nodes.iter().filter(|n| n.is_running()) {
+                if let Some(s) = self.status(n.id).await {
+                    all.push(s);
+                }
+            }
+            let running = self.nodes.iter().filter(|n| n.is_running()).count();
+            if all.len() == running
+                && all
+                    .windows(2)
+                    .all(|w| w[0].last_applied == w[1].last_applied)
+            {
+                return all;
+            }
+            assert!(Instant::now() < deadline, "nodes did not converge: {all:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Runs fencectl against this cluster.
+    pub fn fencectl(&self, args: &[&str]) -> Output {
+        Command::new(bin("fencectl"))
+            .arg("--endpoints")
+            .arg(self.endpoints().join(","))
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// Every node's log, for failure messages.
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let text = std::fs::read_to_string(&n.log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                format!(
+                    "--- node {} ---\n{}",
+                    n.id,
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut child) = n.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! fencectl against a real cluster: every outcome, its JSON and its exit code.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use fenced_tests::Cluster;
+use serde_json::Value;
+
+fn run(cluster: &Cluster, args: &[&str]) -> (i32, Value) {
+    let mut full = vec!["--json"];
+    full.extend_from_slice(args);
+    let out = cluster.fencectl(&full);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let value: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "{args:?}: not one JSON object ({e}): {stdout:?} {:?}",
+            out.stderr
+        )
+    });
+    (out.status.code().unwrap(), value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_outcome_through_fencectl_json_with_exit_codes() {
+    let cluster = Cluster::start(3).await;
+
+    let (code, granted) = run(&cluster, &["acquire", "cli-res", "--ttl", "30s"]);
+    assert_eq!(code, 0);
+    assert_eq!(granted["status"], "granted");
+    assert_eq!(granted["ttl_ms"], 30_000);
+    assert!(granted["expires_at_ms"].as_u64().unwrap() > 0);
+    let token = granted["token"].as_u64().unwrap();
+    let owner = granted["owner_id"].as_str().unwrap().to_string();
+    let token_s = token.to_string();
+
+    let (code, held) = run(&cluster, &["acquire", "cli-res", "--ttl", "30s"]);
+    assert_eq!((code, held["status"].as_str()), (3, Some("held")));
+    assert_eq!(held["current_token"].as_u64(), Some(token));
+    assert!(held["remaining_ms"].as_u64().unwrap() > 0);
+
+    // The same owner again: the same grant (a retry after a lost reply).
+    let (code, again) = run(
+        &cluster,
+        &["acquire", "cli-res", "--ttl", "30s", "--owner", &owner],
+    );
+    assert_eq!((code, again["token"].as_u64()), (0, Some(token)));
+
+    let (code, renewed) = run(
+        &cluster,
+        &[
+            "renew", "cli-res", "--owner", &owner, "--token", &token_s, "--ttl", "20s",
+        ],
+    );
+    assert_eq!((code, renewed["status"].as_str()), (0, Some("renewed")));
+    assert_eq!(renewed["ttl_ms"], 20_000);
+
+    let (code, d) = run(&cluster, &["describe", "cli-res"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        (d["held"].as_bool(), d["last_token"].as_u64()),
+        (Some(true), Some(token))
+    );
+    assert!(d["remaining_ms"].as_u64().unwrap() > 0);
+
+    let stranger = "6f0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b";
+    let (code, not_holder) = run(
+        &cluster,
+        &[
+            "release", "cli-res", "--owner", stranger, "--token", &token_s,
+        ],
+    );
+    assert_eq!(
+        (code, not_holder["status"].as_str()),
+        (3, Some("not_holder"))
+    );
+    assert_eq!(not_holder["reason"], "unknown");
+
+    let (code, released) = run(
+        &cluster,
+        &["release", "cli-res", "--owner", &owner, "--token", &token_s],
+    );
+    assert_eq!((code, released["status"].as_str()), (0, Some("released")));
+
+    let (code, lost) = run(
+        &cluster,
+        &[
+            "renew", "cli-res", "--owner", &owner, "--token", &token_s, "--ttl", "20s",
+        ],
+    );
+    assert_eq!(
+        (code, lost["status"].as_str(), lost["reason"].as_str()),
+        (3, Some("lost"), Some("released"))
+    );
+
+    let (code, next) = run(&cluster, &["acquire", "cli-res", "--ttl", "30s"]);
+    assert_eq!(code, 0);
+    assert!(
+        next["token"].as_u64().unwrap() > token,
+        "the next acquire has a higher token"
+    );
+
+    let (code, status) = run(&cluster, &["status"]);
+    assert_eq!(code, 0);
+    assert!(status["leader_id"].as_u64().unwrap() >= 1);
+    assert!(status["term"].as_u64().unwrap() >= 1);
+    assert_eq!(status["members"].as_array().unwrap().len(), 3);
+    assert!(status["last_applied"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencectl_usage_and_bad_input_exit_with_2_and_unreachable_with_1() {
+    let cluster = Cluster::start(3).await;
+    let out = cluster.fencectl(&["acquire", "x"]); // --ttl missing
+    assert_eq!(out.status.code(), Some(2));
+    let out = cluster.fencectl(&["acquire", "x", "--ttl", "10ms"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ttl_ms: must be between 1000 and 3600000")
+    );
+    let out = std::process::Command::new(fenced_tests::bin("fencectl"))
+        .args([
+            "--endpoints",
+            &format!("127.0.0.1:{}", fenced_tests::free_port()),
+        ])
+        .args(["--timeout", "1s", "describe", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+}
