@@ -17,7 +17,7 @@ const TTL: Duration = Duration::from_secs(60);
 
 async fn grant(client: &Client, resource: &str) -> u64 {
     match client
-        .acquire(resource, OwnerId::random(), TTL, Duration::ZERO)
+        .acquire_once(resource, OwnerId::random(), TTL, Duration::ZERO)
         .await
         .unwrap()
     {
@@ -32,7 +32,7 @@ async fn cycle(client: &Client, resource: &str, n: usize) -> Vec<u64> {
     for _ in 0..n {
         let owner = OwnerId::random();
         let AcquireOutcome::Granted { token, .. } = client
-            .acquire(resource, owner, TTL, Duration::ZERO)
+            .acquire_once(resource, owner, TTL, Duration::ZERO)
             .await
             .unwrap()
         else {

@@ -26,9 +26,18 @@ async fn every_outcome_end_to_end_through_grpc() {
     let res = "statement:account-1842:2026-07";
 
     // granted, then held for another owner
-    let ta = token_of(client.acquire(res, a, TTL, Duration::ZERO).await.unwrap());
+    let ta = token_of(
+        client
+            .acquire_once(res, a, TTL, Duration::ZERO)
+            .await
+            .unwrap(),
+    );
     assert!(ta >= 1);
-    match client.acquire(res, b, TTL, Duration::ZERO).await.unwrap() {
+    match client
+        .acquire_once(res, b, TTL, Duration::ZERO)
+        .await
+        .unwrap()
+    {
         AcquireOutcome::Held {
             current_token,
             remaining_ms,
@@ -65,7 +74,12 @@ async fn every_outcome_end_to_end_through_grpc() {
         RenewOutcome::Lost(LostReason::Released)
     );
     // the next owner gets a higher token; the old one is superseded
-    let tb = token_of(client.acquire(res, b, TTL, Duration::ZERO).await.unwrap());
+    let tb = token_of(
+        client
+            .acquire_once(res, b, TTL, Duration::ZERO)
+            .await
+            .unwrap(),
+    );
     assert!(tb > ta);
     assert_eq!(
         client.release(res, a, ta).await.unwrap(),
@@ -81,7 +95,7 @@ async fn every_outcome_end_to_end_through_grpc() {
     let short = "short-lease";
     let ts = token_of(
         client
-            .acquire(short, a, Duration::from_secs(1), Duration::ZERO)
+            .acquire_once(short, a, Duration::from_secs(1), Duration::ZERO)
             .await
             .unwrap(),
     );
@@ -102,14 +116,14 @@ async fn any_node_answers_by_forwarding_to_the_leader() {
     let owner = OwnerId::random();
     let t = token_of(
         client
-            .acquire("via-follower", owner, TTL, Duration::ZERO)
+            .acquire_once("via-follower", owner, TTL, Duration::ZERO)
             .await
             .unwrap(),
     );
     assert_eq!(
         token_of(
             client
-                .acquire("via-follower", owner, TTL, Duration::ZERO)
+                .acquire_once("via-follower", owner, TTL, Duration::ZERO)
                 .await
                 .unwrap()
         ),
@@ -130,7 +144,7 @@ async fn fifty_clients_racing_for_a_new_resource_grant_exactly_one() {
             // Each client enters through a different node.
             let client = fenced_client::Client::new([eps[i % eps.len()].clone()]).unwrap();
             client
-                .acquire("never-seen-before", OwnerId::random(), TTL, Duration::ZERO)
+                .acquire_once("never-seen-before", OwnerId::random(), TTL, Duration::ZERO)
                 .await
                 .unwrap()
         }));
@@ -155,14 +169,14 @@ async fn an_acquire_retried_after_a_lost_reply_returns_the_same_token() {
     // The first reply is "lost": the caller never looks at it.
     let first = token_of(
         client
-            .acquire("lost-reply", owner, TTL, Duration::ZERO)
+            .acquire_once("lost-reply", owner, TTL, Duration::ZERO)
             .await
             .unwrap(),
     );
     for _ in 0..3 {
         let retry = token_of(
             client
-                .acquire("lost-reply", owner, TTL, Duration::ZERO)
+                .acquire_once("lost-reply", owner, TTL, Duration::ZERO)
                 .await
                 .unwrap(),
         );
@@ -297,7 +311,7 @@ async fn a_blocking_acquire_is_granted_when_the_holder_releases() {
     let holder = OwnerId::random();
     let t1 = token_of(
         client
-            .acquire("queue", holder, TTL, Duration::ZERO)
+            .acquire_once("queue", holder, TTL, Duration::ZERO)
             .await
             .unwrap(),
     );
@@ -305,7 +319,7 @@ async fn a_blocking_acquire_is_granted_when_the_holder_releases() {
         let client = cluster.client();
         async move {
             client
-                .acquire("queue", OwnerId::random(), TTL, Duration::from_secs(20))
+                .acquire_once("queue", OwnerId::random(), TTL, Duration::from_secs(20))
                 .await
                 .unwrap()
         }

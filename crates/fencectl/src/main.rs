@@ -5,6 +5,8 @@
 
 use std::{process::ExitCode, time::Duration};
 
+mod hold;
+
 use clap::{Parser, Subcommand};
 use fenced_client::{
     AcquireOutcome, Client, ClientError, ReleaseOutcome, RenewOutcome, DEV_ENDPOINTS,
@@ -70,21 +72,75 @@ enum Cmd {
     Describe { resource: String },
     /// Show the cluster as each endpoint sees it.
     Status,
+    /// Take the lease and hold it, renewing, until Ctrl-C (release) or loss
+    /// (exit 4).
+    Lock {
+        resource: String,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+    },
+    /// Run COMMAND while holding the lease. The command gets FENCED_RESOURCE,
+    /// FENCED_TOKEN, FENCED_OWNER_ID and FENCED_ENDPOINTS. If the lease is
+    /// lost it gets SIGTERM, then SIGKILL after --grace. Exit: the command's
+    /// code, 4 if the lease was lost, 3 if not granted within --wait.
+    Run {
+        resource: String,
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        wait: Duration,
+        /// Time between SIGTERM and SIGKILL; default half the safety margin.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        grace: Option<Duration>,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
-/// What a command printed and how it ends.
+/// What a command prints and how it ends.
 struct Report {
     value: Value,
     text: String,
     code: u8,
 }
 
+impl Report {
+    /// A command that printed its own lines already.
+    fn printed(code: u8) -> Report {
+        Report {
+            value: Value::Null,
+            text: String::new(),
+            code,
+        }
+    }
+}
+
 fn owner_id(text: &str) -> Result<OwnerId, ClientError> {
     OwnerId::parse(text).map_err(|e| ClientError::InvalidArgument(e.to_string()))
 }
 
-async fn execute(client: &Client, command: Cmd) -> Result<Report, ClientError> {
+async fn execute(client: &Client, command: Cmd, json_out: bool) -> Result<Report, ClientError> {
     Ok(match command {
+        Cmd::Lock {
+            resource,
+            ttl,
+            wait,
+        } => {
+            let code = hold::lock(client, &resource, ttl, wait, json_out).await?;
+            return Ok(Report::printed(code));
+        }
+        Cmd::Run {
+            resource,
+            ttl,
+            wait,
+            grace,
+            command,
+        } => {
+            let code = hold::run(client, &resource, ttl, wait, grace, &command, json_out).await?;
+            return Ok(Report::printed(code));
+        }
         Cmd::Acquire {
             resource,
             ttl,
@@ -95,7 +151,7 @@ async fn execute(client: &Client, command: Cmd) -> Result<Report, ClientError> {
                 Some(o) => owner_id(&o)?,
                 None => OwnerId::random(),
             };
-            match client.acquire(&resource, owner, ttl, wait).await? {
+            match client.acquire_once(&resource, owner, ttl, wait).await? {
                 AcquireOutcome::Granted {
                     token,
                     expires_at_ms,
@@ -265,13 +321,13 @@ fn main() -> ExitCode {
     let json_out = cli.json;
     let result = runtime.block_on(async {
         let client = Client::new(&endpoints)?.with_call_timeout(cli.timeout);
-        execute(&client, cli.command).await
+        execute(&client, cli.command, json_out).await
     });
     match result {
         Ok(report) => {
-            if json_out {
+            if !report.value.is_null() && json_out {
                 println!("{}", report.value);
-            } else {
+            } else if !report.text.is_empty() {
                 println!("{}", report.text);
             }
             ExitCode::from(report.code)
@@ -283,6 +339,7 @@ fn main() -> ExitCode {
             eprintln!("fencectl: {e}");
             ExitCode::from(match e {
                 ClientError::InvalidArgument(_) => 2,
+                ClientError::NotGranted { .. } => 3,
                 _ => 1,
             })
         }

@@ -1,5 +1,8 @@
 use std::{
-    sync::atomic::{AtomicUsize, Ordering},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -9,6 +12,8 @@ use fenced_proto::v1::{
     release_response, renew_response,
 };
 use tonic::{transport::Channel, Code, Status};
+
+use crate::{clock::Moment, LeaseOptions};
 
 /// The default addresses of `fenced dev`.
 pub const DEV_ENDPOINTS: [&str; 3] = ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"];
@@ -32,6 +37,31 @@ pub enum ClientError {
     /// Any other failure reported by the server.
     #[error("server error: {0}")]
     Server(String),
+    /// The lease was lost while its work ran.
+    #[error("lease on {resource} (token {token}) lost: {reason}")]
+    LeaseLost {
+        resource: String,
+        token: u64,
+        reason: String,
+    },
+    /// `lock` waited `wait` and the resource was still held.
+    #[error("not granted within the wait: {resource} is held by token {current_token} for {remaining_ms} ms more")]
+    NotGranted {
+        resource: String,
+        current_token: u64,
+        remaining_ms: u64,
+    },
+}
+
+impl ClientError {
+    /// Whether trying again later may succeed (the cluster was unreachable or
+    /// busy), as opposed to a request that is wrong as it stands.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Unavailable(_) | ClientError::ResourceExhausted(_)
+        )
+    }
 }
 
 fn classify(status: Status) -> Result<Status, ClientError> {
@@ -115,11 +145,18 @@ pub enum ReleaseOutcome {
     NotHolder(LostReason),
 }
 
-/// A connection to a fenced cluster.
+/// A connection to a fenced cluster. Cheap to clone: clones share the
+/// connections.
+#[derive(Clone)]
 pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     endpoints: Vec<(String, Channel)>,
     next: AtomicUsize,
     call_timeout: Duration,
+    lease_options: LeaseOptions,
 }
 
 impl Client {
@@ -157,73 +194,133 @@ impl Client {
             });
         }
         Ok(Self {
-            endpoints: list,
-            next: AtomicUsize::new(0),
-            call_timeout: Duration::from_secs(10),
+            inner: Arc::new(Inner {
+                endpoints: list,
+                next: AtomicUsize::new(0),
+                call_timeout: Duration::from_secs(10),
+                lease_options: LeaseOptions::default(),
+            }),
         })
     }
 
     /// How long one call may take in all, retries included (default 10 s).
-    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
-        self.call_timeout = timeout;
-        self
+    pub fn with_call_timeout(self, timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                endpoints: self.inner.endpoints.clone(),
+                next: AtomicUsize::new(0),
+                call_timeout: timeout,
+                lease_options: self.inner.lease_options,
+            }),
+        }
+    }
+
+    /// How the leases this client grants are renewed (see [`LeaseOptions`]).
+    pub fn with_lease_options(self, lease_options: LeaseOptions) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                endpoints: self.inner.endpoints.clone(),
+                next: AtomicUsize::new(0),
+                call_timeout: self.inner.call_timeout,
+                lease_options,
+            }),
+        }
+    }
+
+    pub(crate) fn lease_options(&self) -> LeaseOptions {
+        self.inner.lease_options
+    }
+
+    /// The endpoints this client was given.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.inner
+            .endpoints
+            .iter()
+            .map(|(e, _)| e.clone())
+            .collect()
     }
 
     /// Calls `f` on endpoints in turn until one answers or `budget` runs out.
-    async fn with_retries<T, F, Fut>(&self, budget: Duration, mut f: F) -> Result<T, ClientError>
+    /// Returns the answer and the moment the answered attempt was sent.
+    pub(crate) async fn with_retries<T, F, Fut>(
+        &self,
+        budget: Duration,
+        mut f: F,
+    ) -> Result<(T, Moment), ClientError>
     where
         F: FnMut(Channel, Duration) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
+        let endpoints = &self.inner.endpoints;
         let deadline = Instant::now() + budget;
         let mut backoff = Duration::from_millis(25);
         let mut last = String::from("no attempt");
         loop {
-            let i = self.next.load(Ordering::Relaxed) % self.endpoints.len();
-            let (name, channel) = &self.endpoints[i];
+            let i = self.inner.next.load(Ordering::Relaxed) % endpoints.len();
+            let (name, channel) = &endpoints[i];
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(ClientError::Unavailable(last));
             }
+            let sent = Moment::now();
             match f(channel.clone(), left).await {
-                Ok(v) => return Ok(v),
+                Ok(v) => return Ok((v, sent)),
                 Err(status) => {
                     let status = classify(status)?;
                     last = format!("{name}: {}", status.message());
                     tracing::debug!(endpoint = %name, error = %last, "retrying on the next endpoint");
-                    self.next.store(i + 1, Ordering::Relaxed);
+                    self.inner.next.store(i + 1, Ordering::Relaxed);
                 }
             }
-            let pause = backoff.min(deadline.saturating_duration_since(Instant::now()));
+            // Jitter keeps many clients from retrying in lockstep.
+            let jitter = backoff.mul_f64(f64::from(sent.subsec_nanos() % 1000) / 4000.0);
+            let pause = (backoff + jitter).min(deadline.saturating_duration_since(Instant::now()));
             tokio::time::sleep(pause).await;
             backoff = (backoff * 2).min(Duration::from_millis(500));
         }
     }
 
-    /// Takes the lease on `resource` for `ttl`, waiting up to `wait` on the
-    /// server if it is held. A retry after a lost reply must use the same
-    /// `owner`: it then returns the same grant.
-    pub async fn acquire(
+    /// One acquire call, without a keeper: the lease is yours to renew. Waits
+    /// up to `wait` on the server if the resource is held. Retries after an
+    /// ambiguous failure use the same `owner`, so a lost reply yields the same
+    /// grant, never a second token. Most code wants [`Client::acquire`] or
+    /// [`Client::lock`], which return a self-renewing [`crate::Lease`].
+    pub async fn acquire_once(
         &self,
         resource: &str,
         owner: OwnerId,
         ttl: Duration,
         wait: Duration,
     ) -> Result<AcquireOutcome, ClientError> {
-        let req = v1::AcquireRequest {
-            resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
-            ttl_ms: millis(ttl),
-            wait_ms: millis(wait),
-        };
-        let resp = self
-            .with_retries(self.call_timeout + wait, |ch, left| {
-                let req = with_timeout(req.clone(), left);
+        self.acquire_sent(resource, owner, ttl, wait)
+            .await
+            .map(|(o, _)| o)
+    }
+
+    pub(crate) async fn acquire_sent(
+        &self,
+        resource: &str,
+        owner: OwnerId,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<(AcquireOutcome, Moment), ClientError> {
+        let started = Instant::now();
+        let (resp, sent) = self
+            .with_retries(self.inner.call_timeout + wait, |ch, left| {
+                // A retry waits only for what is left of the caller's wait.
+                let wait_left = wait.saturating_sub(started.elapsed());
+                let req = v1::AcquireRequest {
+                    resource: resource.as_bytes().to_vec(),
+                    owner_id: owner.as_bytes().to_vec(),
+                    ttl_ms: millis(ttl),
+                    wait_ms: millis(wait_left),
+                };
+                let req = with_timeout(req, left);
                 async move { LockClient::new(ch).acquire(req).await }
             })
-            .await?
-            .into_inner();
-        match resp.outcome {
+            .await?;
+        let resp = resp.into_inner();
+        let outcome = match resp.outcome {
             Some(acquire_response::Outcome::Granted(g)) => Ok(AcquireOutcome::Granted {
                 token: g.token,
                 expires_at_ms: g.expires_at_ms,
@@ -235,7 +332,8 @@ impl Client {
                 remaining_ms: h.remaining_ms,
             }),
             None => Err(ClientError::Server("acquire: empty response".into())),
-        }
+        }?;
+        Ok((outcome, sent))
     }
 
     /// Extends the lease held with (`owner`, `token`); the token stays.
@@ -246,20 +344,32 @@ impl Client {
         token: u64,
         ttl: Duration,
     ) -> Result<RenewOutcome, ClientError> {
+        self.renew_sent(resource, owner, token, ttl, self.inner.call_timeout)
+            .await
+            .map(|(o, _)| o)
+    }
+
+    pub(crate) async fn renew_sent(
+        &self,
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+        ttl: Duration,
+        budget: Duration,
+    ) -> Result<(RenewOutcome, Moment), ClientError> {
         let req = v1::RenewRequest {
             resource: resource.as_bytes().to_vec(),
             owner_id: owner.as_bytes().to_vec(),
             token,
             ttl_ms: millis(ttl),
         };
-        let resp = self
-            .with_retries(self.call_timeout, |ch, left| {
+        let (resp, sent) = self
+            .with_retries(budget, |ch, left| {
                 let req = with_timeout(req.clone(), left);
                 async move { LockClient::new(ch).renew(req).await }
             })
-            .await?
-            .into_inner();
-        match resp.outcome {
+            .await?;
+        let outcome = match resp.into_inner().outcome {
             Some(renew_response::Outcome::Renewed(r)) => Ok(RenewOutcome::Renewed {
                 expires_at_ms: r.expires_at_ms,
                 ttl_ms: r.ttl_ms,
@@ -268,7 +378,8 @@ impl Client {
                 LostReason::from_wire(l.reason, l.current_token),
             )),
             None => Err(ClientError::Server("renew: empty response".into())),
-        }
+        }?;
+        Ok((outcome, sent))
     }
 
     /// Ends the lease held with (`owner`, `token`).
@@ -284,11 +395,12 @@ impl Client {
             token,
         };
         let resp = self
-            .with_retries(self.call_timeout, |ch, left| {
+            .with_retries(self.inner.call_timeout, |ch, left| {
                 let req = with_timeout(req.clone(), left);
                 async move { LockClient::new(ch).release(req).await }
             })
             .await?
+            .0
             .into_inner();
         match resp.outcome {
             Some(release_response::Outcome::Released(_)) => Ok(ReleaseOutcome::Released),
@@ -306,29 +418,31 @@ impl Client {
             allow_stale: false,
         };
         Ok(self
-            .with_retries(self.call_timeout, |ch, left| {
+            .with_retries(self.inner.call_timeout, |ch, left| {
                 let req = with_timeout(req.clone(), left);
                 async move { LockClient::new(ch).describe(req).await }
             })
             .await?
+            .0
             .into_inner())
     }
 
     /// The status of the first node that answers.
     pub async fn status(&self) -> Result<v1::StatusResponse, ClientError> {
         Ok(self
-            .with_retries(self.call_timeout, |ch, left| {
+            .with_retries(self.inner.call_timeout, |ch, left| {
                 let req = with_timeout(v1::StatusRequest {}, left);
                 async move { ClusterClient::new(ch).status(req).await }
             })
             .await?
+            .0
             .into_inner())
     }
 
     /// The status of every endpoint, each on its own (no retries).
     pub async fn status_of_each(&self) -> Vec<(String, Result<v1::StatusResponse, ClientError>)> {
         let mut out = Vec::new();
-        for (name, ch) in &self.endpoints {
+        for (name, ch) in &self.inner.endpoints {
             let req = with_timeout(v1::StatusRequest {}, Duration::from_secs(2));
             let r = ClusterClient::new(ch.clone())
                 .status(req)
@@ -341,7 +455,7 @@ impl Client {
     }
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 

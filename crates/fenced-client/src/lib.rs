@@ -7,19 +7,24 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), fenced_client::ClientError> {
-//! use fenced_client::{Client, AcquireOutcome};
-//! use fenced_core::OwnerId;
+//! use fenced_client::{Acquired, Client};
 //! use std::time::Duration;
 //!
 //! let client = Client::new(["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"])?;
-//! let owner = OwnerId::random();
-//! match client.acquire("billing:2026-07", owner, Duration::from_secs(30), Duration::ZERO).await? {
-//!     AcquireOutcome::Granted { token, .. } => println!("mine, token {token}"),
-//!     AcquireOutcome::Held { current_token, .. } => println!("held by token {current_token}"),
+//! match client.acquire("billing:2026-07", Duration::from_secs(30)).await? {
+//!     Acquired::Granted(lease) => {
+//!         println!("mine, token {}", lease.token());
+//!         // ... work, passing lease.token() to every protected write ...
+//!         lease.release().await?;
+//!     }
+//!     Acquired::Held { current_token, .. } => println!("held by token {current_token}"),
 //! }
 //! # Ok(()) }
 //! ```
 
 mod client;
+mod clock;
+mod lease;
 
 pub use client::*;
+pub use lease::{Acquired, Lease, LeaseHandle, LeaseOptions, LossReason};

@@ -1,0 +1,501 @@
+//! Leases that renew themselves and say, at once, when they are lost.
+
+use std::{
+    fmt,
+    future::Future,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use fenced_core::OwnerId;
+use tokio::{sync::watch, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    clock::Moment, AcquireOutcome, Client, ClientError, LostReason, ReleaseOutcome, RenewOutcome,
+};
+
+/// How a lease's keeper renews it and how early it gives up.
+///
+/// ```
+/// use std::time::Duration;
+/// use fenced_client::LeaseOptions;
+/// let opts = LeaseOptions::default();
+/// let ttl = Duration::from_secs(30);
+/// assert_eq!(opts.renew_interval(ttl), Duration::from_secs(10));
+/// assert_eq!(opts.safety_margin(ttl), Duration::from_secs(3));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseOptions {
+    /// How often to renew; default a third of the TTL (jittered by ±10%).
+    pub renew_every: Option<Duration>,
+    /// Taken off the TTL for the local deadline; default a tenth of the TTL,
+    /// at least 100 ms. Covers clock-rate differences between this host and
+    /// the cluster's leader.
+    pub margin: Option<Duration>,
+}
+
+impl LeaseOptions {
+    pub fn renew_interval(&self, ttl: Duration) -> Duration {
+        self.renew_every.unwrap_or(ttl / 3)
+    }
+
+    pub fn safety_margin(&self, ttl: Duration) -> Duration {
+        self.margin
+            .unwrap_or((ttl / 10).max(Duration::from_millis(100)))
+            .min(ttl)
+    }
+}
+
+/// Why a lease ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LossReason {
+    /// The cluster refused a renewal: the lease had expired, was released or
+    /// was granted to a newer owner.
+    Refused(LostReason),
+    /// The local deadline passed without a successful renewal (the cluster
+    /// was unreachable, or this process was paused). The cluster's own
+    /// expiry is later, so nobody else can hold the lease yet.
+    DeadlinePassed,
+    /// This client released it.
+    Released,
+    /// A renewal failed in a way retrying cannot fix.
+    Failed(String),
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::Refused(LostReason::Superseded { current_token }) => {
+                write!(f, "renewal refused: superseded by token {current_token}")
+            }
+            LossReason::Refused(r) => write!(f, "renewal refused: {}", r.as_str()),
+            LossReason::DeadlinePassed => {
+                f.write_str("no successful renewal before the local deadline")
+            }
+            LossReason::Released => f.write_str("released"),
+            LossReason::Failed(e) => write!(f, "renewal failed: {e}"),
+        }
+    }
+}
+
+struct Shared {
+    resource: String,
+    owner: OwnerId,
+    token: u64,
+    ttl: Duration,
+    deadline: Mutex<Moment>,
+    loss: watch::Sender<Option<LossReason>>,
+    cancel: CancellationToken,
+    stop: CancellationToken,
+}
+
+impl Shared {
+    fn deadline(&self) -> Moment {
+        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_deadline(&self, d: Moment) {
+        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) = d;
+    }
+
+    /// Records the loss once, fires the cancellation token, and says so.
+    fn lose(&self, reason: LossReason) {
+        let first = self.loss.send_if_modified(|current| {
+            if current.is_none() {
+                *current = Some(reason.clone());
+                true
+            } else {
+                false
+            }
+        });
+        if first {
+            self.cancel.cancel();
+            if reason != LossReason::Released {
+                tracing::warn!(resource = %self.resource, owner = %self.owner, token = self.token, %reason, "lease lost");
+            }
+        }
+    }
+
+    /// The loss, also when only the deadline says so and the keeper has not
+    /// run yet (a process that was frozen sees it on its first look).
+    fn check(&self) -> Result<(), LossReason> {
+        if let Some(reason) = self.loss.borrow().clone() {
+            return Err(reason);
+        }
+        if self.deadline().has_passed() {
+            self.lose(LossReason::DeadlinePassed);
+            return Err(LossReason::DeadlinePassed);
+        }
+        Ok(())
+    }
+}
+
+/// A lease on a resource, held and renewed in the background until it is
+/// released, dropped or lost.
+///
+/// Carry [`Lease::token`] with every write it protects. Stop the work when
+/// [`Lease::cancellation`] fires, and call [`Lease::check`] right before a
+/// write: it fails as soon as the local deadline has passed, even before the
+/// background keeper has run (for example just after the process was frozen).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), fenced_client::ClientError> {
+/// use std::time::Duration;
+/// let client = fenced_client::Client::new(fenced_client::DEV_ENDPOINTS)?;
+/// let lease = client.lock("billing:2026-07", Duration::from_secs(30), Duration::from_secs(10)).await?;
+/// let token = lease.token();
+/// // ... do the work, writing with `token`; stop when `lease.cancellation()` fires ...
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
+pub struct Lease {
+    shared: Arc<Shared>,
+    client: Client,
+    keeper: Option<JoinHandle<()>>,
+    released: bool,
+}
+
+/// A cheap, cloneable view of a lease for the work it protects.
+#[derive(Clone)]
+pub struct LeaseHandle {
+    shared: Arc<Shared>,
+}
+
+impl LeaseHandle {
+    pub fn resource(&self) -> &str {
+        &self.shared.resource
+    }
+
+    pub fn owner(&self) -> OwnerId {
+        self.shared.owner
+    }
+
+    pub fn token(&self) -> u64 {
+        self.shared.token
+    }
+
+    /// Fires when the lease is lost or released.
+    pub fn cancellation(&self) -> CancellationToken {
+        self.shared.cancel.clone()
+    }
+
+    /// `Ok` while the lease is held by the local deadline; the reason otherwise.
+    pub fn check(&self) -> Result<(), LossReason> {
+        self.shared.check()
+    }
+}
+
+impl Lease {
+    fn start(
+        client: Client,
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+        ttl: Duration,
+        sent: Moment,
+    ) -> Lease {
+        let opts = client.lease_options();
+        let (loss, _) = watch::channel(None);
+        let shared = Arc::new(Shared {
+            resource: resource.to_string(),
+            owner,
+            token,
+            ttl,
+            deadline: Mutex::new(sent.plus(ttl).minus(opts.safety_margin(ttl))),
+            loss,
+            cancel: CancellationToken::new(),
+            stop: CancellationToken::new(),
+        });
+        let keeper = tokio::spawn(keep(client.clone(), Arc::clone(&shared), opts, sent));
+        Lease {
+            shared,
+            client,
+            keeper: Some(keeper),
+            released: false,
+        }
+    }
+
+    pub fn resource(&self) -> &str {
+        &self.shared.resource
+    }
+
+    /// The owner id of this acquisition.
+    pub fn owner(&self) -> OwnerId {
+        self.shared.owner
+    }
+
+    /// The fencing token: carry it with every protected write.
+    pub fn token(&self) -> u64 {
+        self.shared.token
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.shared.ttl
+    }
+
+    /// Time left before the local deadline (which falls before the
+    /// cluster's expiry); zero once it has passed.
+    pub fn remaining(&self) -> Duration {
+        self.shared.deadline().remaining()
+    }
+
+    /// Fires when the lease is lost or released.
+    pub fn cancellation(&self) -> CancellationToken {
+        self.shared.cancel.clone()
+    }
+
+    /// `Ok` while the lease is held by the local deadline; the reason otherwise.
+    pub fn check(&self) -> Result<(), LossReason> {
+        self.shared.check()
+    }
+
+    /// Waits until the lease is lost or released, and says why.
+    pub async fn lost(&self) -> LossReason {
+        let mut rx = self.shared.loss.subscribe();
+        loop {
+            if let Some(reason) = rx.borrow_and_update().clone() {
+                return reason;
+            }
+            if rx.changed().await.is_err() {
+                return LossReason::Released;
+            }
+        }
+    }
+
+    /// A view of the lease to hand to the work it protects.
+    pub fn handle(&self) -> LeaseHandle {
+        LeaseHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Stops renewing and releases the lease, reporting what the cluster said.
+    pub async fn release(mut self) -> Result<ReleaseOutcome, ClientError> {
+        self.released = true;
+        self.stop_keeper();
+        self.shared.lose(LossReason::Released);
+        let s = &self.shared;
+        self.client.release(&s.resource, s.owner, s.token).await
+    }
+
+    fn stop_keeper(&mut self) {
+        self.shared.stop.cancel();
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+    }
+}
+
+impl Drop for Lease {
+    /// Best effort: stops renewing and, inside a tokio runtime, releases in
+    /// the background. Call [`Lease::release`] to know the outcome.
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.stop_keeper();
+        self.shared.lose(LossReason::Released);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            let s = Arc::clone(&self.shared);
+            rt.spawn(async move {
+                let _ = client.release(&s.resource, s.owner, s.token).await;
+            });
+        }
+    }
+}
+
+fn jittered(d: Duration) -> Duration {
+    // ±10%, from the clock's nanoseconds: enough to spread many keepers.
+    let r = f64::from(Moment::now().subsec_nanos() % 2001) / 1000.0 - 1.0;
+    d.mul_f64(1.0 + 0.1 * r)
+}
+
+/// The keeper: renews at the interval; on a transient failure retries
+/// quickly until the deadline; gives up at the deadline or on a refusal.
+async fn keep(client: Client, s: Arc<Shared>, opts: LeaseOptions, granted_sent: Moment) {
+    let every = opts.renew_interval(s.ttl);
+    let margin = opts.safety_margin(s.ttl);
+    let mut next_renew = granted_sent.plus(jittered(every));
+    loop {
+        let until = next_renew.min(s.deadline());
+        tokio::select! {
+            _ = s.stop.cancelled() => return,
+            _ = tokio::time::sleep(until.remaining()) => {}
+        }
+        // The deadline first: after a pause, never renew a lease that may
+        // already belong to someone else.
+        if s.check().is_err() {
+            return;
+        }
+        if !next_renew.has_passed() {
+            continue;
+        }
+        let budget = s.deadline().remaining();
+        let renewed = tokio::select! {
+            _ = s.stop.cancelled() => return,
+            r = client.renew_sent(&s.resource, s.owner, s.token, s.ttl, budget) => r,
+        };
+        match renewed {
+            Ok((RenewOutcome::Renewed { .. }, sent)) => {
+                let deadline = sent.plus(s.ttl).minus(margin);
+                s.set_deadline(deadline.max(s.deadline()));
+                next_renew = sent.plus(jittered(every));
+                tracing::debug!(resource = %s.resource, token = s.token, "lease renewed");
+            }
+            Ok((RenewOutcome::Lost(reason), _)) => {
+                s.lose(LossReason::Refused(reason));
+                return;
+            }
+            Err(e) if e.is_transient() => {
+                tracing::debug!(resource = %s.resource, token = s.token, error = %e, "renewal failed; retrying");
+                next_renew = Moment::now().plus(Duration::from_millis(100));
+            }
+            Err(e) => {
+                s.lose(LossReason::Failed(e.to_string()));
+                return;
+            }
+        }
+    }
+}
+
+/// The answer to [`Client::acquire`].
+pub enum Acquired {
+    Granted(Lease),
+    /// Another owner holds the resource.
+    Held {
+        current_token: u64,
+        remaining_ms: u64,
+    },
+}
+
+impl Client {
+    /// Tries once to take the lease; a grant comes back as a self-renewing
+    /// [`Lease`].
+    pub async fn acquire(&self, resource: &str, ttl: Duration) -> Result<Acquired, ClientError> {
+        let owner = OwnerId::random();
+        match self
+            .acquire_sent(resource, owner, ttl, Duration::ZERO)
+            .await?
+        {
+            (AcquireOutcome::Granted { token, .. }, sent) => Ok(Acquired::Granted(Lease::start(
+                self.clone(),
+                resource,
+                owner,
+                token,
+                ttl,
+                sent,
+            ))),
+            (
+                AcquireOutcome::Held {
+                    current_token,
+                    remaining_ms,
+                },
+                _,
+            ) => Ok(Acquired::Held {
+                current_token,
+                remaining_ms,
+            }),
+        }
+    }
+
+    /// Takes the lease, waiting on the server up to `wait` while it is held
+    /// (first come, first served). [`ClientError::NotGranted`] when the wait
+    /// ends first; nothing is left behind then.
+    pub async fn lock(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, ClientError> {
+        let owner = OwnerId::random();
+        match self.acquire_sent(resource, owner, ttl, wait).await? {
+            (AcquireOutcome::Granted { token, .. }, sent) => {
+                // A grant that came after waiting is timed from a request sent
+                // long ago; one renewal now times it from a fresh request.
+                let margin = self.lease_options().safety_margin(ttl);
+                let sent = if sent.plus(margin / 4).has_passed() {
+                    match self.renew_sent(resource, owner, token, ttl, ttl).await? {
+                        (RenewOutcome::Renewed { .. }, renewed) => renewed,
+                        (RenewOutcome::Lost(reason), _) => {
+                            return Err(ClientError::LeaseLost {
+                                resource: resource.to_string(),
+                                token,
+                                reason: LossReason::Refused(reason).to_string(),
+                            })
+                        }
+                    }
+                } else {
+                    sent
+                };
+                Ok(Lease::start(
+                    self.clone(),
+                    resource,
+                    owner,
+                    token,
+                    ttl,
+                    sent,
+                ))
+            }
+            (
+                AcquireOutcome::Held {
+                    current_token,
+                    remaining_ms,
+                },
+                _,
+            ) => Err(ClientError::NotGranted {
+                resource: resource.to_string(),
+                current_token,
+                remaining_ms,
+            }),
+        }
+    }
+
+    /// Takes the lease (waiting up to `wait`), runs `work` with a handle to
+    /// it, then releases it. If the lease is lost first, `work` is dropped at
+    /// its next await point and the loss is returned as
+    /// [`ClientError::LeaseLost`].
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), fenced_client::ClientError> {
+    /// use std::time::Duration;
+    /// let client = fenced_client::Client::new(fenced_client::DEV_ENDPOINTS)?;
+    /// let rows = client
+    ///     .with_lease("import:customers", Duration::from_secs(30), Duration::from_secs(5), |lease| async move {
+    ///         // write with lease.token(); check lease.check() before each write
+    ///         lease.token()
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn with_lease<F, Fut, T>(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+        work: F,
+    ) -> Result<T, ClientError>
+    where
+        F: FnOnce(LeaseHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lease = self.lock(resource, ttl, wait).await?;
+        let handle = lease.handle();
+        let outcome = tokio::select! {
+            out = work(handle) => Ok(out),
+            reason = lease.lost() => Err(reason),
+        };
+        match outcome {
+            Ok(out) => {
+                lease.release().await?;
+                Ok(out)
+            }
+            Err(reason) => Err(ClientError::LeaseLost {
+                resource: resource.to_string(),
+                token: lease.token(),
+                reason: reason.to_string(),
+            }),
+        }
+    }
+}
