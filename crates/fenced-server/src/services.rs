@@ -145,14 +145,18 @@ fn propose_status(e: ProposeError) -> Status {
 }
 
 /// Runs `call` against the leader when this node is not it.
+/// `extra` is added to the forwarded call's timeout (a blocking acquire's wait).
 macro_rules! forward_or {
     ($ctx:expr, $req:expr, $client:ident, $method:ident) => {
+        forward_or!($ctx, $req, $client, $method, Duration::ZERO)
+    };
+    ($ctx:expr, $req:expr, $client:ident, $method:ident, $extra:expr) => {
         if let Some(leader) = $ctx.other_leader() {
             if is_forwarded(&$req) {
                 return Err(not_leader(Some(&leader)));
             }
             let ch = $ctx.channel_to(&leader)?;
-            let timeout = $ctx.request_timeout + WAIT_GRACE;
+            let timeout = $ctx.request_timeout + WAIT_GRACE + $extra;
             return $client::new(ch)
                 .$method(forwarded($req.into_inner(), timeout))
                 .await;
@@ -193,8 +197,8 @@ impl lock_server::Lock for LockService {
     ) -> Result<Response<v1::AcquireResponse>, Status> {
         let command =
             acquire_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
-        forward_or!(self.ctx, req, LockClient, acquire);
         let wait_ms = req.get_ref().wait_ms;
+        forward_or!(self.ctx, req, LockClient, acquire, Duration::from_millis(wait_ms));
         let parked = if wait_ms > 0 {
             Some(
                 self.ctx
