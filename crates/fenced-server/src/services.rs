@@ -198,7 +198,13 @@ impl lock_server::Lock for LockService {
         let command =
             acquire_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
         let wait_ms = req.get_ref().wait_ms;
-        forward_or!(self.ctx, req, LockClient, acquire, Duration::from_millis(wait_ms));
+        forward_or!(
+            self.ctx,
+            req,
+            LockClient,
+            acquire,
+            Duration::from_millis(wait_ms)
+        );
         let parked = if wait_ms > 0 {
             Some(
                 self.ctx
