@@ -6,6 +6,7 @@
 use std::{process::ExitCode, time::Duration};
 
 mod hold;
+mod resource;
 
 use clap::{Parser, Subcommand};
 use fenced_client::{
@@ -72,6 +73,9 @@ enum Cmd {
     Describe { resource: String },
     /// Show the cluster as each endpoint sees it.
     Status,
+    /// Write to or read from a fenced-resource service.
+    #[command(subcommand)]
+    Resource(resource::ResourceCmd),
     /// Take the lease and hold it, renewing, until Ctrl-C (release) or loss
     /// (exit 4).
     Lock {
@@ -123,6 +127,7 @@ fn owner_id(text: &str) -> Result<OwnerId, ClientError> {
 
 async fn execute(client: &Client, command: Cmd, json_out: bool) -> Result<Report, ClientError> {
     Ok(match command {
+        Cmd::Resource(command) => return resource::execute(command).await,
         Cmd::Lock {
             resource,
             ttl,

@@ -36,7 +36,10 @@
 
 mod decide;
 mod limits;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod record;
+pub mod service;
 mod store;
 mod versioned;
 mod write;

@@ -1,0 +1,215 @@
+//! `fencectl resource`: write to and read from a `fenced-resource` service.
+
+use std::time::Duration;
+
+use clap::{Subcommand, ValueEnum};
+use fenced_client::ClientError;
+use fenced_proto::v1::{
+    fenced_resource_client::FencedResourceClient, put_response, FenceMode, GetRequest, PutRequest,
+    RejectReason,
+};
+use serde_json::json;
+use tonic::{transport::Channel, Code, Status};
+
+use crate::{owner_id, Report};
+
+/// How long one call to the service may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum ModeArg {
+    #[value(name = "allow_equal", alias = "allow-equal")]
+    AllowEqual,
+    Strict,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ResourceCmd {
+    /// Write VALUE to KEY if TOKEN is not older than the highest token the
+    /// service accepted for it. Exit 3 if the write is rejected (final).
+    Put {
+        key: String,
+        /// The fencing token of your lease.
+        #[arg(long)]
+        token: u64,
+        /// The owner id of your lease.
+        #[arg(long)]
+        owner: String,
+        #[arg(long)]
+        value: String,
+        /// The lock resource the token was granted for; default KEY.
+        #[arg(long)]
+        resource: Option<String>,
+        /// Equality contract: allow_equal (>=) or strict (>); default the
+        /// key's own.
+        #[arg(long, value_enum)]
+        mode: Option<ModeArg>,
+        /// A retry with the same idempotency key is applied once.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// Your name for the operation, for logs and rejections.
+        #[arg(long)]
+        operation_id: Option<String>,
+        /// Write only if the key is at this version (0: does not exist).
+        #[arg(long)]
+        expected_version: Option<u64>,
+        /// Orders writes of one owner under one token.
+        #[arg(long)]
+        sequence: Option<u64>,
+        /// The service, host:port or http://host:port.
+        #[arg(
+            long,
+            env = "FENCED_RESOURCE_ENDPOINT",
+            default_value = "127.0.0.1:7300"
+        )]
+        endpoint: String,
+    },
+    /// Show KEY's value, highest accepted token and version.
+    Get {
+        key: String,
+        /// The service, host:port or http://host:port.
+        #[arg(
+            long,
+            env = "FENCED_RESOURCE_ENDPOINT",
+            default_value = "127.0.0.1:7300"
+        )]
+        endpoint: String,
+    },
+}
+
+fn client_error(s: Status) -> ClientError {
+    match s.code() {
+        Code::InvalidArgument => ClientError::InvalidArgument(s.message().to_string()),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+            ClientError::Unavailable(s.message().to_string())
+        }
+        _ => ClientError::Server(format!("{:?}: {}", s.code(), s.message())),
+    }
+}
+
+fn connect(endpoint: &str) -> Result<FencedResourceClient<Channel>, ClientError> {
+    let url = if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    };
+    let channel = Channel::from_shared(url)
+        .map_err(|e| ClientError::Endpoint {
+            endpoint: endpoint.to_string(),
+            reason: e.to_string(),
+        })?
+        .timeout(CALL_TIMEOUT)
+        .connect_timeout(CALL_TIMEOUT)
+        .connect_lazy();
+    Ok(FencedResourceClient::new(channel))
+}
+
+pub(crate) async fn execute(command: ResourceCmd) -> Result<Report, ClientError> {
+    match command {
+        ResourceCmd::Put {
+            key,
+            token,
+            owner,
+            value,
+            resource,
+            mode,
+            idempotency_key,
+            operation_id,
+            expected_version,
+            sequence,
+            endpoint,
+        } => {
+            let owner = owner_id(&owner)?;
+            let request = PutRequest {
+                resource: resource.unwrap_or_else(|| key.clone()).into_bytes(),
+                key: key.clone().into_bytes(),
+                token: Some(token),
+                owner_id: owner.as_bytes().to_vec(),
+                value: value.into_bytes(),
+                mode: match mode {
+                    None => FenceMode::Unspecified,
+                    Some(ModeArg::AllowEqual) => FenceMode::AllowEqual,
+                    Some(ModeArg::Strict) => FenceMode::Strict,
+                } as i32,
+                idempotency_key: idempotency_key.unwrap_or_default(),
+                operation_id: operation_id.unwrap_or_default(),
+                expected_version,
+                sequence,
+            };
+            let reply = connect(&endpoint)?
+                .put(request)
+                .await
+                .map_err(client_error)?
+                .into_inner();
+            Ok(match reply.outcome {
+                Some(put_response::Outcome::Accepted(a)) => Report {
+                    value: json!({"status": "accepted", "key": key, "token": token,
+                        "highest_token": a.token, "version": a.version}),
+                    text: format!("accepted {key}: token {token}, version {}", a.version),
+                    code: 0,
+                },
+                Some(put_response::Outcome::AlreadyApplied(a)) => Report {
+                    value: json!({"status": "already_applied", "key": key, "token": token,
+                        "highest_token": a.token, "version": a.version}),
+                    text: format!(
+                        "already applied {key}: token {token} already wrote version {}",
+                        a.version
+                    ),
+                    code: 0,
+                },
+                Some(put_response::Outcome::Rejected(r)) => {
+                    let reason = RejectReason::try_from(r.reason)
+                        .map(|r| {
+                            r.as_str_name()
+                                .trim_start_matches("REJECT_REASON_")
+                                .to_lowercase()
+                        })
+                        .unwrap_or_else(|_| format!("unknown ({})", r.reason));
+                    Report {
+                        value: json!({"status": "rejected", "key": key, "token": token,
+                            "highest_token": r.highest_token, "reason": reason,
+                            "owner_id": owner.to_string(), "operation_id": r.operation_id,
+                            "message": r.message}),
+                        text: format!("rejected {}", r.message),
+                        code: 3,
+                    }
+                }
+                None => return Err(ClientError::Server("reply without an outcome".into())),
+            })
+        }
+        ResourceCmd::Get { key, endpoint } => {
+            let reply = connect(&endpoint)?
+                .get(GetRequest {
+                    key: key.clone().into_bytes(),
+                })
+                .await
+                .map_err(client_error)?
+                .into_inner();
+            if !reply.found {
+                return Ok(Report {
+                    value: json!({"key": key, "found": false}),
+                    text: format!("{key}: never written"),
+                    code: 0,
+                });
+            }
+            let value = String::from_utf8_lossy(&reply.value).into_owned();
+            let mode = FenceMode::try_from(reply.mode)
+                .map(|m| {
+                    m.as_str_name()
+                        .trim_start_matches("FENCE_MODE_")
+                        .to_lowercase()
+                })
+                .unwrap_or_default();
+            Ok(Report {
+                text: format!(
+                    "{key}: token {}, version {}, resource {}, {mode}: {value}",
+                    reply.token, reply.version, reply.resource
+                ),
+                value: json!({"key": key, "found": true, "token": reply.token,
+                    "highest_token": reply.token, "version": reply.version, "value": value,
+                    "resource": reply.resource, "mode": mode}),
+                code: 0,
+            })
+        }
+    }
+}

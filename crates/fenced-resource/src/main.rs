@@ -1,0 +1,102 @@
+//! `fenced-resource`: the protected resource as a service.
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
+
+use clap::{Parser, Subcommand};
+use fenced_resource::{service::ResourceService, FenceStore, Mode};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(
+    name = "fenced-resource",
+    version,
+    about = "A store that refuses writes from stale lock owners"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the FencedResource gRPC API over a store in DATA_DIR.
+    Serve {
+        /// Address to listen on, e.g. 127.0.0.1:7300.
+        #[arg(long, env = "FENCED_RESOURCE_LISTEN")]
+        listen: SocketAddr,
+        /// Where the store keeps its data (created if missing).
+        #[arg(long, env = "FENCED_RESOURCE_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Contract of a new key whose first write names none:
+        /// allow_equal or strict.
+        #[arg(
+            long,
+            env = "FENCED_RESOURCE_DEFAULT_MODE",
+            default_value = "allow_equal"
+        )]
+        default_mode: Mode,
+    },
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_env("FENCED_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let Command::Serve {
+        listen,
+        data_dir,
+        default_mode,
+    } = cli.command;
+    let store = match FenceStore::open_with_mode(&data_dir, default_mode) {
+        Ok(s) => Arc::new(s),
+        Err(e) => {
+            eprintln!("fenced-resource: cannot open {}: {e}", data_dir.display());
+            return ExitCode::from(1);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fenced-resource: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        tracing::info!(%listen, data_dir = %data_dir.display(), %default_mode, "fenced-resource serving");
+        tonic::transport::Server::builder()
+            .add_service(ResourceService::new(store).into_server())
+            .serve_with_shutdown(listen, shutdown_signal())
+            .await
+    });
+    match result {
+        Ok(()) => {
+            tracing::info!("fenced-resource stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fenced-resource: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
