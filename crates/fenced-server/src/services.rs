@@ -282,7 +282,15 @@ impl lock_server::Lock for LockService {
         forward_or!(self.ctx, req, LockClient, describe);
         // Read index: confirm leadership with a quorum and wait until the
         // state machine has applied everything committed before the read.
-        self.ctx.raft.ensure_linearizable().await.map_err(|e| {
+        tokio::time::timeout(
+            self.ctx.request_timeout,
+            self.ctx.raft.ensure_linearizable(),
+        )
+        .await
+        .map_err(|_| {
+            Status::unavailable("describe: no quorum confirmed leadership in time; retry")
+        })?
+        .map_err(|e| {
             not_leader(
                 e.forward_to_leader()
                     .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
