@@ -322,3 +322,15 @@ impl Drop for Cluster {
         }
     }
 }
+
+impl Cluster {
+    /// Starts node `id` (again) like [`Cluster::spawn`], with `env` added to
+    /// the cluster's settings for this start only.
+    pub fn spawn_with_env(&mut self, id: u64, env: &[(&str, &str)]) {
+        let saved = self.extra_env.clone();
+        self.extra_env
+            .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        self.spawn(id);
+        self.extra_env = saved;
+    }
+}

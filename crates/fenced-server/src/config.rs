@@ -67,6 +67,9 @@ pub struct RunSettings {
     /// How long a write may take to commit before the caller hears "unknown", ms.
     #[arg(long, env = "FENCED_REQUEST_TIMEOUT_MS")]
     pub request_timeout_ms: Option<u64>,
+    /// Prometheus `/metrics` over HTTP on host:port; off when unset.
+    #[arg(long, env = "FENCED_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
     /// Test-only: run the leader clock this many parts per million fast (or slow).
     #[arg(long, env = "FENCED_TEST_CLOCK_SKEW_PPM", hide = true)]
     pub test_clock_skew_ppm: Option<i64>,
@@ -91,6 +94,7 @@ impl RunSettings {
             max_batch: self.max_batch.or(file.max_batch),
             max_parked: self.max_parked.or(file.max_parked),
             request_timeout_ms: self.request_timeout_ms.or(file.request_timeout_ms),
+            metrics_listen: self.metrics_listen.or(file.metrics_listen),
             test_clock_skew_ppm: self.test_clock_skew_ppm.or(file.test_clock_skew_ppm),
         }
     }
@@ -182,6 +186,11 @@ impl RunSettings {
             100,
             600_000,
         )?);
+        cfg.metrics_listen = self
+            .metrics_listen
+            .filter(|a| !a.is_empty())
+            .map(|a| resolve("metrics_listen", &a))
+            .transpose()?;
         cfg.proposer.clock_skew_ppm = self
             .test_clock_skew_ppm
             .unwrap_or(0)

@@ -11,7 +11,9 @@
 
 pub mod codec;
 pub mod config;
+pub mod health;
 pub mod log_store;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod parking;

@@ -150,6 +150,11 @@ impl LogStore {
         self.wal().stat().flush_metrics.sync_batch_count
     }
 
+    /// The flush thread's statistics: syncs, their total and longest time.
+    pub fn flush_metrics(&self) -> raft_log::FlushMetrics {
+        self.wal().stat().flush_metrics
+    }
+
     /// Flushes with fdatasync and waits for it.
     async fn sync(&self) -> io::Result<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();

@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, time::Duratio
 use clap::{Parser, Subcommand, ValueEnum};
 use fenced_server::{
     config::RunSettings,
+    health,
     node::{NodeConfig, RunningNode},
     types::Node,
 };
@@ -44,6 +45,25 @@ enum Command {
         /// Where the three nodes keep their data (kept across runs).
         #[arg(long, env = "FENCED_DEV_DATA_DIR")]
         data_dir: Option<PathBuf>,
+    },
+    /// Ask a node whether it is serving (grpc.health.v1); exits 0 when it
+    /// is, 1 when it is not or does not answer. For container health checks.
+    Healthcheck {
+        /// The node's client (or peer) address, host:port.
+        #[arg(
+            long,
+            env = "FENCED_HEALTHCHECK_ENDPOINT",
+            default_value = "127.0.0.1:7101"
+        )]
+        endpoint: String,
+        /// The health service to ask about: "" (the node as a whole, SERVING
+        /// once it is in a cluster with a leader) or "liveness" (SERVING while
+        /// the process runs).
+        #[arg(long, default_value = "")]
+        service: String,
+        /// Give up after this many ms.
+        #[arg(long, default_value_t = 2_000)]
+        timeout_ms: u64,
     },
     /// Run one node of a cluster.
     Run {
@@ -88,6 +108,24 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+/// `fenced healthcheck`: 0 when serving, 1 otherwise.
+async fn healthcheck(endpoint: &str, service: &str, timeout: Duration) -> ExitCode {
+    match health::check(endpoint, service, timeout).await {
+        Ok(status) => {
+            println!("{endpoint}: {}", status.as_str_name());
+            if status == health::CheckedStatus::Serving {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("fenced healthcheck: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn dev_configs(data_dir: PathBuf) -> Vec<NodeConfig> {
     let members: BTreeMap<u64, Node> = (1..=3)
         .map(|i| {
@@ -102,23 +140,33 @@ fn dev_configs(data_dir: PathBuf) -> Vec<NodeConfig> {
         .collect();
     (1..=3u64)
         .map(|i| {
-            NodeConfig::new(
+            let mut cfg = NodeConfig::new(
                 i,
                 data_dir.join(format!("node{i}")),
                 ([127, 0, 0, 1], 7100 + i as u16).into(),
                 ([127, 0, 0, 1], 7200 + i as u16).into(),
                 members.clone(),
-            )
+            );
+            cfg.metrics_listen = Some(([127, 0, 0, 1], 9100 + i as u16).into());
+            cfg
         })
         .collect()
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
+async fn run(cli: Cli) -> Result<ExitCode, String> {
     let configs = match cli.command {
         Command::Dev { data_dir } => {
             let dir = data_dir.unwrap_or_else(|| std::env::temp_dir().join("fenced-dev"));
             println!("fenced dev: three nodes, data under {}", dir.display());
             dev_configs(dir)
+        }
+        Command::Healthcheck {
+            endpoint,
+            service,
+            timeout_ms,
+        } => {
+            let timeout = Duration::from_millis(timeout_ms);
+            return Ok(healthcheck(&endpoint, &service, timeout).await);
         }
         Command::Run { config, settings } => {
             let settings = match config {
@@ -149,7 +197,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     for (node, ..) in nodes {
         node.shutdown().await;
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
@@ -166,7 +214,7 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("fenced: {e}");
             ExitCode::from(2)

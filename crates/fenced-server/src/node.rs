@@ -16,7 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{server::TcpIncoming, Server};
 
 use crate::{
+    health,
     log_store::LogStore,
+    metrics,
     network::{Network, RAFT_MESSAGE_MAX_BYTES},
     parking::Parking,
     proposer::{run_ticker, LeaderTime, Proposer, ProposerConfig},
@@ -48,6 +50,8 @@ pub struct NodeConfig {
     pub proposer: ProposerConfig,
     pub max_parked: usize,
     pub request_timeout: Duration,
+    /// Where `/metrics` is served over HTTP; `None` serves no metrics.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl NodeConfig {
@@ -77,6 +81,7 @@ impl NodeConfig {
             },
             max_parked: 100_000,
             request_timeout: Duration::from_secs(10),
+            metrics_listen: None,
         }
     }
 }
@@ -144,6 +149,14 @@ impl RunningNode {
                     addr: cfg.peer_listen,
                     source,
                 })?;
+        let metrics_listener = match cfg.metrics_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| NodeError::Listen { addr, source })?,
+            ),
+            None => None,
+        };
 
         let raft_config = openraft::Config {
             cluster_name: "fenced".into(),
@@ -206,10 +219,28 @@ impl RunningNode {
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(run_ticker(
             raft.clone(),
-            shared,
+            Arc::clone(&shared),
             time,
             proposer,
         )));
+        let (health_reporter, health_server) = tonic_health::server::health_reporter();
+        tasks.push(tokio::spawn(health::watch(
+            raft.clone(),
+            cfg.id,
+            health_reporter,
+            shared,
+            // A follower calls an election after at most this long without
+            // hearing from its leader; the leader gives up serving as soon.
+            Duration::from_millis(cfg.election_timeout_ms * 2),
+            stop.clone(),
+        )));
+        if let Some(listener) = metrics_listener {
+            tasks.push(tokio::spawn(metrics::serve(
+                listener,
+                ctx.clone(),
+                stop.clone(),
+            )));
+        }
 
         let outer_timeout = Duration::from_millis(cfg.limits.wait_max_ms) + cfg.request_timeout * 2;
         let lock = || {
@@ -222,6 +253,7 @@ impl RunningNode {
         };
         let client_server = Server::builder()
             .timeout(outer_timeout)
+            .add_service(health_server.clone())
             .add_service(lock())
             .add_service(cluster())
             .serve_with_incoming_shutdown(
@@ -236,6 +268,7 @@ impl RunningNode {
                     .max_decoding_message_size(RAFT_MESSAGE_MAX_BYTES)
                     .max_encoding_message_size(RAFT_MESSAGE_MAX_BYTES),
             )
+            .add_service(health_server)
             .add_service(lock())
             .add_service(cluster())
             .serve_with_incoming_shutdown(
@@ -257,6 +290,7 @@ impl RunningNode {
             node = cfg.id,
             client = %cfg.listen,
             peer = %cfg.peer_listen,
+            metrics = ?cfg.metrics_listen,
             data_dir = %cfg.data_dir.display(),
             "node started"
         );

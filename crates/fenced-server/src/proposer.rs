@@ -225,6 +225,10 @@ async fn run(
             .into_iter()
             .filter_map(|p| p.command.map(|c| (c, p.reply)))
             .unzip();
+        shared
+            .counters
+            .batch_commands
+            .observe(commands.len() as u64);
         let raft = raft.clone();
         tokio::spawn(async move {
             let result = raft.client_write(Batch { stamp, commands }).await;

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     codec,
+    metrics::{self, Histogram},
     parking::Parking,
     types::{
         Entry, LogId, Outcomes, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
@@ -29,8 +30,8 @@ use crate::{
 
 const SNAPSHOT_FILE: &str = "snapshot.bin";
 
-/// What applying entries has done so far, for metrics and benchmarks.
-#[derive(Debug, Default)]
+/// What this node has done so far, for metrics and benchmarks.
+#[derive(Debug)]
 pub struct Counters {
     pub entries: AtomicU64,
     pub commands: AtomicU64,
@@ -40,6 +41,30 @@ pub struct Counters {
     pub lost: AtomicU64,
     pub releases: AtomicU64,
     pub expiries: AtomicU64,
+    /// New leaders (id or term) this node has seen, the first one included.
+    pub leader_changes: AtomicU64,
+    /// Commands per log entry this node proposed as leader.
+    pub batch_commands: Histogram,
+    /// Microseconds to apply one entry of commands to the lease table.
+    pub apply_us: Histogram,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            entries: AtomicU64::new(0),
+            commands: AtomicU64::new(0),
+            grants: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+            renewals: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+            expiries: AtomicU64::new(0),
+            leader_changes: AtomicU64::new(0),
+            batch_commands: Histogram::new(metrics::BATCH_BOUNDS),
+            apply_us: Histogram::new(metrics::LATENCY_US_BOUNDS),
+        }
+    }
 }
 
 struct Data {
@@ -281,6 +306,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         replies.push(Outcomes::default());
                     }
                     EntryPayload::Normal(batch) => {
+                        let started = std::time::Instant::now();
                         let applied = data.table.apply(&batch);
                         let c = &self.shared.counters;
                         c.entries.fetch_add(1, Ordering::Relaxed);
@@ -321,6 +347,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         }
                         events.extend(applied.events);
                         replies.push(Outcomes(applied.outcomes));
+                        c.apply_us.observe_duration(started.elapsed());
                     }
                 }
             }

@@ -1,0 +1,344 @@
+//! Prometheus metrics: a hand-written text exposition of the node's counters,
+//! served at `/metrics` on a listener of its own (`metrics_listen`).
+//!
+//! Every value is read at scrape time from where it already lives (the
+//! state machine's [`Counters`](crate::state_machine::Counters), openraft's
+//! metrics, the log's flush statistics); nothing here keeps state but the two
+//! histogram types.
+
+use std::{
+    convert::Infallible,
+    fmt::Write,
+    sync::{
+        atomic::{AtomicU64, Ordering::Relaxed},
+        Arc,
+    },
+    time::Duration,
+};
+
+use http_body_util::Full;
+use hyper::{
+    body::{Bytes, Incoming},
+    header, Method, Request, Response, StatusCode,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use openraft::ServerState;
+use tokio::{net::TcpListener, sync::Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::services::NodeContext;
+
+/// Bucket upper bounds for latencies, in microseconds (10 µs … 1 s).
+pub const LATENCY_US_BOUNDS: &[u64] = &[
+    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+    1_000_000,
+];
+
+/// Bucket upper bounds for commands per log entry (1 … `MAX_BATCH_COMMANDS`).
+pub const BATCH_BOUNDS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1_024, 2_048, 4_096];
+
+/// Most scrapes served at once; further connections are closed at once.
+const MAX_CONNECTIONS: usize = 16;
+/// A scrape connection that has not sent its headers within this is closed.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A scrape connection is closed after this, whatever it is doing.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A Prometheus histogram over fixed bucket bounds, lock-free.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [u64],
+    /// Per bucket (not cumulative); the last one is `+Inf`.
+    buckets: Box<[AtomicU64]>,
+    sum: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [u64]) -> Self {
+        debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
+        Self {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, value: u64) {
+        let i = self.bounds.partition_point(|b| *b < value);
+        if let Some(bucket) = self.buckets.get(i) {
+            bucket.fetch_add(1, Relaxed);
+        }
+        self.sum.fetch_add(value, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    pub fn observe_duration(&self, d: Duration) {
+        self.observe(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Relaxed)
+    }
+
+    /// Writes the histogram; values are multiplied by `scale` (1e-6 turns
+    /// microseconds into the seconds Prometheus expects).
+    fn render(&self, out: &mut String, name: &str, help: &str, scale: f64) {
+        header(out, name, help, "histogram");
+        let mut cumulative = 0;
+        for (i, bucket) in self.buckets.iter().enumerate() {
+            cumulative += bucket.load(Relaxed);
+            match self.bounds.get(i) {
+                Some(b) => {
+                    let _ = writeln!(
+                        out,
+                        "{name}_bucket{{le=\"{}\"}} {cumulative}",
+                        *b as f64 * scale
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+                }
+            }
+        }
+        let _ = writeln!(out, "{name}_sum {}", self.sum.load(Relaxed) as f64 * scale);
+        let _ = writeln!(out, "{name}_count {cumulative}");
+    }
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn sample(out: &mut String, name: &str, help: &str, kind: &str, value: impl std::fmt::Display) {
+    header(out, name, help, kind);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// The whole exposition, in the Prometheus text format 0.0.4.
+pub fn render(ctx: &NodeContext) -> String {
+    let mut out = String::with_capacity(8 * 1024);
+    let c = &ctx.shared.counters;
+    for (name, help, counter) in [
+        (
+            "fenced_grants_total",
+            "Leases granted (to callers and to waiters).",
+            &c.grants,
+        ),
+        (
+            "fenced_refusals_total",
+            "Acquires refused because the resource was held, and releases by a non-holder.",
+            &c.refusals,
+        ),
+        ("fenced_renewals_total", "Leases renewed.", &c.renewals),
+        (
+            "fenced_lost_renewals_total",
+            "Renewals refused because the lease was expired, released or superseded.",
+            &c.lost,
+        ),
+        (
+            "fenced_releases_total",
+            "Leases released by their holder.",
+            &c.releases,
+        ),
+        (
+            "fenced_expiries_total",
+            "Leases that reached their expiry.",
+            &c.expiries,
+        ),
+        (
+            "fenced_applied_entries_total",
+            "Log entries with commands applied to the lease table.",
+            &c.entries,
+        ),
+        (
+            "fenced_applied_commands_total",
+            "Commands applied to the lease table.",
+            &c.commands,
+        ),
+        (
+            "fenced_leader_changes_total",
+            "Times this node saw a new leader (a new leader id or term), the first one included.",
+            &c.leader_changes,
+        ),
+    ] {
+        sample(&mut out, name, help, "counter", counter.load(Relaxed));
+    }
+    c.batch_commands.render(
+        &mut out,
+        "fenced_proposal_batch_commands",
+        "Commands per log entry proposed by this node while leader.",
+        1.0,
+    );
+    c.apply_us.render(
+        &mut out,
+        "fenced_apply_seconds",
+        "Time to apply one log entry of commands to the lease table.",
+        1e-6,
+    );
+
+    let flush = ctx.log.flush_metrics();
+    header(
+        &mut out,
+        "fenced_log_fsync_seconds",
+        "Time spent in fdatasync of the Raft log, per synced write batch.",
+        "summary",
+    );
+    let _ = writeln!(
+        out,
+        "fenced_log_fsync_seconds_sum {}\nfenced_log_fsync_seconds_count {}",
+        flush.sync_us as f64 * 1e-6,
+        flush.sync_batch_count
+    );
+    sample(
+        &mut out,
+        "fenced_log_fsync_max_seconds",
+        "The longest single fdatasync of the Raft log since the node started.",
+        "gauge",
+        flush.sync_max_us as f64 * 1e-6,
+    );
+
+    let m = ctx.raft.metrics().borrow().clone();
+    sample(
+        &mut out,
+        "fenced_current_term",
+        "The Raft term this node is in.",
+        "gauge",
+        m.current_term,
+    );
+    sample(
+        &mut out,
+        "fenced_is_leader",
+        "1 when this node is the Raft leader, else 0.",
+        "gauge",
+        u8::from(m.state == ServerState::Leader),
+    );
+    sample(
+        &mut out,
+        "fenced_leader_id",
+        "The leader this node knows of; 0 when none.",
+        "gauge",
+        m.current_leader.unwrap_or(0),
+    );
+    sample(
+        &mut out,
+        "fenced_last_log_index",
+        "Index of the last entry in this node's log.",
+        "gauge",
+        m.last_log_index.unwrap_or(0),
+    );
+    sample(
+        &mut out,
+        "fenced_last_applied_index",
+        "Index of the last entry applied to the lease table.",
+        "gauge",
+        ctx.shared.last_applied().map_or(0, |l| l.index),
+    );
+    sample(
+        &mut out,
+        "fenced_live_leases",
+        "Leases held and not yet expired.",
+        "gauge",
+        ctx.shared.live_leases(),
+    );
+    sample(
+        &mut out,
+        "fenced_last_token",
+        "The highest fencing token issued by the cluster.",
+        "gauge",
+        ctx.shared.last_token(),
+    );
+    out
+}
+
+fn response(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    if let Ok(v) = header::HeaderValue::from_str(content_type) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+fn handle(ctx: &NodeContext, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => response(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            render(ctx),
+        ),
+        (_, "/metrics") => response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            TEXT,
+            "only GET /metrics\n".into(),
+        ),
+        _ => response(
+            StatusCode::NOT_FOUND,
+            TEXT,
+            "not found; metrics are at /metrics\n".into(),
+        ),
+    }
+}
+
+/// Serves `/metrics` on `listener` until `stop` is cancelled.
+pub async fn serve(listener: TcpListener, ctx: NodeContext, stop: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::debug!(
+                max = MAX_CONNECTIONS,
+                "metrics listener: too many connections"
+            );
+            continue;
+        };
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let resp = handle(&ctx, &req);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Ok(Err(e)) = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
+                tracing::debug!(error = %e, "metrics connection");
+            }
+            drop(slot);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_renders_cumulative_buckets_sum_and_count() {
+        let h = Histogram::new(&[1, 10]);
+        for v in [0, 1, 5, 10, 11] {
+            h.observe(v);
+        }
+        let mut out = String::new();
+        h.render(&mut out, "x", "help", 1.0);
+        assert!(out.contains("x_bucket{le=\"1\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"10\"} 4\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 5\n"), "{out}");
+        assert!(out.contains("x_sum 27\n"), "{out}");
+        assert!(out.contains("x_count 5\n"), "{out}");
+        assert_eq!(h.count(), 5);
+    }
+}

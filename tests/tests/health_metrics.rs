@@ -1,0 +1,329 @@
+//! The gRPC health service (through `fenced healthcheck`) and the Prometheus
+//! `/metrics` endpoint, against real nodes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    collections::BTreeMap,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use fenced_core::OwnerId;
+use fenced_proto::v1::{self, acquire_response, release_response, renew_response};
+use fenced_tests::{bin, free_port, Cluster};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Runs `fenced healthcheck`; returns its exit code and stdout.
+fn healthcheck(endpoint: &str, service: &str) -> (i32, String) {
+    let out = Command::new(bin("fenced"))
+        .args([
+            "healthcheck",
+            "--endpoint",
+            endpoint,
+            "--service",
+            service,
+            "--timeout-ms",
+            "2000",
+        ])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+    )
+}
+
+/// Polls `fenced healthcheck` until it exits with `code`.
+async fn wait_for_health(endpoint: &str, code: i32, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let (got, out) = healthcheck(endpoint, "");
+        if got == code {
+            return out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{endpoint}: healthcheck still exits {got} ({out}) after {within:?}, expected {code}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_serving_only_while_the_node_knows_a_leader() {
+    let mut cluster = Cluster::start(3).await;
+    for n in &cluster.nodes {
+        let out = wait_for_health(&n.client_addr(), 0, Duration::from_secs(5)).await;
+        assert!(out.ends_with("SERVING"), "{out}");
+        let peer = format!("127.0.0.1:{}", n.peer_port);
+        assert_eq!(healthcheck(&peer, ""), (0, format!("{peer}: SERVING")));
+        let (code, out) = healthcheck(&n.client_addr(), "fenced.v1.Lock");
+        assert_eq!((code, out.ends_with(": SERVING")), (0, true), "{out}");
+    }
+
+    // One node of three has no quorum: it loses its leader and says so, but
+    // stays alive.
+    cluster.kill(2);
+    cluster.kill(3);
+    let lone = cluster.nodes[0].client_addr();
+    let out = wait_for_health(&lone, 1, Duration::from_secs(10)).await;
+    assert_eq!(out, format!("{lone}: NOT_SERVING"));
+    assert_eq!(
+        healthcheck(&lone, "liveness"),
+        (0, format!("{lone}: SERVING"))
+    );
+
+    // A majority again: a leader is elected and the node serves again.
+    cluster.spawn(2);
+    let out = wait_for_health(&lone, 0, Duration::from_secs(20)).await;
+    assert_eq!(out, format!("{lone}: SERVING"));
+
+    // Nothing listening: not healthy, exit 1, reason on stderr.
+    let nobody = format!("127.0.0.1:{}", free_port());
+    assert_eq!(healthcheck(&nobody, ""), (1, String::new()));
+    assert_eq!(
+        healthcheck(&lone, "no.such.Service").0,
+        1,
+        "an unknown service is not healthy"
+    );
+}
+
+/// One HTTP/1.1 request; returns the status code and body.
+async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
+        .await
+        .expect("a reply within 5 s")
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("headers end");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    (status, body.to_string())
+}
+
+/// Parses a text exposition, checking that every sample's family has HELP
+/// and TYPE and that every value is a number.
+fn parse_exposition(body: &str) -> BTreeMap<String, f64> {
+    let mut typed = Vec::new();
+    let mut samples = BTreeMap::new();
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            let family = parts.next().unwrap().to_string();
+            let kind = parts.next().unwrap();
+            assert!(
+                ["counter", "gauge", "histogram", "summary"].contains(&kind),
+                "{line}"
+            );
+            assert!(
+                body.contains(&format!("# HELP {family} ")),
+                "{family} has no HELP"
+            );
+            typed.push(family);
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (name, value) = line.rsplit_once(' ').unwrap();
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("not a number: {line}"));
+        let family = name.split('{').next().unwrap();
+        assert!(
+            typed.iter().any(|f| family == f
+                || ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .any(|s| family.strip_suffix(s) == Some(f.as_str()))),
+            "{name} has no TYPE before it"
+        );
+        assert!(
+            samples.insert(name.to_string(), value).is_none(),
+            "{name} twice"
+        );
+    }
+    samples
+}
+
+fn owner() -> Vec<u8> {
+    OwnerId::random().as_bytes().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_what_the_cluster_did() {
+    let mut cluster = Cluster::start(3).await;
+    // Restart every node with a metrics listener of its own.
+    let mut metrics = BTreeMap::new();
+    for id in 1..=3 {
+        let addr = format!("127.0.0.1:{}", free_port());
+        cluster.kill(id);
+        cluster.spawn_with_env(id, &[("FENCED_METRICS_LISTEN", &addr)]);
+        metrics.insert(id, addr);
+    }
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let mut lock = cluster.lock_client(leader);
+    let acquire = |resource: &str, owner: &[u8], ttl_ms: u64| v1::AcquireRequest {
+        resource: resource.as_bytes().to_vec(),
+        owner_id: owner.to_vec(),
+        ttl_ms,
+        wait_ms: 0,
+    };
+
+    // 20 grants at once, so some share a log entry.
+    let mut calls = Vec::new();
+    for i in 0..20 {
+        let mut lock = lock.clone();
+        let req = acquire(&format!("metrics-{i}"), &owner(), 60_000);
+        calls.push(tokio::spawn(async move { lock.acquire(req).await }));
+    }
+    let mut last_token = 0;
+    for call in calls {
+        let reply = call.await.unwrap().unwrap().into_inner();
+        let Some(acquire_response::Outcome::Granted(g)) = reply.outcome else {
+            panic!("expected a grant: {reply:?}");
+        };
+        last_token = last_token.max(g.token);
+    }
+    // One refusal (held), one renewal, one lost renewal, one release, one
+    // release by a non-holder (a refusal), one expiry and the grant after it.
+    let (a, b) = (owner(), owner());
+    let reply = lock
+        .acquire(acquire("metrics-0", &b, 60_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(
+        reply.outcome,
+        Some(acquire_response::Outcome::Held(_))
+    ));
+    let reply = lock
+        .acquire(acquire("metrics-life", &a, 1_000))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(acquire_response::Outcome::Granted(g)) = reply.outcome else {
+        panic!("expected a grant: {reply:?}");
+    };
+    let renew = |owner: &[u8], token| v1::RenewRequest {
+        resource: b"metrics-life".to_vec(),
+        owner_id: owner.to_vec(),
+        token,
+        ttl_ms: 1_000,
+    };
+    let reply = lock.renew(renew(&a, g.token)).await.unwrap().into_inner();
+    assert!(matches!(
+        reply.outcome,
+        Some(renew_response::Outcome::Renewed(_))
+    ));
+    let reply = lock.renew(renew(&b, g.token)).await.unwrap().into_inner();
+    assert!(matches!(
+        reply.outcome,
+        Some(renew_response::Outcome::Lost(_))
+    ));
+    let release = |resource: &str, owner: &[u8], token| v1::ReleaseRequest {
+        resource: resource.as_bytes().to_vec(),
+        owner_id: owner.to_vec(),
+        token,
+    };
+    let reply = lock
+        .release(release("metrics-life", &b, g.token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(
+        reply.outcome,
+        Some(release_response::Outcome::NotHolder(_))
+    ));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let reply = lock
+        .acquire(acquire("metrics-life", &b, 60_000))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(acquire_response::Outcome::Granted(g2)) = reply.outcome else {
+        panic!("expected a grant after the expiry: {reply:?}");
+    };
+    assert!(g2.token > g.token);
+    let reply = lock
+        .release(release("metrics-life", &b, g2.token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(
+        reply.outcome,
+        Some(release_response::Outcome::Released(_))
+    ));
+    last_token = last_token.max(g2.token);
+    cluster.wait_for_convergence(Duration::from_secs(10)).await;
+
+    let mut scraped = BTreeMap::new();
+    for (id, addr) in &metrics {
+        let (status, body) = http_get(addr, "/metrics").await;
+        assert_eq!(status, 200, "node {id}: {body}");
+        scraped.insert(*id, parse_exposition(&body));
+    }
+    let expected = [
+        ("fenced_grants_total", 22.0),
+        ("fenced_refusals_total", 2.0),
+        ("fenced_renewals_total", 1.0),
+        ("fenced_lost_renewals_total", 1.0),
+        ("fenced_releases_total", 1.0),
+        ("fenced_expiries_total", 1.0),
+        ("fenced_applied_commands_total", 27.0),
+        ("fenced_live_leases", 20.0),
+        ("fenced_last_token", last_token as f64),
+    ];
+    for (id, m) in &scraped {
+        for (name, value) in expected {
+            assert_eq!(m.get(name), Some(&value), "node {id}: {name}");
+        }
+        assert_eq!(
+            m["fenced_current_term"], scraped[&leader]["fenced_current_term"],
+            "node {id}: every node is in the leader's term"
+        );
+        assert!(m["fenced_current_term"] >= 1.0);
+        assert!(m["fenced_leader_changes_total"] >= 1.0, "node {id}");
+        assert_eq!(m["fenced_leader_id"], leader as f64, "node {id}");
+        assert_eq!(m["fenced_is_leader"], f64::from(u8::from(*id == leader)));
+        // Every applied entry of commands was timed.
+        assert_eq!(
+            m["fenced_apply_seconds_count"], m["fenced_applied_entries_total"],
+            "node {id}"
+        );
+        assert!(m["fenced_applied_entries_total"] >= 1.0);
+        assert_eq!(
+            m["fenced_apply_seconds_bucket{le=\"+Inf\"}"],
+            m["fenced_apply_seconds_count"]
+        );
+        assert!(m["fenced_apply_seconds_sum"] > 0.0, "node {id}");
+        // Every node fdatasyncs its log: the entries it appended.
+        assert!(m["fenced_log_fsync_seconds_count"] >= 1.0, "node {id}");
+        assert!(m["fenced_log_fsync_seconds_sum"] > 0.0, "node {id}");
+        assert!(m["fenced_log_fsync_max_seconds"] > 0.0, "node {id}");
+    }
+    // The leader proposed every command this test sent, in some batches.
+    let l = &scraped[&leader];
+    assert_eq!(l["fenced_proposal_batch_commands_sum"], 27.0);
+    let batches = l["fenced_proposal_batch_commands_count"];
+    assert!((1.0..=27.0).contains(&batches), "{batches} batches");
+    assert_eq!(
+        l["fenced_proposal_batch_commands_bucket{le=\"+Inf\"}"],
+        batches
+    );
+    for (id, m) in &scraped {
+        if *id != leader {
+            assert_eq!(m["fenced_proposal_batch_commands_count"], 0.0, "node {id}");
+        }
+    }
+
+    let (status, _) = http_get(&metrics[&leader], "/").await;
+    assert_eq!(status, 404);
+}
