@@ -67,7 +67,7 @@ async fn an_unreachable_cluster_cancels_the_lease_before_the_cluster_could_expir
     assert_eq!(lease.lost().await, LossReason::DeadlinePassed);
     // The cluster lets the lease go too, and the next owner gets a higher token.
     let next = client
-        .lock("unreachable", ttl, Duration::from_secs(10))
+        .lock("unreachable", ttl, Duration::from_secs(30))
         .await
         .unwrap();
     assert!(next.token() > lease.token());

@@ -99,8 +99,10 @@ impl Shared {
         *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) = d;
     }
 
-    /// Records the loss once, fires the cancellation token, and says so.
+    /// Fires the cancellation token, then records the loss once and says so:
+    /// whoever sees the recorded loss also sees the token fired.
     fn lose(&self, reason: LossReason) {
+        self.cancel.cancel();
         let first = self.loss.send_if_modified(|current| {
             if current.is_none() {
                 *current = Some(reason.clone());
@@ -110,7 +112,6 @@ impl Shared {
             }
         });
         if first {
-            self.cancel.cancel();
             if reason != LossReason::Released {
                 tracing::warn!(resource = %self.resource, owner = %self.owner, token = self.token, %reason, "lease lost");
             }
@@ -374,30 +375,7 @@ impl Client {
     /// Tries once to take the lease; a grant comes back as a self-renewing
     /// [`Lease`].
     pub async fn acquire(&self, resource: &str, ttl: Duration) -> Result<Acquired, ClientError> {
-        let owner = OwnerId::random();
-        match self
-            .acquire_sent(resource, owner, ttl, Duration::ZERO)
-            .await?
-        {
-            (AcquireOutcome::Granted { token, .. }, sent) => Ok(Acquired::Granted(Lease::start(
-                self.clone(),
-                resource,
-                owner,
-                token,
-                ttl,
-                sent,
-            ))),
-            (
-                AcquireOutcome::Held {
-                    current_token,
-                    remaining_ms,
-                },
-                _,
-            ) => Ok(Acquired::Held {
-                current_token,
-                remaining_ms,
-            }),
-        }
+        self.take(resource, ttl, Duration::ZERO).await
     }
 
     /// Takes the lease, waiting on the server up to `wait` while it is held
@@ -409,47 +387,66 @@ impl Client {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Lease, ClientError> {
+        match self.take(resource, ttl, wait).await? {
+            Acquired::Granted(lease) => Ok(lease),
+            Acquired::Held {
+                current_token,
+                remaining_ms,
+            } => Err(ClientError::NotGranted {
+                resource: resource.to_string(),
+                current_token,
+                remaining_ms,
+            }),
+        }
+    }
+
+    async fn take(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Acquired, ClientError> {
         let owner = OwnerId::random();
-        match self.acquire_sent(resource, owner, ttl, wait).await? {
-            (AcquireOutcome::Granted { token, .. }, sent) => {
-                // A grant that came after waiting is timed from a request sent
-                // long ago; one renewal now times it from a fresh request.
-                let margin = self.lease_options().safety_margin(ttl);
-                let sent = if sent.plus(margin / 4).has_passed() {
-                    match self.renew_sent(resource, owner, token, ttl, ttl).await? {
-                        (RenewOutcome::Renewed { .. }, renewed) => renewed,
-                        (RenewOutcome::Lost(reason), _) => {
-                            return Err(ClientError::LeaseLost {
-                                resource: resource.to_string(),
-                                token,
-                                reason: LossReason::Refused(reason).to_string(),
-                            })
-                        }
-                    }
-                } else {
-                    sent
-                };
-                Ok(Lease::start(
-                    self.clone(),
-                    resource,
-                    owner,
-                    token,
-                    ttl,
-                    sent,
-                ))
-            }
+        let (token, sent) = match self.acquire_sent(resource, owner, ttl, wait).await? {
+            (AcquireOutcome::Granted { token, .. }, sent) => (token, sent),
             (
                 AcquireOutcome::Held {
                     current_token,
                     remaining_ms,
                 },
                 _,
-            ) => Err(ClientError::NotGranted {
-                resource: resource.to_string(),
-                current_token,
-                remaining_ms,
-            }),
-        }
+            ) => {
+                return Ok(Acquired::Held {
+                    current_token,
+                    remaining_ms,
+                })
+            }
+        };
+        // A grant that came after waiting is timed from a request sent long
+        // ago; one renewal now times it from a fresh request.
+        let margin = self.lease_options().safety_margin(ttl);
+        let sent = if sent.plus(margin / 4).has_passed() {
+            match self.renew_sent(resource, owner, token, ttl, ttl).await? {
+                (RenewOutcome::Renewed { .. }, renewed) => renewed,
+                (RenewOutcome::Lost(reason), _) => {
+                    return Err(ClientError::LeaseLost {
+                        resource: resource.to_string(),
+                        token,
+                        reason: LossReason::Refused(reason).to_string(),
+                    })
+                }
+            }
+        } else {
+            sent
+        };
+        Ok(Acquired::Granted(Lease::start(
+            self.clone(),
+            resource,
+            owner,
+            token,
+            ttl,
+            sent,
+        )))
     }
 
     /// Takes the lease (waiting up to `wait`), runs `work` with a handle to

@@ -1,0 +1,632 @@
+//! Invariants over a whole history and the cluster's final state. Each
+//! returns its violations; an empty list is the only pass.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::history::{Answer, Op, F};
+
+/// What one node holds at the end of a run, read from its local state after
+/// the cluster converged.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeFinal {
+    pub node: u64,
+    pub last_applied: u64,
+    pub digest: u64,
+    /// Newest token per resource, as this node's table has it.
+    pub last_tokens: BTreeMap<String, u64>,
+}
+
+/// One invariant's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub name: &'static str,
+    /// How many cases were examined (a check that examined nothing proves nothing).
+    pub checked: usize,
+    pub violations: Vec<String>,
+}
+
+/// Counts about the fenced writes.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WriteStats {
+    pub accepted: usize,
+    pub rejected: usize,
+    /// Writes whose token was below one the resource had already accepted
+    /// before the write was sent.
+    pub stale_sent: usize,
+    pub stale_rejected: usize,
+    pub stale_accepted: usize,
+}
+
+/// Counts about grants.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GrantStats {
+    pub acknowledged: usize,
+    pub max_token: u64,
+    pub missing: usize,
+    pub phantom: usize,
+}
+
+fn by_resource(ops: &[Op], f: impl Fn(&Op) -> bool) -> BTreeMap<&str, Vec<&Op>> {
+    let mut map: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+    for op in ops.iter().filter(|o| f(o)) {
+        map.entry(op.resource.as_str()).or_default().push(op);
+    }
+    map
+}
+
+fn grants(ops: &[Op]) -> BTreeMap<&str, Vec<&Op>> {
+    by_resource(ops, |o| o.f == F::Acquire && o.granted_token().is_some())
+}
+
+fn owner(op: &Op) -> &str {
+    op.owner.as_deref().unwrap_or("")
+}
+
+/// No token is granted to two different owners of one resource.
+pub fn tokens_unique(ops: &[Op]) -> Finding {
+    let mut violations = Vec::new();
+    let mut checked = 0;
+    for (resource, gs) in grants(ops) {
+        let mut seen: HashMap<u64, &Op> = HashMap::new();
+        for g in gs {
+            checked += 1;
+            let Some(t) = g.granted_token() else { continue };
+            match seen.get(&t) {
+                Some(prev) if owner(prev) != owner(g) => violations.push(format!(
+                    "{resource}: token {t} granted to owner {} (op {}) and to owner {} (op {})",
+                    owner(prev),
+                    prev.id,
+                    owner(g),
+                    g.id
+                )),
+                Some(_) => {}
+                None => {
+                    seen.insert(t, g);
+                }
+            }
+        }
+    }
+    Finding {
+        name: "no token granted twice",
+        checked,
+        violations,
+    }
+}
+
+/// A grant that completed before another was invoked has the lower token.
+pub fn grants_ordered(ops: &[Op]) -> Finding {
+    let mut violations = Vec::new();
+    let mut checked = 0;
+    for (resource, mut gs) in grants(ops) {
+        gs.sort_by_key(|g| g.complete_ns);
+        for b in &gs {
+            for a in &gs {
+                let (Some(ac), Some(ta), Some(tb)) =
+                    (a.complete_ns, a.granted_token(), b.granted_token())
+                else {
+                    continue;
+                };
+                if ac >= b.invoke_ns {
+                    break;
+                }
+                if owner(a) == owner(b) {
+                    continue;
+                }
+                checked += 1;
+                if ta >= tb {
+                    violations.push(format!(
+                        "{resource}: op {} granted token {ta} and completed before op {} was invoked, which was granted token {tb}",
+                        a.id, b.id
+                    ));
+                }
+            }
+        }
+    }
+    Finding {
+        name: "grants in real-time order have increasing tokens",
+        checked,
+        violations,
+    }
+}
+
+/// Every acknowledged grant is in every node's final state (its token is at
+/// most the node's newest token for the resource), and no node holds a token
+/// that no grant, acknowledged or of unknown outcome, can explain.
+pub fn final_state(ops: &[Op], finals: &[NodeFinal]) -> (Finding, GrantStats) {
+    let mut violations = Vec::new();
+    let mut stats = GrantStats::default();
+    let mut checked = 0;
+    let gs = grants(ops);
+    let unknown_acquires = by_resource(ops, |o| o.f == F::Acquire && o.is_unknown());
+    for (resource, list) in &gs {
+        for g in list {
+            let Some(t) = g.granted_token() else { continue };
+            stats.acknowledged += 1;
+            stats.max_token = stats.max_token.max(t);
+            for n in finals {
+                checked += 1;
+                let have = n.last_tokens.get(*resource).copied().unwrap_or(0);
+                if have < t {
+                    stats.missing += 1;
+                    violations.push(format!(
+                        "{resource}: grant of token {t} (op {}) was acknowledged but node {} ends with newest token {have}",
+                        g.id, n.node
+                    ));
+                }
+            }
+        }
+    }
+    for n in finals {
+        for (resource, &have) in &n.last_tokens {
+            if have == 0 {
+                continue;
+            }
+            checked += 1;
+            let acknowledged = gs
+                .get(resource.as_str())
+                .is_some_and(|l| l.iter().any(|g| g.granted_token() == Some(have)));
+            let unknown = unknown_acquires.contains_key(resource.as_str());
+            if !acknowledged && !unknown {
+                stats.phantom += 1;
+                violations.push(format!(
+                    "{resource}: node {} ends with token {have}, which no acknowledged or unanswered acquire explains",
+                    n.node
+                ));
+            }
+        }
+    }
+    (
+        Finding {
+            name: "acknowledged grants survive; no phantom grants",
+            checked,
+            violations,
+        },
+        stats,
+    )
+}
+
+/// The replicas converged to the same applied index and the same state digest.
+pub fn digests_equal(finals: &[NodeFinal]) -> Finding {
+    let mut violations = Vec::new();
+    if finals.len() < 2 {
+        violations.push(format!(
+            "only {} node(s) reported a final state",
+            finals.len()
+        ));
+    }
+    for w in finals.windows(2) {
+        if w[0].last_applied != w[1].last_applied || w[0].digest != w[1].digest {
+            violations.push(format!(
+                "node {} (applied {}, digest {:#x}) differs from node {} (applied {}, digest {:#x})",
+                w[0].node, w[0].last_applied, w[0].digest, w[1].node, w[1].last_applied, w[1].digest
+            ));
+        }
+    }
+    Finding {
+        name: "replicas' final state digests are equal",
+        checked: finals.len(),
+        violations,
+    }
+}
+
+/// The protected resource accepted tokens in non-decreasing order (by the
+/// version it assigned), and never accepted a write whose token was below one
+/// it had accepted before the write was sent.
+pub fn fenced_writes(ops: &[Op]) -> (Finding, WriteStats) {
+    let mut violations = Vec::new();
+    let mut stats = WriteStats::default();
+    let mut checked = 0;
+    for (resource, writes) in by_resource(ops, |o| o.f == F::Write) {
+        let mut accepted: Vec<(u64, u64, u64, u64)> = Vec::new(); // (version, token, complete, op)
+        for w in &writes {
+            match w.answer {
+                Some(Answer::Accepted { token, version }) => {
+                    stats.accepted += 1;
+                    if let Some(c) = w.complete_ns {
+                        accepted.push((version, token, c, w.id));
+                    }
+                }
+                Some(Answer::Rejected { .. }) => stats.rejected += 1,
+                _ => {}
+            }
+        }
+        accepted.sort();
+        for pair in accepted.windows(2) {
+            checked += 1;
+            if pair[1].1 < pair[0].1 {
+                violations.push(format!(
+                    "{resource}: version {} accepted token {} (op {}) after version {} had accepted token {} (op {})",
+                    pair[1].0, pair[1].1, pair[1].3, pair[0].0, pair[0].1, pair[0].3
+                ));
+            }
+        }
+        for w in &writes {
+            let Some(t) = w.token else { continue };
+            let newer = accepted
+                .iter()
+                .filter(|(_, tok, c, _)| *c < w.invoke_ns && *tok > t)
+                .map(|(_, tok, _, _)| *tok)
+                .max();
+            let Some(newer) = newer else { continue };
+            stats.stale_sent += 1;
+            checked += 1;
+            match w.answer {
+                Some(Answer::Rejected { .. }) => stats.stale_rejected += 1,
+                Some(Answer::Accepted { .. }) | Some(Answer::AlreadyApplied { .. }) => {
+                    stats.stale_accepted += 1;
+                    violations.push(format!(
+                        "{resource}: write op {} with token {t} was accepted although token {newer} had been accepted before it was sent",
+                        w.id
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    (
+        Finding {
+            name: "protected resource never accepts an older token",
+            checked,
+            violations,
+        },
+        stats,
+    )
+}
+
+/// A renew keeps its token: a describe by the same worker, sent after the
+/// renew answered and answered well within the renewed lease, reports the
+/// renewed token as the newest one and the resource as held.
+pub fn renew_keeps_token(ops: &[Op], rho: f64) -> Finding {
+    let mut violations = Vec::new();
+    let mut checked = 0;
+    let mut by_worker: HashMap<u32, Vec<&Op>> = HashMap::new();
+    for op in ops {
+        by_worker.entry(op.worker).or_default().push(op);
+    }
+    for list in by_worker.values() {
+        for (i, r) in list.iter().enumerate() {
+            let (F::Renew, Some(Answer::Renewed { ttl_ms }), Some(rc), Some(t)) =
+                (r.f, &r.answer, r.complete_ns, r.token)
+            else {
+                continue;
+            };
+            let bound = r.invoke_ns + scaled_ms(*ttl_ms, 1.0 - rho);
+            let Some(d) = list[i + 1..]
+                .iter()
+                .find(|d| d.f == F::Describe && d.resource == r.resource)
+            else {
+                continue;
+            };
+            let (Some(Answer::Described { last_token, held }), Some(dc)) =
+                (&d.answer, d.complete_ns)
+            else {
+                continue;
+            };
+            if d.invoke_ns < rc || dc >= bound {
+                continue;
+            }
+            checked += 1;
+            if *last_token != t || !held {
+                violations.push(format!(
+                    "{}: renew op {} kept token {t}, but describe op {} within the lease reports newest token {last_token}, held {held}",
+                    r.resource, r.id, d.id
+                ));
+            }
+        }
+    }
+    Finding {
+        name: "a renew keeps its token",
+        checked,
+        violations,
+    }
+}
+
+fn scaled_ms(ms: u64, factor: f64) -> u64 {
+    // Float is fine here: TTLs are far below 2^53 ns.
+    (ms as f64 * 1_000_000.0 * factor) as u64
+}
+
+/// (resource, owner, token)
+type LeaseKey<'a> = (&'a str, &'a str, u64);
+
+/// No conflicting grant completes earlier than TTL×(1−ρ) after the previous
+/// holder's last successful acquire or renew was invoked, unless that holder
+/// released (or may have released) first.
+pub fn leases_respected(ops: &[Op], rho: f64) -> Finding {
+    let mut violations = Vec::new();
+    let mut checked = 0;
+    // (resource, owner, token) -> invocations of successful acquire/renew with their TTL
+    let mut keeps: HashMap<LeaseKey, Vec<(u64, u64)>> = HashMap::new();
+    // (resource, owner, token) -> earliest invocation of a release that did or may have succeeded
+    let mut releases: HashMap<LeaseKey, u64> = HashMap::new();
+    for op in ops {
+        match (&op.f, &op.answer) {
+            (F::Acquire, Some(Answer::Granted { token, ttl_ms })) => keeps
+                .entry((&op.resource, owner(op), *token))
+                .or_default()
+                .push((op.invoke_ns, *ttl_ms)),
+            (F::Renew, Some(Answer::Renewed { ttl_ms })) => {
+                if let Some(t) = op.token {
+                    keeps
+                        .entry((&op.resource, owner(op), t))
+                        .or_default()
+                        .push((op.invoke_ns, *ttl_ms));
+                }
+            }
+            (F::Release, Some(Answer::Released) | None) => {
+                if let Some(t) = op.token {
+                    let e = releases
+                        .entry((&op.resource, owner(op), t))
+                        .or_insert(op.invoke_ns);
+                    *e = (*e).min(op.invoke_ns);
+                }
+            }
+            _ => {}
+        }
+    }
+    for (resource, gs) in grants(ops) {
+        for b in &gs {
+            let (Some(bc), Some(tb)) = (b.complete_ns, b.granted_token()) else {
+                continue;
+            };
+            for ((r, o, ta), list) in &keeps {
+                if *r != resource || *o == owner(b) || *ta >= tb {
+                    continue;
+                }
+                if releases.get(&(*r, *o, *ta)).is_some_and(|&ri| ri < bc) {
+                    continue;
+                }
+                for (inv, ttl) in list.iter().filter(|(inv, _)| *inv < bc) {
+                    checked += 1;
+                    let earliest = inv + scaled_ms(*ttl, 1.0 - rho);
+                    if bc < earliest {
+                        violations.push(format!(
+                            "{resource}: token {tb} (op {}) was granted {} ms after owner {o} renewed or acquired token {ta} with ttl {ttl} ms; at least {} ms must pass",
+                            b.id,
+                            bc.saturating_sub(*inv) / 1_000_000,
+                            scaled_ms(*ttl, 1.0 - rho) / 1_000_000
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Finding {
+        name: "no grant before the previous lease ran out",
+        checked,
+        violations,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn op(id: u64, f: F, owner: &str, token: Option<u64>, t: (u64, u64), a: Answer) -> Op {
+        Op {
+            id,
+            worker: 0,
+            f,
+            resource: "r".into(),
+            owner: Some(owner.into()),
+            token,
+            ttl_ms: None,
+            deliberate_stale: false,
+            invoke_ns: t.0,
+            complete_ns: Some(t.1),
+            answer: Some(a),
+        }
+    }
+    const MS: u64 = 1_000_000;
+    fn granted(token: u64, ttl_ms: u64) -> Answer {
+        Answer::Granted { token, ttl_ms }
+    }
+
+    #[test]
+    fn a_token_granted_twice_is_caught() {
+        let h = [
+            op(0, F::Acquire, "a", None, (0, 1), granted(4, 2000)),
+            op(1, F::Acquire, "b", None, (2, 3), granted(4, 2000)),
+        ];
+        assert_eq!(tokens_unique(&h).violations.len(), 1);
+        // The same owner's retry getting the same token is fine.
+        let ok = [
+            op(0, F::Acquire, "a", None, (0, 1), granted(4, 2000)),
+            op(1, F::Acquire, "a", None, (2, 3), granted(4, 2000)),
+        ];
+        assert!(tokens_unique(&ok).violations.is_empty());
+    }
+
+    #[test]
+    fn a_later_grant_with_a_lower_token_is_caught() {
+        let h = [
+            op(0, F::Acquire, "a", None, (0, 10), granted(9, 2000)),
+            op(1, F::Acquire, "b", None, (20, 30), granted(5, 2000)),
+        ];
+        let f = grants_ordered(&h);
+        assert_eq!(f.violations.len(), 1);
+        // Concurrent grants may come in either order.
+        let ok = [
+            op(0, F::Acquire, "a", None, (0, 30), granted(9, 2000)),
+            op(1, F::Acquire, "b", None, (20, 40), granted(5, 2000)),
+        ];
+        assert!(grants_ordered(&ok).violations.is_empty());
+    }
+
+    fn final_of(node: u64, token: u64, digest: u64) -> NodeFinal {
+        NodeFinal {
+            node,
+            last_applied: 10,
+            digest,
+            last_tokens: [("r".to_string(), token)].into_iter().collect(),
+        }
+    }
+
+    #[test]
+    fn a_lost_grant_and_a_phantom_are_caught() {
+        let h = [op(0, F::Acquire, "a", None, (0, 10), granted(9, 2000))];
+        let (f, stats) = final_state(&h, &[final_of(1, 9, 1), final_of(2, 0, 1)]);
+        assert_eq!(stats.missing, 1);
+        assert_eq!(f.violations.len(), 1);
+        let (f, stats) = final_state(&h, &[final_of(1, 12, 1)]);
+        assert_eq!(stats.phantom, 1);
+        assert_eq!(f.violations.len(), 1);
+        let (f, _) = final_state(&h, &[final_of(1, 9, 1), final_of(2, 9, 1)]);
+        assert!(f.violations.is_empty());
+    }
+
+    #[test]
+    fn diverged_replicas_are_caught() {
+        assert_eq!(
+            digests_equal(&[final_of(1, 9, 1), final_of(2, 9, 2)])
+                .violations
+                .len(),
+            1
+        );
+        assert!(digests_equal(&[final_of(1, 9, 1), final_of(2, 9, 1)])
+            .violations
+            .is_empty());
+    }
+
+    fn write(id: u64, token: u64, t: (u64, u64), a: Answer) -> Op {
+        op(id, F::Write, "w", Some(token), t, a)
+    }
+
+    #[test]
+    fn a_stale_write_accepted_is_caught() {
+        let h = [
+            write(
+                0,
+                5,
+                (0, 10),
+                Answer::Accepted {
+                    token: 5,
+                    version: 1,
+                },
+            ),
+            write(
+                1,
+                3,
+                (20, 30),
+                Answer::Accepted {
+                    token: 3,
+                    version: 2,
+                },
+            ),
+        ];
+        let (f, stats) = fenced_writes(&h);
+        assert_eq!(stats.stale_accepted, 1);
+        // Both the version order and the real-time rule catch it.
+        assert_eq!(f.violations.len(), 2);
+        let ok = [
+            write(
+                0,
+                5,
+                (0, 10),
+                Answer::Accepted {
+                    token: 5,
+                    version: 1,
+                },
+            ),
+            write(
+                1,
+                3,
+                (20, 30),
+                Answer::Rejected {
+                    highest_token: 5,
+                    reason: "stale_token".into(),
+                },
+            ),
+        ];
+        let (f, stats) = fenced_writes(&ok);
+        assert!(f.violations.is_empty());
+        assert_eq!(stats.stale_rejected, 1);
+    }
+
+    #[test]
+    fn a_renew_that_changes_the_token_is_caught() {
+        let h = [
+            op(
+                0,
+                F::Renew,
+                "a",
+                Some(4),
+                (0, 10 * MS),
+                Answer::Renewed { ttl_ms: 2000 },
+            ),
+            op(
+                1,
+                F::Describe,
+                "a",
+                None,
+                (20 * MS, 30 * MS),
+                Answer::Described {
+                    last_token: 5,
+                    held: true,
+                },
+            ),
+        ];
+        assert_eq!(renew_keeps_token(&h, 0.05).violations.len(), 1);
+    }
+
+    #[test]
+    fn an_early_conflicting_grant_is_caught() {
+        let h = [
+            op(0, F::Acquire, "a", None, (0, 10 * MS), granted(4, 2000)),
+            op(
+                1,
+                F::Renew,
+                "a",
+                Some(4),
+                (500 * MS, 510 * MS),
+                Answer::Renewed { ttl_ms: 2000 },
+            ),
+            op(
+                2,
+                F::Acquire,
+                "b",
+                None,
+                (1000 * MS, 1800 * MS),
+                granted(6, 2000),
+            ),
+        ];
+        assert_eq!(leases_respected(&h, 0.05).violations.len(), 2);
+        // After a release, the next grant may come at once.
+        let ok = [
+            op(0, F::Acquire, "a", None, (0, 10 * MS), granted(4, 2000)),
+            op(
+                1,
+                F::Release,
+                "a",
+                Some(4),
+                (20 * MS, 30 * MS),
+                Answer::Released,
+            ),
+            op(
+                2,
+                F::Acquire,
+                "b",
+                None,
+                (40 * MS, 50 * MS),
+                granted(6, 2000),
+            ),
+        ];
+        assert!(leases_respected(&ok, 0.05).violations.is_empty());
+        // And after the lease ran out.
+        let late = [
+            op(0, F::Acquire, "a", None, (0, 10 * MS), granted(4, 2000)),
+            op(
+                2,
+                F::Acquire,
+                "b",
+                None,
+                (1000 * MS, 2100 * MS),
+                granted(6, 2000),
+            ),
+        ];
+        assert!(leases_respected(&late, 0.05).violations.is_empty());
+    }
+}

@@ -1,0 +1,301 @@
+//! The recorded history: one JSON line per invocation and per completion,
+//! all stamped with one monotonic clock (nanoseconds since the run began).
+
+use std::{
+    fs::File,
+    io::{BufRead, BufReader, BufWriter, Write as _},
+    path::Path,
+    sync::{Arc, Mutex, PoisonError},
+    time::Instant,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// What an operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum F {
+    Acquire,
+    Renew,
+    Release,
+    Describe,
+    Write,
+}
+
+impl F {
+    pub const ALL: [F; 5] = [F::Acquire, F::Renew, F::Release, F::Describe, F::Write];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            F::Acquire => "acquire",
+            F::Renew => "renew",
+            F::Release => "release",
+            F::Describe => "describe",
+            F::Write => "write",
+        }
+    }
+}
+
+/// Invocation, or how an operation completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Invoke,
+    /// A definite answer (which may be a refusal: held, lost, rejected).
+    Ok,
+    /// No answer: the operation may or may not have taken effect.
+    Info,
+}
+
+/// The answer of a completed operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Answer {
+    Granted { token: u64, ttl_ms: u64 },
+    Held { current_token: u64 },
+    Renewed { ttl_ms: u64 },
+    Lost { reason: String, current_token: u64 },
+    Released,
+    NotHolder { reason: String, current_token: u64 },
+    Described { last_token: u64, held: bool },
+    Accepted { token: u64, version: u64 },
+    AlreadyApplied { token: u64, version: u64 },
+    Rejected { highest_token: u64, reason: String },
+}
+
+impl Answer {
+    /// Whether the answer is the operation's success (as opposed to a refusal).
+    pub fn is_success(&self) -> bool {
+        matches!(
+            self,
+            Answer::Granted { .. }
+                | Answer::Renewed { .. }
+                | Answer::Released
+                | Answer::Described { .. }
+                | Answer::Accepted { .. }
+                | Answer::AlreadyApplied { .. }
+        )
+    }
+}
+
+/// One line of the history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Operation id: the invocation and the completion share it.
+    pub op: u64,
+    pub phase: Phase,
+    /// Nanoseconds since the run began, on the harness's monotonic clock.
+    pub t_ns: u64,
+    pub worker: u32,
+    pub f: F,
+    pub resource: String,
+    /// Owner id (UUID text) of the acquisition the operation speaks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The token presented (renew, release, write).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    /// The TTL asked for (acquire, renew).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// The node the request went to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<u64>,
+    /// Sent with a token the worker knew to be old, on purpose.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deliberate_stale: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<Answer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// An invocation paired with its completion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Op {
+    pub id: u64,
+    pub worker: u32,
+    pub f: F,
+    pub resource: String,
+    pub owner: Option<String>,
+    pub token: Option<u64>,
+    pub ttl_ms: Option<u64>,
+    pub deliberate_stale: bool,
+    pub invoke_ns: u64,
+    /// Completion time; `None` if the outcome is unknown.
+    pub complete_ns: Option<u64>,
+    /// The definite answer; `None` if the outcome is unknown.
+    pub answer: Option<Answer>,
+}
+
+impl Op {
+    pub fn is_unknown(&self) -> bool {
+        self.answer.is_none()
+    }
+
+    pub fn succeeded(&self) -> bool {
+        self.answer.as_ref().is_some_and(Answer::is_success)
+    }
+
+    pub fn granted_token(&self) -> Option<u64> {
+        match self.answer {
+            Some(Answer::Granted { token, .. }) => Some(token),
+            _ => None,
+        }
+    }
+}
+
+/// Pairs invocations with completions. An invocation without a completion
+/// (the run ended first) is an operation of unknown outcome.
+pub fn pair(events: &[Event]) -> Vec<Op> {
+    let mut ops: Vec<Op> = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    for e in events {
+        match e.phase {
+            Phase::Invoke => {
+                index.insert(e.op, ops.len());
+                ops.push(Op {
+                    id: e.op,
+                    worker: e.worker,
+                    f: e.f,
+                    resource: e.resource.clone(),
+                    owner: e.owner.clone(),
+                    token: e.token,
+                    ttl_ms: e.ttl_ms,
+                    deliberate_stale: e.deliberate_stale,
+                    invoke_ns: e.t_ns,
+                    complete_ns: None,
+                    answer: None,
+                });
+            }
+            Phase::Ok => {
+                if let Some(op) = index.get(&e.op).and_then(|&i| ops.get_mut(i)) {
+                    op.complete_ns = Some(e.t_ns);
+                    op.answer = e.answer.clone();
+                }
+            }
+            Phase::Info => {}
+        }
+    }
+    ops
+}
+
+/// Records events in memory and as JSON lines in a file, as they happen.
+#[derive(Clone)]
+pub struct Recorder {
+    inner: Arc<Mutex<RecorderInner>>,
+    start: Instant,
+}
+
+struct RecorderInner {
+    events: Vec<Event>,
+    file: BufWriter<File>,
+    next_op: u64,
+    write_error: Option<String>,
+}
+
+impl Recorder {
+    pub fn create(path: &Path, start: Instant) -> anyhow::Result<Self> {
+        let file = File::create(path)
+            .map_err(|e| anyhow::anyhow!("creating history file {}: {e}", path.display()))?;
+        Ok(Self {
+            inner: Arc::new(Mutex::new(RecorderInner {
+                events: Vec::new(),
+                file: BufWriter::new(file),
+                next_op: 0,
+                write_error: None,
+            })),
+            start,
+        })
+    }
+
+    /// Nanoseconds since the run began.
+    pub fn now_ns(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Records an invocation; returns the event to complete later.
+    pub fn invoke(&self, mut e: Event) -> Event {
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        e.op = g.next_op;
+        g.next_op += 1;
+        e.phase = Phase::Invoke;
+        e.t_ns = self.now_ns();
+        g.push(e.clone());
+        e
+    }
+
+    /// Records the completion of `invoked`: a definite answer or, with
+    /// `Err`, an unknown outcome.
+    pub fn complete(&self, invoked: &Event, result: Result<Answer, String>) {
+        let mut e = invoked.clone();
+        e.t_ns = self.now_ns();
+        match result {
+            Ok(answer) => {
+                e.phase = Phase::Ok;
+                e.answer = Some(answer);
+            }
+            Err(error) => {
+                e.phase = Phase::Info;
+                e.error = Some(error);
+            }
+        }
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        g.push(e);
+    }
+
+    /// Every event so far, and the first error writing the file, if any.
+    pub fn finish(&self) -> (Vec<Event>, Option<String>) {
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = g.file.flush() {
+            g.write_error.get_or_insert(e.to_string());
+        }
+        (g.events.clone(), g.write_error.clone())
+    }
+}
+
+impl RecorderInner {
+    fn push(&mut self, e: Event) {
+        let line = serde_json::to_string(&e).map_err(|e| e.to_string());
+        let written = line.and_then(|l| writeln!(self.file, "{l}").map_err(|e| e.to_string()));
+        if let Err(err) = written {
+            self.write_error.get_or_insert(err);
+        }
+        self.events.push(e);
+    }
+}
+
+/// Reads a history file written by [`Recorder`].
+pub fn read(path: &Path) -> anyhow::Result<Vec<Event>> {
+    let file = File::open(path).map_err(|e| anyhow::anyhow!("opening {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let e: Event = serde_json::from_str(&line)
+            .map_err(|e| anyhow::anyhow!("{} line {}: {e}", path.display(), i + 1))?;
+        out.push(e);
+    }
+    Ok(out)
+}
+
+/// A blank event for `f` on `resource`, to fill in before [`Recorder::invoke`].
+pub fn event(worker: u32, f: F, resource: &str) -> Event {
+    Event {
+        op: 0,
+        phase: Phase::Invoke,
+        t_ns: 0,
+        worker,
+        f,
+        resource: resource.to_string(),
+        owner: None,
+        token: None,
+        ttl_ms: None,
+        node: None,
+        deliberate_stale: false,
+        answer: None,
+        error: None,
+    }
+}

@@ -1,0 +1,11 @@
+//! fenced-jepsen: real `fenced` nodes in network namespaces, faults injected
+//! by nftables, signals and libfaketime, a recorded history and checkers that
+//! can fail.
+
+pub mod check;
+pub mod cluster;
+pub mod history;
+pub mod nemesis;
+pub mod net;
+pub mod run;
+pub mod workload;

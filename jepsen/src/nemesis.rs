@@ -1,0 +1,479 @@
+//! Faults: partitions (nftables), pauses (SIGSTOP/SIGCONT), crashes
+//! (SIGKILL and restart), wall-clock jumps and strobes (libfaketime), and the
+//! proof that each one took effect.
+
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use anyhow::Result;
+use nix::sys::signal::Signal;
+use serde::Serialize;
+
+use crate::{
+    cluster::{self, Cluster, LIBFAKETIME},
+    history::Recorder,
+    net::{node_addr, node_ns, Net, HARNESS_ADDR},
+    workload::Ctx,
+};
+
+/// One scheduled fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// The leader cut off from its peers and from the clients.
+    IsolateLeader,
+    /// The leader alone on one side; clients still reach it.
+    LeaderMinority,
+    /// The leader and one follower against the other follower.
+    LeaderMajority,
+    /// Two nodes cannot talk to each other; the third sees both.
+    Bridge,
+    /// The leader's packets reach its peers; theirs never reach it.
+    OneWayLeader,
+    /// Random loss (percent) on every peer link, both directions.
+    Loss(u32),
+    PauseLeader {
+        ms: u64,
+    },
+    PauseFollower {
+        ms: u64,
+    },
+    PauseClients {
+        ms: u64,
+    },
+    KillLeader,
+    KillRandom,
+    /// The leader's wall clock jumps by `secs` (negative: backwards).
+    WallJump {
+        secs: i64,
+    },
+    /// Every node's wall clock swings back and forth.
+    WallStrobe,
+}
+
+impl Fault {
+    pub fn name(&self) -> String {
+        match self {
+            Fault::IsolateLeader => "isolate-leader".into(),
+            Fault::LeaderMinority => "leader-minority".into(),
+            Fault::LeaderMajority => "leader-majority".into(),
+            Fault::Bridge => "bridge".into(),
+            Fault::OneWayLeader => "one-way-leader".into(),
+            Fault::Loss(p) => format!("loss-{p}%"),
+            Fault::PauseLeader { ms } => format!("pause-leader-{ms}ms"),
+            Fault::PauseFollower { ms } => format!("pause-follower-{ms}ms"),
+            Fault::PauseClients { ms } => format!("pause-clients-{ms}ms"),
+            Fault::KillLeader => "kill-leader".into(),
+            Fault::KillRandom => "kill-random".into(),
+            Fault::WallJump { secs } => format!("wall-jump-{secs:+}s"),
+            Fault::WallStrobe => "wall-strobe".into(),
+        }
+    }
+}
+
+/// What happened to one fault, for the nemesis log and the coverage gate.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRecord {
+    pub fault: String,
+    pub target: String,
+    pub installed_ns: u64,
+    pub healed_ns: u64,
+    /// Evidence that the fault took effect, or why it did not.
+    pub evidence: String,
+    pub took_effect: bool,
+    /// Set when the fault could not be installed at all.
+    pub skipped: Option<String>,
+}
+
+/// Leader observations: (time, leader id, term), one per change seen.
+#[derive(Default)]
+pub struct LeaderLog {
+    pub changes: Mutex<Vec<(u64, u64, u64)>>,
+}
+
+impl LeaderLog {
+    fn latest_term(&self) -> u64 {
+        self.changes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .last()
+            .map_or(0, |c| c.2)
+    }
+}
+
+/// The leader as the nodes report it: the self-declared leader of the
+/// highest term among the running nodes.
+pub async fn find_leader(ids: &[u64]) -> Option<(u64, u64)> {
+    let mut best: Option<(u64, u64)> = None;
+    for &id in ids {
+        if let Some(s) = cluster::status(id, Duration::from_millis(400)).await {
+            if s.role == "leader" && best.is_none_or(|(_, t)| s.term > t) {
+                best = Some((id, s.term));
+            }
+        }
+    }
+    best
+}
+
+/// Polls the nodes and records each new (leader, term).
+pub async fn monitor(
+    ids: Vec<u64>,
+    log: Arc<LeaderLog>,
+    rec: Recorder,
+    stop: Arc<tokio::sync::Notify>,
+) {
+    loop {
+        if let Some((leader, term)) = find_leader(&ids).await {
+            let mut c = log.changes.lock().unwrap_or_else(PoisonError::into_inner);
+            if c.last().is_none_or(|(_, l, t)| *l != leader || *t != term) {
+                tracing::info!(leader, term, "leader observed");
+                c.push((rec.now_ns(), leader, term));
+            }
+        }
+        tokio::select! {
+            _ = stop.notified() => return,
+            _ = tokio::time::sleep(Duration::from_millis(150)) => {}
+        }
+    }
+}
+
+pub struct Nemesis<'a> {
+    pub net: &'a Net,
+    pub cluster: Arc<tokio::sync::Mutex<Cluster>>,
+    pub ctx: Arc<Ctx>,
+    pub leaders: Arc<LeaderLog>,
+    pub rec: Recorder,
+    pub rng: fastrand::Rng,
+    pub hold: Duration,
+    pub ids: Vec<u64>,
+}
+
+impl Nemesis<'_> {
+    async fn leader(&self) -> Option<u64> {
+        for _ in 0..25 {
+            if let Some((l, _)) = find_leader(&self.ids).await {
+                return Some(l);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        None
+    }
+
+    fn others(&self, id: u64) -> Vec<u64> {
+        self.ids.iter().copied().filter(|&n| n != id).collect()
+    }
+
+    /// Cuts `a` and `b` apart in both directions.
+    fn cut(&self, a: u64, b: u64, tag: &str) -> Result<()> {
+        self.net.drop_from(a, &node_addr(b), 100, tag)?;
+        self.net.drop_from(b, &node_addr(a), 100, tag)
+    }
+
+    /// Installs `fault`, holds it, heals it; returns its record.
+    pub async fn run(&mut self, fault: Fault, tag: &str) -> FaultRecord {
+        let mut record = FaultRecord {
+            fault: fault.name(),
+            target: String::new(),
+            installed_ns: self.rec.now_ns(),
+            healed_ns: 0,
+            evidence: String::new(),
+            took_effect: false,
+            skipped: None,
+        };
+        if let Err(e) = self.apply(fault, tag, &mut record).await {
+            record.skipped = Some(format!("{e:#}"));
+        }
+        // Whatever happened, leave the network whole.
+        if let Err(e) = self.net.heal() {
+            record.evidence.push_str(&format!("; heal failed: {e:#}"));
+            record.took_effect = false;
+        }
+        record.healed_ns = self.rec.now_ns();
+        tracing::info!(
+            fault = record.fault,
+            target = record.target,
+            took_effect = record.took_effect,
+            evidence = record.evidence,
+            skipped = record.skipped.as_deref().unwrap_or(""),
+            "fault healed"
+        );
+        record
+    }
+
+    async fn require_leader(&self) -> Result<(u64, u64)> {
+        let l = self
+            .leader()
+            .await
+            .ok_or_else(|| anyhow::anyhow!("no leader to target"))?;
+        Ok((l, self.leaders.latest_term()))
+    }
+
+    /// Waits for the hold time; true if a newer term than `term` was observed.
+    async fn hold_and_watch(&self, hold: Duration, term: u64) -> bool {
+        tokio::time::sleep(hold).await;
+        self.leaders.latest_term() > term
+    }
+
+    async fn apply(&mut self, fault: Fault, tag: &str, r: &mut FaultRecord) -> Result<()> {
+        match fault {
+            Fault::IsolateLeader | Fault::LeaderMinority | Fault::OneWayLeader => {
+                let (l, term) = self.require_leader().await?;
+                r.target = format!("n{l}");
+                r.installed_ns = self.rec.now_ns();
+                for o in self.others(l) {
+                    if fault == Fault::OneWayLeader {
+                        self.net.drop_from(l, &node_addr(o), 100, tag)?;
+                    } else {
+                        self.cut(l, o, tag)?;
+                    }
+                }
+                if fault == Fault::IsolateLeader {
+                    self.net.drop_from(l, HARNESS_ADDR, 100, tag)?;
+                }
+                let new_term = self.hold_and_watch(self.hold, term).await;
+                let dropped = self.net.dropped(tag)?;
+                r.evidence = format!("{dropped} packets dropped; new leader elected: {new_term}");
+                r.took_effect = dropped > 0 && (new_term || fault == Fault::OneWayLeader);
+            }
+            Fault::LeaderMajority => {
+                let (l, _) = self.require_leader().await?;
+                let others = self.others(l);
+                let lone = others[self.rng.usize(..others.len())];
+                r.target = format!("n{lone} alone");
+                r.installed_ns = self.rec.now_ns();
+                for o in self.others(lone) {
+                    self.cut(lone, o, tag)?;
+                }
+                tokio::time::sleep(self.hold).await;
+                let dropped = self.net.dropped(tag)?;
+                r.evidence = format!("{dropped} packets dropped");
+                r.took_effect = dropped > 0;
+            }
+            Fault::Bridge => {
+                let mut ids = self.ids.clone();
+                self.rng.shuffle(&mut ids);
+                let (a, b, c) = (ids[0], ids[1], ids[2]);
+                r.target = format!("n{a} | n{c}, n{b} sees both");
+                r.installed_ns = self.rec.now_ns();
+                self.cut(a, c, tag)?;
+                tokio::time::sleep(self.hold).await;
+                let dropped = self.net.dropped(tag)?;
+                r.evidence = format!("{dropped} packets dropped");
+                r.took_effect = dropped > 0;
+            }
+            Fault::Loss(p) => {
+                r.target = format!("{p}% on every peer link");
+                r.installed_ns = self.rec.now_ns();
+                for &a in &self.ids {
+                    for b in self.others(a) {
+                        self.net.drop_from(a, &node_addr(b), p, tag)?;
+                    }
+                }
+                tokio::time::sleep(self.hold).await;
+                let dropped = self.net.dropped(tag)?;
+                r.evidence = format!("{dropped} packets dropped");
+                r.took_effect = dropped > 0;
+            }
+            Fault::PauseLeader { ms } | Fault::PauseFollower { ms } => {
+                let (l, term) = self.require_leader().await?;
+                let target = if matches!(fault, Fault::PauseLeader { .. }) {
+                    l
+                } else {
+                    let o = self.others(l);
+                    o[self.rng.usize(..o.len())]
+                };
+                r.target = format!("n{target}");
+                r.installed_ns = self.rec.now_ns();
+                let stopped = {
+                    let c = self.cluster.lock().await;
+                    c.signal(target, Signal::SIGSTOP)?;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    c.is_stopped(target)
+                };
+                tokio::time::sleep(Duration::from_millis(ms.saturating_sub(50))).await;
+                self.cluster.lock().await.signal(target, Signal::SIGCONT)?;
+                // Give an election that the pause caused time to be seen.
+                let new_term = self.hold_and_watch(Duration::from_millis(1500), term).await;
+                r.evidence =
+                    format!("stopped state seen: {stopped}; new leader elected: {new_term}");
+                // A leader paused past the election timeout must be replaced.
+                let needs_election = matches!(fault, Fault::PauseLeader { ms } if ms >= 2000);
+                r.took_effect = stopped && (new_term || !needs_election);
+            }
+            Fault::PauseClients { ms } => {
+                r.target = "all client workers".into();
+                let guard = self.ctx.freeze.write().await;
+                r.installed_ns = self.rec.now_ns();
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                drop(guard);
+                r.evidence =
+                    "workers held at their next request (checked against the history)".into();
+                r.took_effect = true;
+            }
+            Fault::KillLeader | Fault::KillRandom => {
+                let (l, term) = self.require_leader().await?;
+                let target = if fault == Fault::KillLeader {
+                    l
+                } else {
+                    self.ids[self.rng.usize(..self.ids.len())]
+                };
+                r.target = format!("n{target}");
+                r.installed_ns = self.rec.now_ns();
+                let killed = self.cluster.lock().await.kill9(target)?;
+                self.ctx
+                    .down
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(target);
+                let down = Duration::from_millis(self.rng.u64(1000..=3000));
+                let new_term = self.hold_and_watch(down, term).await;
+                self.cluster.lock().await.start(target)?;
+                self.ctx
+                    .down
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .retain(|&n| n != target);
+                let mut back = false;
+                for _ in 0..50 {
+                    if cluster::status(target, Duration::from_millis(300))
+                        .await
+                        .is_some()
+                    {
+                        back = true;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                r.evidence = format!(
+                    "killed: {killed}; down {} ms; answering again: {back}; new leader elected: {new_term}",
+                    down.as_millis()
+                );
+                r.took_effect = killed && back && (new_term || target != l);
+            }
+            Fault::WallJump { secs } => {
+                let (l, _) = self.require_leader().await?;
+                r.target = format!("n{l}");
+                r.installed_ns = self.rec.now_ns();
+                self.cluster
+                    .lock()
+                    .await
+                    .set_wall_offset(l, &format!("{secs:+}"))?;
+                let seen = probe_wall_offset(
+                    l,
+                    self.cluster
+                        .lock()
+                        .await
+                        .nodes
+                        .iter()
+                        .find(|n| n.id == l)
+                        .and_then(|n| n.faketime_file.clone()),
+                )
+                .await;
+                tokio::time::sleep(self.hold).await;
+                self.cluster.lock().await.set_wall_offset(l, "+0")?;
+                r.evidence = format!("wall clock under libfaketime seen {seen:?} s off");
+                r.took_effect = seen.is_some_and(|s| (s - secs).abs() <= 5);
+            }
+            Fault::WallStrobe => {
+                r.target = "all nodes".into();
+                r.installed_ns = self.rec.now_ns();
+                let deadline = tokio::time::Instant::now() + self.hold;
+                let mut flips = 0u32;
+                let mut seen = None;
+                while tokio::time::Instant::now() < deadline {
+                    let offset = if flips.is_multiple_of(2) {
+                        "+120"
+                    } else {
+                        "-120"
+                    };
+                    {
+                        let c = self.cluster.lock().await;
+                        for &id in &self.ids {
+                            c.set_wall_offset(id, offset)?;
+                        }
+                    }
+                    if flips == 0 {
+                        let file = self
+                            .cluster
+                            .lock()
+                            .await
+                            .nodes
+                            .first()
+                            .and_then(|n| n.faketime_file.clone());
+                        seen = probe_wall_offset(self.ids[0], file).await;
+                    }
+                    flips += 1;
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+                let c = self.cluster.lock().await;
+                for &id in &self.ids {
+                    c.set_wall_offset(id, "+0")?;
+                }
+                r.evidence = format!("{flips} swings of ±120 s; first swing seen {seen:?} s off");
+                r.took_effect = flips > 2 && seen.is_some_and(|s| (s - 120).abs() <= 5);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads the wall clock the way node `id` sees it (same namespace, same
+/// libfaketime settings); returns its offset from the real one in seconds.
+async fn probe_wall_offset(id: u64, file: Option<std::path::PathBuf>) -> Option<i64> {
+    let file = file?;
+    let out = tokio::process::Command::new("ip")
+        .args(["netns", "exec", &node_ns(id), "env"])
+        .arg(format!("LD_PRELOAD={LIBFAKETIME}"))
+        .arg("FAKETIME_DONT_FAKE_MONOTONIC=1")
+        .arg("FAKETIME_NO_CACHE=1")
+        .arg(format!("FAKETIME_TIMESTAMP_FILE={}", file.display()))
+        .args(["date", "+%s"])
+        .output()
+        .await
+        .ok()?;
+    let faked: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    let real = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs(),
+    )
+    .ok()?;
+    Some(faked - real)
+}
+
+/// The faults of a profile, in order; the campaign cycles through them.
+pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
+    let partition = vec![
+        Fault::IsolateLeader,
+        Fault::LeaderMinority,
+        Fault::Bridge,
+        Fault::OneWayLeader,
+        Fault::LeaderMajority,
+        Fault::Loss(35),
+    ];
+    let pause = vec![
+        Fault::PauseLeader { ms: 3000 },
+        Fault::PauseClients { ms: 3000 },
+        Fault::PauseFollower { ms: 3000 },
+        Fault::PauseLeader { ms: 300 },
+    ];
+    let kill = vec![Fault::KillLeader, Fault::KillRandom];
+    let clock = vec![
+        Fault::WallJump { secs: 3600 },
+        Fault::WallStrobe,
+        Fault::KillLeader,
+        Fault::WallJump { secs: -3600 },
+    ];
+    Some(match profile {
+        "none" => Vec::new(),
+        "partition" => partition,
+        "pause" => pause,
+        "kill" => kill,
+        "clock" => clock,
+        "all" => [partition, pause, kill, clock].concat(),
+        _ => return None,
+    })
+}

@@ -1,0 +1,580 @@
+//! One run: network, cluster, workload, nemesis, final state, checks and the
+//! summary.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    sync::{atomic::AtomicU64, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use fenced_proto::v1::lock_client::LockClient;
+use fenced_resource::FenceStore;
+use serde::Serialize;
+
+use crate::{
+    check::{
+        invariants::{self, Finding, GrantStats, NodeFinal, WriteStats},
+        linear::{self, Linearizable},
+    },
+    cluster::{self, Cluster, NodeSettings},
+    history::{self, Op, Recorder, F},
+    nemesis::{self, FaultRecord, LeaderLog, Nemesis},
+    net::Net,
+    workload::{self, Ctx},
+};
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub profile: String,
+    pub seed: u64,
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub hold: Duration,
+    pub quiet: Duration,
+    pub fenced_bin: PathBuf,
+    pub out: PathBuf,
+    pub long_workers: u32,
+    pub short_workers: u32,
+    pub long_slots: usize,
+    pub short_ttl_ms: u64,
+    /// Lock operations per second that must complete before any fault.
+    pub throughput_floor: f64,
+    /// Clock-rate error allowed between harness and cluster time.
+    pub rho: f64,
+    pub lin_budget: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Verdict {
+    #[serde(rename = "PASS")]
+    Pass,
+    #[serde(rename = "FAIL")]
+    Fail,
+    #[serde(rename = "UNKNOWN")]
+    Unknown,
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Verdict::Pass => "PASS",
+            Verdict::Fail => "FAIL",
+            Verdict::Unknown => "UNKNOWN",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OpCounts {
+    pub attempted: usize,
+    pub ok: usize,
+    pub fail: usize,
+    pub unknown: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub profile: String,
+    pub seed: u64,
+    pub fenced_bin: String,
+    pub duration_s: f64,
+    pub ops: BTreeMap<String, OpCounts>,
+    pub faults: Vec<FaultRecord>,
+    pub leader_changes: usize,
+    pub longest_unavailability_ms: u64,
+    pub pre_fault_ops_per_s: f64,
+    pub grants: GrantStats,
+    pub writes: WriteStats,
+    pub invariants: Vec<Finding>,
+    pub linearizability: String,
+    pub lin_resources: usize,
+    pub counterexample: Option<String>,
+    pub gates: Vec<(String, bool)>,
+    pub verdict: Verdict,
+}
+
+/// Counts of an op type: ok = success, fail = a definite refusal.
+fn count_ops(ops: &[Op]) -> BTreeMap<String, OpCounts> {
+    let mut out = BTreeMap::new();
+    for f in F::ALL {
+        let mut c = OpCounts::default();
+        for op in ops.iter().filter(|o| o.f == f) {
+            c.attempted += 1;
+            match &op.answer {
+                None => c.unknown += 1,
+                Some(a) if a.is_success() => c.ok += 1,
+                Some(_) => c.fail += 1,
+            }
+        }
+        out.insert(f.name().to_string(), c);
+    }
+    out
+}
+
+/// The longest stretch, after the warm-up, in which no lock operation
+/// completed with a definite answer.
+fn longest_gap_ms(ops: &[Op], from_ns: u64, to_ns: u64) -> u64 {
+    let mut t: Vec<u64> = ops
+        .iter()
+        .filter(|o| o.f != F::Write)
+        .filter_map(|o| o.complete_ns)
+        .filter(|&c| c >= from_ns && c <= to_ns)
+        .collect();
+    t.push(from_ns);
+    t.push(to_ns);
+    t.sort_unstable();
+    t.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) / 1_000_000
+}
+
+async fn wait_for_leader(ids: &[u64], within: Duration) -> Result<u64> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some((l, _)) = nemesis::find_leader(ids).await {
+            return Ok(l);
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("no leader within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until every node answers with the same applied index twice in a row.
+async fn converge(ids: &[u64], within: Duration) -> Result<Vec<(u64, u64, u64)>> {
+    let deadline = Instant::now() + within;
+    let mut previous: Option<Vec<(u64, u64, u64)>> = None;
+    loop {
+        let mut all = Vec::new();
+        for &id in ids {
+            if let Some(s) = cluster::status(id, Duration::from_secs(1)).await {
+                all.push((id, s.last_applied, s.state_digest));
+            }
+        }
+        let same = all.len() == ids.len() && all.windows(2).all(|w| w[0].1 == w[1].1);
+        if same && previous.as_ref() == Some(&all) {
+            return Ok(all);
+        }
+        previous = Some(all.clone());
+        if Instant::now() > deadline {
+            // Report what there is: the digest check then fails with the details.
+            return Ok(all);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+pub async fn run(cfg: &RunConfig) -> Result<Summary> {
+    let faults = nemesis::profile_faults(&cfg.profile)
+        .with_context(|| format!("unknown profile {:?}", cfg.profile))?;
+    let dir = cfg.out.join(format!("{}-{}", cfg.profile, cfg.seed));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let clocks = matches!(cfg.profile.as_str(), "clock" | "all");
+    let long_ttl_ms = (cfg.duration.as_millis() as u64 + 300_000).min(3_600_000);
+    let settings = NodeSettings {
+        env: vec![
+            ("FENCED_SNAPSHOT_LOGS".into(), "2000".into()),
+            ("FENCED_REQUEST_TIMEOUT_MS".into(), "3000".into()),
+        ],
+        skew_ppm: if clocks {
+            vec![20_000, -20_000, 20_000]
+        } else {
+            Vec::new()
+        },
+        faketime: clocks,
+    };
+    tracing::info!(profile = cfg.profile, seed = cfg.seed, dir = %dir.display(), "run starting");
+    let net = Net::create(3).context("creating the test network (needs root, ip and nft)")?;
+    let cluster = Cluster::new(&cfg.fenced_bin, &dir, 3, settings)?;
+    let ids = cluster.ids();
+    let cluster = Arc::new(tokio::sync::Mutex::new(cluster));
+    cluster.lock().await.start_all()?;
+    let result = run_in(cfg, &dir, &net, cluster.clone(), &ids, faults, long_ttl_ms).await;
+    cluster.lock().await.stop_all();
+    for d in cluster.lock().await.data_dirs() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    drop(net);
+    let summary = result?;
+    let text = render(&summary);
+    std::fs::write(dir.join("summary.txt"), &text).context("writing summary.txt")?;
+    std::fs::write(
+        dir.join("summary.json"),
+        serde_json::to_string_pretty(&summary).context("summary json")?,
+    )
+    .context("writing summary.json")?;
+    if summary.verdict == Verdict::Pass {
+        for f in ["history.jsonl", "n1.log", "n2.log", "n3.log"] {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+        let _ = std::fs::remove_dir_all(dir.join("resource"));
+    }
+    Ok(summary)
+}
+
+async fn run_in(
+    cfg: &RunConfig,
+    dir: &Path,
+    net: &Net,
+    cluster: Arc<tokio::sync::Mutex<Cluster>>,
+    ids: &[u64],
+    faults: Vec<Fault>,
+    long_ttl_ms: u64,
+) -> Result<Summary> {
+    wait_for_leader(ids, Duration::from_secs(30))
+        .await
+        .with_context(|| format!("cluster did not elect a leader; see {}", dir.display()))?;
+    let start = Instant::now();
+    let rec = Recorder::create(&dir.join("history.jsonl"), start)?;
+    let store = Arc::new(
+        FenceStore::open(dir.join("resource")).context("opening the protected resource store")?,
+    );
+    let mut clients = Vec::new();
+    for &id in ids {
+        clients.push((
+            id,
+            LockClient::new(cluster::channel(&cluster::client_addr(id))?),
+        ));
+    }
+    let ctx = Arc::new(Ctx {
+        rec: rec.clone(),
+        store,
+        clients,
+        stop: Default::default(),
+        freeze: Default::default(),
+        down: Mutex::new(Vec::new()),
+        long_ttl_ms,
+        short_ttl_ms: cfg.short_ttl_ms,
+        slots: (0..cfg.long_slots).map(|_| AtomicU64::new(0)).collect(),
+        past: Default::default(),
+    });
+    let leaders = Arc::new(LeaderLog::default());
+    let stop_monitor = Arc::new(tokio::sync::Notify::new());
+    let monitor = tokio::spawn(nemesis::monitor(
+        ids.to_vec(),
+        leaders.clone(),
+        rec.clone(),
+        stop_monitor.clone(),
+    ));
+    let workers = workload::spawn(&ctx, cfg.seed, cfg.long_workers, cfg.short_workers);
+
+    tokio::time::sleep(cfg.warmup).await;
+    let warm_ns = rec.now_ns();
+    let mut nem = Nemesis {
+        net,
+        cluster: cluster.clone(),
+        ctx: ctx.clone(),
+        leaders: leaders.clone(),
+        rec: rec.clone(),
+        rng: fastrand::Rng::with_seed(cfg.seed),
+        hold: cfg.hold,
+        ids: ids.to_vec(),
+    };
+    let mut records = Vec::new();
+    let mut nemesis_log = String::new();
+    let recovery = Duration::from_secs(6);
+    let mut order = faults.clone();
+    if !order.is_empty() {
+        let k = nem.rng.usize(..order.len());
+        order.rotate_left(k);
+    }
+    let mut i = 0usize;
+    while !order.is_empty() && start.elapsed() + recovery < cfg.duration {
+        let fault = order[i % order.len()];
+        let tag = format!("f{i}");
+        let r = nem.run(fault, &tag).await;
+        nemesis_log.push_str(&serde_json::to_string(&r).unwrap_or_default());
+        nemesis_log.push('\n');
+        records.push(r);
+        i += 1;
+        tokio::time::sleep(cfg.quiet).await;
+    }
+    let faults_end_ns = rec.now_ns();
+    let remaining = cfg.duration.saturating_sub(start.elapsed());
+    tokio::time::sleep(remaining.max(Duration::from_secs(2))).await;
+
+    ctx.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for w in workers {
+        if tokio::time::timeout(Duration::from_secs(15), w)
+            .await
+            .is_err()
+        {
+            tracing::warn!("a worker did not stop within 15 s");
+        }
+    }
+    let end_ns = rec.now_ns();
+    std::fs::write(dir.join("nemesis.jsonl"), &nemesis_log).context("writing nemesis.jsonl")?;
+
+    // Final state: everything healed and running, then converged.
+    net.heal()?;
+    {
+        let mut c = cluster.lock().await;
+        for &id in ids {
+            if c.is_running(id) {
+                let _ = c.signal(id, nix::sys::signal::Signal::SIGCONT);
+            } else {
+                c.start(id)?;
+            }
+        }
+    }
+    let _ = wait_for_leader(ids, Duration::from_secs(30)).await;
+    let statuses = converge(ids, Duration::from_secs(30)).await?;
+    stop_monitor.notify_one();
+    let _ = monitor.await;
+    let (events, write_error) = rec.finish();
+    if let Some(e) = write_error {
+        anyhow::bail!("writing the history failed: {e}");
+    }
+    let ops = history::pair(&events);
+    let resources: BTreeSet<&str> = ops.iter().map(|o| o.resource.as_str()).collect();
+    let mut finals = Vec::new();
+    for (id, applied, digest) in &statuses {
+        let mut last_tokens = BTreeMap::new();
+        for r in &resources {
+            last_tokens.insert(r.to_string(), cluster::local_last_token(*id, r).await?);
+        }
+        finals.push(NodeFinal {
+            node: *id,
+            last_applied: *applied,
+            digest: *digest,
+            last_tokens,
+        });
+    }
+
+    // Checks.
+    let (final_finding, grants) = invariants::final_state(&ops, &finals);
+    let (write_finding, writes) = invariants::fenced_writes(&ops);
+    let findings = vec![
+        invariants::tokens_unique(&ops),
+        invariants::grants_ordered(&ops),
+        final_finding,
+        invariants::digests_equal(&finals),
+        write_finding,
+        invariants::renew_keeps_token(&ops, cfg.rho),
+        invariants::leases_respected(&ops, cfg.rho),
+    ];
+    let mut lin = Linearizable::Pass;
+    let mut lin_resources = 0;
+    let long: BTreeSet<&str> = resources
+        .iter()
+        .copied()
+        .filter(|r| r.starts_with("long-"))
+        .collect();
+    for r in &long {
+        let rops: Vec<&Op> = ops.iter().filter(|o| o.resource == *r).collect();
+        lin_resources += 1;
+        match linear::check_resource(r, &rops, cfg.lin_budget) {
+            Linearizable::Pass => {}
+            f @ Linearizable::Fail(_) => {
+                lin = f;
+                break;
+            }
+            u @ Linearizable::Unknown { .. } => {
+                if lin == Linearizable::Pass {
+                    lin = u;
+                }
+            }
+        }
+    }
+    if long.is_empty() {
+        lin = Linearizable::Unknown { steps: 0 };
+    }
+    let mut counterexample = None;
+    let lin_text = match &lin {
+        Linearizable::Pass => "PASS".to_string(),
+        Linearizable::Unknown { steps } => {
+            format!("UNKNOWN (search budget exhausted after {steps} steps)")
+        }
+        Linearizable::Fail(c) => {
+            let by_id: BTreeMap<u64, &Op> = ops.iter().map(|o| (o.id, o)).collect();
+            let mut text = format!("resource {}: not linearizable\nmodel state after the longest linearizable prefix: {}\nlast operations of that prefix:\n", c.resource, c.state);
+            for id in c.longest_prefix.iter().rev().take(12).rev() {
+                let _ = writeln!(text, "  {:?}", by_id.get(id));
+            }
+            text.push_str("could not place:\n");
+            for id in &c.stuck_on {
+                let _ = writeln!(text, "  {:?}", by_id.get(id));
+            }
+            counterexample = Some(text);
+            format!("FAIL (resource {})", c.resource)
+        }
+    };
+    if counterexample.is_none() {
+        if let Some(f) = findings.iter().find(|f| !f.violations.is_empty()) {
+            counterexample = Some(format!("{}: {}", f.name, f.violations[0]));
+        }
+    }
+
+    // Coverage gates.
+    let pre_fault_ops = ops
+        .iter()
+        .filter(|o| o.f != F::Write && o.complete_ns.is_some_and(|c| c <= warm_ns))
+        .count();
+    let pre_fault_ops_per_s = pre_fault_ops as f64 / (warm_ns as f64 / 1e9).max(0.001);
+    for r in records
+        .iter_mut()
+        .filter(|r| r.fault.starts_with("pause-clients"))
+    {
+        let slack = 300_000_000;
+        let invoked = ops
+            .iter()
+            .filter(|o| o.invoke_ns > r.installed_ns + slack && o.invoke_ns < r.healed_ns)
+            .count();
+        r.took_effect = r.took_effect && invoked == 0;
+        r.evidence = format!("{invoked} requests sent while the workers were paused");
+    }
+    let mut gates = vec![(
+        format!(
+            "pre-fault throughput {pre_fault_ops_per_s:.0} ops/s >= floor {:.0}",
+            cfg.throughput_floor
+        ),
+        pre_fault_ops_per_s >= cfg.throughput_floor,
+    )];
+    gates.push((
+        format!(
+            "stale writes exercised and rejected: {}",
+            writes.stale_rejected
+        ),
+        writes.stale_rejected > 0,
+    ));
+    if !faults.is_empty() {
+        let bad: Vec<String> = records
+            .iter()
+            .filter(|r| !r.took_effect || r.skipped.is_some())
+            .map(|r| r.fault.clone())
+            .collect();
+        gates.push((
+            format!(
+                "every scheduled fault took effect ({} of {}{}{})",
+                records.len() - bad.len(),
+                records.len(),
+                if bad.is_empty() { "" } else { "; not: " },
+                bad.join(", ")
+            ),
+            bad.is_empty() && !records.is_empty(),
+        ));
+    }
+    let leader_changes = leaders
+        .changes
+        .lock()
+        .map(|c| c.len().saturating_sub(1))
+        .unwrap_or(0);
+    let violated = findings.iter().any(|f| !f.violations.is_empty());
+    let gates_ok = gates.iter().all(|(_, ok)| *ok);
+    let verdict = if violated || matches!(lin, Linearizable::Fail(_)) || !gates_ok {
+        Verdict::Fail
+    } else if matches!(lin, Linearizable::Unknown { .. }) {
+        Verdict::Unknown
+    } else {
+        Verdict::Pass
+    };
+    if let Some(c) = &counterexample {
+        std::fs::write(dir.join("counterexample.txt"), c).context("writing counterexample.txt")?;
+    }
+    let _ = faults_end_ns;
+    Ok(Summary {
+        profile: cfg.profile.clone(),
+        seed: cfg.seed,
+        fenced_bin: cfg.fenced_bin.display().to_string(),
+        duration_s: end_ns as f64 / 1e9,
+        ops: count_ops(&ops),
+        faults: records,
+        leader_changes,
+        longest_unavailability_ms: longest_gap_ms(&ops, warm_ns, end_ns),
+        pre_fault_ops_per_s,
+        grants,
+        writes,
+        invariants: findings,
+        linearizability: lin_text,
+        lin_resources,
+        counterexample,
+        gates,
+        verdict,
+    })
+}
+
+use crate::nemesis::Fault;
+
+/// The summary as a person reads it.
+pub fn render(s: &Summary) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "== fenced-jepsen {} (seed {}) — {}",
+        s.profile, s.seed, s.verdict
+    );
+    let _ = writeln!(
+        t,
+        "binary {}; {:.0} s of workload",
+        s.fenced_bin, s.duration_s
+    );
+    let _ = writeln!(t, "operations         attempted      ok    fail  unknown");
+    for (name, c) in &s.ops {
+        let _ = writeln!(
+            t,
+            "  {name:<16} {:>9} {:>7} {:>7} {:>8}",
+            c.attempted, c.ok, c.fail, c.unknown
+        );
+    }
+    let installed = s.faults.iter().filter(|f| f.skipped.is_none()).count();
+    let _ = writeln!(
+        t,
+        "faults: {installed} installed, {} skipped, {} without evidence of effect",
+        s.faults.len() - installed,
+        s.faults.iter().filter(|f| !f.took_effect).count()
+    );
+    for f in &s.faults {
+        let _ = writeln!(
+            t,
+            "  {:>7.1}s–{:>5.1}s {:<22} {:<28} {}{}",
+            f.installed_ns as f64 / 1e9,
+            f.healed_ns as f64 / 1e9,
+            f.fault,
+            f.target,
+            if f.took_effect { "ok: " } else { "NO EFFECT: " },
+            f.skipped.as_deref().unwrap_or(&f.evidence)
+        );
+    }
+    let _ = writeln!(
+        t,
+        "leader changes {}; longest unavailability {} ms; pre-fault {:.0} ops/s",
+        s.leader_changes, s.longest_unavailability_ms, s.pre_fault_ops_per_s
+    );
+    let _ = writeln!(
+        t,
+        "grants acknowledged {}, max token {}, missing {}, phantom {}",
+        s.grants.acknowledged, s.grants.max_token, s.grants.missing, s.grants.phantom
+    );
+    let _ = writeln!(
+        t,
+        "fenced writes accepted {}, rejected {}, stale sent {}, stale rejected {}, stale accepted {}",
+        s.writes.accepted, s.writes.rejected, s.writes.stale_sent, s.writes.stale_rejected, s.writes.stale_accepted
+    );
+    let _ = writeln!(t, "invariants:");
+    for f in &s.invariants {
+        let _ = writeln!(
+            t,
+            "  {:<50} {:>6} checked, {} violations",
+            f.name,
+            f.checked,
+            f.violations.len()
+        );
+    }
+    let _ = writeln!(
+        t,
+        "linearizability ({} resources): {}",
+        s.lin_resources, s.linearizability
+    );
+    let _ = writeln!(t, "coverage gates:");
+    for (g, ok) in &s.gates {
+        let _ = writeln!(t, "  [{}] {g}", if *ok { "ok" } else { "FAILED" });
+    }
+    if let Some(c) = &s.counterexample {
+        let _ = writeln!(t, "first counterexample:\n{c}");
+    }
+    let _ = writeln!(t, "verdict: {}", s.verdict);
+    t
+}

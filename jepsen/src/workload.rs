@@ -1,0 +1,427 @@
+//! Client workers. Every request is recorded before it is sent and when it
+//! answers (or times out: unknown outcome).
+//!
+//! - long-TTL workers: acquire, write through the protected resource with the
+//!   token, renew, write, describe, release; sometimes skip the release (the
+//!   resource stays held, so the workload moves on to a fresh resource name),
+//!   sometimes send a stale write and a stale release on purpose. Their
+//!   leases outlive the run, so the history is checked against a mutex model.
+//! - short-TTL workers (2 s leases): like the article's worker, some stop
+//!   renewing for longer than the TTL and then write with their old token.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::Duration,
+};
+
+use fenced_core::{OwnerId, ResourceName, Token};
+use fenced_proto::v1::{
+    acquire_response, lock_client::LockClient, release_response, renew_response, AcquireRequest,
+    DescribeRequest, LostReason, ReleaseRequest, RenewRequest,
+};
+use fenced_resource::{FenceStore, Write, WriteOutcome};
+use tokio::sync::RwLock;
+use tonic::transport::Channel;
+
+use crate::history::{event, Answer, Event, Recorder, F};
+
+/// How long one request may take before its outcome is unknown.
+const RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct Ctx {
+    pub rec: Recorder,
+    pub store: Arc<FenceStore>,
+    pub clients: Vec<(u64, LockClient<Channel>)>,
+    pub stop: AtomicBool,
+    /// Held for writing while client workers are "paused".
+    pub freeze: RwLock<()>,
+    /// Nodes known to be down (killed), skipped when choosing a node.
+    pub down: Mutex<Vec<u64>>,
+    pub long_ttl_ms: u64,
+    pub short_ttl_ms: u64,
+    /// Generation of each long-TTL resource slot.
+    pub slots: Vec<AtomicU64>,
+    /// Grants seen per resource: (owner, token), for stale operations.
+    pub past: Mutex<HashMap<String, Vec<(OwnerId, u64)>>>,
+}
+
+impl Ctx {
+    fn node(&self, rng: &mut fastrand::Rng) -> Option<&(u64, LockClient<Channel>)> {
+        let down = self
+            .down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let up: Vec<&(u64, LockClient<Channel>)> = self
+            .clients
+            .iter()
+            .filter(|(id, _)| !down.contains(id))
+            .collect();
+        if up.is_empty() {
+            return self.clients.get(rng.usize(..self.clients.len().max(1)));
+        }
+        up.get(rng.usize(..up.len())).copied()
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+fn lost_reason(code: i32) -> String {
+    LostReason::try_from(code)
+        .map(|r| {
+            r.as_str_name()
+                .trim_start_matches("LOST_REASON_")
+                .to_lowercase()
+        })
+        .unwrap_or_else(|_| format!("code {code}"))
+}
+
+fn req<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(RPC_TIMEOUT);
+    r
+}
+
+async fn timed<T>(
+    fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(RPC_TIMEOUT + Duration::from_millis(200), fut).await {
+        Ok(Ok(r)) => Ok(r.into_inner()),
+        Ok(Err(s)) => Err(format!("{:?}: {}", s.code(), s.message())),
+        Err(_) => Err("timed out".into()),
+    }
+}
+
+/// One worker's handle on the lock service.
+struct Worker {
+    id: u32,
+    ctx: Arc<Ctx>,
+    rng: fastrand::Rng,
+}
+
+impl Worker {
+    async fn gate(&self) {
+        let _g = self.ctx.freeze.read().await;
+    }
+
+    fn begin(&mut self, mut e: Event) -> (Event, LockClient<Channel>) {
+        let (node, client) = match self.ctx.node(&mut self.rng) {
+            Some((n, c)) => (Some(*n), Some(c.clone())),
+            None => (None, None),
+        };
+        e.node = node;
+        let invoked = self.ctx.rec.invoke(e);
+        // Ctx always has clients; a missing one only yields an unknown op.
+        let client = client.unwrap_or_else(|| {
+            LockClient::new(Channel::from_static("http://127.0.0.1:9").connect_lazy())
+        });
+        (invoked, client)
+    }
+
+    async fn acquire(&mut self, resource: &str, owner: OwnerId, ttl_ms: u64) -> Option<Answer> {
+        self.gate().await;
+        let mut e = event(self.id, F::Acquire, resource);
+        e.owner = Some(owner.to_string());
+        e.ttl_ms = Some(ttl_ms);
+        let (e, mut c) = self.begin(e);
+        let r = timed(c.acquire(req(AcquireRequest {
+            resource: resource.as_bytes().to_vec(),
+            owner_id: owner.as_bytes().to_vec(),
+            ttl_ms,
+            wait_ms: 0,
+        })))
+        .await
+        .and_then(|r| match r.outcome {
+            Some(acquire_response::Outcome::Granted(g)) => Ok(Answer::Granted {
+                token: g.token,
+                ttl_ms: g.ttl_ms,
+            }),
+            Some(acquire_response::Outcome::Held(h)) => Ok(Answer::Held {
+                current_token: h.current_token,
+            }),
+            None => Err("empty acquire answer".into()),
+        });
+        self.ctx.rec.complete(&e, r.clone());
+        r.ok()
+    }
+
+    async fn renew(
+        &mut self,
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+        ttl_ms: u64,
+    ) -> Option<Answer> {
+        self.gate().await;
+        let mut e = event(self.id, F::Renew, resource);
+        e.owner = Some(owner.to_string());
+        e.token = Some(token);
+        e.ttl_ms = Some(ttl_ms);
+        let (e, mut c) = self.begin(e);
+        let r = timed(c.renew(req(RenewRequest {
+            resource: resource.as_bytes().to_vec(),
+            owner_id: owner.as_bytes().to_vec(),
+            token,
+            ttl_ms,
+        })))
+        .await
+        .and_then(|r| match r.outcome {
+            Some(renew_response::Outcome::Renewed(x)) => Ok(Answer::Renewed { ttl_ms: x.ttl_ms }),
+            Some(renew_response::Outcome::Lost(l)) => Ok(Answer::Lost {
+                reason: lost_reason(l.reason),
+                current_token: l.current_token,
+            }),
+            None => Err("empty renew answer".into()),
+        });
+        self.ctx.rec.complete(&e, r.clone());
+        r.ok()
+    }
+
+    async fn release(
+        &mut self,
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+        stale: bool,
+    ) -> Option<Answer> {
+        self.gate().await;
+        let mut e = event(self.id, F::Release, resource);
+        e.owner = Some(owner.to_string());
+        e.token = Some(token);
+        e.deliberate_stale = stale;
+        let (e, mut c) = self.begin(e);
+        let r = timed(c.release(req(ReleaseRequest {
+            resource: resource.as_bytes().to_vec(),
+            owner_id: owner.as_bytes().to_vec(),
+            token,
+        })))
+        .await
+        .and_then(|r| match r.outcome {
+            Some(release_response::Outcome::Released(_)) => Ok(Answer::Released),
+            Some(release_response::Outcome::NotHolder(n)) => Ok(Answer::NotHolder {
+                reason: lost_reason(n.reason),
+                current_token: n.current_token,
+            }),
+            None => Err("empty release answer".into()),
+        });
+        self.ctx.rec.complete(&e, r.clone());
+        r.ok()
+    }
+
+    async fn describe(&mut self, resource: &str) -> Option<Answer> {
+        self.gate().await;
+        let e = event(self.id, F::Describe, resource);
+        let (e, mut c) = self.begin(e);
+        let r = timed(c.describe(req(DescribeRequest {
+            resource: resource.as_bytes().to_vec(),
+            allow_stale: false,
+        })))
+        .await
+        .map(|d| Answer::Described {
+            last_token: d.last_token,
+            held: d.held,
+        });
+        self.ctx.rec.complete(&e, r.clone());
+        r.ok()
+    }
+
+    /// A write through the protected resource, keyed by the resource name.
+    async fn write(
+        &mut self,
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+        stale: bool,
+    ) -> Option<Answer> {
+        self.gate().await;
+        let mut e = event(self.id, F::Write, resource);
+        e.owner = Some(owner.to_string());
+        e.token = Some(token);
+        e.deliberate_stale = stale;
+        let e = self.ctx.rec.invoke(e);
+        let store = self.ctx.store.clone();
+        let value = format!("op {} by {owner} with token {token}", e.op);
+        let name = resource.to_string();
+        let r = tokio::task::spawn_blocking(move || -> Result<Answer, String> {
+            let resource = ResourceName::new(&name).map_err(|e| e.to_string())?;
+            let token = Token::new(token).map_err(|e| e.to_string())?;
+            let w = Write::for_resource(resource, token, owner, value);
+            match store.write(&w).map_err(|e| e.to_string())? {
+                WriteOutcome::Accepted { token, version } => {
+                    Ok(Answer::Accepted { token, version })
+                }
+                WriteOutcome::AlreadyApplied { token, version } => {
+                    Ok(Answer::AlreadyApplied { token, version })
+                }
+                WriteOutcome::Rejected(r) => Ok(Answer::Rejected {
+                    highest_token: r.highest_token,
+                    reason: r.reason.as_str().to_string(),
+                }),
+            }
+        })
+        .await
+        .map_err(|e| format!("write task: {e}"))
+        .and_then(|r| r);
+        self.ctx.rec.complete(&e, r.clone());
+        r.ok()
+    }
+
+    async fn sleep_ms(&mut self, lo: u64, hi: u64) {
+        tokio::time::sleep(Duration::from_millis(self.rng.u64(lo..=hi))).await;
+    }
+
+    fn remember(&self, resource: &str, owner: OwnerId, token: u64) {
+        let mut past = self.ctx.past.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = past.entry(resource.to_string()).or_default();
+        if !list.iter().any(|(o, t)| *o == owner && *t == token) {
+            list.push((owner, token));
+        }
+    }
+
+    /// An older grant of `resource` than the newest one seen, if any.
+    fn older_grant(&mut self, resource: &str) -> Option<(OwnerId, u64)> {
+        let past = self.ctx.past.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = past.get(resource)?;
+        let newest = list.iter().map(|(_, t)| *t).max()?;
+        let older: Vec<&(OwnerId, u64)> = list.iter().filter(|(_, t)| *t < newest).collect();
+        older.get(self.rng.usize(..older.len().max(1))).map(|g| **g)
+    }
+
+    fn abandon_slot(&self, slot: usize, generation: u64) {
+        if let Some(s) = self.ctx.slots.get(slot) {
+            let _ = s.compare_exchange(
+                generation,
+                generation + 1,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+        }
+    }
+
+    /// Acquires with retries of the same owner id while the outcome is unknown.
+    async fn acquire_definite(
+        &mut self,
+        resource: &str,
+        owner: OwnerId,
+        ttl_ms: u64,
+    ) -> Option<Answer> {
+        for _ in 0..3 {
+            if let Some(a) = self.acquire(resource, owner, ttl_ms).await {
+                return Some(a);
+            }
+            if self.ctx.stopped() {
+                break;
+            }
+            self.sleep_ms(50, 200).await;
+        }
+        None
+    }
+
+    async fn long_cycle(&mut self) {
+        let slot = self.rng.usize(..self.ctx.slots.len().max(1));
+        let generation = self
+            .ctx
+            .slots
+            .get(slot)
+            .map_or(0, |s| s.load(Ordering::SeqCst));
+        let resource = format!("long-{slot}-g{generation}");
+        if self.rng.f64() < 0.15 {
+            if let Some((o, t)) = self.older_grant(&resource) {
+                self.write(&resource, o, t, true).await;
+                self.release(&resource, o, t, true).await;
+            }
+        }
+        let owner = OwnerId::random();
+        let ttl = self.ctx.long_ttl_ms;
+        let token = match self.acquire_definite(&resource, owner, ttl).await {
+            Some(Answer::Granted { token, .. }) => token,
+            Some(_) => {
+                self.sleep_ms(10, 60).await;
+                return;
+            }
+            None => {
+                // It may hold the resource for the rest of the run.
+                self.abandon_slot(slot, generation);
+                return;
+            }
+        };
+        self.remember(&resource, owner, token);
+        self.write(&resource, owner, token, false).await;
+        self.renew(&resource, owner, token, ttl).await;
+        self.write(&resource, owner, token, false).await;
+        self.describe(&resource).await;
+        if self.rng.f64() < 0.05 {
+            self.abandon_slot(slot, generation);
+            return;
+        }
+        let mut released = false;
+        for _ in 0..3 {
+            if self.release(&resource, owner, token, false).await.is_some() {
+                released = true;
+                break;
+            }
+            if self.ctx.stopped() {
+                break;
+            }
+        }
+        if !released {
+            self.abandon_slot(slot, generation);
+        }
+    }
+
+    async fn short_cycle(&mut self, resources: usize) {
+        let resource = format!("short-{}", self.rng.usize(..resources.max(1)));
+        let ttl = self.ctx.short_ttl_ms;
+        let owner = OwnerId::random();
+        let token = match self.acquire_definite(&resource, owner, ttl).await {
+            Some(Answer::Granted { token, .. }) => token,
+            _ => {
+                self.sleep_ms(50, 150).await;
+                return;
+            }
+        };
+        self.remember(&resource, owner, token);
+        self.write(&resource, owner, token, false).await;
+        if self.rng.f64() < 0.3 {
+            // The article's worker: stops renewing for longer than its lease
+            // (a GC pause, a slow disk), then writes with its old token.
+            self.sleep_ms(ttl + 300, ttl + 1500).await;
+            self.write(&resource, owner, token, true).await;
+            self.release(&resource, owner, token, false).await;
+            return;
+        }
+        self.renew(&resource, owner, token, ttl).await;
+        self.describe(&resource).await;
+        self.write(&resource, owner, token, false).await;
+        self.release(&resource, owner, token, false).await;
+    }
+}
+
+/// Spawns `long` long-TTL workers and `short` short-TTL workers.
+pub fn spawn(ctx: &Arc<Ctx>, seed: u64, long: u32, short: u32) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut handles = Vec::new();
+    for i in 0..long + short {
+        let mut w = Worker {
+            id: i,
+            ctx: ctx.clone(),
+            rng: fastrand::Rng::with_seed(seed.wrapping_mul(1_000_003).wrapping_add(u64::from(i))),
+        };
+        let is_long = i < long;
+        handles.push(tokio::spawn(async move {
+            while !w.ctx.stopped() {
+                if is_long {
+                    w.long_cycle().await;
+                } else {
+                    w.short_cycle(2).await;
+                }
+            }
+        }));
+    }
+    handles
+}
