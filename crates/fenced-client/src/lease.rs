@@ -111,10 +111,8 @@ impl Shared {
                 false
             }
         });
-        if first {
-            if reason != LossReason::Released {
-                tracing::warn!(resource = %self.resource, owner = %self.owner, token = self.token, %reason, "lease lost");
-            }
+        if first && reason != LossReason::Released {
+            tracing::warn!(resource = %self.resource, owner = %self.owner, token = self.token, %reason, "lease lost");
         }
     }
 
