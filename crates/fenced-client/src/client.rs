@@ -15,6 +15,11 @@ use tonic::{transport::Channel, Code, Status};
 
 use crate::{clock::Moment, LeaseOptions};
 
+/// The longest one attempt may take (beyond a blocking acquire's wait)
+/// before the call is retried, on the next node: a node that lost touch with
+/// the cluster must not hold a caller for the whole call budget.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The default addresses of `fenced dev`.
 pub const DEV_ENDPOINTS: [&str; 3] = ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"];
 
@@ -315,7 +320,7 @@ impl Client {
                     ttl_ms: millis(ttl),
                     wait_ms: millis(wait_left),
                 };
-                let req = with_timeout(req, left);
+                let req = with_timeout(req, left.min(wait_left + ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).acquire(req).await }
             })
             .await?;
@@ -365,7 +370,7 @@ impl Client {
         };
         let (resp, sent) = self
             .with_retries(budget, |ch, left| {
-                let req = with_timeout(req.clone(), left);
+                let req = with_timeout(req.clone(), left.min(ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).renew(req).await }
             })
             .await?;
@@ -396,7 +401,7 @@ impl Client {
         };
         let resp = self
             .with_retries(self.inner.call_timeout, |ch, left| {
-                let req = with_timeout(req.clone(), left);
+                let req = with_timeout(req.clone(), left.min(ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).release(req).await }
             })
             .await?
@@ -419,7 +424,7 @@ impl Client {
         };
         Ok(self
             .with_retries(self.inner.call_timeout, |ch, left| {
-                let req = with_timeout(req.clone(), left);
+                let req = with_timeout(req.clone(), left.min(ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).describe(req).await }
             })
             .await?
@@ -431,7 +436,7 @@ impl Client {
     pub async fn status(&self) -> Result<v1::StatusResponse, ClientError> {
         Ok(self
             .with_retries(self.inner.call_timeout, |ch, left| {
-                let req = with_timeout(v1::StatusRequest {}, left);
+                let req = with_timeout(v1::StatusRequest {}, left.min(ATTEMPT_TIMEOUT));
                 async move { ClusterClient::new(ch).status(req).await }
             })
             .await?
