@@ -380,3 +380,44 @@ async fn fencectl_run_kills_its_child_before_anyone_else_can_hold_the_lease() {
     assert!(gone_after < Duration::from_millis(ttl_ms));
     let _ = OwnerId::random();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_refused_after_expiry_and_a_new_grant_cancels_the_lease() {
+    // The leader's clock runs 10% fast and this client keeps no margin, so
+    // its renewal arrives after the cluster already ended the lease: the
+    // refusal path, and the reason a margin exists.
+    let cluster = Cluster::start_with(3, &[("FENCED_TEST_CLOCK_SKEW_PPM", "100000")]).await;
+    let careless = cluster
+        .client()
+        .with_lease_options(fenced_client::LeaseOptions {
+            // The cluster ends a 2 s lease after about 1.82 s; the renewal goes
+            // out at 1.85 s, and the local deadline would only pass at 2 s.
+            renew_every: Some(Duration::from_millis(1_850)),
+            margin: Some(Duration::ZERO),
+            no_jitter: true,
+        });
+    let lease = careless
+        .lock("skewed", Duration::from_secs(2), Duration::ZERO)
+        .await
+        .unwrap();
+    let other = cluster.client();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let newer = loop {
+        if let Acquired::Granted(l) = other
+            .acquire("skewed", Duration::from_secs(10))
+            .await
+            .unwrap()
+        {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "the lease never expired");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(newer.token() > lease.token());
+    let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost())
+        .await
+        .unwrap();
+    assert_eq!(reason, LossReason::Refused(LostReason::Expired));
+    assert!(lease.cancellation().is_cancelled());
+    assert!(lease.check().is_err());
+}

@@ -21,8 +21,8 @@ pub fn run_options(ttl: Duration) -> (LeaseOptions, Duration) {
     let margin = (ttl / 5).max(Duration::from_millis(400)).min(ttl / 2);
     (
         LeaseOptions {
-            renew_every: None,
             margin: Some(margin),
+            ..LeaseOptions::default()
         },
         margin / 2,
     )

@@ -33,6 +33,9 @@ pub struct LeaseOptions {
     /// at least 100 ms. Covers clock-rate differences between this host and
     /// the cluster's leader.
     pub margin: Option<Duration>,
+    /// Renew exactly every `renew_every`, without the ±10% that keeps many
+    /// clients from renewing in lockstep.
+    pub no_jitter: bool,
 }
 
 impl LeaseOptions {
@@ -305,10 +308,15 @@ impl Drop for Lease {
     }
 }
 
-fn jittered(d: Duration) -> Duration {
-    // ±10%, from the clock's nanoseconds: enough to spread many keepers.
-    let r = f64::from(Moment::now().subsec_nanos() % 2001) / 1000.0 - 1.0;
-    d.mul_f64(1.0 + 0.1 * r)
+impl LeaseOptions {
+    fn jittered(&self, d: Duration) -> Duration {
+        if self.no_jitter {
+            return d;
+        }
+        // ±10%, from the clock's nanoseconds: enough to spread many keepers.
+        let r = f64::from(Moment::now().subsec_nanos() % 2001) / 1000.0 - 1.0;
+        d.mul_f64(1.0 + 0.1 * r)
+    }
 }
 
 /// The keeper: renews at the interval; on a transient failure retries
@@ -316,7 +324,7 @@ fn jittered(d: Duration) -> Duration {
 async fn keep(client: Client, s: Arc<Shared>, opts: LeaseOptions, granted_sent: Moment) {
     let every = opts.renew_interval(s.ttl);
     let margin = opts.safety_margin(s.ttl);
-    let mut next_renew = granted_sent.plus(jittered(every));
+    let mut next_renew = granted_sent.plus(opts.jittered(every));
     loop {
         let until = next_renew.min(s.deadline());
         tokio::select! {
@@ -340,7 +348,7 @@ async fn keep(client: Client, s: Arc<Shared>, opts: LeaseOptions, granted_sent: 
             Ok((RenewOutcome::Renewed { .. }, sent)) => {
                 let deadline = sent.plus(s.ttl).minus(margin);
                 s.set_deadline(deadline.max(s.deadline()));
-                next_renew = sent.plus(jittered(every));
+                next_renew = sent.plus(opts.jittered(every));
                 tracing::debug!(resource = %s.resource, token = s.token, "lease renewed");
             }
             Ok((RenewOutcome::Lost(reason), _)) => {
