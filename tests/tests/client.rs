@@ -421,3 +421,91 @@ async fn a_renewal_refused_after_expiry_and_a_new_grant_cancels_the_lease() {
     assert!(lease.cancellation().is_cancelled());
     assert!(lease.check().is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lease_runs_the_work_then_releases_and_drops_it_when_the_lease_is_lost() {
+    let cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let token = client
+        .with_lease(
+            "with-lease",
+            Duration::from_secs(5),
+            Duration::ZERO,
+            |lease| async move {
+                assert!(lease.check().is_ok());
+                lease.token()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(token >= 1);
+    assert!(
+        !client.describe("with-lease").await.unwrap().held,
+        "released after the work"
+    );
+
+    // Work that outlives its lease is dropped and the loss is returned.
+    let started = Instant::now();
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = finished.clone();
+    let frozen = &cluster;
+    let err = client
+        .with_lease(
+            "with-lease",
+            Duration::from_secs(1),
+            Duration::ZERO,
+            |_lease| async move {
+                for id in 1..=3 {
+                    frozen.signal(id, Signal::SIGSTOP);
+                }
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::LeaseLost { .. }), "{err}");
+    assert!(!finished.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "work ran for {:?}",
+        started.elapsed()
+    );
+    for id in 1..=3 {
+        cluster.signal(id, Signal::SIGCONT);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencectl_lock_holds_until_sigterm_then_releases() {
+    let cluster = Cluster::start(3).await;
+    let mut lock = Command::new(bin("fencectl"))
+        .args([
+            "--endpoints",
+            &cluster.endpoints().join(","),
+            "--json",
+            "lock",
+            "held-by-cli",
+            "--ttl",
+            "2s",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(lock.stdout.take().unwrap()).lines();
+    let granted: serde_json::Value = serde_json::from_str(&out.next().unwrap().unwrap()).unwrap();
+    assert_eq!(granted["status"], "granted");
+    // Held across several TTLs by the keeper.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let d = cluster.client().describe("held-by-cli").await.unwrap();
+    assert!(d.held && d.last_token == granted["token"].as_u64().unwrap());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(lock.id() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(lock.wait().unwrap().code(), Some(0));
+    let released: serde_json::Value = serde_json::from_str(&out.next().unwrap().unwrap()).unwrap();
+    assert_eq!(released["status"], "released");
+    assert!(!cluster.client().describe("held-by-cli").await.unwrap().held);
+}
