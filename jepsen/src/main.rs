@@ -68,7 +68,8 @@ struct RunArgs {
     /// Search steps per resource before linearizability is UNKNOWN.
     #[arg(long, default_value_t = 5_000_000)]
     lin_budget: u64,
-    /// Expect every run to FAIL (a canary build): exit 0 only if each did.
+    /// Expect every run to FAIL (a canary build): exit 0 only if a checker
+    /// (not merely a coverage gate) failed each one.
     #[arg(long)]
     expect_fail: bool,
 }
@@ -144,7 +145,14 @@ async fn campaign(a: RunArgs) -> Result<ExitCode> {
                 }
             };
             println!("{}", run::render(&summary));
-            results.push((profile.to_string(), *seed, summary.verdict));
+            // A canary must be caught by a checker, not only by a gate.
+            let caught = summary.linearizability.starts_with("FAIL")
+                || summary.invariants.iter().any(|f| !f.violations.is_empty());
+            let verdict = match summary.verdict {
+                Verdict::Fail if a.expect_fail && !caught => Verdict::Unknown,
+                v => v,
+            };
+            results.push((profile.to_string(), *seed, verdict));
         }
     }
     println!("== campaign");

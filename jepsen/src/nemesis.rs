@@ -85,6 +85,9 @@ pub struct FaultRecord {
     pub took_effect: bool,
     /// Set when the fault could not be installed at all.
     pub skipped: Option<String>,
+    /// Client pauses: when the workers were let go again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub released_ns: Option<u64>,
 }
 
 /// Leader observations: (time, leader id, term), one per change seen.
@@ -181,6 +184,7 @@ impl Nemesis<'_> {
             evidence: String::new(),
             took_effect: false,
             skipped: None,
+            released_ns: None,
         };
         if let Err(e) = self.apply(fault, tag, &mut record).await {
             record.skipped = Some(format!("{e:#}"));
@@ -307,6 +311,7 @@ impl Nemesis<'_> {
                 let guard = self.ctx.freeze.write().await;
                 r.installed_ns = self.rec.now_ns();
                 tokio::time::sleep(Duration::from_millis(ms)).await;
+                r.released_ns = Some(self.rec.now_ns());
                 drop(guard);
                 r.evidence =
                     "workers held at their next request (checked against the history)".into();
@@ -328,7 +333,7 @@ impl Nemesis<'_> {
                     .unwrap_or_else(PoisonError::into_inner)
                     .push(target);
                 let down = Duration::from_millis(self.rng.u64(1000..=3000));
-                let new_term = self.hold_and_watch(down, term).await;
+                let mut new_term = self.hold_and_watch(down, term).await;
                 self.cluster.lock().await.start(target)?;
                 self.ctx
                     .down
@@ -345,6 +350,15 @@ impl Nemesis<'_> {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                // A dead leader's term ends even if it restarts before the
+                // election completes: wait for the new term to be seen.
+                for _ in 0..50 {
+                    if new_term {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    new_term = self.leaders.latest_term() > term;
                 }
                 r.evidence = format!(
                     "killed: {killed}; down {} ms; answering again: {back}; new leader elected: {new_term}",

@@ -421,7 +421,10 @@ async fn run_in(
         let slack = 300_000_000;
         let invoked = ops
             .iter()
-            .filter(|o| o.invoke_ns > r.installed_ns + slack && o.invoke_ns < r.healed_ns)
+            .filter(|o| {
+                o.invoke_ns > r.installed_ns + slack
+                    && o.invoke_ns < r.released_ns.unwrap_or(r.healed_ns)
+            })
             .count();
         r.took_effect = r.took_effect && invoked == 0;
         r.evidence = format!("{invoked} requests sent while the workers were paused");

@@ -314,6 +314,13 @@ impl LeaseTable {
         let Some(rec) = self.records.get_mut(name) else {
             return Outcome::Granted(self.grant(name, owner, ttl_ms, now));
         };
+        // CANARY (deliberately broken build for fenced-jepsen): grants over
+        // another owner's live lease.
+        #[cfg(feature = "canary-skip-lease-check")]
+        if let Some(lease) = rec.holder.take_if(|l| l.owner != owner) {
+            self.expiries.remove(&(lease.expires_at, name.clone()));
+            return Outcome::Granted(self.grant(name, owner, ttl_ms, now));
+        }
         match &mut rec.holder {
             // The holder asking again (its reply was lost): the same grant, with
             // the lease running at least `ttl_ms` from now, so a client that
@@ -403,6 +410,10 @@ impl LeaseTable {
         let Some(rec) = self.records.get_mut(name) else {
             return Outcome::NotHolder(LostReason::Unknown);
         };
+        // CANARY (deliberately broken build for fenced-jepsen): any owner id
+        // and token release the current lease.
+        #[cfg(feature = "canary-anyone-release")]
+        let (owner, token) = rec.holder.as_ref().map_or((owner, token), |l| (l.owner, l.token));
         match &rec.holder {
             Some(lease) if lease.owner == owner && lease.token == token => {
                 self.expiries.remove(&(lease.expires_at, name.clone()));

@@ -67,6 +67,13 @@ impl LeaderTime {
     }
 
     fn mono(&self) -> Duration {
+        // CANARY (deliberately broken build for fenced-jepsen): leases run on
+        // the wall clock, so a clock step ends them early.
+        #[cfg(feature = "canary-wall-clock-expiry")]
+        return std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        #[cfg(not(feature = "canary-wall-clock-expiry"))]
         self.started.elapsed()
     }
 

@@ -272,7 +272,9 @@ impl lock_server::Lock for LockService {
         req: Request<v1::DescribeRequest>,
     ) -> Result<Response<v1::DescribeResponse>, Status> {
         let resource = describe_resource(req.get_ref()).map_err(|e| invalid_argument(&e))?;
-        if req.get_ref().allow_stale {
+        // CANARY (deliberately broken build for fenced-jepsen): every read
+        // is served from this node's local state.
+        if req.get_ref().allow_stale || cfg!(feature = "canary-local-describe") {
             let now = self.ctx.shared.now();
             return Ok(Response::new(describe_reply(
                 &self.ctx.shared.describe(resource.as_str(), now),
