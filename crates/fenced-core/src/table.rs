@@ -413,7 +413,10 @@ impl LeaseTable {
         // CANARY (deliberately broken build for fenced-jepsen): any owner id
         // and token release the current lease.
         #[cfg(feature = "canary-anyone-release")]
-        let (owner, token) = rec.holder.as_ref().map_or((owner, token), |l| (l.owner, l.token));
+        let (owner, token) = rec
+            .holder
+            .as_ref()
+            .map_or((owner, token), |l| (l.owner, l.token));
         match &rec.holder {
             Some(lease) if lease.owner == owner && lease.token == token => {
                 self.expiries.remove(&(lease.expires_at, name.clone()));
