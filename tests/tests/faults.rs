@@ -253,3 +253,47 @@ async fn sigterm_stops_a_node_cleanly_and_it_rejoins() {
     let after = grant(&client, "after-sigterm").await;
     assert!(after > t);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_never_shortens_a_lease_and_lengthens_it_by_at_most_the_election_time() {
+    let mut cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let ttl = Duration::from_secs(3);
+    let sent = Instant::now();
+    match client
+        .acquire_once("election-lease", OwnerId::random(), ttl, Duration::ZERO)
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Granted { .. } => {}
+        other => panic!("{other:?}"),
+    }
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    cluster.kill(leader);
+    let elected_within = {
+        let t = Instant::now();
+        cluster.wait_for_leader(Duration::from_secs(10)).await;
+        t.elapsed()
+    };
+    // Poll until the cluster says the lease is gone.
+    let freed = loop {
+        let d = client.describe("election-lease").await.unwrap();
+        if !d.held {
+            break sent.elapsed();
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(15),
+            "the lease never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert!(
+        freed >= ttl,
+        "the lease ended after {freed:?}, before its TTL"
+    );
+    // Lengthened at most by the time without a leader (plus polling slack).
+    assert!(
+        freed <= ttl + elected_within + Duration::from_secs(2),
+        "the lease ended after {freed:?}; election took {elected_within:?}"
+    );
+}

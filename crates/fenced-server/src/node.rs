@@ -312,8 +312,9 @@ impl RunningNode {
     pub async fn shutdown(self) {
         self.stop.cancel();
         let mut tasks = self.tasks.into_iter();
-        if let Some(ticker) = tasks.next() {
-            ticker.abort();
+        // The leader watch and the ticker never end by themselves.
+        for background in tasks.by_ref().take(2) {
+            background.abort();
         }
         // Listeners finish the requests in flight, for a short while.
         for t in tasks {

@@ -54,6 +54,8 @@ pub struct ProposerConfig {
 pub struct LeaderTime {
     started: Instant,
     clock: Mutex<Option<(u64, LeaderClock)>>,
+    /// The term this node was last seen becoming leader in, and when.
+    became: Mutex<Option<(u64, Duration)>>,
     skew_ppm: i64,
 }
 
@@ -62,6 +64,7 @@ impl LeaderTime {
         Self {
             started: Instant::now(),
             clock: Mutex::new(None),
+            became: Mutex::new(None),
             skew_ppm,
         }
     }
@@ -88,9 +91,26 @@ impl LeaderTime {
         Some(clock.now(self.mono()))
     }
 
-    /// Starts the clock for `term` from the last applied cluster time.
+    /// Notes the moment this node became leader for `term` (the first time
+    /// it is told, per term).
+    fn became_leader(&self, term: u64) {
+        let mut became = self.became.lock().unwrap_or_else(PoisonError::into_inner);
+        if became.map(|(t, _)| t) != Some(term) {
+            *became = Some((term, self.mono()));
+        }
+    }
+
+    /// Starts the clock for `term` from the last applied cluster time, as of
+    /// the moment this node became leader: time spent applying the previous
+    /// term's entries counts, so no lease is lengthened by more than the
+    /// election itself.
     fn start(&self, term: u64, base: ClusterTime) {
-        let clock = LeaderClock::new(base, self.mono()).with_skew_ppm(self.skew_ppm);
+        let became = *self.became.lock().unwrap_or_else(PoisonError::into_inner);
+        let started = match became {
+            Some((t, at)) if t == term => at,
+            _ => self.mono(),
+        };
+        let clock = LeaderClock::new(base, started).with_skew_ppm(self.skew_ppm);
         *self.clock.lock().unwrap_or_else(PoisonError::into_inner) = Some((term, clock));
     }
 }
@@ -269,6 +289,30 @@ fn answer_all(proposals: Vec<Proposal>, err: &ProposeError) {
     for p in proposals {
         if let Some(reply) = p.reply {
             let _ = reply.send(Err(err.clone()));
+        }
+    }
+}
+
+/// Starts the leader clock as soon as this node becomes leader, not at its
+/// first write: until the clock runs, reads and ticks would see time stand
+/// still and leases would outlive their TTL by however long no write came.
+pub async fn run_leader_watch(raft: Raft, shared: Arc<Shared>, time: Arc<LeaderTime>) {
+    let mut metrics = raft.metrics();
+    loop {
+        let (state, term) = {
+            let m = metrics.borrow_and_update();
+            (m.state, m.current_term)
+        };
+        if state == ServerState::Leader {
+            time.became_leader(term);
+            if time.now(term, shared.now()).is_none() {
+                if let Err(e) = ensure_clock(&raft, &shared, &time).await {
+                    tracing::debug!(term, error = %e, "leader clock not started");
+                }
+            }
+        }
+        if metrics.changed().await.is_err() {
+            return;
         }
     }
 }
