@@ -21,7 +21,7 @@ use crate::{
     metrics,
     network::{Network, RAFT_MESSAGE_MAX_BYTES},
     parking::Parking,
-    proposer::{run_ticker, LeaderTime, Proposer, ProposerConfig},
+    proposer::{run_leader_watch, run_ticker, LeaderTime, Proposer, ProposerConfig},
     raft_service::RaftService,
     services::{ClusterService, LockService, NodeContext},
     state_machine::StateMachine,
@@ -217,6 +217,11 @@ impl RunningNode {
 
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(run_leader_watch(
+            raft.clone(),
+            Arc::clone(&shared),
+            Arc::clone(&time),
+        )));
         tasks.push(tokio::spawn(run_ticker(
             raft.clone(),
             Arc::clone(&shared),
