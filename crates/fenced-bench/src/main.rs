@@ -1,0 +1,1124 @@
+//! `fenced-bench`: fenced side by side with etcd's lock service and the
+//! article's lease table on PostgreSQL, on the same machine in the same run.
+//! Prints figures per scenario and one comparison table; checks token order
+//! on every grant and fails (exit 1) on a violation or an exceeded budget.
+
+mod procs;
+mod scenarios;
+mod systems;
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use fenced_bench::{check::TokenLedger, stats::Recorder};
+use fenced_client::Client;
+
+use procs::{LocalCluster, LocalPostgres};
+use scenarios::{CycleLoad, Run};
+use systems::{Kind, Target};
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Benchmarks fenced against etcd's lock and the article's PostgreSQL lease table")]
+struct Args {
+    /// Systems to measure, in order: fenced, etcd, postgres.
+    #[arg(long, value_delimiter = ',', default_value = "fenced")]
+    systems: Vec<String>,
+    /// Scenarios: s1 s2 s3 s4 s5 s6 budgets.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "s1,s2,s3,s4,s5,s6,budgets"
+    )]
+    scenarios: Vec<String>,
+    /// Seconds each measured run lasts.
+    #[arg(long, default_value_t = 10.0)]
+    duration_s: f64,
+    /// Client counts for S2.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    s2_clients: Vec<usize>,
+    /// Client counts for S3.
+    #[arg(long, value_delimiter = ',', default_value = "2,16,64")]
+    s3_clients: Vec<usize>,
+    /// Fixed rate (cycles per second in all) for S1 and S2 instead of a
+    /// closed loop; latency is then measured from each intended start.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Live leases renewed in S4.
+    #[arg(long, default_value_t = 10_000)]
+    s4_leases: usize,
+    /// TTL of S4's leases; each is renewed every TTL/3.
+    #[arg(long, default_value_t = 6_000)]
+    s4_ttl_ms: u64,
+    /// Live leases for the memory and restart budgets.
+    #[arg(long, default_value_t = 100_000)]
+    budget_leases: usize,
+    /// The `fenced` binary (a release build); default: next to this binary.
+    #[arg(long)]
+    fenced_bin: Option<PathBuf>,
+    /// The `etcd` binary.
+    #[arg(long, default_value = "etcd")]
+    etcd_bin: PathBuf,
+    /// Use a running fenced cluster instead of starting one (no CPU, S6 or
+    /// budget figures then).
+    #[arg(long, value_delimiter = ',')]
+    fenced_endpoints: Vec<String>,
+    /// Use a running etcd cluster instead of starting one.
+    #[arg(long, value_delimiter = ',')]
+    etcd_endpoints: Vec<String>,
+    /// Use a running PostgreSQL (libpq key=value string) instead of starting one.
+    #[arg(long)]
+    pg_url: Option<String>,
+    /// The OS user PostgreSQL runs as when the benchmark runs as root.
+    #[arg(long, default_value = "postgres")]
+    pg_os_user: String,
+    /// Where the clusters keep their data (default: a temporary directory).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+/// One figure of the comparison table.
+#[derive(Debug, Clone, Copy)]
+struct Figure {
+    value: f64,
+    higher_is_better: bool,
+}
+
+#[derive(Default)]
+struct Table {
+    /// row label -> system -> figure, in insertion order of labels.
+    rows: Vec<(String, BTreeMap<Kind, Figure>)>,
+}
+
+impl Table {
+    fn put(&mut self, label: &str, kind: Kind, value: f64, higher_is_better: bool) {
+        let fig = Figure {
+            value,
+            higher_is_better,
+        };
+        if let Some((_, row)) = self.rows.iter_mut().find(|(l, _)| l == label) {
+            row.insert(kind, fig);
+        } else {
+            let mut row = BTreeMap::new();
+            row.insert(kind, fig);
+            self.rows.push((label.to_string(), row));
+        }
+    }
+
+    fn get(&self, label: &str, kind: Kind) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|(l, _)| l == label)
+            .and_then(|(_, r)| r.get(&kind))
+            .map(|f| f.value)
+    }
+
+    /// How many times better fenced is than `other` on a row (> 1: better).
+    fn ratio(&self, label: &str, other: Kind) -> Option<f64> {
+        let row = &self.rows.iter().find(|(l, _)| l == label)?.1;
+        let f = row.get(&Kind::Fenced)?;
+        let o = row.get(&other)?;
+        if f.higher_is_better {
+            (o.value > 0.0).then(|| f.value / o.value)
+        } else {
+            (f.value > 0.0).then(|| o.value / f.value)
+        }
+    }
+
+    fn print(&self) {
+        let cell = |v: Option<f64>| match v {
+            Some(v) if v.is_finite() && v.abs() >= 100.0 => format!("{v:.0}"),
+            Some(v) if v.is_finite() => format!("{v:.2}"),
+            Some(_) => "inf".into(),
+            None => "-".into(),
+        };
+        let ratio = |v: Option<f64>| v.map_or("-".into(), |r| format!("{r:.2}x"));
+        println!();
+        println!(
+            "| scenario | fenced | etcd | PostgreSQL | fenced vs etcd | fenced vs PostgreSQL |"
+        );
+        println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+        for (label, _) in &self.rows {
+            println!(
+                "| {label} | {} | {} | {} | {} | {} |",
+                cell(self.get(label, Kind::Fenced)),
+                cell(self.get(label, Kind::Etcd)),
+                cell(self.get(label, Kind::Postgres)),
+                ratio(self.ratio(label, Kind::Etcd)),
+                ratio(self.ratio(label, Kind::Postgres)),
+            );
+        }
+        println!("(ratios: how many times better fenced is; > 1 means fenced is faster)");
+    }
+}
+
+/// What the systems' own processes did during a run.
+struct Probe {
+    pids: Vec<u32>,
+    fenced: Option<Client>,
+    ticks_per_second: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct ProbeSample {
+    cpu_micros: u64,
+    log_syncs: u64,
+    applied_entries: u64,
+    applied_commands: u64,
+}
+
+impl Probe {
+    async fn sample(&self) -> ProbeSample {
+        let mut s = ProbeSample {
+            cpu_micros: procs::cpu_micros(&self.pids, self.ticks_per_second),
+            ..Default::default()
+        };
+        if let Some(client) = &self.fenced {
+            let mut max_entries = 0;
+            let mut max_commands = 0;
+            for (_, status) in client.status_of_each().await {
+                if let Ok(st) = status {
+                    s.log_syncs += st.log_syncs;
+                    // The most advanced node's counts (all apply the same log).
+                    if st.applied_entries >= max_entries {
+                        max_entries = st.applied_entries;
+                        max_commands = st.applied_commands;
+                    }
+                }
+            }
+            s.applied_entries = max_entries;
+            s.applied_commands = max_commands;
+        }
+        s
+    }
+}
+
+fn ms(micros: Option<u64>) -> String {
+    micros.map_or("-".into(), |m| format!("{:.2}", m as f64 / 1000.0))
+}
+
+fn quantiles(rec: &Recorder, op: &str) -> String {
+    format!(
+        "{} p50/p99/p999 {}/{}/{} ms",
+        op,
+        ms(rec.quantile_micros(op, 0.5)),
+        ms(rec.quantile_micros(op, 0.99)),
+        ms(rec.quantile_micros(op, 0.999)),
+    )
+}
+
+/// Prints one run's figures.
+fn report(kind: Kind, name: &str, run: &Run, before: ProbeSample, after: ProbeSample) {
+    let ops = run.ops.max(1) as f64;
+    let mut line = format!(
+        "[{}] {name}: {:.0} ops/s ({} ops in {:.1} s), errors {}",
+        kind.name(),
+        run.ops_per_second(),
+        run.ops,
+        run.elapsed.as_secs_f64(),
+        run.rec.errors
+    );
+    for (op, _) in run.rec.ops() {
+        line.push_str("; ");
+        line.push_str(&quantiles(&run.rec, op));
+    }
+    let cpu = after.cpu_micros.saturating_sub(before.cpu_micros);
+    if cpu > 0 {
+        line.push_str(&format!("; server CPU {:.0} µs/op", cpu as f64 / ops));
+    }
+    if kind == Kind::Fenced && after.applied_entries > before.applied_entries {
+        let entries = after.applied_entries - before.applied_entries;
+        let commands = after
+            .applied_commands
+            .saturating_sub(before.applied_commands);
+        let syncs = after.log_syncs.saturating_sub(before.log_syncs);
+        line.push_str(&format!(
+            "; {:.1} commands/entry; {:.3} fsyncs/op (all nodes)",
+            commands as f64 / entries as f64,
+            syncs as f64 / ops
+        ));
+    }
+    for (k, v) in &run.extra {
+        line.push_str(&format!("; {k} {v:.2}"));
+    }
+    println!("{line}");
+    if let Some(e) = &run.rec.first_error {
+        println!("    first error: {e}");
+    }
+}
+
+/// A system under test and what the benchmark started for it.
+struct Sut {
+    target: Target,
+    cluster: Option<LocalCluster>,
+    _postgres: Option<LocalPostgres>,
+    probe: Probe,
+}
+
+impl Sut {
+    async fn measure<F, Fut>(&self, name: &str, f: F) -> Result<Run>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Run>>,
+    {
+        let before = self.probe.sample().await;
+        let run = f()
+            .await
+            .with_context(|| format!("{} {name}", self.target.kind().name()))?;
+        let after = self.probe.sample().await;
+        report(self.target.kind(), name, &run, before, after);
+        Ok(run)
+    }
+}
+
+fn fenced_bin(args: &Args) -> Result<PathBuf> {
+    if let Some(b) = &args.fenced_bin {
+        return Ok(b.clone());
+    }
+    let exe = std::env::current_exe().context("locating this binary")?;
+    let dir = exe.parent().context("binary directory")?;
+    let bin = dir.join("fenced");
+    if !bin.exists() {
+        bail!(
+            "{} is missing: build it with `cargo build --release -p fenced-server --bin fenced` or pass --fenced-bin",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+async fn wait_until<F, Fut>(within: Duration, what: &str, mut f: F) -> Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if f().await {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > within {
+            bail!("{what}: not within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The fenced endpoints with the leader first.
+async fn fenced_leader_first(endpoints: &[String]) -> Result<(Vec<String>, u64)> {
+    let client = Client::new(endpoints.iter()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let statuses = client.status_of_each().await;
+    let leader = statuses
+        .iter()
+        .filter_map(|(_, s)| s.as_ref().ok())
+        .map(|s| s.leader_id)
+        .find(|id| *id != 0)
+        .context("fenced has no leader")?;
+    let mut list: Vec<(String, bool)> = statuses
+        .iter()
+        .map(|(e, s)| {
+            let is_leader = s.as_ref().map(|s| s.node_id == leader).unwrap_or(false);
+            (e.clone(), is_leader)
+        })
+        .collect();
+    list.sort_by_key(|(_, l)| !*l);
+    Ok((list.into_iter().map(|(e, _)| e).collect(), leader))
+}
+
+async fn fenced_has_leader(endpoints: &[String]) -> bool {
+    let Ok(client) = Client::new(endpoints.iter()) else {
+        return false;
+    };
+    let st = client.status_of_each().await;
+    let leaders: Vec<u64> = st
+        .iter()
+        .filter_map(|(_, s)| s.as_ref().ok().map(|s| s.leader_id))
+        .collect();
+    leaders.len() == endpoints.len() && leaders.iter().all(|l| *l != 0 && *l == leaders[0])
+}
+
+async fn start_system(args: &Args, kind: Kind, dir: &std::path::Path) -> Result<Sut> {
+    let ticks = procs::clock_ticks_per_second();
+    match kind {
+        Kind::Fenced => {
+            let (endpoints, cluster) = if args.fenced_endpoints.is_empty() {
+                let mut c = LocalCluster::fenced(fenced_bin(args)?, dir)?;
+                c.start_all()?;
+                let eps = c.endpoints();
+                if let Err(e) = wait_until(Duration::from_secs(20), "fenced leader", || {
+                    fenced_has_leader(&eps)
+                })
+                .await
+                {
+                    bail!("{e}\n{}", c.log_tail());
+                }
+                (eps, Some(c))
+            } else {
+                (args.fenced_endpoints.clone(), None)
+            };
+            let (endpoints, _) = fenced_leader_first(&endpoints).await?;
+            let pids = cluster.as_ref().map(LocalCluster::pids).unwrap_or_default();
+            Ok(Sut {
+                probe: Probe {
+                    pids,
+                    fenced: Some(
+                        Client::new(endpoints.iter()).map_err(|e| anyhow::anyhow!("{e}"))?,
+                    ),
+                    ticks_per_second: ticks,
+                },
+                target: Target::Fenced { endpoints },
+                cluster,
+                _postgres: None,
+            })
+        }
+        Kind::Etcd => {
+            let (endpoints, cluster) = if args.etcd_endpoints.is_empty() {
+                let mut c = LocalCluster::etcd(args.etcd_bin.clone(), dir)?;
+                c.start_all()?;
+                let eps = c.endpoints();
+                if let Err(e) = wait_until(Duration::from_secs(30), "etcd leader", || {
+                    systems::etcd_ready(&eps)
+                })
+                .await
+                {
+                    bail!("{e}\n{}", c.log_tail());
+                }
+                (eps, Some(c))
+            } else {
+                (args.etcd_endpoints.clone(), None)
+            };
+            let endpoints = systems::etcd_leader_first(&endpoints).await?;
+            let pids = cluster.as_ref().map(LocalCluster::pids).unwrap_or_default();
+            Ok(Sut {
+                probe: Probe {
+                    pids,
+                    fenced: None,
+                    ticks_per_second: ticks,
+                },
+                target: Target::Etcd { endpoints },
+                cluster,
+                _postgres: None,
+            })
+        }
+        Kind::Postgres => {
+            let (url, pg) = match &args.pg_url {
+                Some(u) => (u.clone(), None),
+                None => {
+                    let pg = LocalPostgres::start(dir, &args.pg_os_user)?;
+                    (pg.url(), Some(pg))
+                }
+            };
+            let target = Target::Postgres { url };
+            wait_until(Duration::from_secs(30), "PostgreSQL ready", || {
+                let t = target.clone();
+                async move { t.prepare().await.is_ok() }
+            })
+            .await?;
+            let pids = pg.as_ref().and_then(|p| p.proc.pid()).into_iter().collect();
+            Ok(Sut {
+                probe: Probe {
+                    pids,
+                    fenced: None,
+                    ticks_per_second: ticks,
+                },
+                target,
+                cluster: None,
+                _postgres: pg,
+            })
+        }
+    }
+}
+
+struct Outcome {
+    failures: Vec<String>,
+}
+
+#[allow(clippy::too_many_lines)]
+async fn run_system(
+    args: &Args,
+    kind: Kind,
+    dir: &std::path::Path,
+    table: &mut Table,
+    out: &mut Outcome,
+) -> Result<()> {
+    let want = |s: &str| args.scenarios.iter().any(|x| x.eq_ignore_ascii_case(s));
+    let duration = Duration::from_secs_f64(args.duration_s);
+    let ledger = Arc::new(TokenLedger::new());
+    let mut sut = start_system(args, kind, dir).await?;
+    let ttl = Duration::from_secs(10);
+    println!("== {} ==", kind.name());
+
+    if want("s1") {
+        let load = CycleLoad {
+            clients: 1,
+            duration,
+            rate_per_second: args.rate.map(|r| r.min(1000.0)),
+            resources_per_client: 0,
+            ttl,
+        };
+        let t = sut.target.clone();
+        let l = Arc::clone(&ledger);
+        let run = sut
+            .measure("S1 one client, fresh resources", || async move {
+                scenarios::cycles(&t, load, l, "s1", None).await
+            })
+            .await?;
+        table.put(
+            "S1 cycle p50 (ms)",
+            kind,
+            micros_ms(run.rec.quantile_micros("cycle", 0.5)),
+            false,
+        );
+        table.put(
+            "S1 cycle p99 (ms)",
+            kind,
+            micros_ms(run.rec.quantile_micros("cycle", 0.99)),
+            false,
+        );
+        table.put("S1 cycles/s", kind, run.ops_per_second(), true);
+    }
+
+    let mut s2_max_64 = None;
+    if want("s2") {
+        for &n in &args.s2_clients {
+            let load = CycleLoad {
+                clients: n,
+                duration,
+                rate_per_second: args.rate,
+                resources_per_client: 8,
+                ttl,
+            };
+            let t = sut.target.clone();
+            let l = Arc::clone(&ledger);
+            let run = sut
+                .measure(&format!("S2 {n} clients, uncontended"), || async move {
+                    scenarios::cycles(&t, load, l, "s2", None).await
+                })
+                .await?;
+            table.put(
+                &format!("S2 {n} clients: cycles/s"),
+                kind,
+                run.ops_per_second(),
+                true,
+            );
+            table.put(
+                &format!("S2 {n} clients: cycle p99 (ms)"),
+                kind,
+                micros_ms(run.rec.quantile_micros("cycle", 0.99)),
+                false,
+            );
+            if n == 64 {
+                s2_max_64 = Some(run.ops_per_second());
+                let _ = run.rec.count("cycle");
+            }
+        }
+    }
+
+    if want("s3") {
+        for &n in &args.s3_clients {
+            let t = sut.target.clone();
+            let l = Arc::clone(&ledger);
+            let run = sut
+                .measure(&format!("S3 {n} clients, one resource"), || async move {
+                    scenarios::contended(&t, n, duration, l).await
+                })
+                .await?;
+            table.put(
+                &format!("S3 {n} clients: hand-offs/s"),
+                kind,
+                run.ops_per_second(),
+                true,
+            );
+            table.put(
+                &format!("S3 {n} clients: wait p99 (ms)"),
+                kind,
+                micros_ms(run.rec.quantile_micros("wait", 0.99)),
+                false,
+            );
+            if let Some(f) = run.extra.get("fairness_max_over_min") {
+                table.put(
+                    &format!("S3 {n} clients: max/min grants per client"),
+                    kind,
+                    *f,
+                    false,
+                );
+            }
+        }
+    }
+
+    if want("s4") {
+        s4(args, &sut, kind, duration, s2_max_64, &ledger, table).await?;
+    }
+
+    if want("s5") && kind == Kind::Fenced {
+        let run = s5(&sut.target, duration, &ledger).await?;
+        for (k, v) in &run.extra {
+            println!("[fenced] S5 {k}: {v:.2}");
+        }
+        if let Some(v) = run.extra.get("checked writes/s") {
+            table.put("S5 fenced writes/s (token checked)", kind, *v, true);
+        }
+        if let Some(v) = run.extra.get("plain writes/s") {
+            table.put("S5 same writes/s without the check", kind, *v, true);
+        }
+        if let Some(v) = run.extra.get("check overhead p50 (%)") {
+            table.put("S5 token check overhead p50 (%)", kind, *v, false);
+        }
+    }
+
+    if want("s6") && kind != Kind::Postgres {
+        if let Some(cluster) = sut.cluster.as_mut() {
+            let (recovery_s, run) = s6(&sut.target, cluster, duration, &ledger, kind).await?;
+            table.put(
+                "S6 seconds until a grant after leader kill",
+                kind,
+                recovery_s,
+                false,
+            );
+            table.put(
+                "S6 cycle p999 across the kill (ms)",
+                kind,
+                micros_ms(run.rec.quantile_micros("cycle", 0.999)),
+                false,
+            );
+            if kind == Kind::Fenced && recovery_s > 3.0 {
+                out.failures.push(format!(
+                    "S6: a grant took {recovery_s:.2} s after the leader died (budget: 3 x 1 s election timeout)"
+                ));
+            }
+        }
+    }
+
+    if want("budgets") && kind == Kind::Fenced && args.fenced_endpoints.is_empty() {
+        // A fresh cluster of its own: stop this one first.
+        if let Some(c) = sut.cluster.as_mut() {
+            c.kill_all();
+        }
+        budgets(args, dir, table, out).await?;
+    }
+    println!(
+        "[{}] token order checked on {} resources: no violation",
+        kind.name(),
+        ledger.resources()
+    );
+    if let Some(mut c) = sut.cluster.take() {
+        c.kill_all();
+    }
+    Ok(())
+}
+
+fn micros_ms(m: Option<u64>) -> f64 {
+    m.map_or(f64::NAN, |m| m as f64 / 1000.0)
+}
+
+async fn s4(
+    args: &Args,
+    sut: &Sut,
+    kind: Kind,
+    duration: Duration,
+    s2_max_64: Option<f64>,
+    ledger: &Arc<TokenLedger>,
+    table: &mut Table,
+) -> Result<()> {
+    let ttl = Duration::from_millis(args.s4_ttl_ms);
+    let max = match s2_max_64 {
+        Some(m) => m,
+        None => {
+            let load = CycleLoad {
+                clients: 64,
+                duration: duration / 2,
+                rate_per_second: None,
+                resources_per_client: 8,
+                ttl: Duration::from_secs(10),
+            };
+            scenarios::cycles(&sut.target, load, Arc::clone(ledger), "s4max", None)
+                .await?
+                .ops_per_second()
+        }
+    };
+    let rate = (max / 2.0).max(1.0);
+    let load = CycleLoad {
+        clients: 64,
+        duration,
+        rate_per_second: Some(rate),
+        resources_per_client: 8,
+        ttl: Duration::from_secs(10),
+    };
+    let t = sut.target.clone();
+    let l = Arc::clone(ledger);
+    let base = sut
+        .measure(
+            &format!("S4 baseline: S2 64 clients at {rate:.0}/s alone"),
+            || async move { scenarios::cycles(&t, load, l, "s4base", None).await },
+        )
+        .await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let renewed = Arc::new(AtomicU64::new(0));
+    let setup = Instant::now();
+    let renewer = scenarios::renew_load(
+        &sut.target,
+        args.s4_leases,
+        32,
+        ttl,
+        Arc::clone(ledger),
+        Arc::clone(&stop),
+        Arc::clone(&renewed),
+    )
+    .await?;
+    println!(
+        "[{}] S4: {} leases acquired in {:.1} s; renewing every {} ms",
+        kind.name(),
+        args.s4_leases,
+        setup.elapsed().as_secs_f64(),
+        args.s4_ttl_ms / 3
+    );
+    // Let one renewal round pass before measuring.
+    tokio::time::sleep(ttl / 3).await;
+    let t = sut.target.clone();
+    let l = Arc::clone(ledger);
+    let r0 = renewed.load(Ordering::Relaxed);
+    let loaded = sut
+        .measure(
+            &format!("S4 S2 64 clients at {rate:.0}/s with renew load"),
+            || async move { scenarios::cycles(&t, load, l, "s4", None).await },
+        )
+        .await?;
+    let renews = renewed.load(Ordering::Relaxed) - r0;
+    stop.store(true, Ordering::Relaxed);
+    let rec = renewer.await.context("renew task")??;
+    println!(
+        "[{}] S4 renewals: {:.0}/s during the loaded run, errors {}; {}",
+        kind.name(),
+        renews as f64 / loaded.elapsed.as_secs_f64().max(1e-9),
+        rec.errors,
+        quantiles(&rec, "renew")
+    );
+    if let Some(e) = &rec.first_error {
+        println!("    first renew error: {e}");
+    }
+    table.put(
+        "S4 renew p99 (ms)",
+        kind,
+        micros_ms(rec.quantile_micros("renew", 0.99)),
+        false,
+    );
+    let b = micros_ms(base.rec.quantile_micros("cycle", 0.99));
+    let l99 = micros_ms(loaded.rec.quantile_micros("cycle", 0.99));
+    table.put("S4 S2 cycle p99 with renewals (ms)", kind, l99, false);
+    table.put("S4 S2 p99 slowdown (loaded/alone)", kind, l99 / b, false);
+    Ok(())
+}
+
+/// S5: writes through fenced-resource's FenceStore with a real token, against
+/// the same write to the same kind of store (sled, flushed) without a check.
+async fn s5(target: &Target, duration: Duration, ledger: &Arc<TokenLedger>) -> Result<Run> {
+    use fenced_core::{OwnerId, ResourceName, Token};
+    let mut session = target.session(false).await?;
+    let resource = format!("s5-{}", scenarios::nonce());
+    let grant = session
+        .acquire(&resource, Duration::from_secs(60), Duration::ZERO)
+        .await?
+        .context("S5 lease held")?;
+    ledger.record(&resource, grant.token)?;
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(fenced_resource::FenceStore::open(dir.path().join("fence"))?);
+    let plain = sled::open(dir.path().join("plain"))?;
+    let name = ResourceName::new(&resource).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let token = Token::new(grant.token).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let owner = OwnerId::random();
+    let half = duration / 2;
+    let value = vec![7u8; 256];
+    let res = tokio::task::spawn_blocking(move || -> Result<(Recorder, u64, Recorder, u64)> {
+        let mut checked = Recorder::new();
+        let mut n_checked = 0;
+        let end = Instant::now() + half;
+        while Instant::now() < end {
+            let w = fenced_resource::Write::for_resource(name.clone(), token, owner, value.clone());
+            let t = Instant::now();
+            match store.write(&w)? {
+                fenced_resource::WriteOutcome::Accepted { .. } => {}
+                other => bail!("S5: the lease holder's write was not accepted: {other:?}"),
+            }
+            checked.record("write", t.elapsed());
+            n_checked += 1;
+        }
+        let mut unchecked = Recorder::new();
+        let mut n_plain = 0;
+        let end = Instant::now() + half;
+        while Instant::now() < end {
+            let t = Instant::now();
+            plain.insert(name.as_str().as_bytes(), value.as_slice())?;
+            plain.flush()?;
+            unchecked.record("write", t.elapsed());
+            n_plain += 1;
+        }
+        Ok((checked, n_checked, unchecked, n_plain))
+    })
+    .await
+    .context("S5 writer")??;
+    let _ = session.release(&resource, &grant).await;
+    let (checked, n_checked, unchecked, n_plain) = res;
+    let secs = half.as_secs_f64();
+    let mut extra = BTreeMap::new();
+    extra.insert("checked writes/s", n_checked as f64 / secs);
+    extra.insert("plain writes/s", n_plain as f64 / secs);
+    let p50c = micros_ms(checked.quantile_micros("write", 0.5));
+    let p50p = micros_ms(unchecked.quantile_micros("write", 0.5));
+    extra.insert("checked write p50 (ms)", p50c);
+    extra.insert(
+        "checked write p99 (ms)",
+        micros_ms(checked.quantile_micros("write", 0.99)),
+    );
+    extra.insert("plain write p50 (ms)", p50p);
+    extra.insert(
+        "plain write p99 (ms)",
+        micros_ms(unchecked.quantile_micros("write", 0.99)),
+    );
+    extra.insert("check overhead p50 (%)", (p50c / p50p - 1.0) * 100.0);
+    Ok(Run {
+        ops: n_checked,
+        elapsed: half,
+        rec: checked,
+        extra,
+    })
+}
+
+/// S6: S2 with 16 clients; the leader is killed a third of the way in.
+async fn s6(
+    target: &Target,
+    cluster: &mut LocalCluster,
+    duration: Duration,
+    ledger: &Arc<TokenLedger>,
+    kind: Kind,
+) -> Result<(f64, Run)> {
+    let total = duration.max(Duration::from_secs(9));
+    let leader_addr = match target {
+        Target::Fenced { endpoints } | Target::Etcd { endpoints } => {
+            endpoints.first().cloned().context("no endpoint")?
+        }
+        Target::Postgres { .. } => bail!("S6 needs a cluster"),
+    };
+    let leader_id = cluster
+        .members
+        .iter()
+        .find(|m| m.client_addr() == leader_addr)
+        .map(|m| m.id)
+        .context("leader is not a member this benchmark started")?;
+    let times = Arc::new(Mutex::new(Vec::new()));
+    let load = CycleLoad {
+        clients: 16,
+        duration: total,
+        rate_per_second: None,
+        resources_per_client: 8,
+        ttl: Duration::from_secs(10),
+    };
+    let t = target.clone();
+    let l = Arc::clone(ledger);
+    let tm = Arc::clone(&times);
+    let task = tokio::spawn(async move { scenarios::cycles(&t, load, l, "s6", Some(tm)).await });
+    tokio::time::sleep(total / 3).await;
+    let killed_at = Instant::now();
+    cluster.kill(leader_id);
+    let run = task.await.context("S6 load")??;
+    let first_after = times
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter(|t| **t > killed_at)
+        .min()
+        .copied();
+    let recovery_s = first_after.map_or(f64::INFINITY, |t| (t - killed_at).as_secs_f64());
+    println!(
+        "[{}] S6 leader {leader_id} killed: first grant after {:.3} s; {} cycles/s across; errors {}; {}",
+        kind.name(),
+        recovery_s,
+        run.ops_per_second() as u64,
+        run.rec.errors,
+        quantiles(&run.rec, "cycle")
+    );
+    cluster.spawn(leader_id)?;
+    Ok((recovery_s, run))
+}
+
+/// DESIGN §8: memory with many live leases, start-up, restart.
+async fn budgets(
+    args: &Args,
+    dir: &std::path::Path,
+    table: &mut Table,
+    out: &mut Outcome,
+) -> Result<()> {
+    let bdir = dir.join("budgets");
+    std::fs::create_dir_all(&bdir)?;
+    let mut c = LocalCluster::fenced(fenced_bin(args)?, &bdir)?;
+    let started = Instant::now();
+    c.start_all()?;
+    let eps = c.endpoints();
+    // Each node serves (answers Status) once it is up.
+    let mut serve_s: f64 = 0.0;
+    for e in &eps {
+        let client = Client::new([e.as_str()]).map_err(|e| anyhow::anyhow!("{e}"))?;
+        wait_until(Duration::from_secs(10), "empty node serving", || {
+            let client = client.clone();
+            async move {
+                !client
+                    .status_of_each()
+                    .await
+                    .iter()
+                    .any(|(_, s)| s.is_err())
+            }
+        })
+        .await?;
+        serve_s = serve_s.max(started.elapsed().as_secs_f64());
+    }
+    wait_until(Duration::from_secs(20), "fenced leader", || {
+        fenced_has_leader(&eps)
+    })
+    .await?;
+    let first_grant = started.elapsed().as_secs_f64();
+    println!(
+        "[fenced] budgets: empty nodes serve after {serve_s:.3} s (bound 1 s); leader elected after {first_grant:.3} s"
+    );
+    table.put(
+        "budget: empty node serves after (s)",
+        Kind::Fenced,
+        serve_s,
+        false,
+    );
+    if serve_s > 1.0 {
+        out.failures.push(format!(
+            "start-up: an empty node served after {serve_s:.3} s (bound 1 s)"
+        ));
+    }
+    let (leader_first, _) = fenced_leader_first(&eps).await?;
+    let target = Target::Fenced {
+        endpoints: leader_first,
+    };
+    let rss_before: Vec<u64> = c
+        .pids()
+        .iter()
+        .filter_map(|p| procs::rss_bytes(*p))
+        .collect();
+    let n = args.budget_leases;
+    let load_start = Instant::now();
+    fill(&target, n).await?;
+    println!(
+        "[fenced] budgets: {n} live leases acquired in {:.1} s",
+        load_start.elapsed().as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_after: Vec<u64> = c
+        .pids()
+        .iter()
+        .filter_map(|p| procs::rss_bytes(*p))
+        .collect();
+    let max_after = rss_after.iter().copied().max().unwrap_or(0);
+    let per_lease = rss_after
+        .iter()
+        .zip(&rss_before)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .max()
+        .unwrap_or(0) as f64
+        / n.max(1) as f64;
+    let client = Client::new(eps.iter()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let statuses = client.status_of_each().await;
+    let log_len = statuses
+        .iter()
+        .filter_map(|(_, s)| s.as_ref().ok())
+        .map(|s| s.last_log_index)
+        .max()
+        .unwrap_or(0);
+    println!(
+        "[fenced] budgets: RSS per node {} MB with {n} leases (bound 150 MB); {per_lease:.0} bytes per lease; log index {log_len}",
+        rss_after.iter().map(|r| format!("{:.1}", *r as f64 / 1e6)).collect::<Vec<_>>().join("/"),
+    );
+    table.put(
+        &format!("budget: max node RSS with {n} leases (MB)"),
+        Kind::Fenced,
+        max_after as f64 / 1e6,
+        false,
+    );
+    table.put(
+        "budget: memory per lease (bytes)",
+        Kind::Fenced,
+        per_lease,
+        false,
+    );
+    if max_after > 150_000_000 {
+        out.failures.push(format!(
+            "memory: a node used {:.1} MB with {n} leases (bound 150 MB)",
+            max_after as f64 / 1e6
+        ));
+    }
+    // Restart the whole cluster (kill -9) and time until every node has
+    // the leases back and a new grant succeeds.
+    c.kill_all();
+    let restarted = Instant::now();
+    c.start_all()?;
+    let eps2 = eps.clone();
+    wait_until(Duration::from_secs(30), "restart", || {
+        let eps = eps2.clone();
+        async move {
+            let Ok(client) = Client::new(eps.iter()) else {
+                return false;
+            };
+            let st = client.status_of_each().await;
+            st.iter().all(|(_, s)| {
+                s.as_ref()
+                    .map(|s| s.live_leases >= n as u64 && s.leader_id != 0)
+                    .unwrap_or(false)
+            })
+        }
+    })
+    .await?;
+    let mut session = target_for(&eps).await?.session(false).await?;
+    let probe = format!("budget-probe-{}", scenarios::nonce());
+    session
+        .acquire(&probe, Duration::from_secs(10), Duration::ZERO)
+        .await?
+        .context("probe held after restart")?;
+    let restart_s = restarted.elapsed().as_secs_f64();
+    println!("[fenced] budgets: restart with {n} leases and log index {log_len}: serving (all leases back, a grant) after {restart_s:.3} s (bound 5 s)");
+    table.put(
+        &format!("budget: restart with {n} leases, serving after (s)"),
+        Kind::Fenced,
+        restart_s,
+        false,
+    );
+    if restart_s > 5.0 {
+        out.failures.push(format!(
+            "restart: serving after {restart_s:.3} s (bound 5 s)"
+        ));
+    }
+    c.kill_all();
+    Ok(())
+}
+
+async fn target_for(eps: &[String]) -> Result<Target> {
+    let (endpoints, _) = fenced_leader_first(eps).await?;
+    Ok(Target::Fenced { endpoints })
+}
+
+/// Acquires `n` fresh leases for an hour from 64 clients.
+async fn fill(target: &Target, n: usize) -> Result<()> {
+    let clients = 64;
+    let prefix = format!("budget-{}", scenarios::nonce());
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let mut s = target.session(false).await?;
+        let next = Arc::clone(&next);
+        let prefix = prefix.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n as u64 {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                let r = format!("{prefix}:{i}");
+                s.acquire(&r, Duration::from_secs(3600), Duration::ZERO)
+                    .await?
+                    .with_context(|| format!("{r} held"))?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.context("fill task")??;
+    }
+    Ok(())
+}
+
+fn targets(table: &Table) {
+    let check = |what: &str, ok: Option<bool>| {
+        println!(
+            "target {what}: {}",
+            match ok {
+                Some(true) => "met",
+                Some(false) => "MISSED",
+                None => "not measured",
+            }
+        );
+    };
+    let r = |l: &str, k| table.ratio(l, k);
+    check(
+        "S2 64 clients cycles/s >= 3x etcd",
+        r("S2 64 clients: cycles/s", Kind::Etcd).map(|x| x >= 3.0),
+    );
+    check(
+        "S2 64 clients cycles/s > PostgreSQL",
+        r("S2 64 clients: cycles/s", Kind::Postgres).map(|x| x > 1.0),
+    );
+    check(
+        "S2 64 clients p99 <= half of etcd's",
+        r("S2 64 clients: cycle p99 (ms)", Kind::Etcd).map(|x| x >= 2.0),
+    );
+    check(
+        "S1 p50 <= half of etcd's",
+        r("S1 cycle p50 (ms)", Kind::Etcd).map(|x| x >= 2.0),
+    );
+    check(
+        "S3 16 clients hand-offs/s >= 5x etcd",
+        r("S3 16 clients: hand-offs/s", Kind::Etcd).map(|x| x >= 5.0),
+    );
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FENCED_BENCH_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(args).await {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("fenced-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<bool> {
+    let tmp;
+    let dir = match &args.work_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            tmp = tempfile::Builder::new().prefix("fenced-bench").tempdir()?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let mut table = Table::default();
+    let mut out = Outcome {
+        failures: Vec::new(),
+    };
+    for s in &args.systems {
+        let kind = match s.to_ascii_lowercase().as_str() {
+            "fenced" => Kind::Fenced,
+            "etcd" => Kind::Etcd,
+            "postgres" | "postgresql" | "pg" => Kind::Postgres,
+            other => bail!("unknown system {other:?}: fenced, etcd or postgres"),
+        };
+        run_system(&args, kind, &dir, &mut table, &mut out).await?;
+    }
+    table.print();
+    println!();
+    targets(&table);
+    for f in &out.failures {
+        println!("BUDGET EXCEEDED: {f}");
+    }
+    Ok(out.failures.is_empty())
+}

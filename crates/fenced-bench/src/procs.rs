@@ -1,0 +1,418 @@
+//! Starting and stopping the clusters under test, and reading their CPU time
+//! and memory from /proc.
+
+use std::{
+    fs::File,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+};
+
+use anyhow::{bail, Context, Result};
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")
+        .context("binding a loopback port")?
+        .local_addr()?
+        .port())
+}
+
+/// A process this benchmark started; killed when dropped.
+pub struct Proc {
+    child: Option<Child>,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, cmd: &mut Command, log: &Path) -> Result<Proc> {
+        let log_file =
+            File::create(log).with_context(|| format!("creating log {}", log.display()))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .with_context(|| format!("starting {name}: {cmd:?}"))?;
+        Ok(Proc { child: Some(child) })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Clock ticks per second for /proc/<pid>/stat times.
+pub fn clock_ticks_per_second() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// (ppid, utime + stime in ticks) of a process.
+fn stat_of(pid: u32) -> Option<(u32, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces; fields resume after the last ')'.
+    let rest = &text[text.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): ppid is field 4, utime 14, stime 15.
+    let ppid = fields.get(1)?.parse().ok()?;
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((ppid, utime + stime))
+}
+
+/// CPU time (user + system) of `pids` and of their direct children (a
+/// PostgreSQL server's backends), in microseconds.
+pub fn cpu_micros(pids: &[u32], ticks_per_second: u64) -> u64 {
+    let mut ticks = 0;
+    for pid in pids {
+        if let Some((_, t)) = stat_of(*pid) {
+            ticks += t;
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pids.contains(&pid) {
+                continue;
+            }
+            if let Some((ppid, t)) = stat_of(pid) {
+                if pids.contains(&ppid) {
+                    ticks += t;
+                }
+            }
+        }
+    }
+    ticks * 1_000_000 / ticks_per_second.max(1)
+}
+
+/// Resident memory of a process in bytes.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// One node's addresses and process.
+pub struct Member {
+    pub id: u64,
+    pub client_port: u16,
+    pub peer_port: u16,
+    pub data_dir: PathBuf,
+    pub proc: Option<Proc>,
+}
+
+impl Member {
+    pub fn client_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+}
+
+/// Three members of fenced or etcd on loopback, started by the benchmark.
+pub struct LocalCluster {
+    pub kind: &'static str,
+    pub members: Vec<Member>,
+    pub dir: PathBuf,
+    bin: PathBuf,
+    initial: String,
+}
+
+impl LocalCluster {
+    fn new(kind: &'static str, bin: PathBuf, dir: &Path, n: u64) -> Result<LocalCluster> {
+        let dir = dir.join(kind);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut members = Vec::new();
+        for id in 1..=n {
+            members.push(Member {
+                id,
+                client_port: free_port()?,
+                peer_port: free_port()?,
+                data_dir: dir.join(format!("node{id}")),
+                proc: None,
+            });
+        }
+        Ok(LocalCluster {
+            kind,
+            members,
+            dir,
+            bin,
+            initial: String::new(),
+        })
+    }
+
+    /// A three-node fenced cluster of the binary `bin` (a release build).
+    pub fn fenced(bin: PathBuf, dir: &Path) -> Result<LocalCluster> {
+        let mut c = Self::new("fenced", bin, dir, 3)?;
+        c.initial = c
+            .members
+            .iter()
+            .map(|m| {
+                format!(
+                    "{}=127.0.0.1:{}/127.0.0.1:{}",
+                    m.id, m.peer_port, m.client_port
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(c)
+    }
+
+    /// A three-member etcd cluster (etcd fsyncs its WAL by default).
+    pub fn etcd(bin: PathBuf, dir: &Path) -> Result<LocalCluster> {
+        let mut c = Self::new("etcd", bin, dir, 3)?;
+        c.initial = c
+            .members
+            .iter()
+            .map(|m| format!("e{}=http://127.0.0.1:{}", m.id, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(c)
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Member::client_addr).collect()
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.members
+            .iter()
+            .filter_map(|m| m.proc.as_ref().and_then(Proc::pid))
+            .collect()
+    }
+
+    /// Starts member `id` (again, with the same arguments).
+    pub fn spawn(&mut self, id: u64) -> Result<()> {
+        let kind = self.kind;
+        let bin = self.bin.clone();
+        let initial = self.initial.clone();
+        let dir = self.dir.clone();
+        let m = self
+            .members
+            .iter_mut()
+            .find(|m| m.id == id)
+            .with_context(|| format!("no member {id}"))?;
+        let log = dir.join(format!("node{id}.log"));
+        let mut cmd = Command::new(&bin);
+        match kind {
+            "fenced" => {
+                cmd.args([
+                    "run",
+                    "--id",
+                    &id.to_string(),
+                    "--data-dir",
+                    &m.data_dir.display().to_string(),
+                    "--listen",
+                    &format!("127.0.0.1:{}", m.client_port),
+                    "--peer-listen",
+                    &format!("127.0.0.1:{}", m.peer_port),
+                    "--initial-cluster",
+                    &initial,
+                ])
+                .env("FENCED_LOG", "warn");
+            }
+            _ => {
+                let client = format!("http://127.0.0.1:{}", m.client_port);
+                let peer = format!("http://127.0.0.1:{}", m.peer_port);
+                // A restarted member finds its data dir and ignores the
+                // initial-cluster flags.
+                cmd.args([
+                    "--name",
+                    &format!("e{id}"),
+                    "--data-dir",
+                    &m.data_dir.display().to_string(),
+                    "--listen-client-urls",
+                    &client,
+                    "--advertise-client-urls",
+                    &client,
+                    "--listen-peer-urls",
+                    &peer,
+                    "--initial-advertise-peer-urls",
+                    &peer,
+                    "--initial-cluster",
+                    &initial,
+                    "--initial-cluster-state",
+                    "new",
+                    "--initial-cluster-token",
+                    "fenced-bench",
+                    "--log-level",
+                    "warn",
+                ]);
+            }
+        }
+        m.proc = Some(Proc::spawn(&format!("{kind} {id}"), &mut cmd, &log)?);
+        Ok(())
+    }
+
+    pub fn start_all(&mut self) -> Result<()> {
+        let ids: Vec<u64> = self.members.iter().map(|m| m.id).collect();
+        for id in ids {
+            self.spawn(id)?;
+        }
+        Ok(())
+    }
+
+    pub fn kill(&mut self, id: u64) {
+        if let Some(m) = self.members.iter_mut().find(|m| m.id == id) {
+            if let Some(mut p) = m.proc.take() {
+                p.kill();
+            }
+        }
+    }
+
+    pub fn kill_all(&mut self) {
+        for m in &mut self.members {
+            if let Some(mut p) = m.proc.take() {
+                p.kill();
+            }
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        let mut out = String::new();
+        for m in &self.members {
+            let text = std::fs::read_to_string(self.dir.join(format!("node{}.log", m.id)))
+                .unwrap_or_default();
+            let lines: Vec<&str> = text.lines().rev().take(8).collect();
+            out.push_str(&format!("--- {} {} ---\n", self.kind, m.id));
+            for l in lines.into_iter().rev() {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+/// A single PostgreSQL server on loopback with a temporary data directory,
+/// run as an unprivileged user; durability on (fsync, synchronous_commit).
+pub struct LocalPostgres {
+    pub port: u16,
+    pub proc: Proc,
+    pub user: String,
+}
+
+fn pg_bin(name: &str) -> PathBuf {
+    for dir in ["/usr/lib/postgresql/15/bin", "/usr/local/bin", "/usr/bin"] {
+        let p = Path::new(dir).join(name);
+        if p.exists() {
+            return p;
+        }
+    }
+    PathBuf::from(name)
+}
+
+fn as_user(user: Option<&str>, program: PathBuf) -> Command {
+    match user {
+        Some(u) => {
+            let mut c = Command::new("runuser");
+            c.arg("-u").arg(u).arg("--").arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+impl LocalPostgres {
+    /// `os_user`: the user to run as when the benchmark runs as root
+    /// (PostgreSQL refuses to run as root).
+    pub fn start(dir: &Path, os_user: &str) -> Result<LocalPostgres> {
+        let is_root = Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+            .unwrap_or(false);
+        let user = is_root.then_some(os_user);
+        let data = dir.join("postgres");
+        std::fs::create_dir_all(&data)?;
+        if let Some(u) = user {
+            let ok = Command::new("chown")
+                .arg("-R")
+                .arg(u)
+                .arg(dir)
+                .status()
+                .context("chown of the PostgreSQL directory")?
+                .success();
+            if !ok {
+                bail!("chown -R {u} {} failed", dir.display());
+            }
+        }
+        let out = as_user(user, pg_bin("initdb"))
+            .args([
+                "-D",
+                &data.display().to_string(),
+                "-U",
+                "bench",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+            ])
+            .output()
+            .context("running initdb")?;
+        if !out.status.success() {
+            bail!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let port = free_port()?;
+        let mut cmd = as_user(user, pg_bin("postgres"));
+        cmd.args([
+            "-D",
+            &data.display().to_string(),
+            "-p",
+            &port.to_string(),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            &format!("unix_socket_directories={}", dir.display()),
+            "-c",
+            "fsync=on",
+            "-c",
+            "synchronous_commit=on",
+            "-c",
+            "full_page_writes=on",
+            "-c",
+            "max_connections=400",
+            "-c",
+            "shared_buffers=256MB",
+        ]);
+        let proc = Proc::spawn("postgres", &mut cmd, &dir.join("postgres.log"))?;
+        Ok(LocalPostgres {
+            port,
+            proc,
+            user: "bench".into(),
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={} dbname=postgres",
+            self.port, self.user
+        )
+    }
+}

@@ -1,0 +1,486 @@
+//! The three lock services behind one interface: fenced, etcd's v3 lock and
+//! the article's lease table on PostgreSQL.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use fenced_client::{AcquireOutcome, Client, ReleaseOutcome, RenewOutcome};
+use fenced_core::OwnerId;
+use tonic::transport::Channel;
+
+/// Generated from proto/: the etcd v3 subset.
+pub mod pb {
+    #![allow(clippy::all, clippy::unwrap_used, clippy::expect_used)]
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+    pub mod v3lockpb {
+        tonic::include_proto!("v3lockpb");
+    }
+}
+use pb::{etcdserverpb as etcdpb, v3lockpb as lockpb};
+
+use etcdpb::{
+    kv_client::KvClient, lease_client::LeaseClient, maintenance_client::MaintenanceClient,
+};
+use lockpb::lock_client::LockClient;
+
+/// Which system a run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Fenced,
+    Etcd,
+    Postgres,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Fenced => "fenced",
+            Kind::Etcd => "etcd",
+            Kind::Postgres => "postgres",
+        }
+    }
+}
+
+/// How to reach a system; cheap to clone.
+#[derive(Clone)]
+pub enum Target {
+    /// Endpoints with the leader first.
+    Fenced {
+        endpoints: Vec<String>,
+    },
+    /// The member clients talk to (the leader) first, then the others.
+    Etcd {
+        endpoints: Vec<String>,
+    },
+    Postgres {
+        url: String,
+    },
+}
+
+/// A granted lock: the token and what the system needs to release or renew.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    pub token: u64,
+    handle: Handle,
+}
+
+#[derive(Debug, Clone)]
+enum Handle {
+    Fenced(OwnerId),
+    /// The lock key and the lease it is attached to.
+    Etcd {
+        key: Vec<u8>,
+        lease: i64,
+    },
+    Postgres(uuid::Uuid),
+}
+
+const PG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS resource_leases (
+    resource_name  varchar(200) NOT NULL,
+    owner_id       uuid NULL,
+    expires_at_utc timestamptz NULL,
+    fence          bigint NOT NULL DEFAULT 0,
+    CONSTRAINT pk_resource_leases PRIMARY KEY (resource_name)
+)";
+
+/// The article's TryAcquireResourceLease, step 1: create the row if missing.
+const PG_INSERT: &str =
+    "INSERT INTO resource_leases (resource_name, owner_id, expires_at_utc, fence)
+    VALUES ($1, NULL, NULL, 0) ON CONFLICT (resource_name) DO NOTHING";
+/// Step 2: take the lease and increment the fence if it is free or expired.
+const PG_UPDATE: &str = "UPDATE resource_leases
+    SET owner_id = $2, expires_at_utc = now() + make_interval(secs => $3), fence = fence + 1
+    WHERE resource_name = $1 AND (owner_id IS NULL OR expires_at_utc <= now())
+    RETURNING fence";
+/// TryRenewResourceLease.
+const PG_RENEW: &str = "UPDATE resource_leases
+    SET expires_at_utc = now() + make_interval(secs => $4)
+    WHERE resource_name = $1 AND owner_id = $2 AND fence = $3 AND expires_at_utc > now()";
+/// The owner-checked release.
+const PG_RELEASE: &str = "UPDATE resource_leases
+    SET owner_id = NULL, expires_at_utc = NULL
+    WHERE resource_name = $1 AND owner_id = $2 AND fence = $3";
+
+/// How long an etcd session lease lives. Longer than any scenario, so no
+/// keep-alive traffic is needed for the per-client session leases; a real
+/// client would send one keep-alive per TTL/3, which is negligible here.
+const ETCD_SESSION_TTL_S: i64 = 600;
+
+/// One client's connection to a system.
+pub enum Session {
+    Fenced(Client),
+    Etcd(EtcdSession),
+    Postgres(PgSession),
+}
+
+pub struct EtcdSession {
+    channel: Channel,
+    /// Every member, the one in use first; a failed call moves to the next,
+    /// like etcd's own client does.
+    endpoints: Vec<String>,
+    current: usize,
+    /// The session lease every lock of this client is attached to; `None`
+    /// when every lock gets a lease of its own (holders that renew).
+    session_lease: Option<i64>,
+    keepalive: Option<(
+        tokio::sync::mpsc::Sender<etcdpb::LeaseKeepAliveRequest>,
+        tonic::Streaming<etcdpb::LeaseKeepAliveResponse>,
+    )>,
+}
+
+pub struct PgSession {
+    client: tokio_postgres::Client,
+    insert: tokio_postgres::Statement,
+    update: tokio_postgres::Statement,
+    renew: tokio_postgres::Statement,
+    release: tokio_postgres::Statement,
+}
+
+fn channel(addr: &str) -> Result<Channel> {
+    Ok(Channel::from_shared(format!("http://{addr}"))
+        .with_context(|| format!("endpoint {addr}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+fn secs_f64(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+impl Target {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Target::Fenced { .. } => Kind::Fenced,
+            Target::Etcd { .. } => Kind::Etcd,
+            Target::Postgres { .. } => Kind::Postgres,
+        }
+    }
+
+    /// Prepares the system (the PostgreSQL table).
+    pub async fn prepare(&self) -> Result<()> {
+        if let Target::Postgres { url } = self {
+            let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .context("connecting to PostgreSQL")?;
+            tokio::spawn(conn);
+            client
+                .batch_execute(PG_SCHEMA)
+                .await
+                .context("creating resource_leases")?;
+        }
+        Ok(())
+    }
+
+    /// A new client with its own connection. `lease_per_lock`: for etcd,
+    /// attach every lock to a lease of its own (so it can be renewed on its
+    /// own) instead of the client's session lease.
+    pub async fn session(&self, lease_per_lock: bool) -> Result<Session> {
+        match self {
+            Target::Fenced { endpoints } => Ok(Session::Fenced(
+                Client::new(endpoints.iter())
+                    .map_err(|e| anyhow!("fenced client: {e}"))?
+                    .with_call_timeout(Duration::from_secs(15)),
+            )),
+            Target::Etcd { endpoints } => {
+                let first = endpoints.first().context("no etcd endpoint")?;
+                let channel = channel(first)?;
+                let session_lease = if lease_per_lock {
+                    None
+                } else {
+                    Some(etcd_grant_lease(&channel, ETCD_SESSION_TTL_S).await?)
+                };
+                Ok(Session::Etcd(EtcdSession {
+                    channel,
+                    endpoints: endpoints.clone(),
+                    current: 0,
+                    session_lease,
+                    keepalive: None,
+                }))
+            }
+            Target::Postgres { url } => {
+                let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                    .await
+                    .context("connecting to PostgreSQL")?;
+                tokio::spawn(conn);
+                let insert = client.prepare(PG_INSERT).await?;
+                let update = client.prepare(PG_UPDATE).await?;
+                let renew = client.prepare(PG_RENEW).await?;
+                let release = client.prepare(PG_RELEASE).await?;
+                Ok(Session::Postgres(PgSession {
+                    client,
+                    insert,
+                    update,
+                    renew,
+                    release,
+                }))
+            }
+        }
+    }
+}
+
+async fn etcd_grant_lease(channel: &Channel, ttl_s: i64) -> Result<i64> {
+    let resp = LeaseClient::new(channel.clone())
+        .lease_grant(etcdpb::LeaseGrantRequest { ttl: ttl_s, id: 0 })
+        .await
+        .context("etcd LeaseGrant")?
+        .into_inner();
+    if !resp.error.is_empty() {
+        bail!("etcd LeaseGrant: {}", resp.error);
+    }
+    Ok(resp.id)
+}
+
+/// The member id of etcd's leader and of each endpoint; returns the
+/// endpoints with the leader first.
+pub async fn etcd_leader_first(endpoints: &[String]) -> Result<Vec<String>> {
+    let mut leader = None;
+    let mut ids = Vec::new();
+    for e in endpoints {
+        let resp = MaintenanceClient::new(channel(e)?)
+            .status(etcdpb::StatusRequest {})
+            .await
+            .with_context(|| format!("etcd status of {e}"))?
+            .into_inner();
+        if resp.leader != 0 {
+            leader = Some(resp.leader);
+        }
+        ids.push((e.clone(), resp.header.map(|h| h.member_id).unwrap_or(0)));
+    }
+    let leader = leader.context("etcd has no leader")?;
+    ids.sort_by_key(|(_, id)| *id != leader);
+    Ok(ids.into_iter().map(|(e, _)| e).collect())
+}
+
+/// Whether every etcd endpoint answers and one names a leader.
+pub async fn etcd_ready(endpoints: &[String]) -> bool {
+    etcd_leader_first(endpoints).await.is_ok()
+}
+
+impl Session {
+    /// Acquires `resource` for `ttl`, waiting up to `wait` if it is held
+    /// (zero: do not wait). `None`: still held when the wait ended.
+    pub async fn acquire(
+        &mut self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Option<Grant>> {
+        match self {
+            Session::Fenced(client) => {
+                let owner = OwnerId::random();
+                match client
+                    .acquire_once(resource, owner, ttl, wait)
+                    .await
+                    .map_err(|e| anyhow!("fenced acquire {resource}: {e}"))?
+                {
+                    AcquireOutcome::Granted { token, .. } => Ok(Some(Grant {
+                        token,
+                        handle: Handle::Fenced(owner),
+                    })),
+                    AcquireOutcome::Held { .. } => Ok(None),
+                }
+            }
+            Session::Etcd(s) => {
+                let lease = match s.session_lease {
+                    Some(l) => l,
+                    None => {
+                        let ttl_s = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+                        etcd_grant_lease(&s.channel, ttl_s).await?
+                    }
+                };
+                // etcd's Lock waits for as long as it takes; a wait of zero
+                // would need a try-lock, which the lock service lacks, so a
+                // bounded wait is the request deadline.
+                let mut req = tonic::Request::new(lockpb::LockRequest {
+                    name: resource.as_bytes().to_vec(),
+                    lease,
+                });
+                req.set_timeout(wait.max(Duration::from_secs(15)));
+                let resp = match LockClient::new(s.channel.clone()).lock(req).await {
+                    Ok(r) => r.into_inner(),
+                    Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
+                        return Ok(None)
+                    }
+                    Err(status) => {
+                        s.next_endpoint()?;
+                        bail!("etcd Lock {resource}: {status}")
+                    }
+                };
+                // The token: the lock key's create revision. Read on the
+                // member that answered the Lock, which applied it already.
+                let range = KvClient::new(s.channel.clone())
+                    .range(etcdpb::RangeRequest {
+                        key: resp.key.clone(),
+                        serializable: true,
+                        ..Default::default()
+                    })
+                    .await
+                    .with_context(|| format!("etcd Range of the lock key of {resource}"))?
+                    .into_inner();
+                let kv = range.kvs.first().with_context(|| {
+                    format!("etcd lock key of {resource} is missing after Lock")
+                })?;
+                let token = u64::try_from(kv.create_revision)
+                    .with_context(|| format!("negative create revision on {resource}"))?;
+                Ok(Some(Grant {
+                    token,
+                    handle: Handle::Etcd {
+                        key: resp.key,
+                        lease,
+                    },
+                }))
+            }
+            Session::Postgres(s) => {
+                let deadline = Instant::now() + wait;
+                loop {
+                    let owner = uuid::Uuid::new_v4();
+                    if let Some(token) = s.try_acquire(resource, owner, ttl).await? {
+                        return Ok(Some(Grant {
+                            token,
+                            handle: Handle::Postgres(owner),
+                        }));
+                    }
+                    if Instant::now() >= deadline {
+                        return Ok(None);
+                    }
+                    // The article's table has no server-side wait: poll.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        }
+    }
+
+    /// Releases a grant; `false`: it was no longer held by this grant.
+    pub async fn release(&mut self, resource: &str, grant: &Grant) -> Result<bool> {
+        match (self, &grant.handle) {
+            (Session::Fenced(client), Handle::Fenced(owner)) => Ok(matches!(
+                client
+                    .release(resource, *owner, grant.token)
+                    .await
+                    .map_err(|e| anyhow!("fenced release {resource}: {e}"))?,
+                ReleaseOutcome::Released
+            )),
+            (Session::Etcd(s), Handle::Etcd { key, lease }) => {
+                if let Err(status) = LockClient::new(s.channel.clone())
+                    .unlock(lockpb::UnlockRequest { key: key.clone() })
+                    .await
+                {
+                    s.next_endpoint()?;
+                    bail!("etcd Unlock {resource}: {status}");
+                }
+                if s.session_lease.is_none() {
+                    LeaseClient::new(s.channel.clone())
+                        .lease_revoke(etcdpb::LeaseRevokeRequest { id: *lease })
+                        .await
+                        .with_context(|| format!("etcd LeaseRevoke for {resource}"))?;
+                }
+                Ok(true)
+            }
+            (Session::Postgres(s), Handle::Postgres(owner)) => {
+                let token = i64::try_from(grant.token)?;
+                let n = s
+                    .client
+                    .execute(&s.release, &[&resource, owner, &token])
+                    .await
+                    .with_context(|| format!("PostgreSQL release {resource}"))?;
+                Ok(n == 1)
+            }
+            _ => bail!("a grant released through another system's session"),
+        }
+    }
+
+    /// Renews a grant for `ttl`; `false`: the lease is lost.
+    pub async fn renew(&mut self, resource: &str, grant: &Grant, ttl: Duration) -> Result<bool> {
+        match (self, &grant.handle) {
+            (Session::Fenced(client), Handle::Fenced(owner)) => Ok(matches!(
+                client
+                    .renew(resource, *owner, grant.token, ttl)
+                    .await
+                    .map_err(|e| anyhow!("fenced renew {resource}: {e}"))?,
+                RenewOutcome::Renewed { .. }
+            )),
+            (Session::Etcd(s), Handle::Etcd { lease, .. }) => {
+                if s.keepalive.is_none() {
+                    let (tx, rx) = tokio::sync::mpsc::channel(16);
+                    let stream = LeaseClient::new(s.channel.clone())
+                        .lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+                        .await
+                        .context("etcd LeaseKeepAlive stream")?
+                        .into_inner();
+                    s.keepalive = Some((tx, stream));
+                }
+                let Some((tx, stream)) = s.keepalive.as_mut() else {
+                    bail!("etcd keep-alive stream missing");
+                };
+                tx.send(etcdpb::LeaseKeepAliveRequest { id: *lease })
+                    .await
+                    .map_err(|_| anyhow!("etcd keep-alive stream closed"))?;
+                let resp = stream
+                    .message()
+                    .await
+                    .context("etcd keep-alive")?
+                    .context("etcd keep-alive stream ended")?;
+                Ok(resp.ttl > 0)
+            }
+            (Session::Postgres(s), Handle::Postgres(owner)) => {
+                let token = i64::try_from(grant.token)?;
+                let n = s
+                    .client
+                    .execute(&s.renew, &[&resource, owner, &token, &secs_f64(ttl)])
+                    .await
+                    .with_context(|| format!("PostgreSQL renew {resource}"))?;
+                Ok(n == 1)
+            }
+            _ => bail!("a grant renewed through another system's session"),
+        }
+    }
+}
+
+impl EtcdSession {
+    fn next_endpoint(&mut self) -> Result<()> {
+        self.current = (self.current + 1) % self.endpoints.len().max(1);
+        let addr = self
+            .endpoints
+            .get(self.current)
+            .context("no etcd endpoint")?;
+        self.channel = channel(addr)?;
+        self.keepalive = None;
+        Ok(())
+    }
+}
+
+impl PgSession {
+    /// The article's acquire: insert-if-missing, then the conditional UPDATE
+    /// that increments the fence, in one transaction. The four statements
+    /// are pipelined on the connection (one round trip), which is the
+    /// fastest a client can run the procedure's body.
+    async fn try_acquire(
+        &self,
+        resource: &str,
+        owner: uuid::Uuid,
+        ttl: Duration,
+    ) -> Result<Option<u64>> {
+        let secs = secs_f64(ttl);
+        let c = &self.client;
+        let insert_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&resource];
+        let update_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&resource, &owner, &secs];
+        let (_, _, row, _) = tokio::try_join!(
+            c.batch_execute("BEGIN"),
+            c.execute(&self.insert, &insert_params),
+            c.query_opt(&self.update, &update_params),
+            c.batch_execute("COMMIT"),
+        )
+        .with_context(|| format!("PostgreSQL acquire {resource}"))?;
+        match row {
+            Some(row) => {
+                let fence: i64 = row.try_get(0)?;
+                Ok(Some(u64::try_from(fence)?))
+            }
+            None => Ok(None),
+        }
+    }
+}
