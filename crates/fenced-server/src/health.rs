@@ -130,6 +130,23 @@ pub async fn watch(
     }
 }
 
+/// An error with its causes, `outer: inner: ...`.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut last = text.clone();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let this = cause.to_string();
+        // Some layers repeat their inner error's message word for word.
+        if this != last {
+            text = format!("{text}: {this}");
+        }
+        last = this;
+        source = cause.source();
+    }
+    text
+}
+
 /// A status as the health protocol reports it.
 pub type CheckedStatus = health_check_response::ServingStatus;
 
@@ -147,7 +164,7 @@ pub async fn check(
             .timeout(timeout)
             .connect()
             .await
-            .map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
+            .map_err(|e| format!("cannot connect to {endpoint}: {}", causes(&e)))?;
         let reply = HealthClient::new(channel)
             .check(HealthCheckRequest {
                 service: service.to_string(),

@@ -40,7 +40,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Start a local three-node cluster with zero configuration (client ports
-    /// 7101, 7102, 7103 on 127.0.0.1).
+    /// 7101, 7102, 7103 and metrics ports 9101, 9102, 9103 on 127.0.0.1).
     Dev {
         /// Where the three nodes keep their data (kept across runs).
         #[arg(long, env = "FENCED_DEV_DATA_DIR")]
