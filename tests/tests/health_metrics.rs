@@ -62,11 +62,14 @@ async fn health_is_serving_only_while_the_node_knows_a_leader() {
         assert_eq!((code, out.ends_with(": SERVING")), (0, true), "{out}");
     }
 
-    // One node of three has no quorum: it loses its leader and says so, but
-    // stays alive.
-    cluster.kill(2);
-    cluster.kill(3);
-    let lone = cluster.nodes[0].client_addr();
+    // A leader left alone has no quorum: openraft keeps it leader, but it
+    // can commit nothing, so it says NOT_SERVING, and stays alive.
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    for id in &others {
+        cluster.kill(*id);
+    }
+    let lone = cluster.nodes[(leader - 1) as usize].client_addr();
     let out = wait_for_health(&lone, 1, Duration::from_secs(10)).await;
     assert_eq!(out, format!("{lone}: NOT_SERVING"));
     assert_eq!(
@@ -75,7 +78,7 @@ async fn health_is_serving_only_while_the_node_knows_a_leader() {
     );
 
     // A majority again: a leader is elected and the node serves again.
-    cluster.spawn(2);
+    cluster.spawn(others[0]);
     let out = wait_for_health(&lone, 0, Duration::from_secs(20)).await;
     assert_eq!(out, format!("{lone}: SERVING"));
 
