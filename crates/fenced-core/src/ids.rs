@@ -21,7 +21,9 @@ use crate::InvalidArgument;
 pub struct OwnerId(Uuid);
 
 impl OwnerId {
-    /// A fresh random id (UUID v4) for a new acquisition attempt.
+    /// A fresh random id (UUID v4) for a new acquisition attempt (feature
+    /// `random`, on for every crate of the workspace but the core itself).
+    #[cfg(feature = "random")]
     pub fn random() -> Self {
         Self(Uuid::new_v4())
     }
