@@ -730,7 +730,11 @@ async fn s5(target: &Target, duration: Duration, ledger: &Arc<TokenLedger>) -> R
     ledger.record(&resource, grant.token)?;
     let dir = tempfile::tempdir()?;
     let store = Arc::new(fenced_resource::FenceStore::open(dir.path().join("fence"))?);
+    // The same store and the same durability (sled flush, then fdatasync of
+    // its data file, as FenceStore does), without the read-compare-decide.
     let plain = sled::open(dir.path().join("plain"))?;
+    let plain_file = std::fs::File::open(dir.path().join("plain").join("db"))
+        .context("opening the plain store's data file")?;
     let name = ResourceName::new(&resource).map_err(|e| anyhow::anyhow!("{e}"))?;
     let token = Token::new(grant.token).map_err(|e| anyhow::anyhow!("{e}"))?;
     let owner = OwnerId::random();
@@ -738,10 +742,12 @@ async fn s5(target: &Target, duration: Duration, ledger: &Arc<TokenLedger>) -> R
     let value = vec![7u8; 256];
     let res = tokio::task::spawn_blocking(move || -> Result<(Recorder, u64, Recorder, u64)> {
         let mut checked = Recorder::new();
-        let mut n_checked = 0;
+        let mut n_checked: u64 = 0;
         let end = Instant::now() + half;
         while Instant::now() < end {
-            let w = fenced_resource::Write::for_resource(name.clone(), token, owner, value.clone());
+            let mut v = value.clone();
+            v[..8].copy_from_slice(&n_checked.to_le_bytes());
+            let w = fenced_resource::Write::for_resource(name.clone(), token, owner, v);
             let t = Instant::now();
             match store.write(&w)? {
                 fenced_resource::WriteOutcome::Accepted { .. } => {}
@@ -751,12 +757,16 @@ async fn s5(target: &Target, duration: Duration, ledger: &Arc<TokenLedger>) -> R
             n_checked += 1;
         }
         let mut unchecked = Recorder::new();
-        let mut n_plain = 0;
+        let mut n_plain: u64 = 0;
         let end = Instant::now() + half;
         while Instant::now() < end {
             let t = Instant::now();
-            plain.insert(name.as_str().as_bytes(), value.as_slice())?;
+            // A changing value, so every write really writes.
+            let mut v = value.clone();
+            v[..8].copy_from_slice(&n_plain.to_le_bytes());
+            plain.insert(name.as_str().as_bytes(), v)?;
             plain.flush()?;
+            plain_file.sync_data()?;
             unchecked.record("write", t.elapsed());
             n_plain += 1;
         }

@@ -79,15 +79,10 @@ fn stat_of(pid: u32) -> Option<(u32, u64)> {
     Some((ppid, utime + stime))
 }
 
-/// CPU time (user + system) of `pids` and of their direct children (a
-/// PostgreSQL server's backends), in microseconds.
+/// CPU time (user + system) of `pids` and of all their descendants (a
+/// PostgreSQL server's backends, started under `runuser`), in microseconds.
 pub fn cpu_micros(pids: &[u32], ticks_per_second: u64) -> u64 {
-    let mut ticks = 0;
-    for pid in pids {
-        if let Some((_, t)) = stat_of(*pid) {
-            ticks += t;
-        }
-    }
+    let mut all: Vec<(u32, u32, u64)> = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {
             let Some(pid) = entry
@@ -97,16 +92,29 @@ pub fn cpu_micros(pids: &[u32], ticks_per_second: u64) -> u64 {
             else {
                 continue;
             };
-            if pids.contains(&pid) {
-                continue;
-            }
             if let Some((ppid, t)) = stat_of(pid) {
-                if pids.contains(&ppid) {
-                    ticks += t;
-                }
+                all.push((pid, ppid, t));
             }
         }
     }
+    let mut included: Vec<u32> = pids.to_vec();
+    // Walk down the tree: a process is included once its parent is.
+    loop {
+        let before = included.len();
+        for (pid, ppid, _) in &all {
+            if included.contains(ppid) && !included.contains(pid) {
+                included.push(*pid);
+            }
+        }
+        if included.len() == before {
+            break;
+        }
+    }
+    let ticks: u64 = all
+        .iter()
+        .filter(|(pid, _, _)| included.contains(pid))
+        .map(|(_, _, t)| t)
+        .sum();
     ticks * 1_000_000 / ticks_per_second.max(1)
 }
 
