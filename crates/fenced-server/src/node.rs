@@ -262,7 +262,11 @@ impl RunningNode {
             .add_service(lock())
             .add_service(cluster())
             .serve_with_incoming_shutdown(
-                TcpIncoming::from(client_listener),
+                // Accepted sockets get TCP_NODELAY: tonic ignores
+                // `Server::tcp_nodelay` with an incoming stream, and Nagle's
+                // algorithm holds back small replies behind unacknowledged
+                // ones, adding latency to every call.
+                TcpIncoming::from(client_listener).with_nodelay(Some(true)),
                 stop.clone().cancelled_owned(),
             );
         // The peer port carries Raft and the requests followers forward.
@@ -277,7 +281,7 @@ impl RunningNode {
             .add_service(lock())
             .add_service(cluster())
             .serve_with_incoming_shutdown(
-                TcpIncoming::from(peer_listener),
+                TcpIncoming::from(peer_listener).with_nodelay(Some(true)),
                 stop.clone().cancelled_owned(),
             );
         let id = cfg.id;
