@@ -189,6 +189,15 @@ impl Cluster {
         Some(Pid::from_raw(i32::try_from(child.id()).ok()?))
     }
 
+    /// How many times node `id` has said in its log that it started from a
+    /// snapshot (a restart that did not replay the whole log).
+    pub fn snapshot_loads(&self, id: u64) -> usize {
+        self.node(id)
+            .ok()
+            .and_then(|n| std::fs::read_to_string(&n.log).ok())
+            .map_or(0, |text| text.matches("loaded snapshot").count())
+    }
+
     /// `kill -9` node `id`; returns whether it was running.
     pub fn kill9(&mut self, id: u64) -> Result<bool> {
         let node = self.node_mut(id)?;

@@ -325,6 +325,7 @@ impl Nemesis<'_> {
                     self.ids[self.rng.usize(..self.ids.len())]
                 };
                 r.target = format!("n{target}");
+                let loads = self.cluster.lock().await.snapshot_loads(target);
                 r.installed_ns = self.rec.now_ns();
                 let killed = self.cluster.lock().await.kill9(target)?;
                 self.ctx
@@ -360,8 +361,9 @@ impl Nemesis<'_> {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     new_term = self.leaders.latest_term() > term;
                 }
+                let from_snapshot = self.cluster.lock().await.snapshot_loads(target) > loads;
                 r.evidence = format!(
-                    "killed: {killed}; down {} ms; answering again: {back}; new leader elected: {new_term}",
+                    "killed: {killed}; down {} ms; answering again: {back}; new leader elected: {new_term}; restarted from a snapshot: {from_snapshot}",
                     down.as_millis()
                 );
                 r.took_effect = killed && back && (new_term || target != l);

@@ -176,7 +176,10 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
     let long_ttl_ms = (cfg.duration.as_millis() as u64 + 300_000).min(3_600_000);
     let settings = NodeSettings {
         env: vec![
-            ("FENCED_SNAPSHOT_LOGS".into(), "2000".into()),
+            // Often enough that a node killed a few seconds into a run
+            // restarts from a snapshot (and a lagging one is sent one), not
+            // only by replaying the whole log.
+            ("FENCED_SNAPSHOT_LOGS".into(), "200".into()),
             ("FENCED_REQUEST_TIMEOUT_MS".into(), "3000".into()),
         ],
         skew_ppm: if clocks {
