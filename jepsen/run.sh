@@ -9,7 +9,7 @@
 #   jepsen/run.sh canary NAME...  builds fenced with feature canary-NAME and
 #                                 expects the harness to FAIL it; NAME is one of
 #                                 skip-lease-check anyone-release
-#                                 local-describe wall-clock-expiry
+#                                 local-describe wall-clock-expiry reuse-token
 #
 # Needs root (ip netns, nft). Results: target/jepsen/<profile>-<seed>/
 # (summary.txt always; history, nemesis log, node logs and the first
@@ -54,6 +54,7 @@ canary)
     for name in "$@"; do
         case "$name" in
         wall-clock-expiry) profile=clock ;;
+        reuse-token) profile=kill ;;
         skip-lease-check | anyone-release | local-describe) profile=partition ;;
         *) echo "unknown canary $name" >&2; exit 2 ;;
         esac
@@ -69,6 +70,7 @@ canary)
     ;;
 *)
     echo "usage: $0 [quick | full [SEEDS] | canary NAME...]" >&2
+    echo "  canary NAME: skip-lease-check anyone-release local-describe wall-clock-expiry reuse-token" >&2
     exit 2
     ;;
 esac

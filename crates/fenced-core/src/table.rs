@@ -571,6 +571,9 @@ impl LeaseTable {
             return Ok(());
         };
         let fail = |what: &str| Err(format!("resource {name}: {what}"));
+        // CANARY (deliberately broken build for fenced-jepsen): the check that
+        // would stop the reuse-token canary below is skipped, so it misbehaves.
+        #[cfg(not(feature = "canary-reuse-token"))]
         if rec.last_token.get() > self.last_token {
             return fail("token above the table's counter");
         }
@@ -634,6 +637,15 @@ impl LeaseTable {
                 table.idle.insert((seq, name.clone()));
             }
             table.records.insert(name, rec);
+        }
+        // CANARY (deliberately broken build for fenced-jepsen): a table loaded
+        // from a snapshot (a restart, or a snapshot installed from the leader)
+        // forgets its token counter, as if the snapshot did not carry it, and
+        // counts again from 0: every resource it remembers is then granted
+        // tokens at or below ones already issued for it.
+        #[cfg(feature = "canary-reuse-token")]
+        {
+            table.last_token = 0;
         }
         table.check_invariants().map_err(SnapshotError::Invariant)?;
         Ok(table)
