@@ -615,6 +615,12 @@ async fn run_system(
     Ok(())
 }
 
+/// Connections S4's renewals are spread over. Each renews its share of the
+/// leases one after another, so each must finish a renewal within
+/// `TTL / 3 / (leases / workers)`: 10,000 leases, TTL 6 s over 256
+/// connections leave 51 ms per renewal, far above any system's latency here.
+const S4_RENEW_WORKERS: usize = 256;
+
 fn micros_ms(m: Option<u64>) -> f64 {
     m.map_or(f64::NAN, |m| m as f64 / 1000.0)
 }
@@ -666,7 +672,7 @@ async fn s4(
     let renewer = scenarios::renew_load(
         &sut.target,
         args.s4_leases,
-        32,
+        S4_RENEW_WORKERS,
         ttl,
         Arc::clone(ledger),
         Arc::clone(&stop),
@@ -1089,13 +1095,34 @@ async fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    match run(args).await {
+    // On SIGINT or SIGTERM the run is dropped, which stops every process it
+    // started (they are killed when their handles drop).
+    let outcome = tokio::select! {
+        r = run(args) => r,
+        () = stop_signal() => Err(anyhow::anyhow!("interrupted; stopped what this run started")),
+    };
+    match outcome {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {
             eprintln!("fenced-bench: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+async fn stop_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
     }
 }
 

@@ -304,7 +304,8 @@ pub async fn renew_load(
     let period = ttl / 3;
     Ok(tokio::spawn(async move {
         let mut tasks = Vec::new();
-        for (mut session, held) in ready {
+        for (session, held) in ready {
+            let mut session = session;
             let stop = Arc::clone(&stop);
             let renewed = Arc::clone(&renewed);
             tasks.push(tokio::spawn(async move {
@@ -334,9 +335,9 @@ pub async fn renew_load(
                     }
                     round += 1;
                 }
-                for (resource, grant) in &held {
-                    let _ = session.release(resource, grant).await;
-                }
+                // The leases are left to expire (TTL): releasing 10,000
+                // one by one would only lengthen the run.
+                drop(session);
                 rec
             }));
         }

@@ -146,6 +146,15 @@ fn channel(addr: &str) -> Result<Channel> {
         .connect_lazy())
 }
 
+/// No etcd call may hang the benchmark: each has this deadline.
+const ETCD_CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+fn etcd_req<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.set_timeout(ETCD_CALL_TIMEOUT);
+    req
+}
+
 fn secs_f64(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -223,7 +232,7 @@ impl Target {
 
 async fn etcd_grant_lease(channel: &Channel, ttl_s: i64) -> Result<i64> {
     let resp = LeaseClient::new(channel.clone())
-        .lease_grant(etcdpb::LeaseGrantRequest { ttl: ttl_s, id: 0 })
+        .lease_grant(etcd_req(etcdpb::LeaseGrantRequest { ttl: ttl_s, id: 0 }))
         .await
         .context("etcd LeaseGrant")?
         .into_inner();
@@ -240,7 +249,7 @@ pub async fn etcd_leader_first(endpoints: &[String]) -> Result<Vec<String>> {
     let mut ids = Vec::new();
     for e in endpoints {
         let resp = MaintenanceClient::new(channel(e)?)
-            .status(etcdpb::StatusRequest {})
+            .status(etcd_req(etcdpb::StatusRequest {}))
             .await
             .with_context(|| format!("etcd status of {e}"))?
             .into_inner();
@@ -312,11 +321,11 @@ impl Session {
                 // The token: the lock key's create revision. Read on the
                 // member that answered the Lock, which applied it already.
                 let range = KvClient::new(s.channel.clone())
-                    .range(etcdpb::RangeRequest {
+                    .range(etcd_req(etcdpb::RangeRequest {
                         key: resp.key.clone(),
                         serializable: true,
                         ..Default::default()
-                    })
+                    }))
                     .await
                     .with_context(|| format!("etcd Range of the lock key of {resource}"))?
                     .into_inner();
@@ -365,7 +374,7 @@ impl Session {
             )),
             (Session::Etcd(s), Handle::Etcd { key, lease }) => {
                 if let Err(status) = LockClient::new(s.channel.clone())
-                    .unlock(lockpb::UnlockRequest { key: key.clone() })
+                    .unlock(etcd_req(lockpb::UnlockRequest { key: key.clone() }))
                     .await
                 {
                     s.next_endpoint()?;
@@ -373,7 +382,7 @@ impl Session {
                 }
                 if s.session_lease.is_none() {
                     LeaseClient::new(s.channel.clone())
-                        .lease_revoke(etcdpb::LeaseRevokeRequest { id: *lease })
+                        .lease_revoke(etcd_req(etcdpb::LeaseRevokeRequest { id: *lease }))
                         .await
                         .with_context(|| format!("etcd LeaseRevoke for {resource}"))?;
                 }
@@ -418,11 +427,15 @@ impl Session {
                 tx.send(etcdpb::LeaseKeepAliveRequest { id: *lease })
                     .await
                     .map_err(|_| anyhow!("etcd keep-alive stream closed"))?;
-                let resp = stream
-                    .message()
-                    .await
-                    .context("etcd keep-alive")?
-                    .context("etcd keep-alive stream ended")?;
+                let resp = match tokio::time::timeout(ETCD_CALL_TIMEOUT, stream.message()).await {
+                    Ok(r) => r
+                        .context("etcd keep-alive")?
+                        .context("etcd keep-alive stream ended")?,
+                    Err(_) => {
+                        s.keepalive = None;
+                        bail!("etcd keep-alive: no answer within {ETCD_CALL_TIMEOUT:?}");
+                    }
+                };
                 Ok(resp.ttl > 0)
             }
             (Session::Postgres(s), Handle::Postgres(owner)) => {
