@@ -412,21 +412,36 @@ impl Session {
                 RenewOutcome::Renewed { .. }
             )),
             (Session::Etcd(s), Handle::Etcd { lease, .. }) => {
+                let request = etcdpb::LeaseKeepAliveRequest { id: *lease };
                 if s.keepalive.is_none() {
+                    // etcd answers the stream's headers only with its first
+                    // response: queue the first request before opening it.
                     let (tx, rx) = tokio::sync::mpsc::channel(16);
-                    let stream = LeaseClient::new(s.channel.clone())
-                        .lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+                    tx.send(request)
                         .await
+                        .map_err(|_| anyhow!("etcd keep-alive queue closed"))?;
+                    let mut lease_client = LeaseClient::new(s.channel.clone());
+                    let open = lease_client
+                        .lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx));
+                    let stream = tokio::time::timeout(ETCD_CALL_TIMEOUT, open)
+                        .await
+                        .map_err(|_| {
+                            anyhow!("etcd LeaseKeepAlive: no stream within {ETCD_CALL_TIMEOUT:?}")
+                        })?
                         .context("etcd LeaseKeepAlive stream")?
                         .into_inner();
                     s.keepalive = Some((tx, stream));
+                } else if let Some((tx, _)) = s.keepalive.as_ref() {
+                    tokio::time::timeout(ETCD_CALL_TIMEOUT, tx.send(request))
+                        .await
+                        .map_err(|_| {
+                            anyhow!("etcd keep-alive: queue full for {ETCD_CALL_TIMEOUT:?}")
+                        })?
+                        .map_err(|_| anyhow!("etcd keep-alive stream closed"))?;
                 }
-                let Some((tx, stream)) = s.keepalive.as_mut() else {
+                let Some((_, stream)) = s.keepalive.as_mut() else {
                     bail!("etcd keep-alive stream missing");
                 };
-                tx.send(etcdpb::LeaseKeepAliveRequest { id: *lease })
-                    .await
-                    .map_err(|_| anyhow!("etcd keep-alive stream closed"))?;
                 let resp = match tokio::time::timeout(ETCD_CALL_TIMEOUT, stream.message()).await {
                     Ok(r) => r
                         .context("etcd keep-alive")?
