@@ -362,11 +362,27 @@ impl Nemesis<'_> {
                     new_term = self.leaders.latest_term() > term;
                 }
                 let from_snapshot = self.cluster.lock().await.snapshot_loads(target) > loads;
+                // A leader that comes back before its followers' election
+                // timers fire resumes leadership in the same term (openraft
+                // restores a leader whose committed vote is its own): the
+                // kill still took effect, and this is its evidence.
+                let mut resumed = false;
+                if !new_term && target == l {
+                    for _ in 0..30 {
+                        if let Some(s) = cluster::status(target, Duration::from_millis(300)).await {
+                            if s.role == "leader" && s.term == term {
+                                resumed = true;
+                                break;
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
                 r.evidence = format!(
-                    "killed: {killed}; down {} ms; answering again: {back}; new leader elected: {new_term}; restarted from a snapshot: {from_snapshot}",
+                    "killed: {killed}; down {} ms; answering again: {back}; new leader elected: {new_term}; resumed leadership in term {term}: {resumed}; restarted from a snapshot: {from_snapshot}",
                     down.as_millis()
                 );
-                r.took_effect = killed && back && (new_term || target != l);
+                r.took_effect = killed && back && (new_term || resumed || target != l);
             }
             Fault::WallJump { secs } => {
                 let (l, _) = self.require_leader().await?;
