@@ -302,8 +302,12 @@ impl Nemesis<'_> {
                 let new_term = self.hold_and_watch(Duration::from_millis(1500), term).await;
                 r.evidence =
                     format!("stopped state seen: {stopped}; new leader elected: {new_term}");
-                // A leader paused past the election timeout must be replaced.
-                let needs_election = matches!(fault, Fault::PauseLeader { ms } if ms >= 2000);
+                // A leader paused past its followers' election timers must be
+                // replaced. A follower of a committed leader waits the leader
+                // lease (election_timeout_max) plus its own election timeout,
+                // and twice election_timeout_max more once it has seen a
+                // longer log: up to 4 s with the default 500–1000 ms.
+                let needs_election = matches!(fault, Fault::PauseLeader { ms } if ms >= 4500);
                 r.took_effect = stopped && (new_term || !needs_election);
             }
             Fault::PauseClients { ms } => {
@@ -487,7 +491,7 @@ pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
         Fault::Loss(35),
     ];
     let pause = vec![
-        Fault::PauseLeader { ms: 3000 },
+        Fault::PauseLeader { ms: 5000 },
         Fault::PauseClients { ms: 3000 },
         Fault::PauseFollower { ms: 3000 },
         Fault::PauseLeader { ms: 300 },
