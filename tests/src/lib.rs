@@ -184,6 +184,13 @@ impl Cluster {
         }
     }
 
+    /// Sends `signal` to every running node (SIGSTOP freezes the cluster).
+    pub fn signal_all(&self, signal: Signal) {
+        for n in self.nodes.iter().filter(|n| n.is_running()) {
+            self.signal(n.id, signal);
+        }
+    }
+
     /// SIGTERM node `id` and wait for it to exit; returns its exit status.
     pub fn terminate(&mut self, id: u64, within: Duration) -> Option<std::process::ExitStatus> {
         self.signal(id, Signal::SIGTERM);

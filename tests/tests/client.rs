@@ -43,9 +43,7 @@ async fn an_unreachable_cluster_cancels_the_lease_before_the_cluster_could_expir
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    for id in 1..=3 {
-        cluster.signal(id, Signal::SIGSTOP);
-    }
+    cluster.signal_all(Signal::SIGSTOP);
     // The local deadline is the last successful renewal's send time + TTL −
     // margin: strictly before the cluster's expiry of that renewal.
     let deadline = Instant::now() + lease.remaining();
@@ -54,9 +52,7 @@ async fn an_unreachable_cluster_cancels_the_lease_before_the_cluster_could_expir
         .await
         .expect("never cancelled");
     let fired = Instant::now();
-    for id in 1..=3 {
-        cluster.signal(id, Signal::SIGCONT);
-    }
+    cluster.signal_all(Signal::SIGCONT);
     let margin = fenced_client::LeaseOptions::default().safety_margin(ttl);
     assert!(
         fired <= deadline + margin / 2,
@@ -131,9 +127,7 @@ async fn a_frozen_worker_sees_its_loss_as_soon_as_it_resumes() {
     assert!(newer.token() > old_token);
     // With the whole cluster frozen too, no round trip can tell the worker
     // anything: it must see the loss from its own deadline.
-    for id in 1..=3 {
-        cluster.signal(id, Signal::SIGSTOP);
-    }
+    cluster.signal_all(Signal::SIGSTOP);
     nix::sys::signal::kill(pid, Signal::SIGCONT).unwrap();
     let resumed = Instant::now();
     // Lines buffered before the pause may come first; the first line written
@@ -153,9 +147,7 @@ async fn a_frozen_worker_sees_its_loss_as_soon_as_it_resumes() {
     let lost = saw_lost.unwrap();
     assert!(resumed.elapsed() < Duration::from_secs(1));
     assert!(lost.contains("local deadline"), "{lost}");
-    for id in 1..=3 {
-        cluster.signal(id, Signal::SIGCONT);
-    }
+    cluster.signal_all(Signal::SIGCONT);
     let _ = worker.kill();
     let _ = worker.wait();
 }
@@ -325,9 +317,7 @@ async fn fencectl_run_kills_its_child_before_anyone_else_can_hold_the_lease() {
         .parse()
         .unwrap();
 
-    for id in 1..=3 {
-        cluster.signal(id, Signal::SIGSTOP);
-    }
+    cluster.signal_all(Signal::SIGSTOP);
     let cut_off = Instant::now();
     // The child must be gone within the TTL of the cut-off.
     let alive = |pid: i32| {
@@ -346,9 +336,7 @@ async fn fencectl_run_kills_its_child_before_anyone_else_can_hold_the_lease() {
     let gone_after = cut_off.elapsed();
     let status = run1.wait().unwrap();
     assert_eq!(status.code(), Some(4), "exit code says the lease was lost");
-    for id in 1..=3 {
-        cluster.signal(id, Signal::SIGCONT);
-    }
+    cluster.signal_all(Signal::SIGCONT);
 
     // A second run gets the lease only after that, with a higher token.
     let tokenfile2 = dir.path().join("child2.token");
@@ -455,9 +443,7 @@ async fn with_lease_runs_the_work_then_releases_and_drops_it_when_the_lease_is_l
             Duration::from_secs(1),
             Duration::ZERO,
             |_lease| async move {
-                for id in 1..=3 {
-                    frozen.signal(id, Signal::SIGSTOP);
-                }
+                frozen.signal_all(Signal::SIGSTOP);
                 tokio::time::sleep(Duration::from_secs(10)).await;
                 flag.store(true, std::sync::atomic::Ordering::SeqCst);
             },
@@ -471,9 +457,7 @@ async fn with_lease_runs_the_work_then_releases_and_drops_it_when_the_lease_is_l
         "work ran for {:?}",
         started.elapsed()
     );
-    for id in 1..=3 {
-        cluster.signal(id, Signal::SIGCONT);
-    }
+    cluster.signal_all(Signal::SIGCONT);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
