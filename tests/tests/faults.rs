@@ -169,19 +169,25 @@ async fn garbage_on_the_client_and_peer_ports_does_not_crash_a_node() {
             }
         }
     }
-    // A well-formed gRPC call with a garbage Raft payload is refused cleanly.
-    let mut raft = fenced_proto::v1::raft_client::RaftClient::new(
-        tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{}", node.peer_port))
-            .unwrap()
-            .connect_lazy(),
-    );
-    let err = raft
-        .append_entries(fenced_proto::v1::RaftMessage {
-            payload: vec![1, 0xff, 0xff, 0xff, 0x00],
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    // Well-framed Raft messages with garbage inside: the node closes that
+    // connection and goes on serving.
+    let frames: Vec<Vec<u8>> = vec![
+        // AppendEntries carrying an undecodable payload.
+        vec![0, 0, 0, 6, 1, 1, 0xff, 0xff, 0xff, 0x00],
+        // An unknown call.
+        vec![0, 0, 0, 2, 9, 1],
+        // A length beyond the largest message.
+        vec![0xff, 0xff, 0xff, 0xff, 1],
+    ];
+    for frame in frames {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", node.peer_port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"fncdraft").unwrap();
+        s.write_all(&frame).unwrap();
+        let mut buf = [0u8; 64];
+        let n = std::io::Read::read(&mut s, &mut buf).expect("the node closes the connection");
+        assert_eq!(n, 0, "the node answered a malformed raft frame");
+    }
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         cluster.status(1).await.is_some(),

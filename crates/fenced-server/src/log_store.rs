@@ -234,11 +234,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         if let Some(c) = committed {
-            let mut wal = self.wal();
-            wal.commit(WalLogId(c)).map_err(write_err)?;
-            // Written without its own sync: the next append's sync covers it,
-            // and a lost commit mark only delays re-applying after a restart.
-            wal.flush(false, None).map_err(write_err)?;
+            // Buffered, not flushed: it reaches the disk with the next
+            // append's write, which saves every node a write and a wake of
+            // the flush thread per commit. A mark lost in a crash only means
+            // the node re-applies those entries once the leader tells it the
+            // commit index again; it never lets an uncommitted entry apply.
+            self.wal().commit(WalLogId(c)).map_err(write_err)?;
         }
         Ok(())
     }

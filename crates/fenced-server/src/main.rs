@@ -27,6 +27,18 @@ struct Cli {
         global = true
     )]
     log_format: LogFormat,
+    /// Threads that run the node's tasks; 0: one on a machine with at most
+    /// two cores (cheaper than waking a second thread for every message),
+    /// one per core otherwise. Disk syncs and snapshot writes have threads
+    /// of their own either way.
+    #[arg(
+        long,
+        env = "FENCED_WORKER_THREADS",
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u16).range(0..=1024),
+        global = true
+    )]
+    worker_threads: u16,
     #[command(subcommand)]
     command: Command,
 }
@@ -203,10 +215,20 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = match cli.worker_threads {
+        0 if cores <= 2 => 1,
+        0 => cores,
+        n => usize::from(n),
+    };
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fenced: cannot start the runtime: {e}");

@@ -1,11 +1,19 @@
-//! The Raft transport between nodes: tonic over long-lived HTTP/2 channels to
-//! each peer's peer port, one RPC per Raft message, payloads in the versioned
-//! codec. Connections are made lazily and re-made by tonic after a failure;
-//! openraft backs off after `Unreachable`.
+//! The Raft transport between nodes: length-prefixed frames over one
+//! long-lived TCP connection per replication stream, on the peer port.
+//!
+//! Raft is fenced's hot path: every grant is one AppendEntries round trip to
+//! each follower, and a second one tells them the new commit index. Plain
+//! frames cost one write and one read per message, where a gRPC call costs
+//! HTTP/2 framing, several writes and hand-offs between tasks on both sides;
+//! on a small machine that CPU is most of a commit's latency. The peer port
+//! still serves gRPC (forwarded client calls, health): a Raft connection is
+//! told apart by its first bytes, [`PREFACE`], which no HTTP/2 client sends.
+//!
+//! A connection carries one request at a time and its reply; any error or
+//! timeout drops it, so a late reply can never be taken for the next one.
 
-use std::{collections::HashMap, time::Duration};
+use std::{io, time::Duration};
 
-use fenced_proto::v1::{raft_client::RaftClient, RaftMessage};
 use openraft::{
     error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable},
     network::{RPCOption, RaftNetwork, RaftNetworkFactory},
@@ -16,7 +24,10 @@ use openraft::{
     AnyError,
 };
 use serde::{de::DeserializeOwned, Serialize};
-use tonic::transport::{Channel, Endpoint};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream},
+    net::TcpStream,
+};
 
 use crate::{
     codec,
@@ -26,54 +37,98 @@ use crate::{
 /// The largest Raft message accepted or sent, in bytes.
 pub const RAFT_MESSAGE_MAX_BYTES: usize = 64 * 1024 * 1024;
 
-/// Opens a lazily connecting channel to `addr` (host:port).
-pub fn channel(addr: &str, connect_timeout: Duration) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(connect_timeout)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .connect_lazy())
+/// The first bytes a node sends on a Raft connection. An HTTP/2 client
+/// starts with "PRI * HTTP/2.0", so the two never meet.
+pub const PREFACE: &[u8; 8] = b"fncdraft";
+
+/// How long a node waits to connect to a peer.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Which Raft call a request frame carries (its first byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaftCall {
+    AppendEntries = 1,
+    Vote = 2,
+    InstallSnapshot = 3,
 }
 
-/// Hands out one long-lived channel per peer address.
-#[derive(Clone, Default)]
-pub struct Network {
-    channels: HashMap<String, Channel>,
+impl RaftCall {
+    pub fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            1 => Some(Self::AppendEntries),
+            2 => Some(Self::Vote),
+            3 => Some(Self::InstallSnapshot),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AppendEntries => "append_entries",
+            Self::Vote => "vote",
+            Self::InstallSnapshot => "install_snapshot",
+        }
+    }
 }
+
+/// Writes one frame: a 4-byte big-endian length, then `head` and `body`.
+/// The caller flushes.
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    head: &[u8],
+    body: &[u8],
+) -> io::Result<()> {
+    let len = head.len() + body.len();
+    if len > RAFT_MESSAGE_MAX_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("raft message of {len} bytes exceeds {RAFT_MESSAGE_MAX_BYTES}"),
+        ));
+    }
+    w.write_all(&(len as u32).to_be_bytes()).await?;
+    w.write_all(head).await?;
+    w.write_all(body).await
+}
+
+/// Reads one frame; `None` at a clean end of stream before a frame starts.
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > RAFT_MESSAGE_MAX_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("raft frame of {len} bytes exceeds {RAFT_MESSAGE_MAX_BYTES}"),
+        ));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    Ok(Some(body))
+}
+
+/// Makes one Raft client per replication stream, each with its own
+/// connection.
+#[derive(Clone, Default)]
+pub struct Network;
 
 pub struct Peer {
     target: NodeId,
     addr: String,
-    client: Option<RaftClient<Channel>>,
+    conn: Option<BufStream<TcpStream>>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
-        let client = match self.channels.get(&node.peer_addr) {
-            Some(ch) => Some(ch.clone()),
-            None => match channel(&node.peer_addr, Duration::from_secs(1)) {
-                Ok(ch) => {
-                    self.channels.insert(node.peer_addr.clone(), ch.clone());
-                    Some(ch)
-                }
-                Err(e) => {
-                    tracing::warn!(target_node = target, addr = %node.peer_addr, error = %e, "bad peer address");
-                    None
-                }
-            },
-        }
-        .map(|ch| {
-            RaftClient::new(ch)
-                .max_decoding_message_size(RAFT_MESSAGE_MAX_BYTES)
-                .max_encoding_message_size(RAFT_MESSAGE_MAX_BYTES)
-        });
         Peer {
             target,
             addr: node.peer_addr.clone(),
-            client,
+            conn: None,
         }
     }
 }
@@ -82,47 +137,76 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 #[error("{0}")]
 struct TransportError(String);
 
+type CallError<E> = RPCError<NodeId, Node, RaftError<NodeId, E>>;
+
 impl Peer {
+    async fn connect(&self) -> io::Result<BufStream<TcpStream>> {
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+        stream.set_nodelay(true)?;
+        let mut conn = BufStream::new(stream);
+        conn.write_all(PREFACE).await?;
+        Ok(conn)
+    }
+
+    /// Sends one request and reads its reply on this stream's connection,
+    /// connecting first if there is none.
+    async fn exchange(&mut self, call: RaftCall, payload: &[u8]) -> io::Result<Vec<u8>> {
+        let conn = match &mut self.conn {
+            Some(c) => c,
+            None => self.conn.insert(self.connect().await?),
+        };
+        write_frame(conn, &[call as u8], payload).await?;
+        conn.flush().await?;
+        read_frame(conn).await?.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the peer closed the connection",
+            )
+        })
+    }
+
     async fn call<Req, Resp, E>(
         &mut self,
-        rpc: &'static str,
+        call: RaftCall,
         req: &Req,
         option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, Node, RaftError<NodeId, E>>>
+    ) -> Result<Resp, CallError<E>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let Some(client) = self.client.as_mut() else {
-            return Err(RPCError::Unreachable(Unreachable::new(&TransportError(
-                format!("invalid peer address {}", self.addr),
-            ))));
-        };
+        let rpc = call.name();
         let payload =
             codec::encode(rpc, req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut request = tonic::Request::new(RaftMessage { payload });
-        request.set_timeout(option.hard_ttl());
-        let response = match rpc {
-            "append_entries" => client.append_entries(request).await,
-            "vote" => client.vote(request).await,
-            _ => client.install_snapshot(request).await,
-        };
-        let response = response.map_err(|status| {
-            let err = TransportError(format!(
-                "{rpc} to node {} at {}: {status}",
-                self.target, self.addr
-            ));
-            match status.code() {
-                tonic::Code::Unavailable | tonic::Code::Unknown => {
-                    RPCError::Unreachable(Unreachable::new(&err))
+        let (target, addr) = (self.target, self.addr.clone());
+        let failed =
+            move |what: String| TransportError(format!("{rpc} to node {target} at {addr}: {what}"));
+        let reply =
+            match tokio::time::timeout(option.hard_ttl(), self.exchange(call, &payload)).await {
+                Ok(Ok(reply)) => reply,
+                Ok(Err(e)) => {
+                    self.conn = None;
+                    return Err(RPCError::Unreachable(Unreachable::new(&failed(
+                        e.to_string(),
+                    ))));
                 }
-                _ => RPCError::Network(NetworkError::new(&err)),
-            }
-        })?;
+                Err(_) => {
+                    // The reply may still come; it must not be read as the next.
+                    self.conn = None;
+                    return Err(RPCError::Network(NetworkError::new(&failed(format!(
+                        "no reply within {:?}",
+                        option.hard_ttl()
+                    )))));
+                }
+            };
         let reply: Result<Resp, RaftError<NodeId, E>> =
-            codec::decode(rpc, &response.into_inner().payload)
-                .map_err(|e| RPCError::Network(NetworkError::from(AnyError::new(&e))))?;
+            codec::decode(rpc, &reply).map_err(|e| {
+                self.conn = None;
+                RPCError::Network(NetworkError::from(AnyError::new(&e)))
+            })?;
         reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
@@ -133,7 +217,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call("append_entries", &rpc, &option).await
+        self.call(RaftCall::AppendEntries, &rpc, &option).await
     }
 
     async fn install_snapshot(
@@ -144,7 +228,7 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call("install_snapshot", &rpc, &option).await
+        self.call(RaftCall::InstallSnapshot, &rpc, &option).await
     }
 
     async fn vote(
@@ -152,6 +236,6 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call("vote", &rpc, &option).await
+        self.call(RaftCall::Vote, &rpc, &option).await
     }
 }

@@ -4,9 +4,7 @@
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use fenced_core::Limits;
-use fenced_proto::v1::{
-    cluster_server::ClusterServer, lock_server::LockServer, raft_server::RaftServer,
-};
+use fenced_proto::v1::{cluster_server::ClusterServer, lock_server::LockServer};
 use openraft::{
     error::{InitializeError, RaftError},
     SnapshotPolicy,
@@ -19,10 +17,10 @@ use crate::{
     health,
     log_store::LogStore,
     metrics,
-    network::{Network, RAFT_MESSAGE_MAX_BYTES},
+    network::Network,
     parking::Parking,
+    peer_listener,
     proposer::{run_leader_watch, run_ticker, LeaderTime, Proposer, ProposerConfig},
-    raft_service::RaftService,
     services::{ClusterService, LockService, NodeContext},
     state_machine::StateMachine,
     types::{Node, NodeId, Raft},
@@ -172,15 +170,9 @@ impl RunningNode {
         }
         .validate()
         .map_err(|e| NodeError::Config(e.to_string()))?;
-        let raft = Raft::new(
-            cfg.id,
-            Arc::new(raft_config),
-            Network::default(),
-            log.clone(),
-            sm,
-        )
-        .await
-        .map_err(|e| NodeError::Raft(e.to_string()))?;
+        let raft = Raft::new(cfg.id, Arc::new(raft_config), Network, log.clone(), sm)
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
 
         let initialized = raft
             .is_initialized()
@@ -269,19 +261,22 @@ impl RunningNode {
                 TcpIncoming::from(client_listener).with_nodelay(Some(true)),
                 stop.clone().cancelled_owned(),
             );
-        // The peer port carries Raft and the requests followers forward.
+        // The peer port carries Raft (plain frames) and, over gRPC, the
+        // requests followers forward; the accept loop routes each connection.
+        let (peer_grpc_tx, peer_grpc_rx) = tokio::sync::mpsc::channel(64);
+        tasks.push(tokio::spawn(peer_listener::accept(
+            peer_listener,
+            raft.clone(),
+            peer_grpc_tx,
+            stop.clone(),
+        )));
         let peer_server = Server::builder()
             .timeout(outer_timeout)
-            .add_service(
-                RaftServer::new(RaftService::new(raft.clone()))
-                    .max_decoding_message_size(RAFT_MESSAGE_MAX_BYTES)
-                    .max_encoding_message_size(RAFT_MESSAGE_MAX_BYTES),
-            )
             .add_service(health_server)
             .add_service(lock())
             .add_service(cluster())
             .serve_with_incoming_shutdown(
-                TcpIncoming::from(peer_listener).with_nodelay(Some(true)),
+                tokio_stream::wrappers::ReceiverStream::new(peer_grpc_rx),
                 stop.clone().cancelled_owned(),
             );
         let id = cfg.id;

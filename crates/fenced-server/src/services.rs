@@ -16,11 +16,14 @@ use fenced_proto::{
     },
 };
 use openraft::{ChangeMembers, ServerState};
-use tonic::{metadata::MetadataValue, transport::Channel, Request, Response, Status};
+use tonic::{
+    metadata::MetadataValue,
+    transport::{Channel, Endpoint},
+    Request, Response, Status,
+};
 
 use crate::{
     log_store::LogStore,
-    network,
     parking::WaitEnd,
     proposer::{leader_of, LeaderTime, ProposeError, Proposer},
     state_machine::Shared,
@@ -88,7 +91,7 @@ impl NodeContext {
         if let Some(ch) = map.get(addr) {
             return Ok(ch.clone());
         }
-        let ch = network::channel(addr, Duration::from_secs(1))
+        let ch = peer_channel(addr)
             .map_err(|e| Status::unavailable(format!("leader address {addr}: {e}")))?;
         map.insert(addr.clone(), ch.clone());
         Ok(ch)
@@ -100,6 +103,16 @@ impl NodeContext {
             .now(term, self.shared.now())
             .unwrap_or_else(|| self.shared.now())
     }
+}
+
+/// A lazily connecting gRPC channel to a peer's port, for forwarded calls.
+fn peer_channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(1))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .connect_lazy())
 }
 
 fn is_forwarded<T>(req: &Request<T>) -> bool {

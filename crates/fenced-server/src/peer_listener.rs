@@ -1,0 +1,133 @@
+//! The peer port: accepts connections and routes each by its first bytes,
+//! Raft frames ([`network::PREFACE`]) to [`serve_raft`], everything else to
+//! the gRPC server (forwarded client calls, health).
+
+use std::{io, time::Duration};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt, BufStream},
+    net::{TcpListener, TcpStream},
+    sync::mpsc,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    codec,
+    network::{read_frame, write_frame, RaftCall, PREFACE},
+    types::Raft,
+};
+
+/// How long a new connection may take to send the bytes that route it.
+const ROUTE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Accepts on `listener` until `stop`; gRPC connections go to `grpc`.
+pub async fn accept(
+    listener: TcpListener,
+    raft: Raft,
+    grpc: mpsc::Sender<io::Result<TcpStream>>,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors and the like: back off, keep serving.
+                tracing::warn!(error = %e, "peer accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Nagle's algorithm would hold small replies behind unacknowledged
+        // ones and add latency to every commit.
+        let _ = stream.set_nodelay(true);
+        let raft = raft.clone();
+        let grpc = grpc.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            match tokio::time::timeout(ROUTE_TIMEOUT, is_raft(&stream)).await {
+                Ok(Ok(true)) => {
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        r = serve_raft(stream, raft) => {
+                            if let Err(e) = r {
+                                tracing::debug!(error = %e, "raft connection closed");
+                            }
+                        }
+                    }
+                }
+                Ok(Ok(false)) => {
+                    let _ = grpc.send(Ok(stream)).await;
+                }
+                Ok(Err(_)) | Err(_) => {}
+            }
+        });
+    }
+}
+
+/// Whether the connection starts with [`PREFACE`]; reads nothing.
+async fn is_raft(stream: &TcpStream) -> io::Result<bool> {
+    let mut buf = [0u8; PREFACE.len()];
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if buf[..n] != PREFACE[..n] {
+            return Ok(false);
+        }
+        if n == PREFACE.len() {
+            return Ok(true);
+        }
+        // A prefix of the preface so far: wait for the rest (peek would
+        // return the same bytes at once).
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Answers Raft requests on one connection, one at a time, until it closes.
+/// A malformed frame closes the connection; the sender reconnects.
+async fn serve_raft(stream: TcpStream, raft: Raft) -> io::Result<()> {
+    let mut conn = BufStream::new(stream);
+    let mut preface = [0u8; PREFACE.len()];
+    conn.read_exact(&mut preface).await?;
+    while let Some(frame) = read_frame(&mut conn).await? {
+        let Some((&kind, body)) = frame.split_first() else {
+            return Err(invalid("empty raft frame".into()));
+        };
+        let call = RaftCall::from_byte(kind)
+            .ok_or_else(|| invalid(format!("unknown raft call {kind}")))?;
+        let reply = match call {
+            RaftCall::AppendEntries => {
+                let req = decode(call, body)?;
+                encode(call, &raft.append_entries(req).await)?
+            }
+            RaftCall::Vote => {
+                let req = decode(call, body)?;
+                encode(call, &raft.vote(req).await)?
+            }
+            RaftCall::InstallSnapshot => {
+                let req = decode(call, body)?;
+                encode(call, &raft.install_snapshot(req).await)?
+            }
+        };
+        write_frame(&mut conn, &[], &reply).await?;
+        conn.flush().await?;
+    }
+    Ok(())
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+fn decode<T: serde::de::DeserializeOwned>(call: RaftCall, body: &[u8]) -> io::Result<T> {
+    codec::decode(call.name(), body).map_err(|e| invalid(e.to_string()))
+}
+
+fn encode<T: serde::Serialize>(call: RaftCall, value: &T) -> io::Result<Vec<u8>> {
+    codec::encode(call.name(), value).map_err(|e| io::Error::other(e.to_string()))
+}
