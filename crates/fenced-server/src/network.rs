@@ -152,19 +152,26 @@ impl Peer {
 
     /// Sends one request and reads its reply on this stream's connection,
     /// connecting first if there is none.
+    ///
+    /// The connection is taken out for the exchange and put back only after
+    /// a whole reply was read: openraft drops this future on its own
+    /// timeouts, and a connection left behind with a reply still on its way
+    /// would hand that reply to the next request (a wrong match index).
     async fn exchange(&mut self, call: RaftCall, payload: &[u8]) -> io::Result<Vec<u8>> {
-        let conn = match &mut self.conn {
+        let mut conn = match self.conn.take() {
             Some(c) => c,
-            None => self.conn.insert(self.connect().await?),
+            None => self.connect().await?,
         };
-        write_frame(conn, &[call as u8], payload).await?;
+        write_frame(&mut conn, &[call as u8], payload).await?;
         conn.flush().await?;
-        read_frame(conn).await?.ok_or_else(|| {
+        let reply = read_frame(&mut conn).await?.ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the peer closed the connection",
             )
-        })
+        })?;
+        self.conn = Some(conn);
+        Ok(reply)
     }
 
     async fn call<Req, Resp, E>(
@@ -188,14 +195,13 @@ impl Peer {
             match tokio::time::timeout(option.hard_ttl(), self.exchange(call, &payload)).await {
                 Ok(Ok(reply)) => reply,
                 Ok(Err(e)) => {
-                    self.conn = None;
                     return Err(RPCError::Unreachable(Unreachable::new(&failed(
                         e.to_string(),
                     ))));
                 }
                 Err(_) => {
-                    // The reply may still come; it must not be read as the next.
-                    self.conn = None;
+                    // The connection went with the dropped exchange: a reply
+                    // still on its way can never be read as the next one.
                     return Err(RPCError::Network(NetworkError::new(&failed(format!(
                         "no reply within {:?}",
                         option.hard_ttl()
@@ -237,5 +243,87 @@ impl RaftNetwork<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
         self.call(RaftCall::Vote, &rpc, &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A peer that echoes each request body, after 300 ms when it is "slow".
+    async fn echo_peer() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let mut conn = BufStream::new(stream);
+                    let mut preface = [0u8; PREFACE.len()];
+                    conn.read_exact(&mut preface).await?;
+                    assert_eq!(&preface, PREFACE);
+                    while let Some(frame) = read_frame(&mut conn).await? {
+                        let body = &frame[1..];
+                        if body == b"slow" {
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                        }
+                        write_frame(&mut conn, &[], body).await?;
+                        conn.flush().await?;
+                    }
+                    Ok::<_, io::Error>(())
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_dropped_exchange_never_hands_its_reply_to_the_next_request() {
+        let mut peer = Peer {
+            target: 2,
+            addr: echo_peer().await,
+            conn: None,
+        };
+        assert_eq!(
+            peer.exchange(RaftCall::AppendEntries, b"first")
+                .await
+                .unwrap(),
+            b"first"
+        );
+        // openraft gives up on a slow call by dropping its future.
+        let slow = tokio::time::timeout(
+            Duration::from_millis(50),
+            peer.exchange(RaftCall::AppendEntries, b"slow"),
+        )
+        .await;
+        assert!(slow.is_err(), "the slow call should have been cut off");
+        let next = peer
+            .exchange(RaftCall::AppendEntries, b"next")
+            .await
+            .unwrap();
+        assert_eq!(next, b"next", "the next request read another's reply");
+    }
+
+    #[tokio::test]
+    async fn frames_round_trip_and_oversized_lengths_are_refused() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &[2], b"abc").await.unwrap();
+        assert_eq!(buf, [0, 0, 0, 4, 2, b'a', b'b', b'c']);
+        let mut r = &buf[..];
+        assert_eq!(
+            read_frame(&mut r).await.unwrap().unwrap(),
+            [2, b'a', b'b', b'c']
+        );
+        assert!(read_frame(&mut r).await.unwrap().is_none(), "clean end");
+        let huge = ((RAFT_MESSAGE_MAX_BYTES + 1) as u32).to_be_bytes();
+        let err = read_frame(&mut &huge[..]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        // A frame cut short is an error, not a clean end.
+        let err = read_frame(&mut &buf[..6]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
     }
 }
