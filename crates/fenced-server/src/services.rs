@@ -78,8 +78,9 @@ impl NodeContext {
 
     /// The leader, when it is known and is not this node.
     fn other_leader(&self) -> Option<(NodeId, Node)> {
-        let m = self.raft.metrics().borrow().clone();
-        if m.state == ServerState::Leader {
+        // Read in place: cloning the metrics (membership included) on every
+        // request costs more than the check.
+        if self.raft.metrics().borrow().state == ServerState::Leader {
             return None;
         }
         leader_of(&self.raft)
