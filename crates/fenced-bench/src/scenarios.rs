@@ -65,6 +65,9 @@ async fn sessions(target: &Target, n: usize, lease_per_lock: bool) -> Result<Vec
     Ok(out)
 }
 
+/// When each granted acquire was sent and when its grant arrived (S6).
+pub type GrantTimes = Arc<std::sync::Mutex<Vec<(Instant, Instant)>>>;
+
 /// Acquire+release cycles (S1, S2, S4's foreground, S6): each client on its
 /// own resources, so every acquire must be granted.
 pub async fn cycles(
@@ -72,7 +75,7 @@ pub async fn cycles(
     load: CycleLoad,
     ledger: Arc<TokenLedger>,
     label: &str,
-    grant_times: Option<Arc<std::sync::Mutex<Vec<Instant>>>>,
+    grant_times: Option<GrantTimes>,
 ) -> Result<Run> {
     let prefix = format!("{label}-{}", nonce());
     let sessions = sessions(target, load.clients, false).await?;
@@ -130,6 +133,7 @@ pub async fn cycles(
                 };
                 let resource = name(i);
                 i += 1;
+                let sent = Instant::now();
                 let grant = match session.acquire(&resource, load.ttl, Duration::ZERO).await {
                     Ok(Some(g)) => g,
                     Ok(None) => {
@@ -148,7 +152,7 @@ pub async fn cycles(
                     times
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push(granted);
+                        .push((sent, granted));
                 }
                 match session.release(&resource, &grant).await {
                     Ok(true) => {}

@@ -77,6 +77,9 @@ enum Handle {
     Postgres(uuid::Uuid),
 }
 
+/// How long a failed etcd Unlock is retried on the other members.
+const ETCD_UNLOCK_RETRY_FOR: Duration = Duration::from_secs(10);
+
 const PG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS resource_leases (
     resource_name  varchar(200) NOT NULL,
     owner_id       uuid NULL,
@@ -373,12 +376,21 @@ impl Session {
                 ReleaseOutcome::Released
             )),
             (Session::Etcd(s), Handle::Etcd { key, lease }) => {
-                if let Err(status) = LockClient::new(s.channel.clone())
+                // Retried on the next member like etcd's own client does:
+                // an Unlock lost in a leader change would otherwise leave the
+                // key in place until the session lease ends, and every later
+                // Lock of the resource would wait behind it. Deleting the
+                // key twice is harmless (it is unique to this session).
+                let started = Instant::now();
+                while let Err(status) = LockClient::new(s.channel.clone())
                     .unlock(etcd_req(lockpb::UnlockRequest { key: key.clone() }))
                     .await
                 {
                     s.next_endpoint()?;
-                    bail!("etcd Unlock {resource}: {status}");
+                    if started.elapsed() > ETCD_UNLOCK_RETRY_FOR {
+                        bail!("etcd Unlock {resource}: {status}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 if s.session_lease.is_none() {
                     LeaseClient::new(s.channel.clone())
