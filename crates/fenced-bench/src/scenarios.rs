@@ -266,6 +266,9 @@ pub async fn contended(
     })
 }
 
+/// The TTL S4's leases are acquired with, before renewals take over.
+const S4_SETUP_TTL: Duration = Duration::from_secs(60);
+
 /// S4's background: `leases` live leases, each renewed every `ttl / 3`
 /// from `workers` connections, until `stop` is set. Latency counts from
 /// the moment each renewal was due.
@@ -282,6 +285,11 @@ pub async fn renew_load(
     let sessions = sessions(target, workers, true).await?;
     // Acquire everything first.
     let per_worker = leases.div_ceil(workers.max(1));
+    // Leases are acquired for long enough to outlast the set-up (10,000
+    // etcd leases take longer than a 6 s TTL to grant here, and an etcd
+    // lease keeps the TTL it was granted with); the first renewal brings
+    // fenced's and PostgreSQL's down to `ttl`. The renewal load is the same.
+    let setup_ttl = ttl.max(S4_SETUP_TTL);
     let mut setups = Vec::new();
     for (w, mut session) in sessions.into_iter().enumerate() {
         let ledger = Arc::clone(&ledger);
@@ -290,7 +298,10 @@ pub async fn renew_load(
             let mut held = Vec::new();
             for i in 0..per_worker {
                 let resource = format!("{prefix}:{w}:{i}");
-                match session.acquire(&resource, ttl, Duration::ZERO).await? {
+                match session
+                    .acquire(&resource, setup_ttl, Duration::ZERO)
+                    .await?
+                {
                     Some(g) => {
                         ledger.record(&resource, g.token)?;
                         held.push((resource, g));
