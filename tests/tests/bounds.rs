@@ -146,3 +146,45 @@ async fn an_oversized_request_is_refused_and_the_node_keeps_serving() {
     assert_ne!(status.code(), tonic::Code::Ok);
     lock.acquire(acquire("normal-size", 0)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_on_several_worker_threads_grant_every_request() {
+    // On this project's 2-core machines the default is one runtime thread;
+    // the multi-threaded runtime must work just as well when asked for.
+    let cluster = Cluster::start_with(3, &[("FENCED_WORKER_THREADS", "2")]).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let before = cluster.status(leader).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let mut lock = cluster.lock_client(leader);
+        tasks.push(tokio::spawn(async move {
+            lock.acquire(acquire(&format!("threads-{i}"), 0)).await
+        }));
+    }
+    for t in tasks {
+        let reply = t.await.unwrap().unwrap().into_inner();
+        assert!(
+            matches!(
+                reply.outcome,
+                Some(v1::acquire_response::Outcome::Granted(_))
+            ),
+            "{reply:?}"
+        );
+    }
+    let after = cluster.status(leader).await.unwrap();
+    assert_eq!(after.applied_commands - before.applied_commands, 100);
+}
+
+#[test]
+fn a_worker_thread_count_out_of_range_is_refused_by_name_and_bound() {
+    let out = std::process::Command::new(fenced_tests::bin("fenced"))
+        .args(["--worker-threads", "5000", "dev"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--worker-threads") && err.contains("0..=1024"),
+        "the error names the flag and its bound: {err}"
+    );
+}
