@@ -32,8 +32,8 @@ pub async fn accept(
             _ = stop.cancelled() => return,
             a = listener.accept() => a,
         };
-        let stream = match accepted {
-            Ok((s, _)) => s,
+        let (stream, addr) = match accepted {
+            Ok(a) => a,
             Err(e) => {
                 // Out of descriptors and the like: back off, keep serving.
                 tracing::warn!(error = %e, "peer accept failed");
@@ -52,9 +52,15 @@ pub async fn accept(
                 Ok(Ok(true)) => {
                     tokio::select! {
                         _ = stop.cancelled() => {}
-                        r = serve_raft(stream, raft) => {
-                            if let Err(e) = r {
-                                tracing::debug!(error = %e, "raft connection closed");
+                        r = serve_raft(stream, raft) => match r {
+                            Ok(()) => {}
+                            // A peer speaking another codec version (a
+                            // rolling upgrade) or garbage: worth a warning.
+                            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                                tracing::warn!(peer = %addr, error = %e, "malformed raft frame; connection closed");
+                            }
+                            Err(e) => {
+                                tracing::debug!(peer = %addr, error = %e, "raft connection closed");
                             }
                         }
                     }
