@@ -112,7 +112,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<Ve
 
 /// Makes one Raft client per replication stream, each with its own
 /// connection.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Network;
 
 pub struct Peer {
@@ -174,6 +174,16 @@ impl Peer {
         Ok(reply)
     }
 
+    /// Names the call, the peer and what went wrong (built only on errors).
+    fn failed(&self, call: RaftCall, what: String) -> TransportError {
+        TransportError(format!(
+            "{} to node {} at {}: {what}",
+            call.name(),
+            self.target,
+            self.addr
+        ))
+    }
+
     async fn call<Req, Resp, E>(
         &mut self,
         call: RaftCall,
@@ -188,24 +198,20 @@ impl Peer {
         let rpc = call.name();
         let payload =
             codec::encode(rpc, req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let (target, addr) = (self.target, self.addr.clone());
-        let failed =
-            move |what: String| TransportError(format!("{rpc} to node {target} at {addr}: {what}"));
         let reply =
             match tokio::time::timeout(option.hard_ttl(), self.exchange(call, &payload)).await {
                 Ok(Ok(reply)) => reply,
                 Ok(Err(e)) => {
-                    return Err(RPCError::Unreachable(Unreachable::new(&failed(
-                        e.to_string(),
-                    ))));
+                    return Err(RPCError::Unreachable(Unreachable::new(
+                        &self.failed(call, e.to_string()),
+                    )));
                 }
                 Err(_) => {
                     // The connection went with the dropped exchange: a reply
                     // still on its way can never be read as the next one.
-                    return Err(RPCError::Network(NetworkError::new(&failed(format!(
-                        "no reply within {:?}",
-                        option.hard_ttl()
-                    )))));
+                    return Err(RPCError::Network(NetworkError::new(
+                        &self.failed(call, format!("no reply within {:?}", option.hard_ttl())),
+                    )));
                 }
             };
         let reply: Result<Resp, RaftError<NodeId, E>> =
