@@ -319,8 +319,7 @@ pub async fn renew_load(
     let period = ttl / 3;
     Ok(tokio::spawn(async move {
         let mut tasks = Vec::new();
-        for (session, held) in ready {
-            let mut session = session;
+        for (mut session, held) in ready {
             let stop = Arc::clone(&stop);
             let renewed = Arc::clone(&renewed);
             tasks.push(tokio::spawn(async move {
