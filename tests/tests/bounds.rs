@@ -18,21 +18,35 @@ fn acquire(resource: &str, wait_ms: u64) -> v1::AcquireRequest {
     }
 }
 
+/// `n` acquires of fresh resources sent to the leader at once, each on its
+/// own connection; the replies in order.
+async fn acquire_concurrently(
+    cluster: &Cluster,
+    leader: u64,
+    prefix: &str,
+    n: usize,
+) -> Vec<v1::AcquireResponse> {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let mut lock = cluster.lock_client(leader);
+        let resource = format!("{prefix}-{i}");
+        tasks.push(tokio::spawn(async move {
+            lock.acquire(acquire(&resource, 0)).await
+        }));
+    }
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(t.await.unwrap().unwrap().into_inner());
+    }
+    replies
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_never_holds_more_than_max_batch_commands() {
     let cluster = Cluster::start_with(3, &[("FENCED_MAX_BATCH", "2")]).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let before = cluster.status(leader).await.unwrap();
-    let mut tasks = Vec::new();
-    for i in 0..60 {
-        let mut lock = cluster.lock_client(leader);
-        tasks.push(tokio::spawn(async move {
-            lock.acquire(acquire(&format!("batch-{i}"), 0)).await
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap().unwrap();
-    }
+    acquire_concurrently(&cluster, leader, "batch", 60).await;
     let after = cluster.status(leader).await.unwrap();
     let entries = after.applied_entries - before.applied_entries;
     let commands = after.applied_commands - before.applied_commands;
@@ -48,16 +62,7 @@ async fn concurrent_commands_share_log_entries() {
     let cluster = Cluster::start(3).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let before = cluster.status(leader).await.unwrap();
-    let mut tasks = Vec::new();
-    for i in 0..200 {
-        let mut lock = cluster.lock_client(leader);
-        tasks.push(tokio::spawn(async move {
-            lock.acquire(acquire(&format!("share-{i}"), 0)).await
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap().unwrap();
-    }
+    acquire_concurrently(&cluster, leader, "share", 200).await;
     let after = cluster.status(leader).await.unwrap();
     let entries = after.applied_entries - before.applied_entries;
     let commands = after.applied_commands - before.applied_commands;
@@ -154,15 +159,7 @@ async fn nodes_on_several_worker_threads_grant_every_request() {
     let cluster = Cluster::start_with(3, &[("FENCED_WORKER_THREADS", "2")]).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let before = cluster.status(leader).await.unwrap();
-    let mut tasks = Vec::new();
-    for i in 0..100 {
-        let mut lock = cluster.lock_client(leader);
-        tasks.push(tokio::spawn(async move {
-            lock.acquire(acquire(&format!("threads-{i}"), 0)).await
-        }));
-    }
-    for t in tasks {
-        let reply = t.await.unwrap().unwrap().into_inner();
+    for reply in acquire_concurrently(&cluster, leader, "threads", 100).await {
         assert!(
             matches!(
                 reply.outcome,
