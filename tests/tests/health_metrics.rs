@@ -326,6 +326,8 @@ async fn metrics_count_what_the_cluster_did() {
             assert_eq!(m["fenced_proposal_batch_commands_count"], 0.0, "node {id}");
         }
     }
+    // The leader's appends went to its followers while it synced its own.
+    assert!(l["fenced_raft_early_appends_total"] >= 1.0, "{l:?}");
 
     let (status, _) = http_get(&metrics[&leader], "/").await;
     assert_eq!(status, 404);

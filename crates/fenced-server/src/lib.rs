@@ -11,6 +11,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod early_replication;
 pub mod health;
 pub mod log_store;
 pub mod metrics;

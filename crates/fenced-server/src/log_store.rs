@@ -7,10 +7,11 @@ use std::{
     io,
     ops::{Bound, RangeBounds},
     path::Path,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError},
 };
 
 use openraft::{
+    raft::AppendEntriesRequest,
     storage::{LogFlushed, LogState, RaftLogStorage},
     AnyError, CommittedLeaderId, EntryPayload, OptionalSend, RaftLogReader, StorageIOError, Vote,
 };
@@ -21,6 +22,7 @@ use raft_log::{
 
 use crate::{
     codec,
+    early_replication::EarlyReplication,
     types::{Entry, LogId, NodeId, StorageError, TypeConfig},
 };
 
@@ -120,6 +122,20 @@ impl raft_log::Types for WalTypes {
 #[derive(Clone)]
 pub struct LogStore {
     wal: Arc<Mutex<raft_log::RaftLog<WalTypes>>>,
+    /// Set once Raft runs (it needs Raft's metrics for the membership).
+    early: Arc<OnceLock<EarlyReplication>>,
+}
+
+/// When this node appends as leader (under its own committed vote), that
+/// vote and the entry its new entries follow (its last one); `None` for a
+/// follower's or a candidate's append.
+fn leader_append(
+    vote: Option<Vote<NodeId>>,
+    me: NodeId,
+    last: Option<LogId>,
+) -> Option<(Vote<NodeId>, Option<LogId>)> {
+    let vote = vote?;
+    (vote.is_committed() && vote.leader_id().voted_for() == Some(me)).then_some((vote, last))
 }
 
 fn write_err(e: impl std::error::Error + 'static) -> StorageError {
@@ -148,7 +164,19 @@ impl LogStore {
         let wal = raft_log::RaftLog::<WalTypes>::open(Arc::new(config))?;
         Ok(Self {
             wal: Arc::new(Mutex::new(wal)),
+            early: Arc::new(OnceLock::new()),
         })
+    }
+
+    /// From now on, a leader's appends also go to its followers before its
+    /// own fdatasync ends (see [`crate::early_replication`]).
+    pub fn replicate_early(&self, early: EarlyReplication) {
+        let _ = self.early.set(early);
+    }
+
+    /// Early copies of appends sent to followers since start.
+    pub fn early_appends_sent(&self) -> u64 {
+        self.early.get().map_or(0, EarlyReplication::sent)
     }
 
     fn wal(&self) -> MutexGuard<'_, raft_log::RaftLog<WalTypes>> {
@@ -257,19 +285,38 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut items = Vec::new();
-        for e in entries {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let mut items = Vec::with_capacity(entries.len());
+        for e in &entries {
             items.push((
                 WalLogId(e.log_id),
                 codec::encode("log entry", &e.payload).map_err(write_err)?,
             ));
         }
         let mut wal = self.wal();
+        let early = self.early.get().and_then(|early| {
+            let state = wal.log_state();
+            let (vote, prev) = leader_append(
+                state.vote().map(|v| v.0),
+                early.me(),
+                state.last().or(state.purged()).map(|x| x.0),
+            )?;
+            Some((early, vote, prev, state.committed().map(|x| x.0)))
+        });
         wal.append(items).map_err(write_err)?;
         // openraft counts the entries as persisted only when raft-log's flush
         // thread calls back, after fdatasync.
         wal.flush(true, Some(FlushDone::Raft(callback)))
             .map_err(write_err)?;
+        drop(wal);
+        if let Some((early, vote, prev_log_id, leader_commit)) = early {
+            early.offer(&AppendEntriesRequest {
+                vote,
+                prev_log_id,
+                entries,
+                leader_commit,
+            });
+        }
         Ok(())
     }
 
@@ -284,5 +331,32 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         wal.purge(WalLogId(log_id)).map_err(write_err)?;
         wal.flush(true, None).map_err(write_err)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_id(term: u64, node: NodeId, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, node), index)
+    }
+
+    #[test]
+    fn only_a_leaders_own_appends_are_copied_early() {
+        let last = Some(log_id(3, 1, 41));
+        let mut leading = Vote::new(3, 1);
+        leading.commit();
+        assert_eq!(
+            leader_append(Some(leading), 1, last),
+            Some((leading, last)),
+            "the leader's append follows its last entry"
+        );
+        assert_eq!(leader_append(Some(leading), 1, None), Some((leading, None)));
+        // A follower appends what node 1 sent it.
+        assert_eq!(leader_append(Some(leading), 2, last), None);
+        // A candidate's vote for itself is not a leader's.
+        assert_eq!(leader_append(Some(Vote::new(4, 1)), 1, last), None);
+        assert_eq!(leader_append(None, 1, last), None);
     }
 }

@@ -198,6 +198,13 @@ pub fn render(ctx: &NodeContext) -> String {
         "gauge",
         flush.sync_max_us as f64 * 1e-6,
     );
+    sample(
+        &mut out,
+        "fenced_raft_early_appends_total",
+        "Copies of this node's appends as leader sent to followers while its own fdatasync ran.",
+        "counter",
+        ctx.log.early_appends_sent(),
+    );
 
     let m = ctx.raft.metrics().borrow().clone();
     sample(

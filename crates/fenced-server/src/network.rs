@@ -125,11 +125,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
-        Peer {
-            target,
-            addr: node.peer_addr.clone(),
-            conn: None,
-        }
+        Peer::new(target, node.peer_addr.clone())
     }
 }
 
@@ -140,6 +136,15 @@ struct TransportError(String);
 type CallError<E> = RPCError<NodeId, Node, RaftError<NodeId, E>>;
 
 impl Peer {
+    /// A client for node `target` at `addr`; it connects on first use.
+    pub(crate) fn new(target: NodeId, addr: String) -> Self {
+        Self {
+            target,
+            addr,
+            conn: None,
+        }
+    }
+
     async fn connect(&self) -> io::Result<BufStream<TcpStream>> {
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
             .await
@@ -157,7 +162,7 @@ impl Peer {
     /// a whole reply was read: openraft drops this future on its own
     /// timeouts, and a connection left behind with a reply still on its way
     /// would hand that reply to the next request (a wrong match index).
-    async fn exchange(&mut self, call: RaftCall, payload: &[u8]) -> io::Result<Vec<u8>> {
+    pub(crate) async fn exchange(&mut self, call: RaftCall, payload: &[u8]) -> io::Result<Vec<u8>> {
         let mut conn = match self.conn.take() {
             Some(c) => c,
             None => self.connect().await?,

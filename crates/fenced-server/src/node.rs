@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{server::TcpIncoming, Server};
 
 use crate::{
+    early_replication::EarlyReplication,
     health,
     log_store::LogStore,
     metrics,
@@ -173,6 +174,7 @@ impl RunningNode {
         let raft = Raft::new(cfg.id, Arc::new(raft_config), Network, log.clone(), sm)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
+        log.replicate_early(EarlyReplication::new(cfg.id, raft.metrics()));
 
         let initialized = raft
             .is_initialized()
