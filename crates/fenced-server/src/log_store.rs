@@ -154,7 +154,7 @@ impl LogStore {
         // The flush thread would linger this long for more writes before
         // each write+fdatasync (1 ms by default). Commands are coalesced
         // upstream: the proposer puts every queued command in one entry and
-        // keeps at most two entries in flight, and a follower gets one
+        // keeps one entry in flight, and a follower gets one
         // AppendEntries at a time per leader. Lingering therefore merged
         // almost nothing and only delayed every commit, on the leader and
         // again on the follower that completes the majority: in paired runs

@@ -75,7 +75,10 @@ impl NodeConfig {
             proposer: ProposerConfig {
                 max_pending: 65_536,
                 max_batch: fenced_core::MAX_BATCH_COMMANDS,
-                max_in_flight: 2,
+                // openraft 0.9 syncs the leader's log inside its core task:
+                // a second entry in flight only holds up the first one's
+                // commit (DECISIONS.md, "Batching").
+                max_in_flight: 1,
                 clock_skew_ppm: 0,
             },
             max_parked: 100_000,

@@ -222,7 +222,7 @@ async fn run(
 ) {
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
     while let Some(first) = rx.recv().await {
-        // While earlier entries are in flight, callers keep queueing: the
+        // While the previous entry is in flight, callers keep queueing: the
         // next batch grows with the load.
         let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
             break;
