@@ -256,9 +256,12 @@ impl Nemesis<'_> {
                 r.took_effect = dropped > 0;
             }
             Fault::Bridge => {
-                let mut ids = self.ids.clone();
-                self.rng.shuffle(&mut ids);
-                let (a, b, c) = (ids[0], ids[1], ids[2]);
+                // The leader on one side: followers never talk to each other,
+                // so a cut between two followers would change nothing.
+                let (a, _) = self.require_leader().await?;
+                let mut others = self.others(a);
+                self.rng.shuffle(&mut others);
+                let (b, c) = (others[0], others[1]);
                 r.target = format!("n{a} | n{c}, n{b} sees both");
                 r.installed_ns = self.rec.now_ns();
                 self.cut(a, c, tag)?;
