@@ -42,6 +42,10 @@ use crate::{
 /// How long one early copy may take before its connection is dropped.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// After a failed copy, how long a follower gets none: a member that is down
+/// would otherwise cost a connection attempt per append.
+const PAUSE_AFTER_FAILURE: Duration = Duration::from_millis(500);
+
 struct Link {
     addr: String,
     tx: mpsc::Sender<Vec<u8>>,
@@ -137,17 +141,19 @@ impl Link {
                 // learns the follower's state. An error or a timeout drops
                 // the connection (the exchange owns it) and the next copy
                 // connects again.
-                match tokio::time::timeout(
+                let failure = match tokio::time::timeout(
                     EXCHANGE_TIMEOUT,
                     peer.exchange(RaftCall::AppendEntries, &frame),
                 )
                 .await
                 {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        tracing::debug!(target_node = target, error = %e, "early append failed")
-                    }
-                    Err(_) => tracing::debug!(target_node = target, "early append timed out"),
+                    Ok(Ok(_)) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(_) => Some("no reply in time".to_string()),
+                };
+                if let Some(error) = failure {
+                    tracing::debug!(target_node = target, %error, "early append failed");
+                    tokio::time::sleep(PAUSE_AFTER_FAILURE).await;
                 }
                 done.store(false, Ordering::Release);
             }
@@ -271,6 +277,29 @@ mod tests {
             assert_eq!(r.leader_commit, req.leader_commit);
         }
         assert_eq!(early.sent(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_follower_that_cannot_be_reached_gets_no_copy_for_a_while() {
+        // A port nothing listens on: bound, then closed.
+        let closed = {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let nodes = vec![(1, "127.0.0.1:1".to_string()), (2, closed)];
+        let early = EarlyReplication::new(1, metrics(&nodes));
+        early.offer(&request(7));
+        assert_eq!(early.sent(), 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        early.offer(&request(8));
+        assert_eq!(
+            early.sent(),
+            1,
+            "no new connection attempt right after a failure"
+        );
+        tokio::time::sleep(PAUSE_AFTER_FAILURE + Duration::from_millis(300)).await;
+        early.offer(&request(9));
+        assert_eq!(early.sent(), 2, "tried again after the pause");
     }
 
     #[tokio::test]
