@@ -193,6 +193,29 @@ impl LogStore {
         self.wal().stat().flush_metrics
     }
 
+    /// Called before Raft starts. When this node led under the stored vote
+    /// in its last run, replaces that vote with its own uncommitted vote for
+    /// the next term, durably; returns that term.
+    ///
+    /// openraft 0.9 would otherwise make a restarted leader lead again under
+    /// the same vote, and assign log ids again from its last durable entry.
+    /// With early replication a follower may hold an entry of that leader
+    /// which the leader itself lost in the crash (sent before its own
+    /// fdatasync ended); a new entry with the same log id would then be taken
+    /// by that follower as one it already has, and the two logs would differ
+    /// under equal ids. In a new term every log id is new, and Raft replaces
+    /// the follower's uncommitted leftover as usual.
+    pub async fn give_up_restored_leadership(&self, me: NodeId) -> io::Result<Option<u64>> {
+        let vote = self.wal().log_state().vote().map(|v| v.0);
+        let Some((led, _)) = vote.and_then(|v| leader_append(Some(v), me, None)) else {
+            return Ok(None);
+        };
+        let term = led.leader_id().get_term() + 1;
+        self.wal().save_vote(WalVote(Vote::new(term, me)))?;
+        self.sync().await?;
+        Ok(Some(term))
+    }
+
     /// Flushes with fdatasync and waits for it.
     async fn sync(&self) -> io::Result<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -336,17 +359,56 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn log_id(term: u64, node: NodeId, index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(term, node), index)
     }
 
+    /// The vote of node `leader` once it won `term`.
+    fn won(term: u64, leader: NodeId) -> Vote<NodeId> {
+        let mut vote = Vote::new(term, leader);
+        vote.commit();
+        vote
+    }
+
+    /// A log in `dir` whose vote is `vote`.
+    async fn log_with_vote(dir: &Path, vote: Vote<NodeId>) -> LogStore {
+        let mut log = LogStore::open(dir).unwrap();
+        log.save_vote(&vote).await.unwrap();
+        log
+    }
+
+    #[tokio::test]
+    async fn a_restarted_leader_keeps_no_vote_of_its_last_run() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(log_with_vote(dir.path(), won(3, 1)).await);
+        let mut log = LogStore::open(dir.path()).unwrap();
+        assert_eq!(log.give_up_restored_leadership(1).await.unwrap(), Some(4));
+        let own_next = Vote::new(4, 1);
+        assert_eq!(log.read_vote().await.unwrap(), Some(own_next));
+        drop(log);
+        // Durable: the next start sees the new vote, and leaves it alone.
+        let mut log = LogStore::open(dir.path()).unwrap();
+        assert_eq!(log.read_vote().await.unwrap(), Some(own_next));
+        assert_eq!(log.give_up_restored_leadership(1).await.unwrap(), None);
+        assert_eq!(log.read_vote().await.unwrap(), Some(own_next));
+    }
+
+    #[tokio::test]
+    async fn a_followers_vote_survives_a_restart_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = log_with_vote(dir.path(), won(3, 2)).await;
+        assert_eq!(log.give_up_restored_leadership(1).await.unwrap(), None);
+        assert_eq!(log.read_vote().await.unwrap(), Some(won(3, 2)));
+        assert_eq!(log.give_up_restored_leadership(2).await.unwrap(), Some(4));
+    }
+
     #[test]
     fn only_a_leaders_own_appends_are_copied_early() {
         let last = Some(log_id(3, 1, 41));
-        let mut leading = Vote::new(3, 1);
-        leading.commit();
+        let leading = won(3, 1);
         assert_eq!(
             leader_append(Some(leading), 1, last),
             Some((leading, last)),

@@ -132,6 +132,14 @@ impl RunningNode {
         };
         let log =
             LogStore::open(&cfg.data_dir.join("raft-log")).map_err(|e| storage(Box::new(e)))?;
+        match log.give_up_restored_leadership(cfg.id).await {
+            Ok(Some(term)) => tracing::info!(
+                term,
+                "led before the restart: standing for election in a new term"
+            ),
+            Ok(None) => {}
+            Err(e) => return Err(storage(Box::new(e))),
+        }
         let parking = Parking::new(cfg.max_parked);
         let sm = StateMachine::open(&cfg.data_dir.join("state"), parking)
             .map_err(|e| storage(e.to_string().into()))?;
