@@ -10,6 +10,10 @@ use std::{
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        OnceLock,
+    },
     time::{Duration, Instant},
 };
 
@@ -42,13 +46,31 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// A free loopback port (bound and released; good enough for tests).
+/// A free loopback port, below the kernel's ephemeral range (32768 and up
+/// on Linux): a port from `bind(0)` could be handed to another socket
+/// (an outgoing connection, another test's `bind(0)`) between this check and
+/// the node binding it, and the node would fail with "address in use". Each
+/// call in a process moves on to the next port, from a start that differs
+/// per process.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 22_000;
+    static START: OnceLock<u32> = OnceLock::new();
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = *START.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        std::process::id().wrapping_mul(7_919).wrapping_add(nanos) % SPAN
+    });
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + (start + n) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {LOW} and {}", LOW + SPAN)
 }
 
 pub struct NodeProc {
