@@ -126,6 +126,11 @@ pub struct LogStore {
     early: Arc<OnceLock<EarlyReplication>>,
 }
 
+/// Whether `vote` is the one node `me` leads under: its own, and won.
+fn leads_under(vote: &Vote<NodeId>, me: NodeId) -> bool {
+    vote.is_committed() && vote.leader_id().voted_for() == Some(me)
+}
+
 /// When this node appends as leader (under its own committed vote), that
 /// vote and the entry its new entries follow (its last one); `None` for a
 /// follower's or a candidate's append.
@@ -134,8 +139,14 @@ fn leader_append(
     me: NodeId,
     last: Option<LogId>,
 ) -> Option<(Vote<NodeId>, Option<LogId>)> {
-    let vote = vote?;
-    (vote.is_committed() && vote.leader_id().voted_for() == Some(me)).then_some((vote, last))
+    vote.filter(|v| leads_under(v, me)).map(|v| (v, last))
+}
+
+/// The id of the log's last entry, or of the last purged one when nothing
+/// follows it.
+fn last_log_id(wal: &raft_log::RaftLog<WalTypes>) -> Option<LogId> {
+    let state = wal.log_state();
+    state.last().or(state.purged()).map(|x| x.0)
 }
 
 fn write_err(e: impl std::error::Error + 'static) -> StorageError {
@@ -206,12 +217,16 @@ impl LogStore {
     /// under equal ids. In a new term every log id is new, and Raft replaces
     /// the follower's uncommitted leftover as usual.
     pub async fn give_up_restored_leadership(&self, me: NodeId) -> io::Result<Option<u64>> {
-        let vote = self.wal().log_state().vote().map(|v| v.0);
-        let Some((led, _)) = vote.and_then(|v| leader_append(Some(v), me, None)) else {
-            return Ok(None);
+        let term = {
+            let mut wal = self.wal();
+            let led = wal.log_state().vote().map(|v| v.0);
+            let Some(led) = led.filter(|v| leads_under(v, me)) else {
+                return Ok(None);
+            };
+            let term = led.leader_id().get_term() + 1;
+            wal.save_vote(WalVote(Vote::new(term, me)))?;
+            term
         };
-        let term = led.leader_id().get_term() + 1;
-        self.wal().save_vote(WalVote(Vote::new(term, me)))?;
         self.sync().await?;
         Ok(Some(term))
     }
@@ -260,11 +275,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let wal = self.wal();
-        let state = wal.log_state();
-        let last_purged_log_id = state.purged().map(|x| x.0);
         Ok(LogState {
-            last_purged_log_id,
-            last_log_id: state.last().map(|x| x.0).or(last_purged_log_id),
+            last_purged_log_id: wal.log_state().purged().map(|x| x.0),
+            last_log_id: last_log_id(&wal),
         })
     }
 
@@ -319,11 +332,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut wal = self.wal();
         let early = self.early.get().and_then(|early| {
             let state = wal.log_state();
-            let (vote, prev) = leader_append(
-                state.vote().map(|v| v.0),
-                early.me(),
-                state.last().or(state.purged()).map(|x| x.0),
-            )?;
+            let (vote, prev) =
+                leader_append(state.vote().map(|v| v.0), early.me(), last_log_id(&wal))?;
             Some((early, vote, prev, state.committed().map(|x| x.0)))
         });
         wal.append(items).map_err(write_err)?;
