@@ -328,6 +328,13 @@ async fn metrics_count_what_the_cluster_did() {
     }
     // The leader's appends went to its followers while it synced its own.
     assert!(l["fenced_raft_early_appends_total"] >= 1.0, "{l:?}");
+    // And the followers' answers to those copies stood in for openraft's own
+    // AppendEntries round trips; never more of them than copies sent.
+    let answered = l["fenced_raft_appends_answered_early_total"];
+    assert!(
+        answered >= 1.0 && answered <= l["fenced_raft_early_appends_total"],
+        "{l:?}"
+    );
 
     let (status, _) = http_get(&metrics[&leader], "/").await;
     assert_eq!(status, 404);

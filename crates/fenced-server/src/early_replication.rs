@@ -15,14 +15,22 @@
 //! committed vote, the entry before them, the entries) on a connection of
 //! its own per follower. The follower handles it like any AppendEntries:
 //! refused for a lower vote, refused when the previous entry does not match,
-//! otherwise appended and fdatasync'ed. Its reply is read and dropped. When
-//! openraft's own AppendEntries follows, the follower has the entries on disk
-//! already and answers at once. The early copy is best effort: when a
-//! follower is still busy with earlier ones it is skipped, and openraft's
-//! replication carries everything as before.
+//! otherwise appended and fdatasync'ed, and it answers only after that
+//! fdatasync (openraft's follower writes and syncs before it replies).
+//!
+//! The answer is kept in [`EarlyAnswers`]. When openraft's own AppendEntries
+//! for those entries follows, the transport ([`crate::network`]) looks there
+//! first: a success for an early copy under the same vote that reached at
+//! least as far is the answer the follower would give again (its log matches
+//! the leader's up to there, durably, and a leader never rewrites its log
+//! under one vote), so it is returned without a second round trip. Anything
+//! else (no copy, a refusal, an error, a copy still unanswered after a while)
+//! and the AppendEntries goes to the follower as usual. The early copy is
+//! best effort: when a follower is still busy with earlier ones it is
+//! skipped, and openraft's replication carries everything as before.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
@@ -30,7 +38,11 @@ use std::{
     time::Duration,
 };
 
-use openraft::{raft::AppendEntriesRequest, RaftMetrics};
+use openraft::{
+    error::RaftError,
+    raft::{AppendEntriesRequest, AppendEntriesResponse},
+    LogId, RaftMetrics, Vote,
+};
 use tokio::sync::{mpsc, watch};
 
 use crate::{
@@ -46,9 +58,104 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(1);
 /// would otherwise cost a connection attempt per append.
 const PAUSE_AFTER_FAILURE: Duration = Duration::from_millis(500);
 
+/// Early copies kept per follower for openraft's AppendEntries to find:
+/// openraft asks for the entries just appended, so a few suffice.
+const ANSWERS_KEPT: usize = 4;
+
+/// How a follower answered an early copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Pending,
+    /// Appended and fdatasync'ed: the follower's log matches the leader's up
+    /// to the copy's last entry.
+    Stored,
+    /// Refused, failed or timed out: openraft asks the follower itself.
+    NotStored,
+}
+
+/// One early copy sent to a follower.
+struct Sent {
+    vote: Vote<NodeId>,
+    last: LogId<NodeId>,
+    leader_commit: Option<LogId<NodeId>>,
+    answer: watch::Receiver<Answer>,
+}
+
+/// The answers to early copies, shared between the early links and the
+/// transport of openraft's replication.
+#[derive(Default)]
+pub struct EarlyAnswers {
+    by_follower: Mutex<HashMap<NodeId, VecDeque<Sent>>>,
+    reused: AtomicU64,
+}
+
+impl EarlyAnswers {
+    /// openraft AppendEntries answered from an early copy since start.
+    pub fn reused(&self) -> u64 {
+        self.reused.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, target: NodeId, sent: Sent) {
+        let mut all = self
+            .by_follower
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let kept = all.entry(target).or_default();
+        // Answers under an older vote can never match again.
+        kept.retain(|s| s.vote == sent.vote);
+        if kept.len() == ANSWERS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(sent);
+    }
+
+    /// Whether `req` to `target` is answered by an early copy: one under the
+    /// same vote that reached at least `req`'s last entry and told the
+    /// follower at least `req`'s commit index, and that the follower stored.
+    /// Waits up to `wait` for such a copy's answer. A heartbeat (no entries)
+    /// is never covered: it carries the commit index the follower needs.
+    pub(crate) async fn cover(
+        &self,
+        target: NodeId,
+        req: &AppendEntriesRequest<TypeConfig>,
+        wait: Duration,
+    ) -> bool {
+        let Some(last) = req.entries.last().map(|e| e.log_id) else {
+            return false;
+        };
+        let answer = {
+            let all = self
+                .by_follower
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            all.get(&target).and_then(|kept| {
+                kept.iter()
+                    .rev()
+                    .find(|s| {
+                        s.vote == req.vote
+                            && s.last.index >= last.index
+                            && s.leader_commit >= req.leader_commit
+                    })
+                    .map(|s| s.answer.clone())
+            })
+        };
+        let Some(mut answer) = answer else {
+            return false;
+        };
+        let stored = matches!(
+            tokio::time::timeout(wait, answer.wait_for(|a| *a != Answer::Pending)).await,
+            Ok(Ok(a)) if *a == Answer::Stored
+        );
+        if stored {
+            self.reused.fetch_add(1, Ordering::Relaxed);
+        }
+        stored
+    }
+}
+
 struct Link {
     addr: String,
-    tx: mpsc::Sender<Vec<u8>>,
+    tx: mpsc::Sender<(Vec<u8>, watch::Sender<Answer>)>,
     /// A copy is on its way or queued. Further ones are skipped: under load
     /// openraft's own AppendEntries is close behind anyway, and a follower
     /// busy with copies would only sync smaller pieces more often.
@@ -62,16 +169,26 @@ pub struct EarlyReplication {
     metrics: watch::Receiver<RaftMetrics<NodeId, Node>>,
     links: Mutex<HashMap<NodeId, Link>>,
     sent: AtomicU64,
+    answers: Arc<EarlyAnswers>,
 }
 
 impl EarlyReplication {
-    pub fn new(me: NodeId, metrics: watch::Receiver<RaftMetrics<NodeId, Node>>) -> Self {
+    pub fn new(
+        me: NodeId,
+        metrics: watch::Receiver<RaftMetrics<NodeId, Node>>,
+        answers: Arc<EarlyAnswers>,
+    ) -> Self {
         Self {
             me,
             metrics,
             links: Mutex::new(HashMap::new()),
             sent: AtomicU64::new(0),
+            answers,
         }
+    }
+
+    pub fn answers(&self) -> &EarlyAnswers {
+        &self.answers
     }
 
     pub fn me(&self) -> NodeId {
@@ -85,6 +202,9 @@ impl EarlyReplication {
 
     /// Queues `req` for every other member. Never waits.
     pub fn offer(&self, req: &AppendEntriesRequest<TypeConfig>) {
+        let Some(last) = req.entries.last().map(|e| e.log_id) else {
+            return;
+        };
         let targets: Vec<(NodeId, String)> = {
             let m = self.metrics.borrow();
             m.membership_config
@@ -118,8 +238,18 @@ impl EarlyReplication {
             if link.busy.swap(true, Ordering::AcqRel) {
                 continue;
             }
-            if link.tx.try_send(frame.clone()).is_ok() {
+            let (answer_tx, answer) = watch::channel(Answer::Pending);
+            if link.tx.try_send((frame.clone(), answer_tx)).is_ok() {
                 self.sent.fetch_add(1, Ordering::Relaxed);
+                self.answers.record(
+                    target,
+                    Sent {
+                        vote: req.vote,
+                        last,
+                        leader_commit: req.leader_commit,
+                        answer,
+                    },
+                );
             } else {
                 link.busy.store(false, Ordering::Release);
             }
@@ -131,27 +261,38 @@ impl Link {
     /// Starts the task that sends one follower its early copies in order;
     /// it ends when the link is dropped.
     fn start(target: NodeId, addr: String) -> Self {
-        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(1);
+        let (tx, mut rx) = mpsc::channel::<(Vec<u8>, watch::Sender<Answer>)>(1);
         let busy = Arc::new(AtomicBool::new(false));
         let mut peer = Peer::new(target, addr.clone());
         let done = Arc::clone(&busy);
         tokio::spawn(async move {
-            while let Some(frame) = rx.recv().await {
-                // The reply is not needed: openraft's own AppendEntries
-                // learns the follower's state. An error or a timeout drops
-                // the connection (the exchange owns it) and the next copy
-                // connects again.
+            while let Some((frame, answer)) = rx.recv().await {
+                // An error or a timeout drops the connection (the exchange
+                // owns it) and the next copy connects again.
                 let failure = match tokio::time::timeout(
                     EXCHANGE_TIMEOUT,
                     peer.exchange(RaftCall::AppendEntries, &frame),
                 )
                 .await
                 {
-                    Ok(Ok(_)) => None,
+                    Ok(Ok(reply)) => {
+                        let reply: Result<
+                            Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>,
+                            _,
+                        > = codec::decode("append_entries", &reply);
+                        let stored = matches!(reply, Ok(Ok(AppendEntriesResponse::Success)));
+                        answer.send_replace(if stored {
+                            Answer::Stored
+                        } else {
+                            Answer::NotStored
+                        });
+                        None
+                    }
                     Ok(Err(e)) => Some(e.to_string()),
                     Err(_) => Some("no reply in time".to_string()),
                 };
                 if let Some(error) = failure {
+                    answer.send_replace(Answer::NotStored);
                     tracing::debug!(target_node = target, %error, "early append failed");
                     tokio::time::sleep(PAUSE_AFTER_FAILURE).await;
                 }
@@ -179,18 +320,23 @@ mod tests {
         types::Entry,
     };
 
-    /// A follower that hands every AppendEntries it gets to the test, and
-    /// answers only when `answer`.
+    /// A follower that hands every AppendEntries it gets to the test and
+    /// answers with `answer`, or never when `None`.
     async fn follower(
         id: NodeId,
-        answer: bool,
+        answer: Option<AppendEntriesResponse<NodeId>>,
         seen: mpsc::UnboundedSender<(NodeId, AppendEntriesRequest<TypeConfig>)>,
     ) -> String {
+        let answer = answer.map(|a| {
+            let reply: Result<_, RaftError<NodeId>> = Ok(a);
+            codec::encode("append_entries", &reply).unwrap()
+        });
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let seen = seen.clone();
+                let answer = answer.clone();
                 tokio::spawn(async move {
                     let mut conn = BufStream::new(stream);
                     let mut preface = [0u8; 8];
@@ -200,8 +346,8 @@ mod tests {
                         assert_eq!(frame[0], RaftCall::AppendEntries as u8);
                         let _ =
                             seen.send((id, codec::decode("append_entries", &frame[1..]).unwrap()));
-                        if answer {
-                            write_frame(&mut conn, &[], b"ok").await?;
+                        if let Some(body) = &answer {
+                            write_frame(&mut conn, &[], body).await?;
                             conn.flush().await?;
                         }
                     }
@@ -255,10 +401,16 @@ mod tests {
         let nodes = vec![
             // This node's own address is never dialled.
             (1, "127.0.0.1:1".to_string()),
-            (2, follower(2, true, tx.clone()).await),
-            (3, follower(3, true, tx).await),
+            (
+                2,
+                follower(2, Some(AppendEntriesResponse::Success), tx.clone()).await,
+            ),
+            (
+                3,
+                follower(3, Some(AppendEntriesResponse::Success), tx).await,
+            ),
         ];
-        let early = EarlyReplication::new(1, metrics(&nodes));
+        let early = EarlyReplication::new(1, metrics(&nodes), Arc::default());
         let req = request(7);
         early.offer(&req);
         let mut got = BTreeMap::new();
@@ -287,7 +439,7 @@ mod tests {
             l.local_addr().unwrap().to_string()
         };
         let nodes = vec![(1, "127.0.0.1:1".to_string()), (2, closed)];
-        let early = EarlyReplication::new(1, metrics(&nodes));
+        let early = EarlyReplication::new(1, metrics(&nodes), Arc::default());
         early.offer(&request(7));
         assert_eq!(early.sent(), 1);
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -307,9 +459,9 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let nodes = vec![
             (1, "127.0.0.1:1".to_string()),
-            (2, follower(2, false, tx).await),
+            (2, follower(2, None, tx).await),
         ];
-        let early = EarlyReplication::new(1, metrics(&nodes));
+        let early = EarlyReplication::new(1, metrics(&nodes), Arc::default());
         early.offer(&request(7));
         let (_, first) = rx.recv().await.unwrap();
         assert_eq!(first.entries[0].log_id.index, 7);
@@ -322,5 +474,123 @@ mod tests {
                 .is_err(),
             "nothing else reached the busy follower"
         );
+    }
+
+    /// A leader whose one follower answers every early copy with `answer`.
+    async fn leader_with(
+        answer: Option<AppendEntriesResponse<NodeId>>,
+    ) -> (
+        EarlyReplication,
+        mpsc::UnboundedReceiver<(NodeId, AppendEntriesRequest<TypeConfig>)>,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let nodes = vec![
+            (1, "127.0.0.1:1".to_string()),
+            (2, follower(2, answer, tx).await),
+        ];
+        (
+            EarlyReplication::new(1, metrics(&nodes), Arc::default()),
+            rx,
+        )
+    }
+
+    const WAIT: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn a_stored_copy_answers_openraft_s_append_of_the_same_entries() {
+        let (early, _seen) = leader_with(Some(AppendEntriesResponse::Success)).await;
+        early.offer(&request(7));
+        let answers = early.answers();
+        assert!(answers.cover(2, &request(7), WAIT).await);
+        // An entry the stored copy reached past is stored too.
+        assert!(answers.cover(2, &request(6), WAIT).await);
+        assert_eq!(answers.reused(), 2);
+    }
+
+    #[tokio::test]
+    async fn nothing_but_a_stored_copy_under_the_same_vote_reaching_as_far_answers() {
+        let (early, _seen) = leader_with(Some(AppendEntriesResponse::Success)).await;
+        early.offer(&request(7));
+        let answers = early.answers();
+        assert!(answers.cover(2, &request(7), WAIT).await, "stored");
+
+        let mut further = request(8);
+        further.prev_log_id = Some(request(7).entries[0].log_id);
+        assert!(
+            !answers.cover(2, &further, WAIT).await,
+            "an entry not copied"
+        );
+
+        let mut other_vote = request(7);
+        other_vote.vote = Vote::new(3, 1);
+        other_vote.vote.commit();
+        assert!(!answers.cover(2, &other_vote, WAIT).await, "another vote");
+
+        let mut newer_commit = request(7);
+        newer_commit.leader_commit = Some(request(7).entries[0].log_id);
+        assert!(
+            !answers.cover(2, &newer_commit, WAIT).await,
+            "the follower must still learn the newer commit index"
+        );
+
+        let mut heartbeat = request(7);
+        heartbeat.entries.clear();
+        assert!(!answers.cover(2, &heartbeat, WAIT).await, "a heartbeat");
+
+        assert!(!answers.cover(3, &request(7), WAIT).await, "another member");
+        assert_eq!(answers.reused(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_refused_copy_answers_nothing() {
+        let refusals = || {
+            [
+                AppendEntriesResponse::Conflict,
+                AppendEntriesResponse::HigherVote(Vote::new(9, 3)),
+                AppendEntriesResponse::PartialSuccess(None),
+            ]
+        };
+        for (i, refusal) in refusals().into_iter().enumerate() {
+            let (early, _seen) = leader_with(refusals().into_iter().nth(i)).await;
+            early.offer(&request(7));
+            assert!(
+                !early.answers().cover(2, &request(7), WAIT).await,
+                "{refusal:?}"
+            );
+            assert_eq!(early.answers().reused(), 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_copy_is_waited_for_no_longer_than_asked() {
+        let (early, mut seen) = leader_with(None).await;
+        early.offer(&request(7));
+        seen.recv().await.unwrap();
+        let started = std::time::Instant::now();
+        assert!(
+            !early
+                .answers()
+                .cover(2, &request(7), Duration::from_millis(100))
+                .await
+        );
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(100) && waited < Duration::from_secs(1),
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_copy_that_could_not_be_sent_answers_nothing_at_once() {
+        let closed = {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let nodes = vec![(1, "127.0.0.1:1".to_string()), (2, closed)];
+        let early = EarlyReplication::new(1, metrics(&nodes), Arc::default());
+        early.offer(&request(7));
+        let started = std::time::Instant::now();
+        assert!(!early.answers().cover(2, &request(7), WAIT).await);
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 }

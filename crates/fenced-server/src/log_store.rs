@@ -190,6 +190,12 @@ impl LogStore {
         self.early.get().map_or(0, EarlyReplication::sent)
     }
 
+    /// openraft AppendEntries answered by a follower's answer to an early
+    /// copy, without a round trip of their own.
+    pub fn early_answers_reused(&self) -> u64 {
+        self.early.get().map_or(0, |e| e.answers().reused())
+    }
+
     fn wal(&self) -> MutexGuard<'_, raft_log::RaftLog<WalTypes>> {
         self.wal.lock().unwrap_or_else(PoisonError::into_inner)
     }

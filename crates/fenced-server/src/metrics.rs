@@ -205,6 +205,13 @@ pub fn render(ctx: &NodeContext) -> String {
         "counter",
         ctx.log.early_appends_sent(),
     );
+    sample(
+        &mut out,
+        "fenced_raft_appends_answered_early_total",
+        "AppendEntries to followers answered by their stored answer to an early copy, without a round trip of their own.",
+        "counter",
+        ctx.log.early_answers_reused(),
+    );
 
     let m = ctx.raft.metrics().borrow().clone();
     sample(

@@ -12,7 +12,7 @@
 //! A connection carries one request at a time and its reply; any error or
 //! timeout drops it, so a late reply can never be taken for the next one.
 
-use std::{io, time::Duration};
+use std::{io, sync::Arc, time::Duration};
 
 use openraft::{
     error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable},
@@ -31,6 +31,7 @@ use tokio::{
 
 use crate::{
     codec,
+    early_replication::EarlyAnswers,
     types::{Node, NodeId, TypeConfig},
 };
 
@@ -113,19 +114,31 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<Ve
 /// Makes one Raft client per replication stream, each with its own
 /// connection.
 #[derive(Clone)]
-pub struct Network;
+pub struct Network {
+    /// Followers' answers to early copies of this node's appends.
+    early: Arc<EarlyAnswers>,
+}
+
+impl Network {
+    pub fn new(early: Arc<EarlyAnswers>) -> Self {
+        Self { early }
+    }
+}
 
 pub struct Peer {
     target: NodeId,
     addr: String,
     conn: Option<BufStream<TcpStream>>,
+    early: Option<Arc<EarlyAnswers>>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
-        Peer::new(target, node.peer_addr.clone())
+        let mut peer = Peer::new(target, node.peer_addr.clone());
+        peer.early = Some(Arc::clone(&self.early));
+        peer
     }
 }
 
@@ -142,6 +155,7 @@ impl Peer {
             target,
             addr,
             conn: None,
+            early: None,
         }
     }
 
@@ -234,6 +248,14 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
+        if let Some(early) = &self.early {
+            // The follower's own answer, given already to an early copy
+            // (see crate::early_replication). Half the soft deadline leaves
+            // the ordinary call time enough when the copy failed.
+            if early.cover(self.target, &rpc, option.soft_ttl() / 2).await {
+                return Ok(AppendEntriesResponse::Success);
+            }
+        }
         self.call(RaftCall::AppendEntries, &rpc, &option).await
     }
 
@@ -294,11 +316,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_exchange_never_hands_its_reply_to_the_next_request() {
-        let mut peer = Peer {
-            target: 2,
-            addr: echo_peer().await,
-            conn: None,
-        };
+        let mut peer = Peer::new(2, echo_peer().await);
         assert_eq!(
             peer.exchange(RaftCall::AppendEntries, b"first")
                 .await

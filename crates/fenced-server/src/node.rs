@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{server::TcpIncoming, Server};
 
 use crate::{
-    early_replication::EarlyReplication,
+    early_replication::{EarlyAnswers, EarlyReplication},
     health,
     log_store::LogStore,
     metrics,
@@ -182,10 +182,12 @@ impl RunningNode {
         }
         .validate()
         .map_err(|e| NodeError::Config(e.to_string()))?;
-        let raft = Raft::new(cfg.id, Arc::new(raft_config), Network, log.clone(), sm)
+        let early_answers = Arc::new(EarlyAnswers::default());
+        let network = Network::new(Arc::clone(&early_answers));
+        let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
-        log.replicate_early(EarlyReplication::new(cfg.id, raft.metrics()));
+        log.replicate_early(EarlyReplication::new(cfg.id, raft.metrics(), early_answers));
 
         let initialized = raft
             .is_initialized()
