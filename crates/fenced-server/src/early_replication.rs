@@ -35,7 +35,7 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use openraft::{
@@ -75,6 +75,10 @@ enum Answer {
 
 /// One early copy sent to a follower.
 struct Sent {
+    /// openraft times a follower's acknowledgement from when it sends the
+    /// AppendEntries (the quorum-ack age that readiness reads); an answer
+    /// reused within `wait` of this is never timed more than that late.
+    at: Instant,
     vote: Vote<NodeId>,
     last: LogId<NodeId>,
     leader_commit: Option<LogId<NodeId>>,
@@ -109,10 +113,10 @@ impl EarlyAnswers {
         kept.push_back(sent);
     }
 
-    /// Whether `req` to `target` is answered by an early copy: one under the
-    /// same vote that reached at least `req`'s last entry and told the
-    /// follower at least `req`'s commit index, and that the follower stored.
-    /// Waits up to `wait` for such a copy's answer. A heartbeat (no entries)
+    /// Whether `req` to `target` is answered by an early copy: one sent
+    /// within `wait`, under the same vote, that reached at least `req`'s last
+    /// entry and told the follower at least `req`'s commit index, and that
+    /// the follower stored. Waits up to `wait` for such a copy's answer. A heartbeat (no entries)
     /// is never covered: it carries the commit index the follower needs.
     pub(crate) async fn cover(
         &self,
@@ -132,7 +136,8 @@ impl EarlyAnswers {
                 kept.iter()
                     .rev()
                     .find(|s| {
-                        s.vote == req.vote
+                        s.at.elapsed() <= wait
+                            && s.vote == req.vote
                             && s.last.index >= last.index
                             && s.leader_commit >= req.leader_commit
                     })
@@ -244,6 +249,7 @@ impl EarlyReplication {
                 self.answers.record(
                     target,
                     Sent {
+                        at: Instant::now(),
                         vote: req.vote,
                         last,
                         leader_commit: req.leader_commit,
@@ -538,6 +544,13 @@ mod tests {
         assert!(!answers.cover(2, &heartbeat, WAIT).await, "a heartbeat");
 
         assert!(!answers.cover(3, &request(7), WAIT).await, "another member");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(
+            !answers
+                .cover(2, &request(7), Duration::from_millis(50))
+                .await,
+            "a copy sent longer ago than the wait"
+        );
         assert_eq!(answers.reused(), 1);
     }
 
