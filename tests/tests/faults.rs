@@ -303,3 +303,35 @@ async fn an_election_never_shortens_a_lease_and_lengthens_it_by_at_most_the_elec
         "the lease ended after {freed:?}; election took {elected_within:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_frozen_past_the_election_timeout_does_not_depose_the_leader() {
+    let cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let term = cluster.status(leader).await.unwrap().term;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+
+    // Frozen, it hears nothing; the other two commit without it, so its log
+    // falls behind.
+    cluster.signal(follower, nix::sys::signal::Signal::SIGSTOP);
+    for i in 0..5 {
+        grant(&client, &format!("while-frozen-{i}")).await;
+    }
+    // Several election timeouts (0.5-1 s here) and leader leases go by.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.signal(follower, nix::sys::signal::Signal::SIGCONT);
+    // Its election checks run as soon as it wakes, before or after the
+    // leader's next message reaches it; a few more run afterwards.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    grant(&client, "after-the-thaw").await;
+    for id in 1..=3 {
+        let s = cluster.status(id).await.unwrap();
+        assert_eq!(
+            (s.term, s.leader_id),
+            (term, leader),
+            "node {id}: the frozen follower raised the term or moved the leadership: {s:?}\n{}",
+            cluster.logs()
+        );
+    }
+}

@@ -46,7 +46,9 @@ pub struct RunSettings {
     /// Longest a blocking acquire may wait on the server, ms.
     #[arg(long, env = "FENCED_WAIT_MAX_MS")]
     pub wait_max_ms: Option<u64>,
-    /// Raft election timeout (lower bound; the upper is twice it), ms.
+    /// Raft election timeout, ms: a follower stands for election once it has
+    /// not heard from a leader for twice this and a pre-vote majority agrees,
+    /// checking every quarter to half of it.
     #[arg(long, env = "FENCED_ELECTION_TIMEOUT_MS")]
     pub election_timeout_ms: Option<u64>,
     /// Raft heartbeat interval, ms.

@@ -12,6 +12,7 @@
 pub mod codec;
 pub mod config;
 pub mod early_replication;
+pub mod election;
 pub mod health;
 pub mod log_store;
 pub mod metrics;

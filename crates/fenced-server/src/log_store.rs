@@ -190,6 +190,11 @@ impl LogStore {
         self.early.get().map_or(0, EarlyReplication::sent)
     }
 
+    /// The id of the log's last entry (or of the last purged one).
+    pub fn last(&self) -> Option<LogId> {
+        last_log_id(&self.wal())
+    }
+
     /// openraft AppendEntries answered by a follower's answer to an early
     /// copy, without a round trip of their own.
     pub fn early_answers_reused(&self) -> u64 {

@@ -51,6 +51,8 @@ pub enum RaftCall {
     AppendEntries = 1,
     Vote = 2,
     InstallSnapshot = 3,
+    /// fenced's own pre-vote ([`crate::election`]), not an openraft call.
+    PreVote = 4,
 }
 
 impl RaftCall {
@@ -59,6 +61,7 @@ impl RaftCall {
             1 => Some(Self::AppendEntries),
             2 => Some(Self::Vote),
             3 => Some(Self::InstallSnapshot),
+            4 => Some(Self::PreVote),
             _ => None,
         }
     }
@@ -68,6 +71,7 @@ impl RaftCall {
             Self::AppendEntries => "append_entries",
             Self::Vote => "vote",
             Self::InstallSnapshot => "install_snapshot",
+            Self::PreVote => "pre_vote",
         }
     }
 }

@@ -15,12 +15,13 @@ use tonic::transport::{server::TcpIncoming, Server};
 
 use crate::{
     early_replication::{EarlyAnswers, EarlyReplication},
+    election::Election,
     health,
     log_store::LogStore,
     metrics,
     network::Network,
     parking::Parking,
-    peer_listener,
+    peer_listener::{self, RaftPeer},
     proposer::{run_leader_watch, run_ticker, LeaderTime, Proposer, ProposerConfig},
     services::{ClusterService, LockService, NodeContext},
     state_machine::StateMachine,
@@ -188,6 +189,15 @@ impl RunningNode {
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
         log.replicate_early(EarlyReplication::new(cfg.id, raft.metrics(), early_answers));
+        // Elections start from fenced's pre-vote (crate::election), not from
+        // openraft's timer.
+        raft.runtime_config().elect(false);
+        let election = Arc::new(Election::new(
+            cfg.id,
+            Duration::from_millis(cfg.election_timeout_ms),
+            Duration::from_millis(cfg.election_timeout_ms * 2),
+        ));
+        let election_log = log.clone();
 
         let initialized = raft
             .is_initialized()
@@ -279,9 +289,18 @@ impl RunningNode {
         // The peer port carries Raft (plain frames) and, over gRPC, the
         // requests followers forward; the accept loop routes each connection.
         let (peer_grpc_tx, peer_grpc_rx) = tokio::sync::mpsc::channel(64);
+        tasks.push(tokio::spawn({
+            let election = Arc::clone(&election);
+            let (raft, log, stop) = (raft.clone(), election_log.clone(), stop.clone());
+            async move { election.run(raft, log, stop).await }
+        }));
         tasks.push(tokio::spawn(peer_listener::accept(
             peer_listener,
-            raft.clone(),
+            RaftPeer {
+                raft: raft.clone(),
+                election,
+                log: election_log,
+            },
             peer_grpc_tx,
             stop.clone(),
         )));

@@ -2,7 +2,9 @@
 //! Raft frames ([`network::PREFACE`]) to [`serve_raft`], everything else to
 //! the gRPC server (forwarded client calls, health).
 
-use std::{io, time::Duration};
+use std::{io, sync::Arc, time::Duration};
+
+use openraft::raft::AppendEntriesResponse;
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt, BufStream},
@@ -13,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     codec,
+    election::{Election, PreVoteRequest},
+    log_store::LogStore,
     network::{read_frame, write_frame, RaftCall, PREFACE},
     types::Raft,
 };
@@ -20,10 +24,19 @@ use crate::{
 /// How long a new connection may take to send the bytes that route it.
 const ROUTE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What a Raft connection is served with.
+#[derive(Clone)]
+pub struct RaftPeer {
+    pub raft: Raft,
+    /// Told of every message from a leader; answers pre-votes.
+    pub election: Arc<Election>,
+    pub log: LogStore,
+}
+
 /// Accepts on `listener` until `stop`; gRPC connections go to `grpc`.
 pub async fn accept(
     listener: TcpListener,
-    raft: Raft,
+    peer: RaftPeer,
     grpc: mpsc::Sender<io::Result<TcpStream>>,
     stop: CancellationToken,
 ) {
@@ -44,7 +57,7 @@ pub async fn accept(
         // Nagle's algorithm would hold small replies behind unacknowledged
         // ones and add latency to every commit.
         let _ = stream.set_nodelay(true);
-        let raft = raft.clone();
+        let peer = peer.clone();
         let grpc = grpc.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -52,7 +65,7 @@ pub async fn accept(
                 Ok(Ok(true)) => {
                     tokio::select! {
                         _ = stop.cancelled() => {}
-                        r = serve_raft(stream, raft) => match r {
+                        r = serve_raft(stream, peer) => match r {
                             Ok(()) => {}
                             // A peer speaking another codec version (a
                             // rolling upgrade) or garbage: worth a warning.
@@ -96,7 +109,12 @@ async fn is_raft(stream: &TcpStream) -> io::Result<bool> {
 
 /// Answers Raft requests on one connection, one at a time, until it closes.
 /// A malformed frame closes the connection; the sender reconnects.
-async fn serve_raft(stream: TcpStream, raft: Raft) -> io::Result<()> {
+async fn serve_raft(stream: TcpStream, peer: RaftPeer) -> io::Result<()> {
+    let RaftPeer {
+        raft,
+        election,
+        log,
+    } = peer;
     let mut conn = BufStream::new(stream);
     let mut preface = [0u8; PREFACE.len()];
     conn.read_exact(&mut preface).await?;
@@ -109,15 +127,34 @@ async fn serve_raft(stream: TcpStream, raft: Raft) -> io::Result<()> {
         let reply = match call {
             RaftCall::AppendEntries => {
                 let req = decode(call, body)?;
-                encode(call, &raft.append_entries(req).await)?
+                let resp = raft.append_entries(req).await;
+                // Anything but a refusal for a lower vote came from a leader
+                // this node follows.
+                if matches!(&resp, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+                    election.heard_from_leader();
+                }
+                encode(call, &resp)?
             }
             RaftCall::Vote => {
                 let req = decode(call, body)?;
-                encode(call, &raft.vote(req).await)?
+                let resp = raft.vote(req).await;
+                // Raft restarts a voter's election timer when it grants.
+                if matches!(&resp, Ok(r) if r.vote_granted) {
+                    election.heard_from_leader();
+                }
+                encode(call, &resp)?
             }
             RaftCall::InstallSnapshot => {
                 let req = decode(call, body)?;
-                encode(call, &raft.install_snapshot(req).await)?
+                let resp = raft.install_snapshot(req).await;
+                if resp.is_ok() {
+                    election.heard_from_leader();
+                }
+                encode(call, &resp)?
+            }
+            RaftCall::PreVote => {
+                let req: PreVoteRequest = decode(call, body)?;
+                encode(call, &election.answer(&raft, &log, &req))?
             }
         };
         write_frame(&mut conn, &[], &reply).await?;
