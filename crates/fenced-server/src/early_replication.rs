@@ -116,8 +116,9 @@ impl EarlyAnswers {
     /// Whether `req` to `target` is answered by an early copy: one sent
     /// within `wait`, under the same vote, that reached at least `req`'s last
     /// entry and told the follower at least `req`'s commit index, and that
-    /// the follower stored. Waits up to `wait` for such a copy's answer. A heartbeat (no entries)
-    /// is never covered: it carries the commit index the follower needs.
+    /// the follower stored. Waits up to `wait` for such a copy's answer. A
+    /// heartbeat (no entries) is never covered: it carries the commit index
+    /// the follower needs.
     pub(crate) async fn cover(
         &self,
         target: NodeId,
@@ -437,15 +438,20 @@ mod tests {
         assert_eq!(early.sent(), 2);
     }
 
-    #[tokio::test]
-    async fn a_follower_that_cannot_be_reached_gets_no_copy_for_a_while() {
+    /// A leader whose one follower's address has nothing listening on it.
+    async fn leader_with_unreachable_follower() -> EarlyReplication {
         // A port nothing listens on: bound, then closed.
         let closed = {
             let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
             l.local_addr().unwrap().to_string()
         };
         let nodes = vec![(1, "127.0.0.1:1".to_string()), (2, closed)];
-        let early = EarlyReplication::new(1, metrics(&nodes), Arc::default());
+        EarlyReplication::new(1, metrics(&nodes), Arc::default())
+    }
+
+    #[tokio::test]
+    async fn a_follower_that_cannot_be_reached_gets_no_copy_for_a_while() {
+        let early = leader_with_unreachable_follower().await;
         early.offer(&request(7));
         assert_eq!(early.sent(), 1);
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -556,20 +562,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_copy_answers_nothing() {
-        let refusals = || {
-            [
-                AppendEntriesResponse::Conflict,
-                AppendEntriesResponse::HigherVote(Vote::new(9, 3)),
-                AppendEntriesResponse::PartialSuccess(None),
-            ]
-        };
-        for (i, refusal) in refusals().into_iter().enumerate() {
-            let (early, _seen) = leader_with(refusals().into_iter().nth(i)).await;
+        for refusal in [
+            AppendEntriesResponse::Conflict,
+            AppendEntriesResponse::HigherVote(Vote::new(9, 3)),
+            AppendEntriesResponse::PartialSuccess(None),
+        ] {
+            let name = format!("{refusal:?}");
+            let (early, _seen) = leader_with(Some(refusal)).await;
             early.offer(&request(7));
-            assert!(
-                !early.answers().cover(2, &request(7), WAIT).await,
-                "{refusal:?}"
-            );
+            assert!(!early.answers().cover(2, &request(7), WAIT).await, "{name}");
             assert_eq!(early.answers().reused(), 0);
         }
     }
@@ -595,12 +596,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_copy_that_could_not_be_sent_answers_nothing_at_once() {
-        let closed = {
-            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            l.local_addr().unwrap().to_string()
-        };
-        let nodes = vec![(1, "127.0.0.1:1".to_string()), (2, closed)];
-        let early = EarlyReplication::new(1, metrics(&nodes), Arc::default());
+        let early = leader_with_unreachable_follower().await;
         early.offer(&request(7));
         let started = std::time::Instant::now();
         assert!(!early.answers().cover(2, &request(7), WAIT).await);

@@ -82,10 +82,17 @@ pub struct Election {
     check_max: Duration,
     last_contact: Mutex<Option<Instant>>,
     jitter: RandomState,
+    /// This node's log: the last log id a pre-vote compares.
+    log: LogStore,
 }
 
 impl Election {
-    pub fn new(me: NodeId, election_timeout_min: Duration, election_timeout_max: Duration) -> Self {
+    pub fn new(
+        me: NodeId,
+        election_timeout_min: Duration,
+        election_timeout_max: Duration,
+        log: LogStore,
+    ) -> Self {
         Self {
             me,
             lease: election_timeout_max,
@@ -93,6 +100,7 @@ impl Election {
             check_max: election_timeout_min,
             last_contact: Mutex::new(None),
             jitter: RandomState::new(),
+            log,
         }
     }
 
@@ -115,9 +123,13 @@ impl Election {
     }
 
     /// The voter side of a pre-vote.
-    pub fn answer(&self, raft: &Raft, log: &LogStore, req: &PreVoteRequest) -> PreVoteResponse {
+    pub fn answer(&self, raft: &Raft, req: &PreVoteRequest) -> PreVoteResponse {
         let leader = raft.metrics().borrow().state == ServerState::Leader;
-        let granted = grants_pre_vote(leader || self.heard_lately(), req.last_log_id, log.last());
+        let granted = grants_pre_vote(
+            leader || self.heard_lately(),
+            req.last_log_id,
+            self.log.last(),
+        );
         tracing::debug!(candidate = req.candidate, granted, "pre-vote answered");
         PreVoteResponse { granted }
     }
@@ -137,7 +149,7 @@ impl Election {
     /// `stop`: a voter that is not the leader and has not heard from one
     /// within the lease asks the other voters, and calls an election when a
     /// majority would vote for it.
-    pub async fn run(&self, raft: Raft, log: LogStore, stop: CancellationToken) {
+    pub async fn run(&self, raft: Raft, stop: CancellationToken) {
         let mut round = 0u64;
         loop {
             round += 1;
@@ -145,9 +157,13 @@ impl Election {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(self.next_check(round)) => {}
             }
+            if self.heard_lately() {
+                continue;
+            }
             let (state, term, voters) = {
-                let m = raft.metrics().borrow().clone();
-                let membership = m.membership_config.membership().clone();
+                let metrics = raft.metrics();
+                let m = metrics.borrow();
+                let membership = m.membership_config.membership();
                 let voters: Vec<(NodeId, String)> = membership
                     .voter_ids()
                     .filter_map(|id| membership.get_node(&id).map(|n| (id, n.peer_addr.clone())))
@@ -156,13 +172,12 @@ impl Election {
             };
             if matches!(state, ServerState::Leader | ServerState::Shutdown)
                 || !voters.iter().any(|(id, _)| *id == self.me)
-                || self.heard_lately()
             {
                 continue;
             }
             let req = PreVoteRequest {
                 candidate: self.me,
-                last_log_id: log.last(),
+                last_log_id: self.log.last(),
             };
             let granted = 1 + self.ask(&voters, &req).await;
             let won = is_majority(granted, voters.len());
@@ -218,6 +233,7 @@ impl Election {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use openraft::CommittedLeaderId;
 
     use super::*;
@@ -251,9 +267,21 @@ mod tests {
         assert!(!is_majority(0, 0));
     }
 
+    fn election(min_ms: u64, max_ms: u64) -> (Election, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = LogStore::open(dir.path()).unwrap();
+        let e = Election::new(
+            1,
+            Duration::from_millis(min_ms),
+            Duration::from_millis(max_ms),
+            log,
+        );
+        (e, dir)
+    }
+
     #[test]
     fn leader_contact_lasts_one_lease() {
-        let e = Election::new(1, Duration::from_millis(20), Duration::from_millis(40));
+        let (e, _dir) = election(20, 40);
         assert!(!e.heard_lately(), "a node that never heard from a leader");
         e.heard_from_leader();
         assert!(e.heard_lately());
@@ -263,7 +291,7 @@ mod tests {
 
     #[test]
     fn checks_are_spread_over_half_the_shortest_election_timeout() {
-        let e = Election::new(1, Duration::from_millis(500), Duration::from_millis(1000));
+        let (e, _dir) = election(500, 1000);
         let draws: Vec<Duration> = (0..200).map(|r| e.next_check(r)).collect();
         assert!(draws
             .iter()

@@ -196,8 +196,8 @@ impl RunningNode {
             cfg.id,
             Duration::from_millis(cfg.election_timeout_ms),
             Duration::from_millis(cfg.election_timeout_ms * 2),
+            log.clone(),
         ));
-        let election_log = log.clone();
 
         let initialized = raft
             .is_initialized()
@@ -291,15 +291,14 @@ impl RunningNode {
         let (peer_grpc_tx, peer_grpc_rx) = tokio::sync::mpsc::channel(64);
         tasks.push(tokio::spawn({
             let election = Arc::clone(&election);
-            let (raft, log, stop) = (raft.clone(), election_log.clone(), stop.clone());
-            async move { election.run(raft, log, stop).await }
+            let (raft, stop) = (raft.clone(), stop.clone());
+            async move { election.run(raft, stop).await }
         }));
         tasks.push(tokio::spawn(peer_listener::accept(
             peer_listener,
             RaftPeer {
                 raft: raft.clone(),
                 election,
-                log: election_log,
             },
             peer_grpc_tx,
             stop.clone(),

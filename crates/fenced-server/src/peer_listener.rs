@@ -16,7 +16,6 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     codec,
     election::{Election, PreVoteRequest},
-    log_store::LogStore,
     network::{read_frame, write_frame, RaftCall, PREFACE},
     types::Raft,
 };
@@ -30,7 +29,6 @@ pub struct RaftPeer {
     pub raft: Raft,
     /// Told of every message from a leader; answers pre-votes.
     pub election: Arc<Election>,
-    pub log: LogStore,
 }
 
 /// Accepts on `listener` until `stop`; gRPC connections go to `grpc`.
@@ -110,11 +108,7 @@ async fn is_raft(stream: &TcpStream) -> io::Result<bool> {
 /// Answers Raft requests on one connection, one at a time, until it closes.
 /// A malformed frame closes the connection; the sender reconnects.
 async fn serve_raft(stream: TcpStream, peer: RaftPeer) -> io::Result<()> {
-    let RaftPeer {
-        raft,
-        election,
-        log,
-    } = peer;
+    let RaftPeer { raft, election } = peer;
     let mut conn = BufStream::new(stream);
     let mut preface = [0u8; PREFACE.len()];
     conn.read_exact(&mut preface).await?;
@@ -154,7 +148,7 @@ async fn serve_raft(stream: TcpStream, peer: RaftPeer) -> io::Result<()> {
             }
             RaftCall::PreVote => {
                 let req: PreVoteRequest = decode(call, body)?;
-                encode(call, &election.answer(&raft, &log, &req))?
+                encode(call, &election.answer(&raft, &req))?
             }
         };
         write_frame(&mut conn, &[], &reply).await?;
