@@ -28,6 +28,20 @@
 //! and the AppendEntries goes to the follower as usual. The early copy is
 //! best effort: when a follower is still busy with earlier ones it is
 //! skipped, and openraft's replication carries everything as before.
+//!
+//! openraft also follows every commit with a heartbeat to each follower that
+//! only tells it the new commit index: one more round trip per follower per
+//! command, about as much CPU as the append itself on a small machine. On a
+//! replication stream, such a heartbeat is answered from a stored copy under
+//! the same vote that reached its previous entry
+//! ([`EarlyAnswers::cover_heartbeat`]): that is all the follower's answer
+//! would say, since its log cannot lose what it stored under that vote. The
+//! commit index then rides on the next copy (every copy carries the leader's
+//! commit index); the stream's next heartbeat always goes out, so when
+//! writes stop a follower learns the commit index at the latest one
+//! heartbeat interval later. Commit needs no heartbeat: it counts only
+//! answers to entries. openraft's leadership checks use connections of their
+//! own, which are never answered this way.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -91,6 +105,7 @@ struct Sent {
 pub struct EarlyAnswers {
     by_follower: Mutex<HashMap<NodeId, VecDeque<Sent>>>,
     reused: AtomicU64,
+    heartbeats: AtomicU64,
 }
 
 impl EarlyAnswers {
@@ -113,12 +128,17 @@ impl EarlyAnswers {
         kept.push_back(sent);
     }
 
+    /// Commit-only heartbeats answered from a stored early copy since start.
+    pub fn heartbeats_answered(&self) -> u64 {
+        self.heartbeats.load(Ordering::Relaxed)
+    }
+
     /// Whether `req` to `target` is answered by an early copy: one sent
     /// within `wait`, under the same vote, that reached at least `req`'s last
     /// entry and told the follower at least `req`'s commit index, and that
     /// the follower stored. Waits up to `wait` for such a copy's answer. A
-    /// heartbeat (no entries) is never covered: it carries the commit index
-    /// the follower needs.
+    /// heartbeat (no entries) is never covered here (see
+    /// [`EarlyAnswers::cover_heartbeat`]).
     pub(crate) async fn cover(
         &self,
         target: NodeId,
@@ -128,6 +148,50 @@ impl EarlyAnswers {
         let Some(last) = req.entries.last().map(|e| e.log_id) else {
             return false;
         };
+        let covered = self
+            .stored(target, req, Some(last.index), req.leader_commit, wait)
+            .await;
+        if covered {
+            self.reused.fetch_add(1, Ordering::Relaxed);
+        }
+        covered
+    }
+
+    /// Whether heartbeat `req` (no entries) to `target` is answered by an
+    /// early copy sent within `wait`, under the same vote, that reached at
+    /// least the heartbeat's previous entry, and that the follower stored:
+    /// the follower's log then matches the leader's that far, which is all
+    /// its answer would say. What such an answer does not do is tell the
+    /// follower `req`'s commit index: the caller must see that the next
+    /// message to it does.
+    pub(crate) async fn cover_heartbeat(
+        &self,
+        target: NodeId,
+        req: &AppendEntriesRequest<TypeConfig>,
+        wait: Duration,
+    ) -> bool {
+        if !req.entries.is_empty() {
+            return false;
+        }
+        let reach = req.prev_log_id.map(|p| p.index);
+        let covered = self.stored(target, req, reach, None, wait).await;
+        if covered {
+            self.heartbeats.fetch_add(1, Ordering::Relaxed);
+        }
+        covered
+    }
+
+    /// Whether a copy to `target` sent within `wait` under `req`'s vote,
+    /// reaching index `reach` and telling commit index `commit` or later,
+    /// was stored; waits up to `wait` for its answer.
+    async fn stored(
+        &self,
+        target: NodeId,
+        req: &AppendEntriesRequest<TypeConfig>,
+        reach: Option<u64>,
+        commit: Option<LogId<NodeId>>,
+        wait: Duration,
+    ) -> bool {
         let answer = {
             let all = self
                 .by_follower
@@ -139,8 +203,8 @@ impl EarlyAnswers {
                     .find(|s| {
                         s.at.elapsed() <= wait
                             && s.vote == req.vote
-                            && s.last.index >= last.index
-                            && s.leader_commit >= req.leader_commit
+                            && Some(s.last.index) >= reach
+                            && s.leader_commit >= commit
                     })
                     .map(|s| s.answer.clone())
             })
@@ -152,9 +216,6 @@ impl EarlyAnswers {
             tokio::time::timeout(wait, answer.wait_for(|a| *a != Answer::Pending)).await,
             Ok(Ok(a)) if *a == Answer::Stored
         );
-        if stored {
-            self.reused.fetch_add(1, Ordering::Relaxed);
-        }
         stored
     }
 }
@@ -322,6 +383,8 @@ mod tests {
     };
 
     use super::*;
+    use openraft::network::{RPCOption, RaftNetwork};
+
     use crate::{
         network::{read_frame, write_frame, PREFACE},
         types::Entry,
@@ -601,5 +664,144 @@ mod tests {
         let started = std::time::Instant::now();
         assert!(!early.answers().cover(2, &request(7), WAIT).await);
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    /// A heartbeat from the leader of `request`: previous entry `prev`,
+    /// commit index `commit`.
+    fn heartbeat(prev: u64, commit: u64) -> AppendEntriesRequest<TypeConfig> {
+        let r = request(prev);
+        let id = |i| LogId::new(CommittedLeaderId::new(2, 1), i);
+        AppendEntriesRequest {
+            vote: r.vote,
+            prev_log_id: Some(id(prev)),
+            entries: Vec::new(),
+            leader_commit: Some(id(commit)),
+        }
+    }
+
+    /// The next AppendEntries the follower got, if one comes within 300 ms.
+    async fn next_seen(
+        seen: &mut mpsc::UnboundedReceiver<(NodeId, AppendEntriesRequest<TypeConfig>)>,
+    ) -> Option<AppendEntriesRequest<TypeConfig>> {
+        tokio::time::timeout(Duration::from_millis(300), seen.recv())
+            .await
+            .ok()
+            .flatten()
+            .map(|(_, r)| r)
+    }
+
+    /// A leader with one follower that stores everything, openraft's
+    /// replication connection to it, and what the follower receives.
+    async fn replication_stream() -> (
+        EarlyReplication,
+        Peer,
+        mpsc::UnboundedReceiver<(NodeId, AppendEntriesRequest<TypeConfig>)>,
+    ) {
+        let (tx, seen) = mpsc::unbounded_channel();
+        let addr = follower(2, Some(AppendEntriesResponse::Success), tx).await;
+        let nodes = vec![(1, "127.0.0.1:1".to_string()), (2, addr.clone())];
+        let answers = Arc::new(EarlyAnswers::default());
+        let early = EarlyReplication::new(1, metrics(&nodes), Arc::clone(&answers));
+        (early, Peer::with_early(2, addr, answers), seen)
+    }
+
+    fn option() -> RPCOption {
+        RPCOption::new(Duration::from_secs(2))
+    }
+
+    #[tokio::test]
+    async fn a_commit_heartbeat_after_a_stored_copy_stays_home_once_and_the_next_copy_or_call_tells_the_commit(
+    ) {
+        let (early, mut peer, mut seen) = replication_stream().await;
+        early.offer(&request(7));
+        assert_eq!(next_seen(&mut seen).await.unwrap().entries.len(), 1);
+        assert_eq!(
+            peer.append_entries(request(7), option()).await.unwrap(),
+            AppendEntriesResponse::Success
+        );
+        assert!(next_seen(&mut seen).await.is_none(), "the copy answered");
+
+        // Entry 7 committed: openraft's heartbeat says so.
+        assert_eq!(
+            peer.append_entries(heartbeat(7, 7), option())
+                .await
+                .unwrap(),
+            AppendEntriesResponse::Success
+        );
+        assert!(
+            next_seen(&mut seen).await.is_none(),
+            "answered from the stored copy of entry 7"
+        );
+        assert_eq!(early.answers().heartbeats_answered(), 1);
+
+        // The follower has not been told commit 7: the next heartbeat goes.
+        peer.append_entries(heartbeat(7, 7), option())
+            .await
+            .unwrap();
+        let told = next_seen(&mut seen).await.unwrap(); // sent to the follower
+        assert!(told.entries.is_empty());
+        assert_eq!(told.leader_commit, heartbeat(7, 7).leader_commit);
+
+        // A copy that tells the commit index settles what was owed: the
+        // heartbeat after its entries may stay home again.
+        let mut next = request(8);
+        next.leader_commit = heartbeat(7, 7).leader_commit;
+        early.offer(&next);
+        assert_eq!(
+            next_seen(&mut seen).await.unwrap().leader_commit,
+            next.leader_commit
+        );
+        peer.append_entries(next, option()).await.unwrap();
+        peer.append_entries(heartbeat(8, 8), option())
+            .await
+            .unwrap();
+        assert!(next_seen(&mut seen).await.is_none());
+        assert_eq!(early.answers().heartbeats_answered(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_heartbeat_the_copies_do_not_vouch_for_goes_to_the_follower() {
+        let (early, mut peer, mut seen) = replication_stream().await;
+        // Before the connection carried entries it may be a leadership
+        // check's, which must reach the follower.
+        early.offer(&request(7));
+        next_seen(&mut seen).await.unwrap();
+        peer.append_entries(heartbeat(7, 7), option())
+            .await
+            .unwrap();
+        assert!(next_seen(&mut seen).await.is_some(), "a fresh connection");
+
+        peer.append_entries(request(7), option()).await.unwrap();
+        assert!(next_seen(&mut seen).await.is_none());
+        let mut other_vote = heartbeat(7, 7);
+        other_vote.vote = Vote::new(3, 1);
+        other_vote.vote.commit();
+        for (name, hb) in [
+            ("past the stored copy", heartbeat(8, 7)),
+            ("under another vote", other_vote),
+        ] {
+            peer.append_entries(hb, option()).await.unwrap();
+            assert!(next_seen(&mut seen).await.is_some(), "{name}");
+        }
+        assert_eq!(early.answers().heartbeats_answered(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_refused_copy_vouches_for_no_heartbeat() {
+        let (tx, mut seen) = mpsc::unbounded_channel();
+        let addr = follower(2, Some(AppendEntriesResponse::Conflict), tx).await;
+        let nodes = vec![(1, "127.0.0.1:1".to_string()), (2, addr.clone())];
+        let answers = Arc::new(EarlyAnswers::default());
+        let early = EarlyReplication::new(1, metrics(&nodes), Arc::clone(&answers));
+        let mut peer = Peer::with_early(2, addr, answers);
+        early.offer(&request(7));
+        next_seen(&mut seen).await.unwrap();
+        peer.append_entries(request(7), option()).await.unwrap();
+        assert_eq!(next_seen(&mut seen).await.unwrap().entries.len(), 1);
+        peer.append_entries(heartbeat(7, 7), option())
+            .await
+            .unwrap();
+        assert!(next_seen(&mut seen).await.is_some());
+        assert_eq!(early.answers().heartbeats_answered(), 0);
     }
 }

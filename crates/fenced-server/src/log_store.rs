@@ -201,6 +201,14 @@ impl LogStore {
         self.early.get().map_or(0, |e| e.answers().reused())
     }
 
+    /// Commit-only heartbeats to followers answered from a stored early
+    /// copy, their commit index left to the next message.
+    pub fn early_heartbeats_answered(&self) -> u64 {
+        self.early
+            .get()
+            .map_or(0, |e| e.answers().heartbeats_answered())
+    }
+
     fn wal(&self) -> MutexGuard<'_, raft_log::RaftLog<WalTypes>> {
         self.wal.lock().unwrap_or_else(PoisonError::into_inner)
     }

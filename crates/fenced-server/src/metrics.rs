@@ -212,6 +212,13 @@ pub fn render(ctx: &NodeContext) -> String {
         "counter",
         ctx.log.early_answers_reused(),
     );
+    sample(
+        &mut out,
+        "fenced_raft_heartbeats_answered_early_total",
+        "Heartbeats to followers answered from their stored answer to an early copy; the commit index they carried goes with the next message.",
+        "counter",
+        ctx.log.early_heartbeats_answered(),
+    );
 
     let m = ctx.raft.metrics().borrow().clone();
     sample(

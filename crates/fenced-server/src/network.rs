@@ -2,7 +2,9 @@
 //! long-lived TCP connection per replication stream, on the peer port.
 //!
 //! Raft is fenced's hot path: every grant is one AppendEntries round trip to
-//! each follower, and a second one tells them the new commit index. Plain
+//! each follower, and openraft follows it with a heartbeat that tells them
+//! the new commit index (answered from the early copies when they vouch for
+//! it, see [`crate::early_replication`]). Plain
 //! frames cost one write and one read per message, where a gRPC call costs
 //! HTTP/2 framing, several writes and hand-offs between tasks on both sides;
 //! on a small machine that CPU is most of a commit's latency. The peer port
@@ -134,15 +136,21 @@ pub struct Peer {
     addr: String,
     conn: Option<BufStream<TcpStream>>,
     early: Option<Arc<EarlyAnswers>>,
+    /// This connection has carried entries: it is a replication stream's,
+    /// not one of the single-use clients openraft makes for a leadership
+    /// check, which must reach the follower.
+    replicates: bool,
+    /// The last AppendEntries was a heartbeat answered from an early copy,
+    /// so the follower may not know its commit index yet: the next one goes
+    /// out.
+    owes_commit: bool,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
-        let mut peer = Peer::new(target, node.peer_addr.clone());
-        peer.early = Some(Arc::clone(&self.early));
-        peer
+        Peer::with_early(target, node.peer_addr.clone(), Arc::clone(&self.early))
     }
 }
 
@@ -160,6 +168,17 @@ impl Peer {
             addr,
             conn: None,
             early: None,
+            replicates: false,
+            owes_commit: false,
+        }
+    }
+
+    /// A client whose AppendEntries may be answered from the follower's
+    /// answers to early copies.
+    pub(crate) fn with_early(target: NodeId, addr: String, early: Arc<EarlyAnswers>) -> Self {
+        Self {
+            early: Some(early),
+            ..Self::new(target, addr)
         }
     }
 
@@ -256,11 +275,29 @@ impl RaftNetwork<TypeConfig> for Peer {
             // The follower's own answer, given already to an early copy
             // (see crate::early_replication). Half the soft deadline leaves
             // the ordinary call time enough when the copy failed.
-            if early.cover(self.target, &rpc, option.soft_ttl() / 2).await {
+            let wait = option.soft_ttl() / 2;
+            if !rpc.entries.is_empty() {
+                self.replicates = true;
+                if early.cover(self.target, &rpc, wait).await {
+                    // The copy told the follower this commit index or later.
+                    self.owes_commit = false;
+                    return Ok(AppendEntriesResponse::Success);
+                }
+            } else if self.replicates
+                && !self.owes_commit
+                && early.cover_heartbeat(self.target, &rpc, wait).await
+            {
+                // The commit index rides on the next copy or AppendEntries,
+                // at the latest the next periodic heartbeat.
+                self.owes_commit = true;
                 return Ok(AppendEntriesResponse::Success);
             }
         }
-        self.call(RaftCall::AppendEntries, &rpc, &option).await
+        let answer = self.call(RaftCall::AppendEntries, &rpc, &option).await;
+        if answer.is_ok() {
+            self.owes_commit = false;
+        }
+        answer
     }
 
     async fn install_snapshot(
