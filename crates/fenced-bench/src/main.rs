@@ -42,6 +42,11 @@ struct Args {
     /// Seconds each measured run lasts.
     #[arg(long, default_value_t = 10.0)]
     duration_s: f64,
+    /// Rounds of every system in turn (fenced, etcd, postgres, fenced, ...);
+    /// the table shows each figure's median over the rounds, so a shared
+    /// machine's slow minutes weigh on every system alike.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    rounds: u32,
     /// Client counts for S2.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
     s2_clients: Vec<usize>,
@@ -85,11 +90,24 @@ struct Args {
     work_dir: Option<PathBuf>,
 }
 
-/// One figure of the comparison table.
-#[derive(Debug, Clone, Copy)]
+/// One figure of the comparison table: what each round measured.
+#[derive(Debug, Clone)]
 struct Figure {
-    value: f64,
+    values: Vec<f64>,
     higher_is_better: bool,
+}
+
+impl Figure {
+    /// The median of the rounds.
+    fn value(&self) -> f64 {
+        let mut v = self.values.clone();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -100,17 +118,21 @@ struct Table {
 
 impl Table {
     fn put(&mut self, label: &str, kind: Kind, value: f64, higher_is_better: bool) {
-        let fig = Figure {
-            value,
-            higher_is_better,
+        let row = match self.rows.iter().position(|(l, _)| l == label) {
+            Some(i) => &mut self.rows[i].1,
+            None => {
+                self.rows.push((label.to_string(), BTreeMap::new()));
+                let last = self.rows.len() - 1;
+                &mut self.rows[last].1
+            }
         };
-        if let Some((_, row)) = self.rows.iter_mut().find(|(l, _)| l == label) {
-            row.insert(kind, fig);
-        } else {
-            let mut row = BTreeMap::new();
-            row.insert(kind, fig);
-            self.rows.push((label.to_string(), row));
-        }
+        row.entry(kind)
+            .or_insert_with(|| Figure {
+                values: Vec::new(),
+                higher_is_better,
+            })
+            .values
+            .push(value);
     }
 
     fn get(&self, label: &str, kind: Kind) -> Option<f64> {
@@ -118,7 +140,7 @@ impl Table {
             .iter()
             .find(|(l, _)| l == label)
             .and_then(|(_, r)| r.get(&kind))
-            .map(|f| f.value)
+            .map(Figure::value)
     }
 
     /// How many times better fenced is than `other` on a row (> 1: better).
@@ -127,9 +149,9 @@ impl Table {
         let f = row.get(&Kind::Fenced)?;
         let o = row.get(&other)?;
         if f.higher_is_better {
-            (o.value > 0.0).then(|| f.value / o.value)
+            (o.value() > 0.0).then(|| f.value() / o.value())
         } else {
-            (f.value > 0.0).then(|| o.value / f.value)
+            (f.value() > 0.0).then(|| o.value() / f.value())
         }
     }
 
@@ -1162,20 +1184,63 @@ async fn run(args: Args) -> Result<bool> {
     let mut out = Outcome {
         failures: Vec::new(),
     };
+    let mut kinds = Vec::new();
     for s in &args.systems {
-        let kind = match s.to_ascii_lowercase().as_str() {
+        kinds.push(match s.to_ascii_lowercase().as_str() {
             "fenced" => Kind::Fenced,
             "etcd" => Kind::Etcd,
             "postgres" | "postgresql" | "pg" => Kind::Postgres,
             other => bail!("unknown system {other:?}: fenced, etcd or postgres"),
+        });
+    }
+    for round in 1..=args.rounds {
+        if args.rounds > 1 {
+            println!("==== round {round} of {} ====", args.rounds);
+        }
+        // Every round starts each system afresh, on data of its own.
+        let round_dir = if args.rounds > 1 {
+            dir.join(format!("round{round}"))
+        } else {
+            dir.to_path_buf()
         };
-        run_system(&args, kind, &dir, &mut table, &mut out).await?;
+        std::fs::create_dir_all(&round_dir)?;
+        for &kind in &kinds {
+            run_system(&args, kind, &round_dir, &mut table, &mut out).await?;
+        }
     }
     table.print();
+    if args.rounds > 1 {
+        println!("(each figure: the median of {} rounds)", args.rounds);
+    }
     println!();
     targets(&table);
     for f in &out.failures {
         println!("BUDGET EXCEEDED: {f}");
     }
     Ok(out.failures.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_figure_is_the_median_of_its_rounds_and_ratios_compare_medians() {
+        let mut t = Table::default();
+        for v in [3.0, 1.0, 2.0] {
+            t.put("cycle p50", Kind::Fenced, v, false);
+        }
+        for v in [9.0, 4.0, 5.0] {
+            t.put("cycle p50", Kind::Etcd, v, false);
+        }
+        assert_eq!(t.get("cycle p50", Kind::Fenced), Some(2.0));
+        assert_eq!(t.get("cycle p50", Kind::Etcd), Some(5.0));
+        assert_eq!(t.ratio("cycle p50", Kind::Etcd), Some(2.5));
+        t.put("cycles/s", Kind::Fenced, 10.0, true);
+        t.put("cycles/s", Kind::Fenced, 30.0, true);
+        t.put("cycles/s", Kind::Postgres, 40.0, true);
+        assert_eq!(t.get("cycles/s", Kind::Fenced), Some(20.0));
+        assert_eq!(t.ratio("cycles/s", Kind::Postgres), Some(0.5));
+        assert_eq!(t.get("cycles/s", Kind::Etcd), None);
+    }
 }
