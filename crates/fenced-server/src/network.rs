@@ -294,7 +294,11 @@ impl RaftNetwork<TypeConfig> for Peer {
             }
         }
         let answer = self.call(RaftCall::AppendEntries, &rpc, &option).await;
-        if answer.is_ok() {
+        // Only a follower that accepted the call took its commit index.
+        if matches!(
+            answer,
+            Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_))
+        ) {
             self.owes_commit = false;
         }
         answer
