@@ -690,15 +690,18 @@ mod tests {
             .map(|(_, r)| r)
     }
 
-    /// A leader with one follower that stores everything, openraft's
-    /// replication connection to it, and what the follower receives.
-    async fn replication_stream() -> (
+    /// A leader with one follower that answers every AppendEntries with
+    /// `answer`, openraft's replication connection to it, and what the
+    /// follower receives.
+    async fn replication_stream(
+        answer: AppendEntriesResponse<NodeId>,
+    ) -> (
         EarlyReplication,
         Peer,
         mpsc::UnboundedReceiver<(NodeId, AppendEntriesRequest<TypeConfig>)>,
     ) {
         let (tx, seen) = mpsc::unbounded_channel();
-        let addr = follower(2, Some(AppendEntriesResponse::Success), tx).await;
+        let addr = follower(2, Some(answer), tx).await;
         let nodes = vec![(1, "127.0.0.1:1".to_string()), (2, addr.clone())];
         let answers = Arc::new(EarlyAnswers::default());
         let early = EarlyReplication::new(1, metrics(&nodes), Arc::clone(&answers));
@@ -712,7 +715,7 @@ mod tests {
     #[tokio::test]
     async fn a_commit_heartbeat_after_a_stored_copy_stays_home_once_and_the_next_copy_or_call_tells_the_commit(
     ) {
-        let (early, mut peer, mut seen) = replication_stream().await;
+        let (early, mut peer, mut seen) = replication_stream(AppendEntriesResponse::Success).await;
         early.offer(&request(7));
         assert_eq!(next_seen(&mut seen).await.unwrap().entries.len(), 1);
         assert_eq!(
@@ -761,7 +764,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_heartbeat_the_copies_do_not_vouch_for_goes_to_the_follower() {
-        let (early, mut peer, mut seen) = replication_stream().await;
+        let (early, mut peer, mut seen) = replication_stream(AppendEntriesResponse::Success).await;
         // Before the connection carried entries it may be a leadership
         // check's, which must reach the follower.
         early.offer(&request(7));
@@ -788,12 +791,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_copy_vouches_for_no_heartbeat() {
-        let (tx, mut seen) = mpsc::unbounded_channel();
-        let addr = follower(2, Some(AppendEntriesResponse::Conflict), tx).await;
-        let nodes = vec![(1, "127.0.0.1:1".to_string()), (2, addr.clone())];
-        let answers = Arc::new(EarlyAnswers::default());
-        let early = EarlyReplication::new(1, metrics(&nodes), Arc::clone(&answers));
-        let mut peer = Peer::with_early(2, addr, answers);
+        let (early, mut peer, mut seen) = replication_stream(AppendEntriesResponse::Conflict).await;
         early.offer(&request(7));
         next_seen(&mut seen).await.unwrap();
         peer.append_entries(request(7), option()).await.unwrap();
