@@ -269,8 +269,17 @@ impl Drop for Cluster {
 
 /// Status of node `id`, if it answers within `timeout`.
 pub async fn status(id: u64, timeout: Duration) -> Option<StatusResponse> {
+    status_of(id, timeout, false).await
+}
+
+/// Status of node `id` with the digest of its lease table.
+pub async fn status_with_digest(id: u64, timeout: Duration) -> Option<StatusResponse> {
+    status_of(id, timeout, true).await
+}
+
+async fn status_of(id: u64, timeout: Duration, with_digest: bool) -> Option<StatusResponse> {
     let ch = channel(&client_addr(id)).ok()?;
-    let mut req = tonic::Request::new(StatusRequest {});
+    let mut req = tonic::Request::new(StatusRequest { with_digest });
     req.set_timeout(timeout);
     tokio::time::timeout(timeout, ClusterClient::new(ch).status(req))
         .await

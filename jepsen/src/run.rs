@@ -149,7 +149,7 @@ async fn converge(ids: &[u64], within: Duration) -> Result<Vec<(u64, u64, u64)>>
     loop {
         let mut all = Vec::new();
         for &id in ids {
-            if let Some(s) = cluster::status(id, Duration::from_secs(1)).await {
+            if let Some(s) = cluster::status_with_digest(id, Duration::from_secs(1)).await {
                 all.push((id, s.last_applied, s.state_digest));
             }
         }

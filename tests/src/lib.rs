@@ -255,8 +255,17 @@ impl Cluster {
 
     /// The status of node `id`, if it answers within a second.
     pub async fn status(&self, id: u64) -> Option<StatusResponse> {
+        self.status_of(id, false).await
+    }
+
+    /// The status of node `id` with the digest of its lease table.
+    pub async fn status_with_digest(&self, id: u64) -> Option<StatusResponse> {
+        self.status_of(id, true).await
+    }
+
+    async fn status_of(&self, id: u64, with_digest: bool) -> Option<StatusResponse> {
         let mut client = ClusterClient::new(self.channel(id));
-        let mut req = tonic::Request::new(fenced_proto::v1::StatusRequest {});
+        let mut req = tonic::Request::new(fenced_proto::v1::StatusRequest { with_digest });
         req.set_timeout(Duration::from_secs(1));
         tokio::time::timeout(Duration::from_secs(2), client.status(req))
             .await
@@ -290,13 +299,13 @@ impl Cluster {
     }
 
     /// Waits until every running node has applied the same index; returns
-    /// their statuses.
+    /// their statuses, each with its node's state digest.
     pub async fn wait_for_convergence(&self, within: Duration) -> Vec<StatusResponse> {
         let deadline = Instant::now() + within;
         loop {
             let mut all = Vec::new();
             for n in self.nodes.iter().filter(|n| n.is_running()) {
-                if let Some(s) = self.status(n.id).await {
+                if let Some(s) = self.status_with_digest(n.id).await {
                     all.push(s);
                 }
             }

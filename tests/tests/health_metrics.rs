@@ -339,3 +339,40 @@ async fn metrics_count_what_the_cluster_did() {
     let (status, _) = http_get(&metrics[&leader], "/").await;
     assert_eq!(status, 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_digest_is_computed_only_when_asked_and_agrees_across_replicas() {
+    let cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let mut digests = Vec::new();
+    // Held until the end: a dropped lease is released.
+    let mut leases = Vec::new();
+    for round in 0..2 {
+        for i in 0..5 {
+            let acquired = client
+                .acquire(&format!("digest-{round}-{i}"), Duration::from_secs(60))
+                .await
+                .unwrap();
+            let fenced_client::Acquired::Granted(lease) = acquired else {
+                panic!("a fresh resource is free");
+            };
+            leases.push(lease);
+        }
+        let statuses = cluster.wait_for_convergence(Duration::from_secs(20)).await;
+        assert_eq!(statuses.len(), 3);
+        let digest = statuses[0].state_digest;
+        assert_ne!(digest, 0, "asked for, the digest is computed: {statuses:?}");
+        assert!(
+            statuses.iter().all(|s| s.state_digest == digest),
+            "replicas that applied the same index differ: {statuses:?}"
+        );
+        digests.push(digest);
+        // Not asked for: the node skips the pass over its whole table.
+        for id in 1..=3 {
+            let plain = cluster.status(id).await.unwrap();
+            assert_eq!(plain.state_digest, 0, "node {id}: {plain:?}");
+            assert_eq!(plain.live_leases, 5 * (round + 1));
+        }
+    }
+    assert_ne!(digests[0], digests[1], "five more leases, the same digest");
+}

@@ -446,7 +446,7 @@ impl Client {
     pub async fn status(&self) -> Result<v1::StatusResponse, ClientError> {
         Ok(self
             .with_retries(self.inner.call_timeout, |ch, left| {
-                let req = with_timeout(v1::StatusRequest {}, left.min(ATTEMPT_TIMEOUT));
+                let req = with_timeout(v1::StatusRequest::default(), left.min(ATTEMPT_TIMEOUT));
                 async move { ClusterClient::new(ch).status(req).await }
             })
             .await?
@@ -458,7 +458,7 @@ impl Client {
     pub async fn status_of_each(&self) -> Vec<(String, Result<v1::StatusResponse, ClientError>)> {
         let mut out = Vec::new();
         for (name, ch) in &self.inner.endpoints {
-            let req = with_timeout(v1::StatusRequest {}, Duration::from_secs(2));
+            let req = with_timeout(v1::StatusRequest::default(), Duration::from_secs(2));
             let r = ClusterClient::new(ch.clone())
                 .status(req)
                 .await

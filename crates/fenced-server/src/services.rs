@@ -26,7 +26,7 @@ use crate::{
     log_store::LogStore,
     parking::WaitEnd,
     proposer::{leader_of, LeaderTime, ProposeError, Proposer},
-    state_machine::Shared,
+    state_machine::{self, Shared},
     types::{Node, NodeId, Raft},
 };
 
@@ -361,8 +361,18 @@ fn write_status<E: std::error::Error>(e: openraft::error::RaftError<NodeId, E>) 
 impl cluster_server::Cluster for ClusterService {
     async fn status(
         &self,
-        _req: Request<v1::StatusRequest>,
+        req: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusResponse>, Status> {
+        // Only on request: hashing the whole table would stall this node's
+        // runtime thread for tens of milliseconds with 100,000 leases.
+        let state_digest = if req.get_ref().with_digest {
+            let snapshot = self.ctx.shared.table_snapshot();
+            tokio::task::spawn_blocking(move || state_machine::digest(&snapshot))
+                .await
+                .map_err(|e| Status::internal(format!("state digest: {e}")))?
+        } else {
+            0
+        };
         let m = self.ctx.raft.metrics().borrow().clone();
         let leader = leader_of(&self.ctx.raft);
         let role = match m.state {
@@ -390,7 +400,7 @@ impl cluster_server::Cluster for ClusterService {
             applied_commands: c.commands.load(Relaxed),
             snapshot_index: m.snapshot.map_or(0, |l| l.index),
             purged_index: m.purged.map_or(0, |l| l.index),
-            state_digest: self.ctx.shared.digest(),
+            state_digest,
         }))
     }
 

@@ -131,15 +131,21 @@ impl Shared {
         self.read().table.last_token()
     }
 
-    /// A digest (FNV-1a 64) of the whole table, equal on replicas that
-    /// applied the same log.
-    pub fn digest(&self) -> u64 {
-        let snapshot = self.read().table.snapshot();
-        let bytes = codec::encode("table", &snapshot).unwrap_or_default();
-        bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-        })
+    /// A copy of the whole lease table (for [`digest`], computed off the
+    /// runtime thread).
+    pub fn table_snapshot(&self) -> TableSnapshot {
+        self.read().table.snapshot()
     }
+}
+
+/// A digest (FNV-1a 64) of a lease table, equal on replicas that applied the
+/// same log. A pass over every byte of the table: call it off the runtime
+/// thread.
+pub fn digest(snapshot: &TableSnapshot) -> u64 {
+    let bytes = codec::encode("table", snapshot).unwrap_or_default();
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The openraft state machine over [`Shared`].
