@@ -364,14 +364,17 @@ impl cluster_server::Cluster for ClusterService {
         req: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusResponse>, Status> {
         // Only on request: hashing the whole table would stall this node's
-        // runtime thread for tens of milliseconds with 100,000 leases.
-        let state_digest = if req.get_ref().with_digest {
-            let snapshot = self.ctx.shared.table_snapshot();
-            tokio::task::spawn_blocking(move || state_machine::digest(&snapshot))
+        // runtime thread for tens of milliseconds with 100,000 leases. The
+        // applied index is the one of the table digested, so replicas that
+        // report the same index can be compared even while entries apply.
+        let (last_applied, state_digest) = if req.get_ref().with_digest {
+            let (applied, snapshot) = self.ctx.shared.table_snapshot();
+            let digest = tokio::task::spawn_blocking(move || state_machine::digest(&snapshot))
                 .await
-                .map_err(|e| Status::internal(format!("state digest: {e}")))?
+                .map_err(|e| Status::internal(format!("state digest: {e}")))?;
+            (applied, digest)
         } else {
-            0
+            (self.ctx.shared.last_applied(), 0)
         };
         let m = self.ctx.raft.metrics().borrow().clone();
         let leader = leader_of(&self.ctx.raft);
@@ -390,7 +393,7 @@ impl cluster_server::Cluster for ClusterService {
             leader_addr: leader.map(|l| l.1.client_addr).unwrap_or_default(),
             term: m.current_term,
             members: self.members(),
-            last_applied: self.ctx.shared.last_applied().map_or(0, |l| l.index),
+            last_applied: last_applied.map_or(0, |l| l.index),
             last_log_index: m.last_log_index.unwrap_or(0),
             role: role.to_string(),
             live_leases: self.ctx.shared.live_leases() as u64,

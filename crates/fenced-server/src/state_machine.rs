@@ -132,9 +132,10 @@ impl Shared {
     }
 
     /// A copy of the whole lease table (for [`digest`], computed off the
-    /// runtime thread).
-    pub fn table_snapshot(&self) -> TableSnapshot {
-        self.read().table.snapshot()
+    /// runtime thread) and the last entry applied to it, read together.
+    pub fn table_snapshot(&self) -> (Option<LogId>, TableSnapshot) {
+        let data = self.read();
+        (data.last_applied, data.table.snapshot())
     }
 }
 
