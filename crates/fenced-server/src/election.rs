@@ -67,6 +67,21 @@ pub fn is_majority(granted: usize, voters: usize) -> bool {
     voters > 0 && granted > voters / 2
 }
 
+/// Whether a node that won a pre-vote asked in `asked_term` stands now. Not
+/// if its term moved on or it heard from a leader since: a voter asked at
+/// the same time may have been elected (this node voting for it), and
+/// standing would depose it with a higher term, the two taking turns.
+/// openraft keeps naming an unreachable leader, so the term and the last
+/// contact tell, not its `current_leader`.
+pub fn stands_after_pre_vote(
+    won: bool,
+    asked_term: u64,
+    term_now: u64,
+    heard_lately: bool,
+) -> bool {
+    won && term_now == asked_term && !heard_lately
+}
+
 /// The election state of one node: when it last heard from a leader, and
 /// its timing.
 pub struct Election {
@@ -188,17 +203,24 @@ impl Election {
                 won,
                 "pre-vote: no leader heard within the lease"
             );
-            if won {
-                if let Err(e) = raft.trigger().elect().await {
-                    tracing::warn!(error = %e, "election not started");
-                    return;
+            let term_now = raft.metrics().borrow().current_term;
+            if !stands_after_pre_vote(won, term, term_now, self.heard_lately()) {
+                if won {
+                    tracing::info!(term, term_now, "pre-vote won, but a leader came meanwhile");
                 }
+                continue;
+            }
+            if let Err(e) = raft.trigger().elect().await {
+                tracing::warn!(error = %e, "election not started");
+                return;
             }
         }
     }
 
-    /// How many other voters grant `req`; one that does not answer within
-    /// the shortest election timeout counts as a refusal.
+    /// How many other voters grant `req`, counted until, with this node's
+    /// own, they make a majority (an unreachable voter is not waited for
+    /// then); one that does not answer within the shortest election timeout
+    /// counts as a refusal.
     async fn ask(&self, voters: &[(NodeId, String)], req: &PreVoteRequest) -> usize {
         let payload = match codec::encode("pre_vote", req) {
             Ok(p) => p,
@@ -225,6 +247,9 @@ impl Election {
         while let Some(answer) = asks.join_next().await {
             if matches!(answer, Ok(Some(PreVoteResponse { granted: true }))) {
                 granted += 1;
+                if is_majority(1 + granted, voters.len()) {
+                    break;
+                }
             }
         }
         granted
@@ -255,6 +280,79 @@ mod tests {
             !grants_pre_vote(true, id(2, 11), id(2, 10)),
             "a voter that hears from a leader keeps it"
         );
+    }
+
+    #[test]
+    fn a_won_pre_vote_stands_only_if_no_leader_came_meanwhile() {
+        assert!(stands_after_pre_vote(true, 2, 2, false));
+        assert!(!stands_after_pre_vote(false, 2, 2, false), "lost");
+        assert!(
+            !stands_after_pre_vote(true, 2, 3, false),
+            "another voter's election moved the term on"
+        );
+        assert!(
+            !stands_after_pre_vote(true, 2, 2, true),
+            "this node voted for another candidate or heard from a leader"
+        );
+    }
+
+    /// A voter at a local port that answers every pre-vote with `granted`,
+    /// or never answers when `granted` is `None`.
+    async fn voter(granted: Option<bool>) -> String {
+        use crate::network::{read_frame, write_frame, PREFACE};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt, BufStream};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut conn = BufStream::new(stream);
+                    let mut preface = [0u8; PREFACE.len()];
+                    conn.read_exact(&mut preface).await?;
+                    while read_frame(&mut conn).await?.is_some() {
+                        let Some(granted) = granted else {
+                            std::future::pending::<()>().await;
+                            continue;
+                        };
+                        let reply =
+                            codec::encode("pre_vote", &PreVoteResponse { granted }).unwrap();
+                        write_frame(&mut conn, &[], &reply).await?;
+                        conn.flush().await?;
+                    }
+                    Ok::<_, std::io::Error>(())
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_pre_vote_does_not_wait_for_a_silent_voter_once_it_has_a_majority() {
+        // Answers count as refusals after check_min = 2 s.
+        let (e, _dir) = election(4_000, 8_000);
+        let req = PreVoteRequest {
+            candidate: 1,
+            last_log_id: None,
+        };
+        let granting = voter(Some(true)).await;
+        let refusing = voter(Some(false)).await;
+        let silent = voter(None).await;
+
+        let voters = vec![(1, String::new()), (2, granting), (3, silent.clone())];
+        let started = Instant::now();
+        assert_eq!(e.ask(&voters, &req).await, 1);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited {:?} for the silent voter",
+            started.elapsed()
+        );
+
+        // Without a majority in hand the silent voter is waited for, up to
+        // the bound, and counts as a refusal.
+        let voters = vec![(1, String::new()), (2, refusing), (3, silent)];
+        let started = Instant::now();
+        assert_eq!(e.ask(&voters, &req).await, 0);
+        assert!(started.elapsed() >= Duration::from_millis(1_900));
     }
 
     #[test]
