@@ -376,19 +376,12 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use std::collections::{BTreeMap, BTreeSet};
 
-    use openraft::{CommittedLeaderId, EntryPayload, LogId, Membership, StoredMembership, Vote};
-    use tokio::{
-        io::{AsyncReadExt, AsyncWriteExt, BufStream},
-        net::TcpListener,
-    };
-
     use super::*;
     use openraft::network::{RPCOption, RaftNetwork};
+    use openraft::{CommittedLeaderId, EntryPayload, LogId, Membership, StoredMembership, Vote};
+    use tokio::net::TcpListener;
 
-    use crate::{
-        network::{read_frame, write_frame, PREFACE},
-        types::Entry,
-    };
+    use crate::{network::fake_peer, types::Entry};
 
     /// A follower that hands every AppendEntries it gets to the test and
     /// answers with `answer`, or never when `None`.
@@ -401,31 +394,12 @@ mod tests {
             let reply: Result<_, RaftError<NodeId>> = Ok(a);
             codec::encode("append_entries", &reply).unwrap()
         });
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let seen = seen.clone();
-                let answer = answer.clone();
-                tokio::spawn(async move {
-                    let mut conn = BufStream::new(stream);
-                    let mut preface = [0u8; 8];
-                    conn.read_exact(&mut preface).await?;
-                    assert_eq!(&preface, PREFACE);
-                    while let Some(frame) = read_frame(&mut conn).await? {
-                        assert_eq!(frame[0], RaftCall::AppendEntries as u8);
-                        let _ =
-                            seen.send((id, codec::decode("append_entries", &frame[1..]).unwrap()));
-                        if let Some(body) = &answer {
-                            write_frame(&mut conn, &[], body).await?;
-                            conn.flush().await?;
-                        }
-                    }
-                    Ok::<_, std::io::Error>(())
-                });
-            }
-        });
-        addr
+        fake_peer(move |frame| {
+            assert_eq!(frame[0], RaftCall::AppendEntries as u8);
+            let _ = seen.send((id, codec::decode("append_entries", &frame[1..]).unwrap()));
+            std::future::ready(answer.clone())
+        })
+        .await
     }
 
     fn metrics(nodes: &[(NodeId, String)]) -> watch::Receiver<RaftMetrics<NodeId, Node>> {

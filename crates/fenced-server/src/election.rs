@@ -299,31 +299,14 @@ mod tests {
     /// A voter at a local port that answers every pre-vote with `granted`,
     /// or never answers when `granted` is `None`.
     async fn voter(granted: Option<bool>) -> String {
-        use crate::network::{read_frame, write_frame, PREFACE};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt, BufStream};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut conn = BufStream::new(stream);
-                    let mut preface = [0u8; PREFACE.len()];
-                    conn.read_exact(&mut preface).await?;
-                    while read_frame(&mut conn).await?.is_some() {
-                        let Some(granted) = granted else {
-                            std::future::pending::<()>().await;
-                            continue;
-                        };
-                        let reply =
-                            codec::encode("pre_vote", &PreVoteResponse { granted }).unwrap();
-                        write_frame(&mut conn, &[], &reply).await?;
-                        conn.flush().await?;
-                    }
-                    Ok::<_, std::io::Error>(())
-                });
-            }
-        });
-        addr
+        crate::network::fake_peer(move |_| {
+            std::future::ready(
+                granted.map(|granted| {
+                    codec::encode("pre_vote", &PreVoteResponse { granted }).unwrap()
+                }),
+            )
+        })
+        .await
     }
 
     #[tokio::test]

@@ -324,39 +324,60 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
+/// A peer at a local port for tests: after the preface, every frame (call
+/// byte first) goes to `answer`, whose reply is sent back; `None` sends
+/// nothing and the peer reads on.
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+pub(crate) async fn fake_peer<F, Fut>(answer: F) -> String
+where
+    F: Fn(Vec<u8>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Option<Vec<u8>>> + Send,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a local port for a fake peer");
+    let addr = listener
+        .local_addr()
+        .expect("the fake peer's address")
+        .to_string();
+    let answer = Arc::new(answer);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let answer = Arc::clone(&answer);
+            tokio::spawn(async move {
+                let mut conn = BufStream::new(stream);
+                let mut preface = [0u8; PREFACE.len()];
+                conn.read_exact(&mut preface).await?;
+                assert_eq!(&preface, PREFACE);
+                while let Some(frame) = read_frame(&mut conn).await? {
+                    if let Some(reply) = answer(frame).await {
+                        write_frame(&mut conn, &[], &reply).await?;
+                        conn.flush().await?;
+                    }
+                }
+                Ok::<_, io::Error>(())
+            });
+        }
+    });
+    addr
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use tokio::net::TcpListener;
 
     /// A peer that echoes each request body, after 300 ms when it is "slow".
     async fn echo_peer() -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                tokio::spawn(async move {
-                    let mut conn = BufStream::new(stream);
-                    let mut preface = [0u8; PREFACE.len()];
-                    conn.read_exact(&mut preface).await?;
-                    assert_eq!(&preface, PREFACE);
-                    while let Some(frame) = read_frame(&mut conn).await? {
-                        let body = &frame[1..];
-                        if body == b"slow" {
-                            tokio::time::sleep(Duration::from_millis(300)).await;
-                        }
-                        write_frame(&mut conn, &[], body).await?;
-                        conn.flush().await?;
-                    }
-                    Ok::<_, io::Error>(())
-                });
+        fake_peer(|frame| async move {
+            let body = frame[1..].to_vec();
+            if body == b"slow" {
+                tokio::time::sleep(Duration::from_millis(300)).await;
             }
-        });
-        addr
+            Some(body)
+        })
+        .await
     }
 
     #[tokio::test]
