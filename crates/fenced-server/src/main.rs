@@ -11,6 +11,12 @@ use fenced_server::{
 };
 use tracing_subscriber::EnvFilter;
 
+// glibc's malloc and free were a sixth of a loaded leader's CPU (HTTP/2
+// frames, headers and futures are many small, short-lived allocations);
+// see docs/DECISIONS.md "The node allocates with mimalloc".
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "fenced",
