@@ -13,7 +13,7 @@ use fenced_proto::v1::{
 };
 use tonic::{transport::Channel, Code, Status};
 
-use crate::{clock::Moment, LeaseOptions};
+use crate::{clock::Moment, transport, LeaseOptions};
 
 /// The longest one attempt may take (beyond a blocking acquire's wait)
 /// before the call is retried, on the next node: a node that lost touch with
@@ -195,9 +195,8 @@ impl Client {
                     endpoint: e.clone(),
                     reason: err.to_string(),
                 })?
-                .connect_timeout(Duration::from_secs(1))
-                .tcp_nodelay(true)
-                .connect_lazy();
+                .connect_timeout(transport::CONNECT_TIMEOUT)
+                .connect_with_connector_lazy(transport::Connector);
             list.push((e, channel));
         }
         if list.is_empty() {

@@ -25,6 +25,7 @@
 mod client;
 mod clock;
 mod lease;
+mod transport;
 
 pub use client::*;
 pub use lease::{Acquired, Lease, LeaseHandle, LeaseOptions, LossReason};
