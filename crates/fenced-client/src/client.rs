@@ -190,6 +190,12 @@ impl Client {
             } else {
                 format!("http://{e}")
             };
+            if !url.starts_with("http://") {
+                return Err(ClientError::Endpoint {
+                    endpoint: e,
+                    reason: "only http:// endpoints (host:port): this client speaks no TLS".into(),
+                });
+            }
             let channel = Channel::from_shared(url)
                 .map_err(|err| ClientError::Endpoint {
                     endpoint: e.clone(),
@@ -477,4 +483,41 @@ fn with_timeout<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     req.set_timeout(timeout);
     req
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint_error(endpoints: &[&str]) -> Option<String> {
+        match Client::new(endpoints) {
+            Err(ClientError::Endpoint { endpoint, reason }) => {
+                Some(format!("{endpoint}: {reason}"))
+            }
+            Err(other) => Some(format!("unexpected error {other}")),
+            Ok(_) => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn endpoints_are_host_port_or_http_urls() {
+        assert_eq!(
+            endpoint_error(&["127.0.0.1:7101", "http://localhost:7102"]),
+            None
+        );
+        assert_eq!(endpoint_error(&["[::1]:7101"]), None);
+        let https = endpoint_error(&["https://fenced.example:7101"]);
+        assert!(
+            https
+                .as_deref()
+                .is_some_and(|e| e.starts_with("https://fenced.example:7101: only http://")),
+            "{https:?}"
+        );
+        let none = endpoint_error(&[" ", ""]);
+        assert!(
+            none.as_deref()
+                .is_some_and(|e| e.contains("no endpoint given")),
+            "{none:?}"
+        );
+    }
 }

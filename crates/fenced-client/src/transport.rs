@@ -160,9 +160,18 @@ impl tower_service::Service<Uri> for Connector {
             let host = uri.host().ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}"))
             })?;
+            if uri.scheme_str() != Some("http") {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{uri}: only http:// (no TLS)"),
+                ));
+            }
             let port = uri.port_u16().unwrap_or(80);
             // An IPv6 literal comes bracketed in a URI.
             let host = host.trim_start_matches('[').trim_end_matches(']');
+            // A name's addresses are tried in turn within tonic's one
+            // connect timeout; endpoints are usually addresses or names
+            // with one address each.
             let stream = TcpStream::connect((host, port)).await?;
             stream.set_nodelay(true)?;
             Ok(TokioIo::new(Coalescing::new(stream)))
@@ -185,6 +194,8 @@ mod tests {
         writes: Arc<Mutex<Vec<Vec<u8>>>>,
         /// Accept at most this many bytes per write (0: no limit).
         max_write: usize,
+        /// While set, every write is Pending (a full socket buffer).
+        full: Arc<std::sync::atomic::AtomicBool>,
     }
 
     impl AsyncWrite for Recorder {
@@ -193,6 +204,9 @@ mod tests {
             _cx: &mut Context<'_>,
             data: &[u8],
         ) -> Poll<io::Result<usize>> {
+            if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+                return Poll::Pending;
+            }
             let n = if self.max_write == 0 {
                 data.len()
             } else {
@@ -270,6 +284,41 @@ mod tests {
         let r = Pin::new(&mut s).poll_shutdown(&mut Context::from_waker(waker));
         assert!(matches!(r, Poll::Ready(Ok(()))));
         assert_eq!(sink.writes.lock().unwrap().concat(), b"abcdefgh".to_vec());
+    }
+
+    #[test]
+    fn a_full_socket_keeps_the_bytes_until_it_drains() {
+        let sink = Recorder::default();
+        let mut s = Coalescing::new(sink.clone());
+        write(&mut s, b"one");
+        assert!(poll_flush(&mut s).is_pending());
+        sink.full.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(poll_flush(&mut s).is_pending(), "the socket takes nothing");
+        write(&mut s, b"+two");
+        assert!(poll_flush(&mut s).is_pending());
+        assert!(sink.writes.lock().unwrap().is_empty());
+        sink.full.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert!(matches!(poll_flush(&mut s), Poll::Ready(Ok(()))));
+        assert_eq!(*sink.writes.lock().unwrap(), vec![b"one+two".to_vec()]);
+    }
+
+    #[tokio::test]
+    async fn the_connector_dials_http_addresses_and_names_and_refuses_other_schemes() {
+        use tower_service::Service;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        for url in [
+            format!("http://127.0.0.1:{port}"),
+            format!("http://localhost:{port}"),
+        ] {
+            let uri: Uri = url.parse().unwrap();
+            let connected = Connector.call(uri).await;
+            assert!(connected.is_ok(), "{url}: {:?}", connected.err());
+            let (_peer, _) = listener.accept().await.unwrap();
+        }
+        let uri: Uri = format!("https://127.0.0.1:{port}").parse().unwrap();
+        let refused = Connector.call(uri).await.err().unwrap();
+        assert_eq!(refused.kind(), io::ErrorKind::InvalidInput);
     }
 
     #[test]
