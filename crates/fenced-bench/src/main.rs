@@ -368,8 +368,9 @@ async fn fenced_has_leader(endpoints: &[String]) -> bool {
 }
 
 /// Writes every dirty page to disk before a system starts. A few GB of
-/// writeback (a build, or the system measured before) stalled the next
-/// system's fdatasyncs by up to 0.7 s, charged to whoever ran next.
+/// writeback (a build, or the system measured before) stalls the next
+/// system's fdatasyncs, by half a second in a test, charged to whoever
+/// runs next.
 async fn flush_earlier_writes() {
     match tokio::process::Command::new("sync").status().await {
         Ok(s) if s.success() => {}
