@@ -186,6 +186,7 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
     /// A sink that records each write it is given as one chunk.
@@ -195,7 +196,7 @@ mod tests {
         /// Accept at most this many bytes per write (0: no limit).
         max_write: usize,
         /// While set, every write is Pending (a full socket buffer).
-        full: Arc<std::sync::atomic::AtomicBool>,
+        full: Arc<AtomicBool>,
     }
 
     impl AsyncWrite for Recorder {
@@ -204,7 +205,7 @@ mod tests {
             _cx: &mut Context<'_>,
             data: &[u8],
         ) -> Poll<io::Result<usize>> {
-            if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+            if self.full.load(Ordering::SeqCst) {
                 return Poll::Pending;
             }
             let n = if self.max_write == 0 {
@@ -257,10 +258,10 @@ mod tests {
 
     #[test]
     fn a_put_off_flush_wakes_its_task() {
-        struct Count(std::sync::atomic::AtomicUsize);
+        struct Count(AtomicUsize);
         impl std::task::Wake for Count {
             fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                self.0.fetch_add(1, Ordering::SeqCst);
             }
         }
         let count = Arc::new(Count(Default::default()));
@@ -269,7 +270,7 @@ mod tests {
         write(&mut s, b"x");
         let r = Pin::new(&mut s).poll_flush(&mut Context::from_waker(&waker));
         assert!(r.is_pending());
-        assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
     }
 
     #[test]
@@ -292,12 +293,12 @@ mod tests {
         let mut s = Coalescing::new(sink.clone());
         write(&mut s, b"one");
         assert!(poll_flush(&mut s).is_pending());
-        sink.full.store(true, std::sync::atomic::Ordering::SeqCst);
+        sink.full.store(true, Ordering::SeqCst);
         assert!(poll_flush(&mut s).is_pending(), "the socket takes nothing");
         write(&mut s, b"+two");
         assert!(poll_flush(&mut s).is_pending());
         assert!(sink.writes.lock().unwrap().is_empty());
-        sink.full.store(false, std::sync::atomic::Ordering::SeqCst);
+        sink.full.store(false, Ordering::SeqCst);
         assert!(matches!(poll_flush(&mut s), Poll::Ready(Ok(()))));
         assert_eq!(*sink.writes.lock().unwrap(), vec![b"one+two".to_vec()]);
     }
