@@ -224,7 +224,8 @@ async fn execute(client: &Client, command: Cmd, json_out: bool) -> Result<Report
             let d = client.describe(&resource).await?;
             Report {
                 value: json!({"resource": resource, "last_token": d.last_token, "held": d.held,
-                    "remaining_ms": d.remaining_ms, "waiters": d.waiters}),
+                    "remaining_ms": d.remaining_ms, "waiters": d.waiters,
+                    "cluster_time_ms": d.cluster_time_ms}),
                 text: if d.held {
                     format!(
                         "{resource}: held, token {}, {} ms left, {} waiting",
