@@ -23,4 +23,5 @@ pub mod peer_listener;
 pub mod proposer;
 pub mod services;
 pub mod state_machine;
+pub mod time_floor;
 pub mod types;

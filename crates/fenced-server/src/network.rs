@@ -13,6 +13,13 @@
 //!
 //! A connection carries one request at a time and its reply; any error or
 //! timeout drops it, so a late reply can never be taken for the next one.
+//!
+//! Every request carries the sender's cluster time and every reply the
+//! answerer's floor ([`crate::time_floor`]): a follower learns the leader's
+//! time from each heartbeat, and a candidate learns from each granted vote
+//! the highest time its voter accepted, so the next leader's clock starts
+//! where the last one's left off (DECISIONS.md, "Cluster time rides on every
+//! Raft message").
 
 use std::{io, sync::Arc, time::Duration};
 
@@ -31,9 +38,12 @@ use tokio::{
     net::TcpStream,
 };
 
+use fenced_core::ClusterTime;
+
 use crate::{
     codec,
     early_replication::EarlyAnswers,
+    proposer::LeaderTime,
     types::{Node, NodeId, TypeConfig},
 };
 
@@ -41,8 +51,65 @@ use crate::{
 pub const RAFT_MESSAGE_MAX_BYTES: usize = 64 * 1024 * 1024;
 
 /// The first bytes a node sends on a Raft connection. An HTTP/2 client
-/// starts with "PRI * HTTP/2.0", so the two never meet.
-pub const PREFACE: &[u8; 8] = b"fncdraft";
+/// starts with "PRI * HTTP/2.0", so the two never meet. The last byte is the
+/// peer protocol's version: 2 added the time header to every frame.
+pub const PREFACE: &[u8; 8] = b"fncdrft2";
+
+/// After a request frame's call byte: the sender's cluster time (8 bytes,
+/// big-endian) and a flags byte.
+pub const REQUEST_HEADER_LEN: usize = 9;
+/// Before a reply frame's body: the answerer's floor (8 bytes, big-endian).
+pub const REPLY_HEADER_LEN: usize = 8;
+
+/// Flag: make the carried time durable before answering. A leader sets it
+/// on the heartbeats that confirm a read, whose time a client then sees.
+pub const FLAG_DURABLE_TIME: u8 = 1;
+
+/// The time a request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageTime {
+    pub at: ClusterTime,
+    pub durable: bool,
+}
+
+impl MessageTime {
+    /// No time: pre-votes and early copies (their answers are the followers'
+    /// own, recorded on openraft's messages).
+    pub const NONE: MessageTime = MessageTime {
+        at: ClusterTime::ZERO,
+        durable: false,
+    };
+
+    pub fn encode(self) -> [u8; REQUEST_HEADER_LEN] {
+        let mut h = [0u8; REQUEST_HEADER_LEN];
+        h[..8].copy_from_slice(&self.at.as_millis().to_be_bytes());
+        h[8] = if self.durable { FLAG_DURABLE_TIME } else { 0 };
+        h
+    }
+
+    /// Splits a request body (after the call byte) into its time and the
+    /// message; `None` when it is too short.
+    pub fn split(body: &[u8]) -> Option<(MessageTime, &[u8])> {
+        let (head, rest) = body.split_at_checked(REQUEST_HEADER_LEN)?;
+        let (at, flags) = head.split_at(8);
+        let at = ClusterTime::from_millis(u64::from_be_bytes(at.try_into().ok()?));
+        let durable = flags[0] & FLAG_DURABLE_TIME != 0;
+        Some((MessageTime { at, durable }, rest))
+    }
+}
+
+/// Splits a reply frame into the answerer's floor and the message.
+pub fn split_reply(frame: &[u8]) -> io::Result<(ClusterTime, &[u8])> {
+    let (head, rest) = frame.split_at_checked(REPLY_HEADER_LEN).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "raft reply shorter than its header",
+        )
+    })?;
+    let mut t = [0u8; 8];
+    t.copy_from_slice(head);
+    Ok((ClusterTime::from_millis(u64::from_be_bytes(t)), rest))
+}
 
 /// How long a node waits to connect to a peer.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -123,11 +190,12 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<Ve
 pub struct Network {
     /// Followers' answers to early copies of this node's appends.
     early: Arc<EarlyAnswers>,
+    time: Arc<LeaderTime>,
 }
 
 impl Network {
-    pub fn new(early: Arc<EarlyAnswers>) -> Self {
-        Self { early }
+    pub fn new(early: Arc<EarlyAnswers>, time: Arc<LeaderTime>) -> Self {
+        Self { early, time }
     }
 }
 
@@ -136,6 +204,8 @@ pub struct Peer {
     addr: String,
     conn: Option<BufStream<TcpStream>>,
     early: Option<Arc<EarlyAnswers>>,
+    /// This node's clock: stamps requests, takes the floors voters send.
+    time: Option<Arc<LeaderTime>>,
     /// This connection has carried entries: it is a replication stream's,
     /// not one of the single-use clients openraft makes for a leadership
     /// check, which must reach the follower.
@@ -150,7 +220,9 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
-        Peer::with_early(target, node.peer_addr.clone(), Arc::clone(&self.early))
+        let mut peer = Peer::with_early(target, node.peer_addr.clone(), Arc::clone(&self.early));
+        peer.time = Some(Arc::clone(&self.time));
+        peer
     }
 }
 
@@ -168,6 +240,7 @@ impl Peer {
             addr,
             conn: None,
             early: None,
+            time: None,
             replicates: false,
             owes_commit: false,
         }
@@ -200,11 +273,28 @@ impl Peer {
     /// timeouts, and a connection left behind with a reply still on its way
     /// would hand that reply to the next request (a wrong match index).
     pub(crate) async fn exchange(&mut self, call: RaftCall, payload: &[u8]) -> io::Result<Vec<u8>> {
+        let (_, reply) = self
+            .exchange_timed(call, MessageTime::NONE, payload)
+            .await?;
+        Ok(reply)
+    }
+
+    /// [`Peer::exchange`] with a time on the request; returns the
+    /// answerer's floor beside its reply.
+    pub(crate) async fn exchange_timed(
+        &mut self,
+        call: RaftCall,
+        time: MessageTime,
+        payload: &[u8],
+    ) -> io::Result<(ClusterTime, Vec<u8>)> {
         let mut conn = match self.conn.take() {
             Some(c) => c,
             None => self.connect().await?,
         };
-        write_frame(&mut conn, &[call as u8], payload).await?;
+        let mut head = [0u8; 1 + REQUEST_HEADER_LEN];
+        head[0] = call as u8;
+        head[1..].copy_from_slice(&time.encode());
+        write_frame(&mut conn, &head, payload).await?;
         conn.flush().await?;
         let reply = read_frame(&mut conn).await?.ok_or_else(|| {
             io::Error::new(
@@ -212,8 +302,10 @@ impl Peer {
                 "the peer closed the connection",
             )
         })?;
+        let (floor, body) = split_reply(&reply)?;
+        let result = (floor, body.to_vec());
         self.conn = Some(conn);
-        Ok(reply)
+        Ok(result)
     }
 
     /// Names the call, the peer and what went wrong (built only on errors).
@@ -226,12 +318,24 @@ impl Peer {
         ))
     }
 
+    /// The time a message from a node in `term` carries.
+    fn stamp(&self, term: u64, durable: bool) -> MessageTime {
+        match &self.time {
+            Some(time) => MessageTime {
+                at: time.for_message(term),
+                durable,
+            },
+            None => MessageTime::NONE,
+        }
+    }
+
     async fn call<Req, Resp, E>(
         &mut self,
         call: RaftCall,
+        time: MessageTime,
         req: &Req,
         option: &RPCOption,
-    ) -> Result<Resp, CallError<E>>
+    ) -> Result<(ClusterTime, Resp), CallError<E>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -240,28 +344,35 @@ impl Peer {
         let rpc = call.name();
         let payload =
             codec::encode(rpc, req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let reply =
-            match tokio::time::timeout(option.hard_ttl(), self.exchange(call, &payload)).await {
-                Ok(Ok(reply)) => reply,
-                Ok(Err(e)) => {
-                    return Err(RPCError::Unreachable(Unreachable::new(
-                        &self.failed(call, e.to_string()),
-                    )));
-                }
-                Err(_) => {
-                    // The connection went with the dropped exchange: a reply
-                    // still on its way can never be read as the next one.
-                    return Err(RPCError::Network(NetworkError::new(
-                        &self.failed(call, format!("no reply within {:?}", option.hard_ttl())),
-                    )));
-                }
-            };
+        let reply = match tokio::time::timeout(
+            option.hard_ttl(),
+            self.exchange_timed(call, time, &payload),
+        )
+        .await
+        {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(e)) => {
+                return Err(RPCError::Unreachable(Unreachable::new(
+                    &self.failed(call, e.to_string()),
+                )));
+            }
+            Err(_) => {
+                // The connection went with the dropped exchange: a reply
+                // still on its way can never be read as the next one.
+                return Err(RPCError::Network(NetworkError::new(
+                    &self.failed(call, format!("no reply within {:?}", option.hard_ttl())),
+                )));
+            }
+        };
+        let (floor, reply) = reply;
         let reply: Result<Resp, RaftError<NodeId, E>> =
             codec::decode(rpc, &reply).map_err(|e| {
                 self.conn = None;
                 RPCError::Network(NetworkError::from(AnyError::new(&e)))
             })?;
-        reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        reply
+            .map(|r| (floor, r))
+            .map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
 
@@ -293,7 +404,14 @@ impl RaftNetwork<TypeConfig> for Peer {
                 return Ok(AppendEntriesResponse::Success);
             }
         }
-        let answer = self.call(RaftCall::AppendEntries, &rpc, &option).await;
+        // A heartbeat on a connection that never carried entries is one of
+        // openraft's leadership checks: a read's time is revealed after it.
+        let durable = !self.replicates && rpc.entries.is_empty();
+        let time = self.stamp(rpc.vote.leader_id().get_term(), durable);
+        let answer = self
+            .call(RaftCall::AppendEntries, time, &rpc, &option)
+            .await
+            .map(|(_, r)| r);
         // Only a follower that accepted the call took its commit index.
         if matches!(
             answer,
@@ -312,7 +430,10 @@ impl RaftNetwork<TypeConfig> for Peer {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call(RaftCall::InstallSnapshot, &rpc, &option).await
+        let time = self.stamp(rpc.vote.leader_id().get_term(), false);
+        self.call(RaftCall::InstallSnapshot, time, &rpc, &option)
+            .await
+            .map(|(_, r)| r)
     }
 
     async fn vote(
@@ -320,7 +441,17 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call(RaftCall::Vote, &rpc, &option).await
+        let time = self.stamp(rpc.vote.leader_id().get_term(), false);
+        let (floor, resp): (_, VoteResponse<NodeId>) =
+            self.call(RaftCall::Vote, time, &rpc, &option).await?;
+        // The voter's floor as of its grant: the highest time it accepted
+        // from any leader before it. The new leader's clock starts there.
+        if resp.vote_granted {
+            if let Some(t) = &self.time {
+                t.floor().raise(floor);
+            }
+        }
+        Ok(resp)
     }
 }
 
@@ -351,8 +482,11 @@ where
                 conn.read_exact(&mut preface).await?;
                 assert_eq!(&preface, PREFACE);
                 while let Some(frame) = read_frame(&mut conn).await? {
-                    if let Some(reply) = answer(frame).await {
-                        write_frame(&mut conn, &[], &reply).await?;
+                    // The call byte, then the message without its time.
+                    let mut plain = frame[..1].to_vec();
+                    plain.extend_from_slice(&frame[1 + REQUEST_HEADER_LEN..]);
+                    if let Some(reply) = answer(plain).await {
+                        write_frame(&mut conn, &[0; REPLY_HEADER_LEN], &reply).await?;
                         conn.flush().await?;
                     }
                 }

@@ -25,6 +25,7 @@ use crate::{
     proposer::{run_leader_watch, run_ticker, LeaderTime, Proposer, ProposerConfig},
     services::{ClusterService, LockService, NodeContext},
     state_machine::StateMachine,
+    time_floor::TimeFloor,
     types::{Node, NodeId, Raft},
 };
 
@@ -145,6 +146,11 @@ impl RunningNode {
         let sm = StateMachine::open(&cfg.data_dir.join("state"), parking)
             .map_err(|e| storage(e.to_string().into()))?;
         let shared = sm.shared();
+        let floor = Arc::new(TimeFloor::open(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?);
+        let time = Arc::new(LeaderTime::new(
+            cfg.proposer.clock_skew_ppm,
+            Arc::clone(&floor),
+        ));
 
         let client_listener =
             TcpListener::bind(cfg.listen)
@@ -184,7 +190,7 @@ impl RunningNode {
         .validate()
         .map_err(|e| NodeError::Config(e.to_string()))?;
         let early_answers = Arc::new(EarlyAnswers::default());
-        let network = Network::new(Arc::clone(&early_answers));
+        let network = Network::new(Arc::clone(&early_answers), Arc::clone(&time));
         let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
@@ -214,7 +220,6 @@ impl RunningNode {
             }
         }
 
-        let time = Arc::new(LeaderTime::new(cfg.proposer.clock_skew_ppm));
         let proposer = Proposer::start(
             raft.clone(),
             Arc::clone(&shared),
@@ -299,6 +304,7 @@ impl RunningNode {
             RaftPeer {
                 raft: raft.clone(),
                 election,
+                floor,
             },
             peer_grpc_tx,
             stop.clone(),

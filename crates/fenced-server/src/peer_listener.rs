@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     codec,
     election::{Election, PreVoteRequest},
-    network::{read_frame, write_frame, RaftCall, PREFACE},
+    network::{read_frame, write_frame, MessageTime, RaftCall, PREFACE},
+    time_floor::TimeFloor,
     types::Raft,
 };
 
@@ -29,6 +30,9 @@ pub struct RaftPeer {
     pub raft: Raft,
     /// Told of every message from a leader; answers pre-votes.
     pub election: Arc<Election>,
+    /// Takes the time of every message accepted from a leader; its value
+    /// goes back with every granted vote.
+    pub floor: Arc<TimeFloor>,
 }
 
 /// Accepts on `listener` until `stop`; gRPC connections go to `grpc`.
@@ -108,7 +112,11 @@ async fn is_raft(stream: &TcpStream) -> io::Result<bool> {
 /// Answers Raft requests on one connection, one at a time, until it closes.
 /// A malformed frame closes the connection; the sender reconnects.
 async fn serve_raft(stream: TcpStream, peer: RaftPeer) -> io::Result<()> {
-    let RaftPeer { raft, election } = peer;
+    let RaftPeer {
+        raft,
+        election,
+        floor,
+    } = peer;
     let mut conn = BufStream::new(stream);
     let mut preface = [0u8; PREFACE.len()];
     conn.read_exact(&mut preface).await?;
@@ -118,19 +126,26 @@ async fn serve_raft(stream: TcpStream, peer: RaftPeer) -> io::Result<()> {
         };
         let call = RaftCall::from_byte(kind)
             .ok_or_else(|| invalid(format!("unknown raft call {kind}")))?;
+        let (time, body) = MessageTime::split(body)
+            .ok_or_else(|| invalid(format!("{} frame shorter than its header", call.name())))?;
         let reply = match call {
             RaftCall::AppendEntries => {
                 let req = decode(call, body)?;
+                // Held across the append and the recording of its time, so a
+                // vote granted after openraft took the append carries it.
+                let _gate = floor.gate.read().await;
                 let resp = raft.append_entries(req).await;
                 // Anything but a refusal for a lower vote came from a leader
                 // this node follows.
                 if matches!(&resp, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
                     election.heard_from_leader();
+                    accept_time(&floor, time).await?;
                 }
                 encode(call, &resp)?
             }
             RaftCall::Vote => {
                 let req = decode(call, body)?;
+                let _gate = floor.gate.write().await;
                 let resp = raft.vote(req).await;
                 // Raft restarts a voter's election timer when it grants.
                 if matches!(&resp, Ok(r) if r.vote_granted) {
@@ -139,10 +154,14 @@ async fn serve_raft(stream: TcpStream, peer: RaftPeer) -> io::Result<()> {
                 encode(call, &resp)?
             }
             RaftCall::InstallSnapshot => {
-                let req = decode(call, body)?;
+                let req: openraft::raft::InstallSnapshotRequest<crate::types::TypeConfig> =
+                    decode(call, body)?;
+                let _gate = floor.gate.read().await;
+                let vote = req.vote;
                 let resp = raft.install_snapshot(req).await;
-                if resp.is_ok() {
+                if matches!(&resp, Ok(r) if r.vote <= vote) {
                     election.heard_from_leader();
+                    accept_time(&floor, time).await?;
                 }
                 encode(call, &resp)?
             }
@@ -151,10 +170,27 @@ async fn serve_raft(stream: TcpStream, peer: RaftPeer) -> io::Result<()> {
                 encode(call, &election.answer(&raft, &req))?
             }
         };
-        write_frame(&mut conn, &[], &reply).await?;
+        // Read after the call: a granted vote answers with every time this
+        // node accepted before granting it.
+        let head = floor.get().as_millis().to_be_bytes();
+        write_frame(&mut conn, &head, &reply).await?;
         conn.flush().await?;
     }
     Ok(())
+}
+
+/// Records the time of a message accepted from a leader; made durable
+/// first when the leader asked (a read will reveal it).
+async fn accept_time(floor: &TimeFloor, time: MessageTime) -> io::Result<()> {
+    if time.durable {
+        floor.make_durable(time.at).await.map_err(|e| {
+            tracing::error!(error = %e, "cannot make the cluster time durable");
+            e
+        })
+    } else {
+        floor.raise(time.at);
+        Ok(())
+    }
 }
 
 fn invalid(msg: String) -> io::Error {

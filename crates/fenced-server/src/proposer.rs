@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::{
     state_machine::Shared,
+    time_floor::TimeFloor,
     types::{Node, NodeId, Raft},
 };
 
@@ -57,16 +58,24 @@ pub struct LeaderTime {
     /// The term this node was last seen becoming leader in, and when.
     became: Mutex<Option<(u64, Duration)>>,
     skew_ppm: i64,
+    /// The highest leader time this node knows of: where the clock of its
+    /// next term starts.
+    floor: Arc<TimeFloor>,
 }
 
 impl LeaderTime {
-    pub fn new(skew_ppm: i64) -> Self {
+    pub fn new(skew_ppm: i64, floor: Arc<TimeFloor>) -> Self {
         Self {
             started: Instant::now(),
             clock: Mutex::new(None),
             became: Mutex::new(None),
             skew_ppm,
+            floor,
         }
+    }
+
+    pub fn floor(&self) -> &Arc<TimeFloor> {
+        &self.floor
     }
 
     fn mono(&self) -> Duration {
@@ -88,7 +97,31 @@ impl LeaderTime {
             return None;
         }
         clock.observe(applied);
-        Some(clock.now(self.mono()))
+        let now = clock.now(self.mono());
+        self.floor.raise(now);
+        Some(now)
+    }
+
+    /// Cluster time now if this node's clock runs for `term`, else the
+    /// highest leader time it knows: what a Raft message it sends carries.
+    pub fn for_message(&self, term: u64) -> ClusterTime {
+        let mut guard = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
+        match guard.as_mut() {
+            Some((t, clock)) if *t == term => {
+                let now = clock.now(self.mono());
+                self.floor.raise(now);
+                now
+            }
+            _ => self.floor.get(),
+        }
+    }
+
+    /// Cluster time now for `term`, or, while this node's clock does not run
+    /// (it is not leader, or its clock starts), the latest time it knows.
+    /// Never below a time this node revealed before.
+    pub fn now_or_floor(&self, term: u64, applied: ClusterTime) -> ClusterTime {
+        self.now(term, applied)
+            .unwrap_or_else(|| applied.max(self.floor.get()))
     }
 
     /// Notes the moment this node became leader for `term` (the first time
@@ -100,18 +133,29 @@ impl LeaderTime {
         }
     }
 
-    /// Starts the clock for `term` from the last applied cluster time, as of
-    /// the moment this node became leader: time spent applying the previous
+    /// Starts the clock for `term` from the highest of the last applied
+    /// cluster time and the floor (`LeaderClock::take_over`), as of the
+    /// moment this node became leader: time spent applying the previous
     /// term's entries counts, so no lease is lengthened by more than the
-    /// election itself.
-    fn start(&self, term: u64, base: ClusterTime) {
+    /// last heartbeat interval and the election. Returns the start.
+    fn start(&self, term: u64, applied: ClusterTime) -> ClusterTime {
         let became = *self.became.lock().unwrap_or_else(PoisonError::into_inner);
         let started = match became {
             Some((t, at)) if t == term => at,
             _ => self.mono(),
         };
-        let clock = LeaderClock::new(base, started).with_skew_ppm(self.skew_ppm);
+        // CANARY (deliberately broken build for fenced-jepsen): the clock
+        // starts from the last entry's stamp alone, so an idle cluster's time
+        // runs back at a leader change.
+        let seen = if cfg!(feature = "canary-clock-from-last-stamp") {
+            ClusterTime::ZERO
+        } else {
+            self.floor.get()
+        };
+        let mut clock = LeaderClock::take_over(applied, seen, started).with_skew_ppm(self.skew_ppm);
+        let base = clock.now(started);
         *self.clock.lock().unwrap_or_else(PoisonError::into_inner) = Some((term, clock));
+        base
     }
 }
 
@@ -203,11 +247,12 @@ async fn ensure_clock(
             },
             None => ProposeError::Unavailable(e.to_string()),
         })?;
-    let base = shared.now();
-    time.start(term, base);
+    let applied = shared.now();
+    let base = time.start(term, applied);
     tracing::info!(
         term,
         cluster_time_ms = base.as_millis(),
+        last_applied_ms = applied.as_millis(),
         "leader clock started"
     );
     Ok(term)

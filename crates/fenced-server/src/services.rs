@@ -100,9 +100,7 @@ impl NodeContext {
 
     fn cluster_now(&self) -> ClusterTime {
         let term = self.raft.metrics().borrow().current_term;
-        self.time
-            .now(term, self.shared.now())
-            .unwrap_or_else(|| self.shared.now())
+        self.time.now_or_floor(term, self.shared.now())
     }
 }
 
@@ -296,24 +294,38 @@ impl lock_server::Lock for LockService {
             )));
         }
         forward_or!(self.ctx, req, LockClient, describe);
+        // The time this read reveals is taken BEFORE leadership is
+        // confirmed: the confirming heartbeats carry it (or later) to a
+        // quorum, which makes it durable before answering, and this node
+        // makes it durable too. Any later leader starts its clock at or
+        // above it, also after a restart of the whole cluster.
+        let revealed = self.ctx.cluster_now();
+        let (confirmed, durable) = tokio::join!(
+            tokio::time::timeout(
+                self.ctx.request_timeout,
+                self.ctx.raft.ensure_linearizable(),
+            ),
+            self.ctx.time.floor().make_durable(revealed),
+        );
+        durable.map_err(|e| {
+            tracing::error!(error = %e, "cannot make the cluster time durable");
+            Status::unavailable(format!("describe: cannot store the cluster time: {e}"))
+        })?;
         // Read index: confirm leadership with a quorum and wait until the
         // state machine has applied everything committed before the read.
-        tokio::time::timeout(
-            self.ctx.request_timeout,
-            self.ctx.raft.ensure_linearizable(),
-        )
-        .await
-        .map_err(|_| {
-            Status::unavailable("describe: no quorum confirmed leadership in time; retry")
-        })?
-        .map_err(|e| {
-            not_leader(
-                e.forward_to_leader()
-                    .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
-                    .as_ref(),
-            )
-        })?;
-        let now = self.ctx.cluster_now();
+        confirmed
+            .map_err(|_| {
+                Status::unavailable("describe: no quorum confirmed leadership in time; retry")
+            })?
+            .map_err(|e| {
+                not_leader(
+                    e.forward_to_leader()
+                        .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
+                        .as_ref(),
+                )
+            })?;
+        // Entries applied since carry later stamps, durable in the log.
+        let now = revealed.max(self.ctx.shared.now());
         Ok(Response::new(describe_reply(
             &self.ctx.shared.describe(resource.as_str(), now),
             now,

@@ -1,0 +1,175 @@
+//! Cluster time across leader changes and restarts, with real processes:
+//! an idle cluster's time does not run back at a leader change (an expired
+//! lease stays expired, describe's time never decreases), and a leader
+//! change lengthens a lease by at most a heartbeat and the election.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use fenced_client::{AcquireOutcome, Client, RenewOutcome};
+use fenced_core::OwnerId;
+use fenced_tests::Cluster;
+
+/// The nodes' defaults (crates/fenced-server/src/node.rs).
+const HEARTBEAT: Duration = Duration::from_millis(100);
+
+async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -> u64 {
+    match client
+        .acquire_once(resource, owner, ttl, Duration::ZERO)
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Granted { token, .. } => token,
+        other => panic!("{resource}: expected a grant, got {other:?}"),
+    }
+}
+
+/// Describes `resource` until it answers (a leader change may be under way).
+async fn describe(client: &Client, resource: &str) -> fenced_proto::v1::DescribeResponse {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match client.describe(resource).await {
+            Ok(d) => return d,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("describe {resource}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("describe {resource}: {e}"),
+        }
+    }
+}
+
+/// The sequence that showed cluster time running back: a short lease, a
+/// quiet period longer than it, describe says free, the leader dies. After
+/// the change the lease must still be over: describe free at a time not
+/// lower, and a renewal lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_stays_expired_after_the_leader_dies() {
+    let mut cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let owner = OwnerId::random();
+    let token = grant(&client, "r", owner, Duration::from_secs(2)).await;
+
+    // Nothing is written while the lease runs out.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = describe(&client, "r").await;
+    assert!(!before.held, "the 2 s lease is still held after 5 s");
+    assert_eq!(before.last_token, token);
+
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    cluster.kill(leader);
+    let new_leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
+    assert_ne!(new_leader, leader);
+
+    let after = describe(&client, "r").await;
+    assert!(
+        after.cluster_time_ms >= before.cluster_time_ms,
+        "cluster time ran back from {} to {} ms at the leader change",
+        before.cluster_time_ms,
+        after.cluster_time_ms
+    );
+    assert!(
+        !after.held,
+        "the lease that ended came back after the leader change: {after:?}"
+    );
+    let renewed = client
+        .renew("r", owner, token, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(
+        matches!(renewed, RenewOutcome::Lost(_)),
+        "a renewal revived the expired lease: {renewed:?}"
+    );
+}
+
+/// The same after a restart of every node: the time a describe revealed
+/// was made durable, so it is where the cluster starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_stays_expired_after_the_whole_cluster_restarts() {
+    let mut cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let owner = OwnerId::random();
+    let token = grant(&client, "r", owner, Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = describe(&client, "r").await;
+    assert!(!before.held, "the 2 s lease is still held after 5 s");
+
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+
+    let after = describe(&client, "r").await;
+    assert!(
+        after.cluster_time_ms >= before.cluster_time_ms,
+        "cluster time ran back from {} to {} ms across the restart",
+        before.cluster_time_ms,
+        after.cluster_time_ms
+    );
+    assert!(!after.held, "the ended lease came back: {after:?}");
+    let renewed = client
+        .renew("r", owner, token, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(
+        matches!(renewed, RenewOutcome::Lost(_)),
+        "a renewal revived the expired lease: {renewed:?}"
+    );
+}
+
+/// How long a lease still has, as of a moment on this process's clock.
+struct Remaining {
+    ms: u64,
+    at: Instant,
+}
+
+async fn remaining(client: &Client, resource: &str) -> Remaining {
+    let d = describe(client, resource).await;
+    assert!(d.held, "{resource} is not held: {d:?}");
+    Remaining {
+        ms: d.remaining_ms,
+        at: Instant::now(),
+    }
+}
+
+/// A leader change lengthens a lease by at most the time from the dead
+/// leader's last heartbeat to the new leader's election, and never shortens
+/// it (the new leader's clock never runs ahead of the old one's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_change_lengthens_a_lease_by_at_most_a_heartbeat_and_the_election() {
+    let mut cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    grant(&client, "long", OwnerId::random(), Duration::from_secs(30)).await;
+    // A quiet period: only heartbeats carry the leader's time.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let first = remaining(&client, "long").await;
+
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    cluster.kill(leader);
+    let killed = Instant::now();
+    cluster.wait_for_leader(Duration::from_secs(15)).await;
+    let election = killed.elapsed();
+    let second = remaining(&client, "long").await;
+
+    // Had the cluster's clock run on unchanged, this much would be left.
+    let elapsed = second.at.duration_since(first.at).as_millis() as i64;
+    let unchanged = first.ms as i64 - elapsed;
+    let lengthened = second.ms as i64 - unchanged;
+    // What a describe's round trip can add or take on a loaded machine.
+    let slack = 250;
+    let bound = (HEARTBEAT + election).as_millis() as i64 + slack;
+    eprintln!("lengthened by {lengthened} ms; election took {election:?}; bound {bound} ms");
+    assert!(
+        lengthened <= bound,
+        "the leader change lengthened the lease by {lengthened} ms, more than a heartbeat and the election ({bound} ms)"
+    );
+    assert!(
+        lengthened >= -slack,
+        "the leader change shortened the lease by {} ms: the new clock ran ahead",
+        -lengthened
+    );
+}
