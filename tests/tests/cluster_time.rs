@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use fenced_client::{AcquireOutcome, Client, RenewOutcome};
 use fenced_core::OwnerId;
+use fenced_proto::v1::DescribeResponse;
 use fenced_tests::Cluster;
 
 /// The nodes' defaults (crates/fenced-server/src/node.rs).
@@ -26,7 +27,7 @@ async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -
 }
 
 /// Describes `resource` until it answers (a leader change may be under way).
-async fn describe(client: &Client, resource: &str) -> fenced_proto::v1::DescribeResponse {
+async fn describe(client: &Client, resource: &str) -> DescribeResponse {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         match client.describe(resource).await {
@@ -40,47 +41,58 @@ async fn describe(client: &Client, resource: &str) -> fenced_proto::v1::Describe
     }
 }
 
-/// The sequence that showed cluster time running back: a short lease, a
-/// quiet period longer than it, describe says free, the leader dies. After
-/// the change the lease must still be over: describe free at a time not
-/// lower, and a renewal lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_lease_stays_expired_after_the_leader_dies() {
-    let mut cluster = Cluster::start(3).await;
-    let client = cluster.client();
+/// A 2 s lease on "r" left to run out in a quiet period longer than it;
+/// describe says free. Returns the owner, its token and that describe.
+async fn an_expired_lease(client: &Client) -> (OwnerId, u64, DescribeResponse) {
     let owner = OwnerId::random();
-    let token = grant(&client, "r", owner, Duration::from_secs(2)).await;
-
+    let token = grant(client, "r", owner, Duration::from_secs(2)).await;
     // Nothing is written while the lease runs out.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let before = describe(&client, "r").await;
+    let before = describe(client, "r").await;
     assert!(!before.held, "the 2 s lease is still held after 5 s");
     assert_eq!(before.last_token, token);
+    (owner, token, before)
+}
 
-    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
-    cluster.kill(leader);
-    let new_leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
-    assert_ne!(new_leader, leader);
-
-    let after = describe(&client, "r").await;
+/// After `what`, the lease is still over: describe free at a time not
+/// lower, and a renewal lost.
+async fn assert_still_over(
+    client: &Client,
+    (owner, token, before): (OwnerId, u64, DescribeResponse),
+    what: &str,
+) {
+    let after = describe(client, "r").await;
     assert!(
         after.cluster_time_ms >= before.cluster_time_ms,
-        "cluster time ran back from {} to {} ms at the leader change",
+        "cluster time ran back from {} to {} ms {what}",
         before.cluster_time_ms,
         after.cluster_time_ms
     );
-    assert!(
-        !after.held,
-        "the lease that ended came back after the leader change: {after:?}"
-    );
+    assert!(!after.held, "the ended lease came back {what}: {after:?}");
     let renewed = client
         .renew("r", owner, token, Duration::from_secs(2))
         .await
         .unwrap();
     assert!(
         matches!(renewed, RenewOutcome::Lost(_)),
-        "a renewal revived the expired lease: {renewed:?}"
+        "a renewal revived the expired lease {what}: {renewed:?}"
     );
+}
+
+/// The sequence that showed cluster time running back: a short lease, a
+/// quiet period longer than it, describe says free, the leader dies. After
+/// the change the lease must still be over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_stays_expired_after_the_leader_dies() {
+    let mut cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let expired = an_expired_lease(&client).await;
+
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    cluster.kill(leader);
+    let new_leader = cluster.wait_for_leader(Duration::from_secs(15)).await;
+    assert_ne!(new_leader, leader);
+    assert_still_over(&client, expired, "at the leader change").await;
 }
 
 /// The same after a restart of every node: the time a describe revealed
@@ -89,11 +101,7 @@ async fn an_expired_lease_stays_expired_after_the_leader_dies() {
 async fn an_expired_lease_stays_expired_after_the_whole_cluster_restarts() {
     let mut cluster = Cluster::start(3).await;
     let client = cluster.client();
-    let owner = OwnerId::random();
-    let token = grant(&client, "r", owner, Duration::from_secs(2)).await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let before = describe(&client, "r").await;
-    assert!(!before.held, "the 2 s lease is still held after 5 s");
+    let expired = an_expired_lease(&client).await;
 
     for id in 1..=3 {
         cluster.kill(id);
@@ -102,23 +110,7 @@ async fn an_expired_lease_stays_expired_after_the_whole_cluster_restarts() {
         cluster.spawn(id);
     }
     cluster.wait_for_leader(Duration::from_secs(20)).await;
-
-    let after = describe(&client, "r").await;
-    assert!(
-        after.cluster_time_ms >= before.cluster_time_ms,
-        "cluster time ran back from {} to {} ms across the restart",
-        before.cluster_time_ms,
-        after.cluster_time_ms
-    );
-    assert!(!after.held, "the ended lease came back: {after:?}");
-    let renewed = client
-        .renew("r", owner, token, Duration::from_secs(2))
-        .await
-        .unwrap();
-    assert!(
-        matches!(renewed, RenewOutcome::Lost(_)),
-        "a renewal revived the expired lease: {renewed:?}"
-    );
+    assert_still_over(&client, expired, "across the restart").await;
 }
 
 /// How long a lease still has, as of a moment on this process's clock.
