@@ -255,10 +255,12 @@ impl Nemesis<'_> {
     /// Ends the idle period, if one is running.
     fn end_idle(&mut self, r: &mut FaultRecord) {
         if let Some(tx) = self.idle_release.take() {
-            let _ = tx.send(());
+            // The end is stamped before the writers go: their first
+            // requests are not in the idle window.
             if let Some((from, _)) = r.idle_ns {
                 r.idle_ns = Some((from, self.rec.now_ns()));
             }
+            let _ = tx.send(());
         }
     }
 
