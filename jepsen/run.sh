@@ -4,12 +4,14 @@
 #
 #   jepsen/run.sh                 the short campaign (CI): partition, pause,
 #                                 kill and clock profiles, 45 s each
-#   jepsen/run.sh full [SEEDS]    the full campaign: every profile plus "all",
-#                                 180 s each, for each seed (default 1,2,3)
+#   jepsen/run.sh full [SEEDS]    the full campaign: every profile plus
+#                                 "snapshots" and "all", 180 s each, for each
+#                                 seed (default 1,2,3)
 #   jepsen/run.sh canary NAME...  builds fenced with feature canary-NAME and
 #                                 expects the harness to FAIL it; NAME is one of
 #                                 skip-lease-check anyone-release
 #                                 local-describe wall-clock-expiry reuse-token
+#                                 clock-from-last-stamp
 #
 # Needs root (ip netns, nft). Results: target/jepsen/<profile>-<seed>/
 # (summary.txt always; history, nemesis log, node logs and the first
@@ -40,7 +42,7 @@ quick)
     "$JEPSEN" run --profiles partition,pause,kill,clock --duration-s 45 --seeds 1
     ;;
 full)
-    "$JEPSEN" run --profiles partition,pause,kill,clock,all --duration-s 180 --seeds "${2:-1,2,3}"
+    "$JEPSEN" run --profiles partition,pause,kill,clock,snapshots,all --duration-s 180 --seeds "${2:-1,2,3}"
     ;;
 canary)
     shift
@@ -54,7 +56,9 @@ canary)
     for name in "$@"; do
         case "$name" in
         wall-clock-expiry) profile=clock ;;
-        reuse-token) profile=kill ;;
+        # A new leader's clock starts at the last entry's stamp: caught
+        # after an idle period and a leader kill.
+        reuse-token | clock-from-last-stamp) profile=kill ;;
         skip-lease-check | anyone-release | local-describe) profile=partition ;;
         *) echo "unknown canary $name" >&2; exit 2 ;;
         esac
@@ -70,7 +74,7 @@ canary)
     ;;
 *)
     echo "usage: $0 [quick | full [SEEDS] | canary NAME...]" >&2
-    echo "  canary NAME: skip-lease-check anyone-release local-describe wall-clock-expiry reuse-token" >&2
+    echo "  canary NAME: skip-lease-check anyone-release local-describe wall-clock-expiry reuse-token clock-from-last-stamp" >&2
     exit 2
     ;;
 esac

@@ -51,16 +51,45 @@ pub enum Phase {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Answer {
-    Granted { token: u64, ttl_ms: u64 },
-    Held { current_token: u64 },
-    Renewed { ttl_ms: u64 },
-    Lost { reason: String, current_token: u64 },
+    Granted {
+        token: u64,
+        ttl_ms: u64,
+    },
+    Held {
+        current_token: u64,
+    },
+    Renewed {
+        ttl_ms: u64,
+    },
+    Lost {
+        reason: String,
+        current_token: u64,
+    },
     Released,
-    NotHolder { reason: String, current_token: u64 },
-    Described { last_token: u64, held: bool },
-    Accepted { token: u64, version: u64 },
-    AlreadyApplied { token: u64, version: u64 },
-    Rejected { highest_token: u64, reason: String },
+    NotHolder {
+        reason: String,
+        current_token: u64,
+    },
+    Described {
+        last_token: u64,
+        held: bool,
+        /// The cluster time the answer was computed at (DescribeResponse
+        /// `cluster_time_ms`); 0 in histories recorded before it was kept.
+        #[serde(default)]
+        cluster_time_ms: u64,
+    },
+    Accepted {
+        token: u64,
+        version: u64,
+    },
+    AlreadyApplied {
+        token: u64,
+        version: u64,
+    },
+    Rejected {
+        highest_token: u64,
+        reason: String,
+    },
 }
 
 impl Answer {

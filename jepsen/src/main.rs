@@ -20,7 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run one or more profiles (partition, pause, kill, clock, all, none).
+    /// Run one or more profiles (partition, pause, kill, clock, snapshots, all,
+    /// none).
     Run(RunArgs),
     /// Remove namespaces and interfaces left by an interrupted run.
     Cleanup,
@@ -46,6 +47,10 @@ struct RunArgs {
     /// Quiet time between faults, seconds.
     #[arg(long, default_value_t = 3)]
     quiet_s: u64,
+    /// Idle time before each fault that moves leadership: no request that
+    /// writes to the log, only describes (0: none). Above the short TTL.
+    #[arg(long, default_value_t = 4000)]
+    idle_ms: u64,
     /// The fenced binary to test.
     #[arg(long, default_value = "target/debug/fenced")]
     fenced_bin: PathBuf,
@@ -127,6 +132,7 @@ async fn campaign(a: RunArgs) -> Result<ExitCode> {
                 warmup: Duration::from_secs(a.warmup_s),
                 hold: Duration::from_secs(a.hold_s),
                 quiet: Duration::from_secs(a.quiet_s),
+                idle: Duration::from_millis(a.idle_ms),
                 fenced_bin: fenced_bin.clone(),
                 out: a.out.clone(),
                 long_workers: a.long_workers,

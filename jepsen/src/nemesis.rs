@@ -71,6 +71,21 @@ impl Fault {
             Fault::WallStrobe => "wall-strobe".into(),
         }
     }
+
+    /// Whether the fault is meant to move leadership. Such a fault comes
+    /// after an idle period: a new leader then starts its clock long after
+    /// the last log entry was stamped, the case in which cluster time could
+    /// run backwards and revive leases that had run out.
+    pub fn moves_leader(&self) -> bool {
+        match self {
+            Fault::IsolateLeader
+            | Fault::LeaderMinority
+            | Fault::KillLeader
+            | Fault::KillRandom => true,
+            Fault::PauseLeader { ms } => *ms >= 4500,
+            _ => false,
+        }
+    }
 }
 
 /// What happened to one fault, for the nemesis log and the coverage gate.
@@ -88,6 +103,10 @@ pub struct FaultRecord {
     /// Client pauses: when the workers were let go again.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub released_ns: Option<u64>,
+    /// The idle period before the fault (no writes to the cluster's log):
+    /// from when the writers were held to when the fault let them go.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_ns: Option<(u64, u64)>,
 }
 
 /// Leader observations: (time, leader id, term), one per change seen.
@@ -151,6 +170,10 @@ pub struct Nemesis<'a> {
     pub rng: fastrand::Rng,
     pub hold: Duration,
     pub ids: Vec<u64>,
+    /// Idle time before a fault that moves leadership (zero: none).
+    pub idle: Duration,
+    /// Lets the writers go at the end of an idle period.
+    pub idle_release: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Nemesis<'_> {
@@ -185,10 +208,15 @@ impl Nemesis<'_> {
             took_effect: false,
             skipped: None,
             released_ns: None,
+            idle_ns: None,
         };
+        if !self.idle.is_zero() && fault.moves_leader() {
+            self.start_idle(&mut record).await;
+        }
         if let Err(e) = self.apply(fault, tag, &mut record).await {
             record.skipped = Some(format!("{e:#}"));
         }
+        self.end_idle(&mut record);
         // Whatever happened, leave the network whole.
         if let Err(e) = self.net.heal() {
             record.evidence.push_str(&format!("; heal failed: {e:#}"));
@@ -204,6 +232,36 @@ impl Nemesis<'_> {
             "fault healed"
         );
         record
+    }
+
+    /// Holds every writer for the idle time (the reader goes on), then
+    /// returns with them still held: the fault lets them go once installed.
+    async fn start_idle(&mut self, r: &mut FaultRecord) {
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            let _g = ctx.idle.write().await;
+            let _ = held_tx.send(());
+            let _ = release_rx.await;
+        });
+        let _ = held_rx.await;
+        let from = self.rec.now_ns();
+        r.idle_ns = Some((from, from));
+        self.idle_release = Some(release_tx);
+        tokio::time::sleep(self.idle).await;
+    }
+
+    /// Ends the idle period, if one is running.
+    fn end_idle(&mut self, r: &mut FaultRecord) {
+        if let Some(tx) = self.idle_release.take() {
+            // The end is stamped before the writers go: their first
+            // requests are not in the idle window.
+            if let Some((from, _)) = r.idle_ns {
+                r.idle_ns = Some((from, self.rec.now_ns()));
+            }
+            let _ = tx.send(());
+        }
     }
 
     async fn require_leader(&self) -> Result<(u64, u64)> {
@@ -236,6 +294,7 @@ impl Nemesis<'_> {
                 if fault == Fault::IsolateLeader {
                     self.net.drop_from(l, HARNESS_ADDR, 100, tag)?;
                 }
+                self.end_idle(r);
                 let new_term = self.hold_and_watch(self.hold, term).await;
                 let dropped = self.net.dropped(tag)?;
                 r.evidence = format!("{dropped} packets dropped; new leader elected: {new_term}");
@@ -299,6 +358,7 @@ impl Nemesis<'_> {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     c.is_stopped(target)
                 };
+                self.end_idle(r);
                 tokio::time::sleep(Duration::from_millis(ms.saturating_sub(50))).await;
                 self.cluster.lock().await.signal(target, Signal::SIGCONT)?;
                 // Give an election that the pause caused time to be seen.
@@ -335,6 +395,7 @@ impl Nemesis<'_> {
                 let loads = self.cluster.lock().await.snapshot_loads(target);
                 r.installed_ns = self.rec.now_ns();
                 let killed = self.cluster.lock().await.kill9(target)?;
+                self.end_idle(r);
                 self.ctx
                     .down
                     .lock()
@@ -500,6 +561,15 @@ pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
         Fault::PauseLeader { ms: 300 },
     ];
     let kill = vec![Fault::KillLeader, Fault::KillRandom];
+    // Run with a snapshot every 50 entries (run.rs): restarts and lagging
+    // followers go through snapshot install and restore all the time.
+    let snapshots = vec![
+        Fault::KillLeader,
+        Fault::PauseFollower { ms: 3000 },
+        Fault::KillRandom,
+        Fault::PauseLeader { ms: 5000 },
+        Fault::PauseLeader { ms: 300 },
+    ];
     let clock = vec![
         Fault::WallJump { secs: 3600 },
         Fault::WallStrobe,
@@ -512,6 +582,7 @@ pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
         "pause" => pause,
         "kill" => kill,
         "clock" => clock,
+        "snapshots" => snapshots,
         "all" => [partition, pause, kill, clock].concat(),
         _ => return None,
     })

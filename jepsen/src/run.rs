@@ -34,6 +34,8 @@ pub struct RunConfig {
     pub warmup: Duration,
     pub hold: Duration,
     pub quiet: Duration,
+    /// Idle time (no writes) before each fault that moves leadership.
+    pub idle: Duration,
     pub fenced_bin: PathBuf,
     pub out: PathBuf,
     pub long_workers: u32,
@@ -174,12 +176,19 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let clocks = matches!(cfg.profile.as_str(), "clock" | "all");
     let long_ttl_ms = (cfg.duration.as_millis() as u64 + 300_000).min(3_600_000);
+    // The snapshots profile snapshots every 50 entries: several times a
+    // second under the workload.
+    let snapshot_logs = if cfg.profile == "snapshots" {
+        "50"
+    } else {
+        "200"
+    };
     let settings = NodeSettings {
         env: vec![
             // Often enough that a node killed a few seconds into a run
             // restarts from a snapshot (and a lagging one is sent one), not
             // only by replaying the whole log.
-            ("FENCED_SNAPSHOT_LOGS".into(), "200".into()),
+            ("FENCED_SNAPSHOT_LOGS".into(), snapshot_logs.into()),
             ("FENCED_REQUEST_TIMEOUT_MS".into(), "3000".into()),
         ],
         skew_ppm: if clocks {
@@ -248,6 +257,7 @@ async fn run_in(
         clients,
         stop: Default::default(),
         freeze: Default::default(),
+        idle: Default::default(),
         down: Mutex::new(Vec::new()),
         long_ttl_ms,
         short_ttl_ms: cfg.short_ttl_ms,
@@ -275,6 +285,8 @@ async fn run_in(
         rng: fastrand::Rng::with_seed(cfg.seed),
         hold: cfg.hold,
         ids: ids.to_vec(),
+        idle: cfg.idle,
+        idle_release: None,
     };
     let mut records = Vec::new();
     let mut nemesis_log = String::new();
@@ -358,6 +370,8 @@ async fn run_in(
         write_finding,
         invariants::renew_keeps_token(&ops, cfg.rho),
         invariants::leases_respected(&ops, cfg.rho),
+        invariants::ended_leases_stay_ended(&ops),
+        invariants::cluster_time_monotonic(&ops),
     ];
     let mut lin = Linearizable::Pass;
     let mut lin_resources = 0;
@@ -417,20 +431,37 @@ async fn run_in(
         .filter(|o| o.f != F::Write && o.complete_ns.is_some_and(|c| c <= warm_ns))
         .count();
     let pre_fault_ops_per_s = pre_fault_ops as f64 / (warm_ns as f64 / 1e9).max(0.001);
+    // Requests sent in a window, past a slack for those already at the gate.
+    let sent_between = |from: u64, to: u64, counts: &dyn Fn(&Op) -> bool| {
+        let slack = 300_000_000;
+        ops.iter()
+            .filter(|o| counts(o) && o.invoke_ns > from + slack && o.invoke_ns < to)
+            .count()
+    };
     for r in records
         .iter_mut()
         .filter(|r| r.fault.starts_with("pause-clients"))
     {
-        let slack = 300_000_000;
-        let invoked = ops
-            .iter()
-            .filter(|o| {
-                o.invoke_ns > r.installed_ns + slack
-                    && o.invoke_ns < r.released_ns.unwrap_or(r.healed_ns)
-            })
-            .count();
+        let invoked = sent_between(
+            r.installed_ns,
+            r.released_ns.unwrap_or(r.healed_ns),
+            &|_| true,
+        );
         r.took_effect = r.took_effect && invoked == 0;
         r.evidence = format!("{invoked} requests sent while the workers were paused");
+    }
+    for r in records.iter_mut() {
+        let Some((from, to)) = r.idle_ns else {
+            continue;
+        };
+        let writes = sent_between(from, to, &|o| o.f != F::Describe && o.f != F::Write);
+        let reads = sent_between(from, to, &|o| o.f == F::Describe);
+        r.took_effect = r.took_effect && writes == 0 && reads > 0;
+        let _ = write!(
+            r.evidence,
+            "; idle {} ms before it: {writes} lock writes and {reads} describes sent",
+            (to - from) / 1_000_000
+        );
     }
     let mut gates = vec![(
         format!(

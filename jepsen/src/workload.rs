@@ -7,7 +7,11 @@
 //!   sometimes send a stale write and a stale release on purpose. Their
 //!   leases outlive the run, so the history is checked against a mutex model.
 //! - short-TTL workers (2 s leases): like the article's worker, some stop
-//!   renewing for longer than the TTL and then write with their old token.
+//!   renewing for longer than the TTL, describe the resource and then write
+//!   with their old token.
+//! - a reader: describes the short-TTL resources all the time, also through
+//!   the nemesis's idle periods (describes write no log entry), so a lease
+//!   seen running out before a fault can be seen again after it.
 
 use std::{
     collections::HashMap,
@@ -39,6 +43,9 @@ pub struct Ctx {
     pub stop: AtomicBool,
     /// Held for writing while client workers are "paused".
     pub freeze: RwLock<()>,
+    /// Held for writing during an idle period: every worker that writes to
+    /// the cluster's log waits; the reader goes on.
+    pub idle: RwLock<()>,
     /// Nodes known to be down (killed), skipped when choosing a node.
     pub down: Mutex<Vec<u64>>,
     pub long_ttl_ms: u64,
@@ -103,10 +110,15 @@ struct Worker {
     id: u32,
     ctx: Arc<Ctx>,
     rng: fastrand::Rng,
+    /// Only describes: not held by idle periods.
+    reader: bool,
 }
 
 impl Worker {
     async fn gate(&self) {
+        if !self.reader {
+            let _i = self.ctx.idle.read().await;
+        }
         let _g = self.ctx.freeze.read().await;
     }
 
@@ -226,6 +238,7 @@ impl Worker {
         .map(|d| Answer::Described {
             last_token: d.last_token,
             held: d.held,
+            cluster_time_ms: d.cluster_time_ms,
         });
         self.ctx.rec.complete(&e, r.clone());
         r.ok()
@@ -392,6 +405,7 @@ impl Worker {
             // The article's worker: stops renewing for longer than its lease
             // (a GC pause, a slow disk), then writes with its old token.
             self.sleep_ms(ttl + 300, ttl + 1500).await;
+            self.describe(&resource).await;
             self.write(&resource, owner, token, true).await;
             self.release(&resource, owner, token, false).await;
             return;
@@ -403,22 +417,30 @@ impl Worker {
     }
 }
 
-/// Spawns `long` long-TTL workers and `short` short-TTL workers.
+/// Short-TTL resources: `short-0` .. `short-{SHORT_RESOURCES - 1}`.
+const SHORT_RESOURCES: usize = 2;
+
+/// Spawns `long` long-TTL workers, `short` short-TTL workers and one reader.
 pub fn spawn(ctx: &Arc<Ctx>, seed: u64, long: u32, short: u32) -> Vec<tokio::task::JoinHandle<()>> {
     let mut handles = Vec::new();
-    for i in 0..long + short {
+    for i in 0..=long + short {
         let mut w = Worker {
             id: i,
             ctx: ctx.clone(),
             rng: fastrand::Rng::with_seed(seed.wrapping_mul(1_000_003).wrapping_add(u64::from(i))),
+            reader: i == long + short,
         };
         let is_long = i < long;
         handles.push(tokio::spawn(async move {
             while !w.ctx.stopped() {
-                if is_long {
+                if w.reader {
+                    let r = format!("short-{}", w.rng.usize(..SHORT_RESOURCES));
+                    w.describe(&r).await;
+                    w.sleep_ms(50, 150).await;
+                } else if is_long {
                     w.long_cycle().await;
                 } else {
-                    w.short_cycle(2).await;
+                    w.short_cycle(SHORT_RESOURCES).await;
                 }
             }
         }));

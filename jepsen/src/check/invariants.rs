@@ -299,8 +299,12 @@ pub fn renew_keeps_token(ops: &[Op], rho: f64) -> Finding {
             else {
                 continue;
             };
-            let (Some(Answer::Described { last_token, held }), Some(dc)) =
-                (&d.answer, d.complete_ns)
+            let (
+                Some(Answer::Described {
+                    last_token, held, ..
+                }),
+                Some(dc),
+            ) = (&d.answer, d.complete_ns)
             else {
                 continue;
             };
@@ -396,6 +400,145 @@ pub fn leases_respected(ops: &[Op], rho: f64) -> Finding {
     Finding {
         name: "no grant before the previous lease ran out",
         checked,
+        violations,
+    }
+}
+
+/// A lease seen ended is never seen held again by the same token. A lease
+/// of token T is seen ended when a describe answers free with a newest token
+/// of T or above, a renew of T answers lost, or another owner is granted a
+/// token above T. It is seen held by T when a describe answers held with
+/// newest token T, or a renew of T succeeds. Only observations that started
+/// after the ending one completed count: a cluster whose time runs backwards
+/// (a new leader starting its clock behind time already reported) revives
+/// leases that had run out.
+pub fn ended_leases_stay_ended(ops: &[Op]) -> Finding {
+    let mut violations = Vec::new();
+    let mut checked = 0;
+    let resources = by_resource(ops, |o| {
+        o.answer.is_some() && matches!(o.f, F::Acquire | F::Renew | F::Describe)
+    });
+    for (resource, rops) in resources {
+        // The owner each token was granted to.
+        let owners: HashMap<u64, &str> = rops
+            .iter()
+            .filter_map(|o| o.granted_token().map(|t| (t, owner(o))))
+            .collect();
+        // (completion, op id, tokens ended: those in lo..=hi)
+        let mut ends: Vec<(u64, u64, u64, u64)> = Vec::new();
+        // (invocation, op id, token, how it was seen held)
+        let mut helds: Vec<(u64, u64, u64, &str)> = Vec::new();
+        for o in &rops {
+            let Some(c) = o.complete_ns else { continue };
+            match (&o.f, &o.answer) {
+                (
+                    F::Describe,
+                    Some(Answer::Described {
+                        last_token, held, ..
+                    }),
+                ) => {
+                    if *held {
+                        helds.push((o.invoke_ns, o.id, *last_token, "a describe reports it held"));
+                    } else {
+                        ends.push((c, o.id, 1, *last_token));
+                    }
+                }
+                (F::Renew, Some(Answer::Lost { .. })) => {
+                    if let Some(t) = o.token {
+                        ends.push((c, o.id, t, t));
+                    }
+                }
+                (F::Renew, Some(Answer::Renewed { .. })) => {
+                    if let Some(t) = o.token {
+                        helds.push((o.invoke_ns, o.id, t, "a renew of it succeeds"));
+                    }
+                }
+                (F::Acquire, Some(Answer::Granted { token, .. })) => {
+                    // Ends every earlier token of another owner; a token of
+                    // this same owner (a retry) is not ended by its own grant.
+                    let g_owner = owner(o);
+                    for (&t, &t_owner) in &owners {
+                        if t < *token && t_owner != g_owner {
+                            ends.push((c, o.id, t, t));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        ends.sort_unstable();
+        for (inv, held_op, t, how) in &helds {
+            checked += 1;
+            for (c, end_op, lo, hi) in ends.iter().take_while(|e| e.0 < *inv) {
+                if !(lo..=hi).contains(&t) {
+                    continue;
+                }
+                violations.push(format!(
+                    "{resource}: the lease of token {t} was seen ended by op {end_op} (completed at {} ms), then {how} in op {held_op} (invoked at {} ms)",
+                    c / 1_000_000,
+                    inv / 1_000_000
+                ));
+                break;
+            }
+        }
+    }
+    Finding {
+        name: "a lease seen ended is never seen held again",
+        checked,
+        violations,
+    }
+}
+
+/// Cluster time never runs backwards: a describe invoked after another one
+/// completed (any resource, any client) reports a `cluster_time_ms` at or
+/// above the earlier one's.
+pub fn cluster_time_monotonic(ops: &[Op]) -> Finding {
+    let mut violations = Vec::new();
+    // (time, op id, cluster time)
+    let mut done: Vec<(u64, u64, u64)> = Vec::new();
+    let mut reads: Vec<(u64, u64, u64, &str)> = Vec::new();
+    for o in ops.iter().filter(|o| o.f == F::Describe) {
+        if let (
+            Some(c),
+            Some(Answer::Described {
+                cluster_time_ms, ..
+            }),
+        ) = (o.complete_ns, &o.answer)
+        {
+            done.push((c, o.id, *cluster_time_ms));
+            reads.push((o.invoke_ns, o.id, *cluster_time_ms, o.resource.as_str()));
+        }
+    }
+    done.sort_unstable();
+    reads.sort_unstable();
+    // Sweep in invocation order, keeping the highest cluster time among the
+    // describes completed before the current invocation.
+    let mut highest: Option<(u64, u64, u64)> = None; // (cluster time, op, completion)
+    let mut next = 0;
+    for (inv, id, ct, resource) in &reads {
+        while let Some(&(c, a_id, a_ct)) = done.get(next) {
+            if c >= *inv {
+                break;
+            }
+            if highest.is_none_or(|(h, _, _)| a_ct > h) {
+                highest = Some((a_ct, a_id, c));
+            }
+            next += 1;
+        }
+        if let Some((h, a_id, a_c)) = highest {
+            if *ct < h {
+                violations.push(format!(
+                    "{resource}: describe op {id} (invoked at {} ms) reports cluster time {ct} ms, {} ms behind the {h} ms of describe op {a_id}, which completed at {} ms",
+                    inv / 1_000_000,
+                    h - ct,
+                    a_c / 1_000_000
+                ));
+            }
+        }
+    }
+    Finding {
+        name: "cluster time never runs backwards",
+        checked: reads.len(),
         violations,
     }
 }
@@ -566,6 +709,7 @@ mod tests {
                 Answer::Described {
                     last_token: 5,
                     held: true,
+                    cluster_time_ms: 0,
                 },
             ),
         ];
@@ -628,5 +772,100 @@ mod tests {
             ),
         ];
         assert!(leases_respected(&late, 0.05).violations.is_empty());
+    }
+
+    /// A describe over `ms` (invoked, completed) in milliseconds.
+    fn describe(id: u64, ms: (u64, u64), last_token: u64, held: bool, cluster_ms: u64) -> Op {
+        let a = Answer::Described {
+            last_token,
+            held,
+            cluster_time_ms: cluster_ms,
+        };
+        op(id, F::Describe, "x", None, (ms.0 * MS, ms.1 * MS), a)
+    }
+
+    /// A renew of `token` by owner "a" over `ms`; `ok`: renewed, else lost.
+    fn renew(id: u64, token: u64, ms: (u64, u64), ok: bool) -> Op {
+        let a = if ok {
+            Answer::Renewed { ttl_ms: 2000 }
+        } else {
+            Answer::Lost {
+                reason: "expired".into(),
+                current_token: token,
+            }
+        };
+        op(id, F::Renew, "a", Some(token), (ms.0 * MS, ms.1 * MS), a)
+    }
+
+    fn grant(id: u64, owner: &str, token: u64, ms: (u64, u64)) -> Op {
+        let a = granted(token, 2000);
+        op(id, F::Acquire, owner, None, (ms.0 * MS, ms.1 * MS), a)
+    }
+
+    #[test]
+    fn a_lease_seen_free_then_held_again_is_caught() {
+        // The backwards-clock bug: free with token 1 at 5 s, then after a
+        // leader change held by 1 again, and a renew of 1 succeeds.
+        let h = [
+            grant(0, "a", 1, (0, 10)),
+            describe(1, (5000, 5010), 1, false, 5000),
+            describe(2, (7000, 7010), 1, true, 400),
+            renew(3, 1, (7020, 7030), true),
+        ];
+        assert_eq!(ended_leases_stay_ended(&h).violations.len(), 2);
+    }
+
+    #[test]
+    fn a_lease_lost_or_superseded_then_renewed_is_caught() {
+        let lost_then_renewed = [
+            grant(0, "a", 4, (0, 10)),
+            renew(1, 4, (3000, 3010), false),
+            renew(2, 4, (3020, 3030), true),
+        ];
+        let f = ended_leases_stay_ended(&lost_then_renewed);
+        assert_eq!(f.violations.len(), 1);
+        let superseded_then_held = [
+            grant(0, "a", 4, (0, 10)),
+            grant(1, "b", 5, (3000, 3010)),
+            describe(2, (3020, 3030), 4, true, 3020),
+        ];
+        let f = ended_leases_stay_ended(&superseded_then_held);
+        assert_eq!(f.violations.len(), 1);
+    }
+
+    #[test]
+    fn leases_that_end_once_pass() {
+        let ok = [
+            grant(0, "a", 1, (0, 10)),
+            // Concurrent with the free answer below: either order is fine.
+            renew(1, 1, (1990, 2100), true),
+            describe(2, (2000, 2050), 1, false, 2000),
+            // The same owner's retry of its grant does not end its lease.
+            grant(3, "a", 1, (2200, 2210)),
+            grant(4, "b", 2, (5000, 5010)),
+            describe(5, (5020, 5030), 2, true, 5020),
+            renew(6, 1, (5040, 5050), false),
+        ];
+        let f = ended_leases_stay_ended(&ok);
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert_eq!(f.checked, 2);
+    }
+
+    #[test]
+    fn cluster_time_running_backwards_is_caught() {
+        let h = [
+            describe(0, (0, 10), 0, false, 5000),
+            describe(1, (20, 30), 0, false, 1000),
+        ];
+        assert_eq!(cluster_time_monotonic(&h).violations.len(), 1);
+        // Overlapping describes may answer in either order.
+        let ok = [
+            describe(0, (0, 30), 0, false, 5000),
+            describe(1, (20, 40), 0, false, 4990),
+            describe(2, (50, 60), 0, false, 5000),
+        ];
+        let f = cluster_time_monotonic(&ok);
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert_eq!(f.checked, 3);
     }
 }

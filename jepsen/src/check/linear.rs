@@ -181,7 +181,12 @@ fn step(s: &State, op: &MOp) -> Option<State> {
                 Some(_) => return None,
             }
         }
-        (F::Describe, Some(Answer::Described { last_token, held })) => {
+        (
+            F::Describe,
+            Some(Answer::Described {
+                last_token, held, ..
+            }),
+        ) => {
             if !s.last.admits(*last_token) || *held != s.holder.is_some() {
                 return None;
             }
@@ -438,6 +443,7 @@ mod tests {
                 Some(Answer::Described {
                     last_token: 5,
                     held: true,
+                    cluster_time_ms: 0,
                 }),
             ),
         ];
@@ -525,6 +531,7 @@ mod tests {
                 Some(Answer::Described {
                     last_token: 0,
                     held: false,
+                    cluster_time_ms: 0,
                 }),
             ),
         ];
