@@ -142,7 +142,7 @@ impl RunningNode {
             Err(e) => return Err(storage(Box::new(e))),
         }
         let parking = Parking::new(cfg.max_parked);
-        let sm = StateMachine::open(&cfg.data_dir.join("state"), parking)
+        let sm = StateMachine::open(&cfg.data_dir.join("state"), parking, log.purge_horizon())
             .map_err(|e| storage(e.to_string().into()))?;
         let shared = sm.shared();
 
