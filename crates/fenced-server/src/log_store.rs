@@ -143,7 +143,8 @@ struct Gate {
     durable: Option<LogId>,
     /// The furthest purge openraft asked for that is not done yet.
     deferred: Option<LogId>,
-    /// The snapshot a deferred purge waits for failed to reach the disk.
+    /// A snapshot install failed, and none was written since: a deferred
+    /// purge may wait for it in vain.
     failed: bool,
 }
 
@@ -155,6 +156,7 @@ impl PurgeHorizon {
         self.gate.send_modify(|gate| {
             if last > gate.durable {
                 gate.durable = last;
+                gate.failed = false;
             }
             res = self.purge_allowed(gate);
         });
@@ -164,11 +166,11 @@ impl PurgeHorizon {
         }
     }
 
-    /// Called when writing the snapshot a deferred purge may wait for
-    /// failed: appends stop waiting for it, and fail.
+    /// Called when a snapshot install failed (before or after openraft's
+    /// purge for it): appends stop waiting for it, and fail, until a
+    /// snapshot is written.
     pub fn snapshot_failed(&self) {
-        self.gate
-            .send_modify(|gate| gate.failed = gate.deferred.is_some());
+        self.gate.send_modify(|gate| gate.failed = true);
     }
 
     /// Purges up to `upto`, or up to the durable snapshot and the rest later.
@@ -193,7 +195,6 @@ impl PurgeHorizon {
         }
         if Some(wanted) <= gate.durable {
             gate.deferred = None;
-            gate.failed = false;
         } else {
             tracing::info!(
                 purge = %wanted,
@@ -218,7 +219,7 @@ impl PurgeHorizon {
             .wait_for(|gate| gate.deferred.is_none() || gate.failed)
             .await
             .map_err(write_err)?;
-        if gate.failed {
+        if gate.deferred.is_some() {
             return Err(write_err(io::Error::other(
                 "the snapshot a held-back log purge waits for was not written",
             )));
@@ -514,6 +515,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use std::time::Duration;
+
     use openraft::{storage::RaftStateMachine, RaftSnapshotBuilder};
 
     fn log_id(term: u64, node: NodeId, index: u64) -> LogId {
@@ -654,6 +657,25 @@ mod tests {
 
         let (_log, mut sm) = testing::restart(dir.path()).await;
         assert_eq!(sm.applied_state().await.unwrap().0, Some(log_id(1, 1, 40)));
+    }
+
+    /// An install that fails leaves nothing waiting for it: a purge made for
+    /// it (here after the failure) holds the entries, and appends fail.
+    #[tokio::test]
+    async fn appends_fail_rather_than_wait_for_a_snapshot_that_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, mut sm) = node_with_snapshot_at_10(dir.path()).await;
+        let (meta, _) = crate::state_machine::testing::snapshot_at(log_id(1, 1, 40));
+        let garbage = Box::new(io::Cursor::new(vec![0xff; 8]));
+        assert!(sm.install_snapshot(&meta, garbage).await.is_err());
+        log.purge(log_id(1, 1, 40)).await.unwrap();
+        let settled = tokio::time::timeout(Duration::from_secs(10), log.horizon.settled());
+        let settled = settled.await.expect("an append does not wait");
+        assert!(settled.is_err(), "an append fails");
+        assert_eq!(
+            indexes(&mut log, 1..=30).await,
+            (11..=30).collect::<Vec<_>>()
+        );
     }
 
     /// A purge asked for while nothing allowed it is done at the next purge

@@ -314,6 +314,28 @@ impl StateMachine {
         Arc::clone(&self.shared)
     }
 
+    /// Installs a snapshot received from the leader, unless the one on disk
+    /// covers as much of the log.
+    async fn install(&self, meta: &SnapshotMeta, body: Vec<u8>) -> Result<(), StorageError> {
+        let data = decode_body(&body)?;
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            body,
+        };
+        match store(&self.shared, file, Some(data)).await? {
+            Stored::Written => {
+                tracing::info!(snapshot_id = %meta.snapshot_id, "snapshot installed");
+            }
+            Stored::Stale { durable } => tracing::warn!(
+                snapshot_id = %meta.snapshot_id,
+                snapshot = ?meta.last_log_id,
+                durable = ?durable,
+                "snapshot install ignored: the one on disk covers as much of the log"
+            ),
+        }
+        Ok(())
+    }
+
     fn count(&self, outcome: &Outcome) {
         let c = &self.shared.counters;
         let counter = match outcome {
@@ -502,28 +524,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        let body = snapshot.into_inner();
-        let data = decode_body(&body)?;
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            body,
-        };
-        match store(&self.shared, file, Some(data)).await {
-            Ok(Stored::Written) => {
-                tracing::info!(snapshot_id = %meta.snapshot_id, "snapshot installed");
-            }
-            Ok(Stored::Stale { durable }) => tracing::warn!(
-                snapshot_id = %meta.snapshot_id,
-                snapshot = ?meta.last_log_id,
-                durable = ?durable,
-                "snapshot install ignored: the one on disk covers as much of the log"
-            ),
-            Err(e) => {
-                self.shared.horizon.snapshot_failed();
-                return Err(e);
-            }
+        let res = self.install(meta, snapshot.into_inner()).await;
+        if res.is_err() {
+            // A purge openraft made for this snapshot must not wait for it.
+            self.shared.horizon.snapshot_failed();
         }
-        Ok(())
+        res
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
