@@ -88,6 +88,15 @@ struct SnapshotFile {
     body: Vec<u8>,
 }
 
+/// What [`Shared::store`] did.
+enum Stored {
+    Written,
+    /// Nothing: the snapshot on disk already covers the log up to `durable`.
+    Stale {
+        durable: Option<LogId>,
+    },
+}
+
 /// The state shared between the state machine and the services that read it.
 pub struct Shared {
     data: RwLock<Data>,
@@ -191,18 +200,7 @@ impl Shared {
         self.horizon.snapshot_durable(last);
         Ok(Stored::Written)
     }
-}
 
-/// What [`Shared::store`] did.
-enum Stored {
-    Written,
-    /// Nothing: the snapshot on disk already covers the log up to `durable`.
-    Stale {
-        durable: Option<LogId>,
-    },
-}
-
-impl Shared {
     /// A copy of the whole lease table (for [`digest`], computed off the
     /// runtime thread) and the last entry applied to it, read together.
     pub fn table_snapshot(&self) -> (Option<LogId>, TableSnapshot) {
