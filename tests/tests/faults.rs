@@ -245,6 +245,44 @@ async fn a_restarted_node_recovers_from_snapshot_plus_log_with_identical_state()
     }
 }
 
+/// A follower that missed more of the log than the leader keeps catches up
+/// by installing the leader's snapshot (its log is purged only once that
+/// snapshot is on disk, and its next appends wait for that), then survives a
+/// kill -9 and a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_catches_up_by_snapshot_restarts_with_identical_state() {
+    let mut cluster = Cluster::start_with(3, &[("FENCED_SNAPSHOT_LOGS", "50")]).await;
+    let client = cluster.client();
+    cycle(&client, "install-churn", 60).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.kill(follower);
+    // Far more entries than the 25 kept behind a snapshot of every 50.
+    cycle(&client, "install-churn", 200).await;
+    let behind = cluster.status(leader).await.unwrap().purged_index;
+    cluster.spawn(follower);
+    let same = |statuses: &[fenced_proto::v1::StatusResponse]| {
+        statuses
+            .windows(2)
+            .all(|w| w[0].state_digest == w[1].state_digest)
+    };
+    let statuses = cluster.wait_for_convergence(Duration::from_secs(30)).await;
+    assert!(same(&statuses), "digests differ: {statuses:?}");
+    let caught_up = cluster.status(follower).await.unwrap();
+    assert!(
+        caught_up.snapshot_index >= behind,
+        "the follower holds no snapshot past the leader's purged log: {caught_up:?}"
+    );
+    cluster.kill(follower);
+    cluster.spawn(follower);
+    cycle(&client, "install-churn", 1).await;
+    let statuses = cluster.wait_for_convergence(Duration::from_secs(30)).await;
+    assert!(
+        same(&statuses),
+        "digests differ after the restart: {statuses:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_a_node_cleanly_and_it_rejoins() {
     let mut cluster = Cluster::start(3).await;

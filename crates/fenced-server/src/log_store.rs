@@ -19,6 +19,7 @@ use raft_log::{
     api::raft_log_writer::RaftLogWriter,
     codeq::{Decode, Encode},
 };
+use tokio::sync::watch;
 
 use crate::{
     codec,
@@ -101,6 +102,8 @@ impl raft_log::Callback for FlushDone {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WalTypes;
 
+type Wal = Arc<Mutex<raft_log::RaftLog<WalTypes>>>;
+
 impl raft_log::Types for WalTypes {
     type LogId = WalLogId;
     /// An `EntryPayload` in [`codec`]'s versioned encoding.
@@ -118,10 +121,118 @@ impl raft_log::Types for WalTypes {
     }
 }
 
+/// How far the log may be purged: never past the last entry that the
+/// snapshot on disk covers. openraft 0.9 purges the log up to a received
+/// snapshot as soon as it has queued the snapshot's install, without waiting
+/// for it; a crash in between would leave the old snapshot beside a log
+/// purged past it, and the entries a restart must re-apply gone. So a purge
+/// past the durable snapshot is held back (deferred) and done once a snapshot
+/// that covers it is on disk, or at the next purge that it then allows.
+///
+/// Shared by the log store, which purges, and the state machine, which says
+/// when a snapshot is durable.
+#[derive(Clone)]
+pub struct PurgeHorizon {
+    wal: Wal,
+    gate: Arc<watch::Sender<Gate>>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Gate {
+    /// The last log id the snapshot on disk covers.
+    durable: Option<LogId>,
+    /// The furthest purge openraft asked for that is not done yet.
+    deferred: Option<LogId>,
+    /// A snapshot install failed, and none was written since: a deferred
+    /// purge may wait for it in vain.
+    failed: bool,
+}
+
+impl PurgeHorizon {
+    /// Called once a snapshot covering the log up to `last` is on disk
+    /// (renamed and its directory synced): does the purge held back for it.
+    pub fn snapshot_durable(&self, last: Option<LogId>) {
+        let mut res = Ok(());
+        self.gate.send_modify(|gate| {
+            if last > gate.durable {
+                gate.durable = last;
+                gate.failed = false;
+            }
+            res = self.purge_allowed(gate);
+        });
+        if let Err(error) = res {
+            // The entries stay; the next purge tries again.
+            tracing::warn!(%error, durable = ?last, "deferred log purge failed");
+        }
+    }
+
+    /// Called when a snapshot install failed (before or after openraft's
+    /// purge for it): appends stop waiting for it, and fail, until a
+    /// snapshot is written.
+    pub fn snapshot_failed(&self) {
+        self.gate.send_modify(|gate| gate.failed = true);
+    }
+
+    /// Purges up to `upto`, or up to the durable snapshot and the rest later.
+    fn purge(&self, upto: LogId) -> io::Result<()> {
+        let mut res = Ok(());
+        self.gate.send_modify(|gate| {
+            gate.deferred = gate.deferred.max(Some(upto));
+            res = self.purge_allowed(gate);
+        });
+        res
+    }
+
+    /// Purges what is deferred, as far as the durable snapshot allows.
+    fn purge_allowed(&self, gate: &mut Gate) -> io::Result<()> {
+        let Some(wanted) = gate.deferred else {
+            return Ok(());
+        };
+        if let Some(upto) = gate.durable.min(Some(wanted)) {
+            let mut wal = self.wal.lock().unwrap_or_else(PoisonError::into_inner);
+            wal.purge(WalLogId(upto))?;
+            wal.flush(true, None)?;
+        }
+        if Some(wanted) <= gate.durable {
+            gate.deferred = None;
+        } else {
+            tracing::info!(
+                purge = %wanted,
+                durable_snapshot = ?gate.durable,
+                "log purge held back until the snapshot covering it is on disk"
+            );
+        }
+        Ok(())
+    }
+
+    /// The log id openraft counts as purged but the log still holds.
+    fn deferred(&self) -> Option<LogId> {
+        self.gate.borrow().deferred
+    }
+
+    /// Waits until no purge is held back. openraft appends after the
+    /// snapshot it purged for, and the log only takes entries that follow
+    /// its own last one: the deferred purge must be done first.
+    async fn settled(&self) -> Result<(), StorageError> {
+        let mut rx = self.gate.subscribe();
+        let gate = rx
+            .wait_for(|gate| gate.deferred.is_none() || gate.failed)
+            .await
+            .map_err(write_err)?;
+        if gate.deferred.is_some() {
+            return Err(write_err(io::Error::other(
+                "the snapshot a held-back log purge waits for was not written",
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The durable Raft log and vote of one node.
 #[derive(Clone)]
 pub struct LogStore {
-    wal: Arc<Mutex<raft_log::RaftLog<WalTypes>>>,
+    wal: Wal,
+    horizon: PurgeHorizon,
     /// Set once Raft runs (it needs Raft's metrics for the membership).
     early: Arc<OnceLock<EarlyReplication>>,
 }
@@ -172,11 +283,23 @@ impl LogStore {
         // of fenced-bench S1/S3, no linger beat 50 µs in four of five pairs
         // (S1 cycle p50 2.6–3.0 ms against 2.9–4.9 ms).
         config.wal.flush_batch_wait = Some(std::time::Duration::ZERO);
-        let wal = raft_log::RaftLog::<WalTypes>::open(Arc::new(config))?;
+        let wal = Arc::new(Mutex::new(raft_log::RaftLog::<WalTypes>::open(Arc::new(
+            config,
+        ))?));
+        let horizon = PurgeHorizon {
+            wal: Arc::clone(&wal),
+            gate: Arc::new(watch::Sender::new(Gate::default())),
+        };
         Ok(Self {
-            wal: Arc::new(Mutex::new(wal)),
+            wal,
+            horizon,
             early: Arc::new(OnceLock::new()),
         })
+    }
+
+    /// The handle through which the state machine allows purges.
+    pub fn purge_horizon(&self) -> PurgeHorizon {
+        self.horizon.clone()
     }
 
     /// From now on, a leader's appends also go to its followers before its
@@ -190,9 +313,10 @@ impl LogStore {
         self.early.get().map_or(0, EarlyReplication::sent)
     }
 
-    /// The id of the log's last entry (or of the last purged one).
+    /// The id of the log's last entry (or of the last purged one), as
+    /// openraft sees it: a purge held back counts as done.
     pub fn last(&self) -> Option<LogId> {
-        last_log_id(&self.wal())
+        last_log_id(&self.wal()).max(self.horizon.deferred())
     }
 
     /// openraft AppendEntries answered by a follower's answer to an early
@@ -316,6 +440,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        self.horizon.settled().await?;
         if let Some(c) = committed {
             // Buffered, not flushed: it reaches the disk with the next
             // append's write, which saves every node a write and a wake of
@@ -340,6 +465,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        self.horizon.settled().await?;
         let entries: Vec<Entry> = entries.into_iter().collect();
         let mut items = Vec::with_capacity(entries.len());
         for e in &entries {
@@ -373,23 +499,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.horizon.settled().await?;
         self.wal().truncate(log_id.index).map_err(write_err)?;
         self.sync().await.map_err(write_err)?;
         Ok(())
     }
 
+    /// Never past the snapshot on disk: see [`PurgeHorizon`].
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let mut wal = self.wal();
-        wal.purge(WalLogId(log_id)).map_err(write_err)?;
-        wal.flush(true, None).map_err(write_err)?;
-        Ok(())
+        self.horizon.purge(log_id).map_err(write_err)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use std::time::Duration;
+
+    use openraft::{storage::RaftStateMachine, RaftSnapshotBuilder};
 
     fn log_id(term: u64, node: NodeId, index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(term, node), index)
@@ -449,5 +577,174 @@ mod tests {
         // A candidate's vote for itself is not a leader's.
         assert_eq!(leader_append(Some(Vote::new(4, 1)), 1, last), None);
         assert_eq!(leader_append(None, 1, last), None);
+    }
+
+    async fn indexes(log: &mut LogStore, range: std::ops::RangeInclusive<u64>) -> Vec<u64> {
+        let entries = log.try_get_log_entries(range).await.unwrap();
+        entries.iter().map(|e| e.log_id.index).collect()
+    }
+
+    /// A node whose snapshot on disk covers the log up to 10, with blank
+    /// entries 1..=30 committed up to 25.
+    async fn node_with_snapshot_at_10(
+        dir: &Path,
+    ) -> (LogStore, crate::state_machine::StateMachine) {
+        let mut log = testing::log_with_blanks(&dir.join("raft-log"), 30, 25).await;
+        let mut sm = testing::open_state(dir, &log);
+        let blanks = log.try_get_log_entries(1..=10).await.unwrap();
+        sm.apply(blanks).await.unwrap();
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        (log, sm)
+    }
+
+    /// openraft 0.9 queues the install of a received snapshot and purges the
+    /// log up to it at once. A crash before the snapshot is on disk must
+    /// leave the log the old snapshot needs to restart.
+    #[tokio::test]
+    async fn a_purge_past_the_durable_snapshot_keeps_the_entries_it_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, sm) = node_with_snapshot_at_10(dir.path()).await;
+
+        // A snapshot at 40 arrives: its install is queued, the purge is not.
+        log.purge(log_id(1, 1, 40)).await.unwrap();
+        assert_eq!(log.last(), Some(log_id(1, 1, 40)), "openraft's view");
+        assert_eq!(
+            log.get_log_state().await.unwrap().last_purged_log_id,
+            Some(log_id(1, 1, 10)),
+            "purged only as far as the durable snapshot"
+        );
+        // kill -9 here: the snapshot at 40 never reached the disk.
+        drop((log, sm));
+
+        // openraft's own restart re-applies the committed entries after the
+        // durable snapshot: they are still there.
+        let (mut log, mut sm) = testing::restart(dir.path()).await;
+        assert_eq!(sm.applied_state().await.unwrap().0, Some(log_id(1, 1, 25)));
+        assert_eq!(
+            indexes(&mut log, 11..=30).await,
+            (11..=30).collect::<Vec<_>>()
+        );
+    }
+
+    /// The held-back purge is done once the snapshot it waits for is on
+    /// disk, and appends that follow the snapshot wait for it.
+    #[tokio::test]
+    async fn a_held_back_purge_is_done_when_its_snapshot_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, mut sm) = node_with_snapshot_at_10(dir.path()).await;
+        log.purge(log_id(1, 1, 40)).await.unwrap();
+
+        let horizon = log.purge_horizon();
+        let append = tokio::spawn(async move { horizon.settled().await });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!append.is_finished(), "an append waits for the purge");
+
+        // The received snapshot at 40 lands.
+        let (meta, body) = crate::state_machine::testing::snapshot_at(log_id(1, 1, 40));
+        sm.install_snapshot(&meta, body).await.unwrap();
+        append.await.unwrap().expect("the append may go on");
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 1, 40)));
+        assert_eq!(state.last_log_id, Some(log_id(1, 1, 40)));
+        assert_eq!(indexes(&mut log, 1..=40).await, Vec::<u64>::new());
+        drop((log, sm));
+
+        let (_log, mut sm) = testing::restart(dir.path()).await;
+        assert_eq!(sm.applied_state().await.unwrap().0, Some(log_id(1, 1, 40)));
+    }
+
+    /// An install that fails leaves nothing waiting for it: a purge made for
+    /// it (here after the failure) holds the entries, and appends fail.
+    #[tokio::test]
+    async fn appends_fail_rather_than_wait_for_a_snapshot_that_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, mut sm) = node_with_snapshot_at_10(dir.path()).await;
+        let (meta, _) = crate::state_machine::testing::snapshot_at(log_id(1, 1, 40));
+        let garbage = Box::new(io::Cursor::new(vec![0xff; 8]));
+        assert!(sm.install_snapshot(&meta, garbage).await.is_err());
+        log.purge(log_id(1, 1, 40)).await.unwrap();
+        let settled = tokio::time::timeout(Duration::from_secs(10), log.horizon.settled());
+        let settled = settled.await.expect("an append does not wait");
+        assert!(settled.is_err(), "an append fails");
+        assert_eq!(
+            indexes(&mut log, 1..=30).await,
+            (11..=30).collect::<Vec<_>>()
+        );
+    }
+
+    /// A purge asked for while nothing allowed it is done at the next purge
+    /// the durable snapshot allows.
+    #[tokio::test]
+    async fn a_held_back_purge_is_done_at_the_next_purge_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = testing::log_with_blanks(dir.path(), 30, 25).await;
+        log.purge(log_id(1, 1, 20)).await.unwrap();
+        assert_eq!(log.get_log_state().await.unwrap().last_purged_log_id, None);
+        log.horizon.snapshot_durable(Some(log_id(1, 1, 15)));
+        assert_eq!(
+            log.get_log_state().await.unwrap().last_purged_log_id,
+            Some(log_id(1, 1, 15))
+        );
+        log.horizon
+            .gate
+            .send_modify(|g| g.durable = Some(log_id(1, 1, 25)));
+        log.purge(log_id(1, 1, 18)).await.unwrap();
+        assert_eq!(
+            log.get_log_state().await.unwrap().last_purged_log_id,
+            Some(log_id(1, 1, 20)),
+            "the earlier, further purge is done"
+        );
+        assert_eq!(
+            indexes(&mut log, 1..=30).await,
+            (21..=30).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// Logs for tests of other modules.
+#[cfg(test)]
+pub(crate) mod testing {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use openraft::StorageHelper;
+
+    use super::*;
+    use crate::{parking::Parking, state_machine::StateMachine};
+
+    /// The state machine of a node whose data directory is `dir`.
+    pub fn open_state(dir: &Path, log: &LogStore) -> StateMachine {
+        StateMachine::open(&dir.join("state"), Parking::new(16), log.purge_horizon())
+            .expect("open state machine")
+    }
+
+    /// Opens a node's log and state machine from `dir` and runs openraft's
+    /// restart over them (it re-applies the committed log after the
+    /// snapshot, and fails if an entry it needs is gone).
+    pub async fn restart(dir: &Path) -> (LogStore, StateMachine) {
+        let mut log = LogStore::open(&dir.join("raft-log")).expect("open log");
+        let mut sm = open_state(dir, &log);
+        StorageHelper::new(&mut log, &mut sm)
+            .get_initial_state()
+            .await
+            .expect("the node restarts");
+        (log, sm)
+    }
+
+    /// A log in `dir` holding blank entries `1..=last` of term 1, committed
+    /// up to `committed`.
+    pub async fn log_with_blanks(dir: &Path, last: u64, committed: u64) -> LogStore {
+        let id = |i| WalLogId(LogId::new(CommittedLeaderId::new(1, 1), i));
+        let log = LogStore::open(dir).unwrap();
+        let blank = codec::encode("log entry", &EntryPayload::<TypeConfig>::Blank).unwrap();
+        let items = (1..=last).map(|i| (id(i), blank.clone()));
+        log.wal().append(items.collect::<Vec<_>>()).unwrap();
+        log.wal().commit(id(committed)).unwrap();
+        log.sync().await.unwrap();
+        log
     }
 }

@@ -143,7 +143,7 @@ impl RunningNode {
             Err(e) => return Err(storage(Box::new(e))),
         }
         let parking = Parking::new(cfg.max_parked);
-        let sm = StateMachine::open(&cfg.data_dir.join("state"), parking)
+        let sm = StateMachine::open(&cfg.data_dir.join("state"), parking, log.purge_horizon())
             .map_err(|e| storage(e.to_string().into()))?;
         let shared = sm.shared();
         let floor = Arc::new(TimeFloor::open(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?);

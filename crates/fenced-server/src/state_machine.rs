@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     codec,
+    log_store::PurgeHorizon,
     metrics::{self, Histogram},
     parking::Parking,
     types::{
@@ -87,14 +88,34 @@ struct SnapshotFile {
     body: Vec<u8>,
 }
 
+/// What [`Shared::store`] did.
+enum Stored {
+    Written,
+    /// Nothing: the snapshot on disk already covers the log up to `durable`.
+    Stale {
+        durable: Option<LogId>,
+    },
+}
+
 /// The state shared between the state machine and the services that read it.
 pub struct Shared {
     data: RwLock<Data>,
     pub parking: Arc<Parking>,
     pub counters: Counters,
+    /// The snapshot on disk, in memory (what openraft sends to followers).
     current: Mutex<Option<(SnapshotMeta, Vec<u8>)>>,
+    /// Held by the one task writing the snapshot file, from its temporary
+    /// file to the update of `current`.
+    writer: Mutex<()>,
     snapshot_seq: AtomicU64,
+    /// Numbers temporary files, so no two writes share one.
+    temp_seq: AtomicU64,
     dir: PathBuf,
+    /// Told when a snapshot is on disk: the log is purged only behind it.
+    horizon: PurgeHorizon,
+    /// Where a test stops a snapshot build after it read the table.
+    #[cfg(test)]
+    build_paused: pause::PausePoint,
 }
 
 impl Shared {
@@ -131,6 +152,55 @@ impl Shared {
         self.read().table.last_token()
     }
 
+    /// The last log id the snapshot on disk covers.
+    fn durable_last(&self) -> Option<LogId> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|(meta, _)| meta.last_log_id)
+    }
+
+    fn current_snapshot(&self) -> Option<Snapshot> {
+        let current = self
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        current.map(|(meta, bytes)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(bytes)),
+        })
+    }
+
+    /// Makes `file` the snapshot on disk and in memory (and `data` the
+    /// state, for an install), unless the snapshot already there covers at
+    /// least as much of the log. Blocking: call it off the runtime thread.
+    ///
+    /// openraft 0.9 builds a snapshot in a task of its own while it installs
+    /// one it received, so two writers can meet here. One at a time holds
+    /// the writer lock from the comparison to the update of `current`; an
+    /// older snapshot never replaces a newer one on disk, where the log may
+    /// already be purged up to the newer one.
+    fn store(&self, file: SnapshotFile, data: Option<Data>) -> Result<Stored, StorageError> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let durable = self.durable_last();
+        if file.meta.last_log_id <= durable {
+            // Lets a purge held back for a refused install go ahead.
+            self.horizon.snapshot_durable(durable);
+            return Ok(Stored::Stale { durable });
+        }
+        let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
+        persist(&self.dir, &file, seq)?;
+        if let Some(data) = data {
+            *self.write() = data;
+        }
+        let last = file.meta.last_log_id;
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some((file.meta, file.body));
+        self.horizon.snapshot_durable(last);
+        Ok(Stored::Written)
+    }
+
     /// A copy of the whole lease table (for [`digest`], computed off the
     /// runtime thread) and the last entry applied to it, read together.
     pub fn table_snapshot(&self) -> (Option<LogId>, TableSnapshot) {
@@ -163,10 +233,45 @@ fn snapshot_write_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_snapshot(None, AnyError::new(&e)).into()
 }
 
+/// Runs [`Shared::store`] on a blocking thread.
+async fn store(
+    shared: &Arc<Shared>,
+    file: SnapshotFile,
+    data: Option<Data>,
+) -> Result<Stored, StorageError> {
+    let shared = Arc::clone(shared);
+    tokio::task::spawn_blocking(move || shared.store(file, data))
+        .await
+        .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, AnyError::error(e))))?
+}
+
+/// Whether `name` is a temporary snapshot file (of this or an older build).
+fn is_temporary(name: &str) -> bool {
+    name.starts_with(SNAPSHOT_FILE) && name.ends_with(".tmp")
+}
+
+/// Removes temporary files a crash left behind; no writer runs yet.
+fn remove_temporaries(dir: &Path) -> Result<(), StorageError> {
+    for entry in std::fs::read_dir(dir).map_err(sm_read_err)? {
+        let entry = entry.map_err(sm_read_err)?;
+        if entry.file_name().to_str().is_some_and(is_temporary) {
+            tracing::info!(file = ?entry.path(), "removing a stale temporary snapshot");
+            std::fs::remove_file(entry.path()).map_err(snapshot_write_err)?;
+        }
+    }
+    Ok(())
+}
+
 impl StateMachine {
-    /// Opens the state machine kept in `dir`, loading its last snapshot.
-    pub fn open(dir: &Path, parking: Arc<Parking>) -> Result<Self, StorageError> {
+    /// Opens the state machine kept in `dir`, loading its last snapshot;
+    /// tells `horizon` what that snapshot covers.
+    pub fn open(
+        dir: &Path,
+        parking: Arc<Parking>,
+        horizon: PurgeHorizon,
+    ) -> Result<Self, StorageError> {
         std::fs::create_dir_all(dir).map_err(snapshot_write_err)?;
+        remove_temporaries(dir)?;
         let mut data = Data {
             table: LeaseTable::new(),
             last_applied: None,
@@ -185,20 +290,48 @@ impl StateMachine {
             );
             current = Some((file.meta, file.body));
         }
+        horizon.snapshot_durable(data.last_applied);
         Ok(Self {
             shared: Arc::new(Shared {
                 data: RwLock::new(data),
                 parking,
                 counters: Counters::default(),
                 current: Mutex::new(current),
+                writer: Mutex::new(()),
                 snapshot_seq: AtomicU64::new(0),
+                temp_seq: AtomicU64::new(0),
                 dir: dir.to_path_buf(),
+                horizon,
+                #[cfg(test)]
+                build_paused: pause::PausePoint::default(),
             }),
         })
     }
 
     pub fn shared(&self) -> Arc<Shared> {
         Arc::clone(&self.shared)
+    }
+
+    /// Installs a snapshot received from the leader, unless the one on disk
+    /// covers as much of the log.
+    async fn install(&self, meta: &SnapshotMeta, body: Vec<u8>) -> Result<(), StorageError> {
+        let data = decode_body(&body)?;
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            body,
+        };
+        match store(&self.shared, file, Some(data)).await? {
+            Stored::Written => {
+                tracing::info!(snapshot_id = %meta.snapshot_id, "snapshot installed");
+            }
+            Stored::Stale { durable } => tracing::warn!(
+                snapshot_id = %meta.snapshot_id,
+                snapshot = ?meta.last_log_id,
+                durable = ?durable,
+                "snapshot install ignored: the one on disk covers as much of the log"
+            ),
+        }
+        Ok(())
     }
 
     fn count(&self, outcome: &Outcome) {
@@ -226,10 +359,11 @@ fn decode_body(bytes: &[u8]) -> Result<Data, StorageError> {
     })
 }
 
-/// Writes the snapshot file atomically: temp file, fsync, rename, fsync dir.
-fn persist(dir: &Path, file: &SnapshotFile) -> Result<(), StorageError> {
+/// Writes the snapshot file atomically: temp file (number `seq`), fsync,
+/// rename, fsync dir.
+fn persist(dir: &Path, file: &SnapshotFile, seq: u64) -> Result<(), StorageError> {
     let bytes = codec::encode("snapshot file", file).map_err(snapshot_write_err)?;
-    let tmp = dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+    let tmp = dir.join(format!("{SNAPSHOT_FILE}.{seq}.tmp"));
     let mut f = std::fs::File::create(&tmp).map_err(snapshot_write_err)?;
     f.write_all(&bytes).map_err(snapshot_write_err)?;
     f.sync_all().map_err(snapshot_write_err)?;
@@ -252,6 +386,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             };
             (body, data.last_applied, data.membership.clone())
         };
+        #[cfg(test)]
+        self.shared.build_paused.pass().await;
         let bytes = codec::encode("snapshot", &body).map_err(snapshot_write_err)?;
         let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
         let meta = SnapshotMeta {
@@ -267,22 +403,30 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             meta: meta.clone(),
             body: bytes.clone(),
         };
-        let dir = self.shared.dir.clone();
-        tokio::task::spawn_blocking(move || persist(&dir, &file))
-            .await
-            .map_err(|e| {
-                StorageError::from(StorageIOError::write_snapshot(None, AnyError::error(e)))
-            })??;
-        tracing::info!(snapshot_id = %meta.snapshot_id, bytes = bytes.len(), "snapshot built");
-        *self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some((meta.clone(), bytes.clone()));
-        Ok(Snapshot {
+        let built = Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(bytes)),
-        })
+        };
+        match store(&self.shared, file, None).await? {
+            Stored::Written => {
+                tracing::info!(
+                    snapshot_id = %built.meta.snapshot_id,
+                    bytes = built.snapshot.get_ref().len(),
+                    "snapshot built"
+                );
+                Ok(built)
+            }
+            Stored::Stale { durable } => {
+                // A newer snapshot was installed while this one was built.
+                tracing::info!(
+                    snapshot_id = %built.meta.snapshot_id,
+                    built = ?built.meta.last_log_id,
+                    durable = ?durable,
+                    "snapshot build discarded: the one on disk is newer"
+                );
+                Ok(self.shared.current_snapshot().unwrap_or(built))
+            }
+        }
     }
 }
 
@@ -378,38 +522,254 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        let body = snapshot.into_inner();
-        let data = decode_body(&body)?;
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            body,
-        };
-        let dir = self.shared.dir.clone();
-        let file = tokio::task::spawn_blocking(move || persist(&dir, &file).map(|()| file))
-            .await
-            .map_err(|e| {
-                StorageError::from(StorageIOError::write_snapshot(None, AnyError::error(e)))
-            })??;
-        tracing::info!(snapshot_id = %meta.snapshot_id, "snapshot installed");
-        *self.shared.write() = data;
-        *self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some((file.meta, file.body));
-        Ok(())
+        let res = self.install(meta, snapshot.into_inner()).await;
+        if res.is_err() {
+            // A purge openraft made for this snapshot must not wait for it.
+            self.shared.horizon.snapshot_failed();
+        }
+        res
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let current = self
-            .shared
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        Ok(current.map(|(meta, bytes)| Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(bytes)),
-        }))
+        Ok(self.shared.current_snapshot())
+    }
+}
+
+/// A point where a test holds a task until it lets it go.
+#[cfg(test)]
+pub(crate) mod pause {
+    use std::sync::{Mutex, PoisonError};
+
+    use tokio::sync::oneshot;
+
+    #[derive(Default)]
+    pub struct PausePoint {
+        armed: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
+    }
+
+    impl PausePoint {
+        /// The next task to pass stops here: the first receiver hears that
+        /// it arrived, and dropping or sending on the sender lets it go on.
+        pub fn arm(&self) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+            let (reached_tx, reached_rx) = oneshot::channel();
+            let (resume_tx, resume_rx) = oneshot::channel();
+            *self.armed.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some((reached_tx, resume_rx));
+            (reached_rx, resume_tx)
+        }
+
+        pub async fn pass(&self) {
+            let armed = self
+                .armed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some((reached, resume)) = armed {
+                let _ = reached.send(());
+                let _ = resume.await;
+            }
+        }
+    }
+}
+
+/// Snapshots for tests of other modules.
+#[cfg(test)]
+pub(crate) mod testing {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use openraft::Membership;
+
+    use super::*;
+
+    /// A snapshot of an empty table that covers the log up to `last`.
+    pub fn snapshot_at(last: LogId) -> (SnapshotMeta, Box<Cursor<Vec<u8>>>) {
+        let membership = StoredMembership::new(
+            None,
+            Membership::new(vec![std::collections::BTreeSet::from([1])], None),
+        );
+        let body = SnapshotBody {
+            last_applied: Some(last),
+            membership: membership.clone(),
+            table: LeaseTable::new().snapshot(),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: Some(last),
+            last_membership: membership,
+            snapshot_id: format!("leader-{}", last.index),
+        };
+        let bytes = codec::encode("snapshot", &body).unwrap();
+        (meta, Box::new(Cursor::new(bytes)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use openraft::{storage::RaftLogStorage, CommittedLeaderId, RaftLogReader};
+
+    use super::*;
+    use crate::log_store::{
+        testing::{log_with_blanks, open_state as open, restart},
+        LogStore,
+    };
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    fn snapshot_at(index: u64) -> (SnapshotMeta, Box<Cursor<Vec<u8>>>) {
+        testing::snapshot_at(log_id(index))
+    }
+
+    fn open_log(dir: &Path) -> LogStore {
+        LogStore::open(&dir.join("raft-log")).expect("open log")
+    }
+
+    async fn current_last(sm: &mut StateMachine) -> Option<LogId> {
+        sm.get_current_snapshot()
+            .await
+            .unwrap()
+            .and_then(|s| s.meta.last_log_id)
+    }
+
+    /// A node with blank entries 1..=25 committed, applied up to 10.
+    async fn node(dir: &Path) -> (LogStore, StateMachine) {
+        let mut log = log_with_blanks(&dir.join("raft-log"), 25, 25).await;
+        let mut sm = open(dir, &log);
+        let entries = log.try_get_log_entries(1..=10).await.unwrap();
+        sm.apply(entries).await.unwrap();
+        (log, sm)
+    }
+
+    #[tokio::test]
+    async fn an_older_build_finishing_after_a_newer_install_is_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, mut sm) = node(dir.path()).await;
+
+        // A build reads the table at 10 and stops before it writes.
+        let (reached, resume) = sm.shared.build_paused.arm();
+        let mut builder = sm.get_snapshot_builder().await;
+        let build = tokio::spawn(async move { builder.build_snapshot().await });
+        reached.await.expect("the build reaches its pause point");
+
+        // Meanwhile the leader's snapshot at 20 is installed, and openraft
+        // purges the log up to it.
+        let (meta, body) = snapshot_at(20);
+        sm.install_snapshot(&meta, body).await.unwrap();
+        log.purge(log_id(20)).await.unwrap();
+        assert_eq!(current_last(&mut sm).await, Some(log_id(20)));
+
+        drop(resume);
+        let built = build.await.unwrap().unwrap();
+        assert_eq!(
+            built.meta.last_log_id,
+            Some(log_id(20)),
+            "the build reports the newer snapshot"
+        );
+        assert_eq!(
+            current_last(&mut sm).await,
+            Some(log_id(20)),
+            "the older build replaced the newer snapshot in memory"
+        );
+        assert_eq!(sm.shared.last_applied(), Some(log_id(20)));
+        drop((log, sm));
+
+        // A restart sees the newer snapshot, which covers the purged log.
+        let log = open_log(dir.path());
+        let mut sm = open(dir.path(), &log);
+        assert_eq!(
+            sm.applied_state().await.unwrap().0,
+            Some(log_id(20)),
+            "the older build replaced the newer snapshot on disk"
+        );
+        assert_eq!(current_last(&mut sm).await, Some(log_id(20)));
+        drop((log, sm));
+        let (_log, mut sm) = restart(dir.path()).await;
+        assert_eq!(sm.applied_state().await.unwrap().0, Some(log_id(25)));
+    }
+
+    #[tokio::test]
+    async fn a_stale_install_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, mut sm) = node(dir.path()).await;
+        let (meta, body) = snapshot_at(20);
+        sm.install_snapshot(&meta, body).await.unwrap();
+        let (meta, body) = snapshot_at(15);
+        sm.install_snapshot(&meta, body).await.unwrap();
+        assert_eq!(current_last(&mut sm).await, Some(log_id(20)));
+        assert_eq!(sm.shared.last_applied(), Some(log_id(20)));
+        let bytes = std::fs::read(dir.path().join("state").join(SNAPSHOT_FILE)).unwrap();
+        let file: SnapshotFile = codec::decode("snapshot file", &bytes).unwrap();
+        assert_eq!(file.meta.last_log_id, Some(log_id(20)));
+    }
+
+    #[tokio::test]
+    async fn stale_temporaries_are_removed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        for name in ["snapshot.bin.tmp", "snapshot.bin.7.tmp", "other.tmp"] {
+            std::fs::write(state.join(name), b"partial").unwrap();
+        }
+        let log = open_log(dir.path());
+        let _sm = open(dir.path(), &log);
+        let mut left: Vec<String> = std::fs::read_dir(&state)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["other.tmp"]);
+    }
+
+    #[tokio::test]
+    async fn concurrent_writers_never_leave_a_mixed_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open_log(dir.path());
+        let shared = open(dir.path(), &log).shared();
+        let path = dir.path().join("state").join(SNAPSHOT_FILE);
+        let files: Vec<SnapshotFile> = (1..=16u8)
+            .map(|i| {
+                let (meta, _) = snapshot_at(u64::from(i));
+                // Bodies of different sizes, so a mix of two is detectable.
+                let body = vec![i; 256 * 1024 + 4096 * usize::from(i)];
+                SnapshotFile { meta, body }
+            })
+            .collect();
+        let check = |file: &SnapshotFile| {
+            let want = files
+                .iter()
+                .find(|f| f.meta.snapshot_id == file.meta.snapshot_id)
+                .expect("one of the written snapshots");
+            assert_eq!(file.body, want.body, "the body is one writer's");
+        };
+        let writing = std::sync::atomic::AtomicUsize::new(files.len());
+        std::thread::scope(|s| {
+            for file in &files {
+                let (shared, writing) = (&shared, &writing);
+                s.spawn(move || {
+                    let file = SnapshotFile {
+                        meta: file.meta.clone(),
+                        body: file.body.clone(),
+                    };
+                    shared.store(file, None).expect("every writer succeeds");
+                    writing.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+            // A reader sees a whole file whenever it looks.
+            while writing.load(Ordering::SeqCst) > 0 {
+                if let Ok(bytes) = std::fs::read(&path) {
+                    check(&codec::decode("snapshot file", &bytes).expect("a whole file"));
+                }
+            }
+        });
+        let bytes = std::fs::read(&path).unwrap();
+        let file: SnapshotFile = codec::decode("snapshot file", &bytes).expect("a whole file");
+        check(&file);
+        assert_eq!(file.meta.last_log_id, Some(log_id(16)), "the newest wins");
+        assert_eq!(shared.durable_last(), Some(log_id(16)));
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("state"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [SNAPSHOT_FILE], "no temporary file is left");
     }
 }
