@@ -46,6 +46,14 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// Whether process `pid` exists and has not exited (a zombie has).
+pub fn pid_alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
 /// A free loopback port, below the kernel's ephemeral range (32768 and up
 /// on Linux): a port from `bind(0)` could be handed to another socket
 /// (an outgoing connection, another test's `bind(0)`) between this check and
