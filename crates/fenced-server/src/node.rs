@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc, time
 use fenced_core::Limits;
 use fenced_proto::v1::{cluster_server::ClusterServer, lock_server::LockServer};
 use openraft::{
-    error::{InitializeError, RaftError},
+    error::{Fatal, InitializeError, RaftError},
     SnapshotPolicy,
 };
 use tokio::{net::TcpListener, task::JoinHandle};
@@ -345,6 +345,12 @@ impl RunningNode {
             .and_then(|m| m.current_leader)
     }
 
+    /// Resolves once this node's Raft core has stopped on an error; see
+    /// [`raft_failure`].
+    pub fn failure(&self) -> impl std::future::Future<Output = Fatal<NodeId>> + Send + 'static {
+        raft_failure(self.ctx.raft.clone())
+    }
+
     /// Stops serving, then stops Raft; storage is closed when this returns.
     pub async fn shutdown(self) {
         self.stop.cancel();
@@ -367,5 +373,30 @@ impl RunningNode {
             tracing::warn!(error = %e, "raft shutdown");
         }
         tracing::info!(node = self.ctx.id, "node stopped");
+    }
+}
+
+/// Resolves once `raft`'s core has stopped on an error, with that error:
+/// openraft 0.9 stops its core for good on any storage error (a log append
+/// or fdatasync that failed with ENOSPC or EIO, a state machine or snapshot
+/// write), and on a panic inside it. The node then answers nothing useful
+/// until restarted. A clean shutdown never resolves it.
+pub async fn raft_failure(raft: Raft) -> Fatal<NodeId> {
+    let mut metrics = raft.metrics();
+    loop {
+        if let Err(e) = &metrics.borrow_and_update().running_state {
+            if !matches!(e, Fatal::Stopped) {
+                return e.clone();
+            }
+        }
+        if metrics.changed().await.is_err() {
+            // The core is gone; its last word is in the final value.
+            if let Err(e) = &metrics.borrow().running_state {
+                if !matches!(e, Fatal::Stopped) {
+                    return e.clone();
+                }
+            }
+            return std::future::pending().await;
+        }
     }
 }
