@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fenced_server::{
     config::RunSettings,
     health,
-    node::{NodeConfig, RunningNode},
+    node::{failed_path, NodeConfig, RunningNode},
     types::Node,
 };
 use tracing_subscriber::EnvFilter;
@@ -227,7 +227,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         Some(Ok((id, dir, error))) = failures.join_next() => {
             tracing::error!(
                 node = id,
-                data_dir = %dir.display(),
+                path = %failed_path(&dir, &error).display(),
                 "storage failed: {error}; stopping so a supervisor restarts the node"
             );
             return Ok(ExitCode::from(EXIT_STORAGE_FAILED));
