@@ -46,6 +46,14 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// Whether process `pid` exists and has not exited (a zombie has).
+pub fn pid_alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
 /// A free loopback port, below the kernel's ephemeral range (32768 and up
 /// on Linux): a port from `bind(0)` could be handed to another socket
 /// (an outgoing connection, another test's `bind(0)`) between this check and
@@ -112,6 +120,22 @@ impl Cluster {
 
     /// Like [`Cluster::start`], with extra `FENCED_*` settings for every node.
     pub async fn start_with(n: u64, env: &[(&str, &str)]) -> Cluster {
+        let mut cluster = Self::stopped(n, env);
+        cluster.start_all().await;
+        cluster
+    }
+
+    /// Starts every node and waits until they agree on a leader.
+    pub async fn start_all(&mut self) {
+        for id in 1..=self.nodes.len() as u64 {
+            self.spawn(id);
+        }
+        self.wait_for_leader(Duration::from_secs(20)).await;
+    }
+
+    /// A cluster of `n` nodes, none started yet: for a test that prepares
+    /// their data directories first.
+    pub fn stopped(n: u64, env: &[(&str, &str)]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let nodes: Vec<NodeProc> = (1..=n)
             .map(|id| NodeProc {
@@ -133,7 +157,7 @@ impl Cluster {
             })
             .collect::<Vec<_>>()
             .join(",");
-        let mut cluster = Cluster {
+        Cluster {
             nodes,
             dir,
             initial_cluster,
@@ -141,12 +165,7 @@ impl Cluster {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-        };
-        for id in 1..=n {
-            cluster.spawn(id);
         }
-        cluster.wait_for_leader(Duration::from_secs(20)).await;
-        cluster
     }
 
     fn node(&self, id: u64) -> &NodeProc {
@@ -211,6 +230,20 @@ impl Cluster {
         for n in self.nodes.iter().filter(|n| n.is_running()) {
             self.signal(n.id, signal);
         }
+    }
+
+    /// Node `id`'s exit status if it has exited by itself (it then counts
+    /// as stopped and can be spawned again).
+    pub fn exited(&mut self, id: u64) -> Option<std::process::ExitStatus> {
+        let node = self.node_mut(id);
+        let status = node.child.as_mut()?.try_wait().unwrap()?;
+        node.child = None;
+        Some(status)
+    }
+
+    /// Everything node `id` has logged.
+    pub fn log_of(&self, id: u64) -> String {
+        std::fs::read_to_string(&self.node(id).log).unwrap_or_default()
     }
 
     /// SIGTERM node `id` and wait for it to exit; returns its exit status.

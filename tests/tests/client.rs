@@ -320,13 +320,7 @@ async fn fencectl_run_kills_its_child_before_anyone_else_can_hold_the_lease() {
     cluster.signal_all(Signal::SIGSTOP);
     let cut_off = Instant::now();
     // The child must be gone within the TTL of the cut-off.
-    let alive = |pid: i32| {
-        std::path::Path::new(&format!("/proc/{pid}")).exists()
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .unwrap_or_default()
-                .contains(") Z ")
-    };
-    while alive(child_pid) {
+    while fenced_tests::pid_alive(child_pid) {
         assert!(
             cut_off.elapsed() < Duration::from_millis(ttl_ms),
             "child still running after the TTL"

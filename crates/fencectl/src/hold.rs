@@ -1,7 +1,7 @@
 //! `fencectl lock` and `fencectl run`: hold a lease for as long as a person
 //! or a command needs it, and stop the command the moment the lease is lost.
 
-use std::{process::ExitStatus, time::Duration};
+use std::time::Duration;
 
 use fenced_client::{Client, ClientError, Lease, LeaseOptions, LossReason};
 use nix::{
@@ -9,7 +9,9 @@ use nix::{
     unistd::Pid,
 };
 use serde_json::json;
-use tokio::process::Command;
+use tokio::process::{Child, Command};
+
+use crate::supervise::exit_code;
 
 /// Exit code when the lease was lost while held.
 pub const EXIT_LEASE_LOST: u8 = 4;
@@ -94,27 +96,53 @@ pub async fn lock(
     }
 }
 
-fn signal_child(pid: Option<u32>, signal: Signal) {
-    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-        let _ = kill(Pid::from_raw(pid), signal);
+/// The running supervisor (`fencectl __supervise`) and, under it, the
+/// command's process group. Dropping it asks the supervisor to stop the group,
+/// so no way out of `run` leaves the command behind; were fencectl killed
+/// outright, the supervisor's parent-death signal does the same.
+struct Supervised {
+    child: Child,
+}
+
+impl Supervised {
+    /// SIGTERM to the supervisor: it stops the command's group (SIGTERM, then
+    /// SIGKILL after the grace) and exits.
+    fn ask_to_stop(&self) {
+        // No pid once reaped, so a reused pid is never signalled.
+        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+    }
+
+    /// Stops the command's group and waits until the supervisor is done,
+    /// which is at most the grace after the request.
+    async fn stop(&mut self) -> u8 {
+        self.ask_to_stop();
+        self.wait().await
+    }
+
+    async fn wait(&mut self) -> u8 {
+        self.child.wait().await.map(exit_code).unwrap_or(1)
     }
 }
 
-fn exit_code(status: ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(c), _) => u8::try_from(c).unwrap_or(1),
-        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
-        _ => 1,
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.ask_to_stop();
     }
 }
 
 /// `fencectl run`: hold the lease while `command` runs; if the lease is lost,
-/// SIGTERM the command, then SIGKILL it after `grace`.
+/// SIGTERM the command's process group, then SIGKILL it after `grace`.
 ///
-/// Exit code: the command's own when it finished while the lease was held;
-/// 4 when the lease was lost (the command was stopped); 3 when the lease was
-/// not granted within the wait.
+/// The command runs under a supervisor, this same binary re-executed as
+/// `fencectl __supervise`, which puts the command in its own process group
+/// and stops that group when told to, when the command exits, or when this
+/// process dies (docs/DECISIONS.md).
+///
+/// Exit code: the command's own when it finished while the lease was held
+/// (127 if it could not be started); 4 when the lease was lost (the command
+/// was stopped); 3 when the lease was not granted within the wait.
 pub async fn run(
     client: &Client,
     resource: &str,
@@ -127,40 +155,47 @@ pub async fn run(
     let (options, default_grace) = run_options(ttl);
     let grace = grace.unwrap_or(default_grace);
     let client = client.clone().with_lease_options(options);
-    let lease = client.lock(resource, ttl, wait).await?;
-    let Some((program, args)) = command.split_first() else {
+    if command.is_empty() {
         return Err(ClientError::InvalidArgument(
             "command: nothing to run after --".into(),
         ));
-    };
-    let mut child = match Command::new(program)
-        .args(args)
+    }
+    let lease = client.lock(resource, ttl, wait).await?;
+    // /proc/self/exe: this very binary, even if its file was replaced since.
+    // Spawned from the thread that lives as long as this process, as the
+    // parent-death signal follows the spawning thread.
+    let spawned = Command::new("/proc/self/exe")
+        .arg0("fencectl")
+        .arg("__supervise")
+        .arg("--parent")
+        .arg(std::process::id().to_string())
+        .arg("--grace-ms")
+        .arg(grace.as_millis().to_string())
+        .arg("--")
+        .args(command)
         .env("FENCED_RESOURCE", resource)
         .env("FENCED_TOKEN", lease.token().to_string())
         .env("FENCED_OWNER_ID", lease.owner().to_string())
         .env("FENCED_ENDPOINTS", client.endpoints().join(","))
-        .kill_on_drop(true)
-        .spawn()
-    {
-        Ok(c) => c,
+        .spawn();
+    let mut supervised = match spawned {
+        Ok(child) => Supervised { child },
         Err(e) => {
             let _ = lease.release().await;
             return Err(ClientError::InvalidArgument(format!(
-                "command: cannot start {program}: {e}"
+                "command: cannot start the supervisor: {e}"
             )));
         }
     };
-    let pid = child.id();
     if json_out {
         println!(
             "{}",
             json!({"status": "running", "resource": resource, "token": lease.token(),
-                "owner_id": lease.owner().to_string(), "pid": pid})
+                "owner_id": lease.owner().to_string(), "pid": supervised.child.id()})
         );
     }
     tokio::select! {
-        status = child.wait() => {
-            let code = status.map(exit_code).unwrap_or(1);
+        code = supervised.wait() => {
             let token = lease.token();
             lease.release().await?;
             if json_out {
@@ -169,20 +204,12 @@ pub async fn run(
             Ok(code)
         }
         reason = lease.lost() => {
-            signal_child(pid, Signal::SIGTERM);
-            if tokio::time::timeout(grace, child.wait()).await.is_err() {
-                signal_child(pid, Signal::SIGKILL);
-                let _ = child.wait().await;
-            }
+            supervised.stop().await;
             lost_line(resource, lease.token(), &reason, json_out);
             Ok(EXIT_LEASE_LOST)
         }
         _ = interrupted() => {
-            signal_child(pid, Signal::SIGTERM);
-            if tokio::time::timeout(grace, child.wait()).await.is_err() {
-                signal_child(pid, Signal::SIGKILL);
-                let _ = child.wait().await;
-            }
+            supervised.stop().await;
             lease.release().await?;
             Ok(130)
         }

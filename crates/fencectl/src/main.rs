@@ -7,6 +7,7 @@ use std::{process::ExitCode, time::Duration};
 
 mod hold;
 mod resource;
+mod supervise;
 
 use clap::{Parser, Subcommand};
 use fenced_client::{
@@ -86,9 +87,11 @@ enum Cmd {
         wait: Duration,
     },
     /// Run COMMAND while holding the lease. The command gets FENCED_RESOURCE,
-    /// FENCED_TOKEN, FENCED_OWNER_ID and FENCED_ENDPOINTS. If the lease is
-    /// lost it gets SIGTERM, then SIGKILL after --grace. Exit: the command's
-    /// code, 4 if the lease was lost, 3 if not granted within --wait.
+    /// FENCED_TOKEN, FENCED_OWNER_ID and FENCED_ENDPOINTS, and runs in its own
+    /// process group. If the lease is lost, on Ctrl-C or SIGTERM, when the
+    /// command exits, and if fencectl dies, that whole group gets SIGTERM,
+    /// then SIGKILL after --grace. Exit: the command's code (127 if it could
+    /// not start), 4 if the lease was lost, 3 if not granted within --wait.
     Run {
         resource: String,
         #[arg(long, value_parser = humantime::parse_duration)]
@@ -98,6 +101,17 @@ enum Cmd {
         /// Time between SIGTERM and SIGKILL; default half the safety margin.
         #[arg(long, value_parser = humantime::parse_duration)]
         grace: Option<Duration>,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// The supervisor `run` starts between itself and the command.
+    #[command(name = "__supervise", hide = true)]
+    Supervise {
+        /// The pid of the `fencectl run` that started it.
+        #[arg(long)]
+        parent: u32,
+        #[arg(long)]
+        grace_ms: u64,
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -145,6 +159,11 @@ async fn execute(client: &Client, command: Cmd, json_out: bool) -> Result<Report
         } => {
             let code = hold::run(client, &resource, ttl, wait, grace, &command, json_out).await?;
             return Ok(Report::printed(code));
+        }
+        Cmd::Supervise { .. } => {
+            return Err(ClientError::InvalidArgument(
+                "__supervise runs only as fencectl run's supervisor".into(),
+            ))
         }
         Cmd::Acquire {
             resource,
@@ -309,6 +328,19 @@ fn lost_report(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The supervisor runs before and without the client's runtime.
+    if let Cmd::Supervise {
+        parent,
+        grace_ms,
+        command,
+    } = &cli.command
+    {
+        return ExitCode::from(supervise::supervise(
+            *parent,
+            Duration::from_millis(*grace_ms),
+            command,
+        ));
+    }
     let endpoints: Vec<String> = if cli.endpoints.is_empty() {
         DEV_ENDPOINTS.iter().map(|s| s.to_string()).collect()
     } else {

@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fenced_server::{
     config::RunSettings,
     health,
-    node::{NodeConfig, RunningNode},
+    node::{failed_path, NodeConfig, RunningNode},
     types::Node,
 };
 use tracing_subscriber::EnvFilter;
@@ -16,6 +16,11 @@ use tracing_subscriber::EnvFilter;
 // see docs/DECISIONS.md "The node allocates with mimalloc".
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Exit code when the node stopped because its storage failed (a write or
+/// sync to its data directory failed, e.g. ENOSPC or EIO); sysexits'
+/// EX_IOERR.
+const EXIT_STORAGE_FAILED: u8 = 74;
 
 #[derive(Parser)]
 #[command(
@@ -210,7 +215,24 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             leader.map_or("none yet".to_string(), |l| l.to_string())
         );
     }
-    shutdown_signal().await;
+    // A node whose storage failed is of no use until restarted: exit so
+    // that systemd, compose or Kubernetes restart it.
+    let mut failures = tokio::task::JoinSet::new();
+    for (node, id, _, _, dir) in &nodes {
+        let (id, dir, failure) = (*id, dir.clone(), node.failure());
+        failures.spawn(async move { (id, dir, failure.await) });
+    }
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        Some(Ok((id, dir, error))) = failures.join_next() => {
+            tracing::error!(
+                node = id,
+                path = %failed_path(&dir, &error).display(),
+                "storage failed: {error}; stopping so a supervisor restarts the node"
+            );
+            return Ok(ExitCode::from(EXIT_STORAGE_FAILED));
+        }
+    }
     tracing::info!("shutting down");
     for (node, ..) in nodes {
         node.shutdown().await;
@@ -241,7 +263,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // Bounded: after a storage failure a task may still wait on the disk.
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("fenced: {e}");

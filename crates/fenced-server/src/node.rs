@@ -1,12 +1,18 @@
 //! One fenced node: storage, Raft, the proposer and the gRPC listeners,
 //! started together and stopped together.
 
-use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use fenced_core::Limits;
 use fenced_proto::v1::{cluster_server::ClusterServer, lock_server::LockServer};
 use openraft::{
-    error::{InitializeError, RaftError},
+    error::{Fatal, InitializeError, RaftError},
     SnapshotPolicy,
 };
 use tokio::{net::TcpListener, task::JoinHandle};
@@ -28,6 +34,11 @@ use crate::{
     time_floor::TimeFloor,
     types::{Node, NodeId, Raft},
 };
+
+/// Where in the data directory the Raft log (entries, vote, commit mark)
+/// and the state machine's snapshot live.
+const LOG_DIR: &str = "raft-log";
+const STATE_DIR: &str = "state";
 
 /// The largest client request accepted, in bytes (names are at most 200).
 const CLIENT_MESSAGE_MAX_BYTES: usize = 64 * 1024;
@@ -132,8 +143,7 @@ impl RunningNode {
             dir: cfg.data_dir.clone(),
             source,
         };
-        let log =
-            LogStore::open(&cfg.data_dir.join("raft-log")).map_err(|e| storage(Box::new(e)))?;
+        let log = LogStore::open(&cfg.data_dir.join(LOG_DIR)).map_err(|e| storage(Box::new(e)))?;
         match log.give_up_restored_leadership(cfg.id).await {
             Ok(Some(term)) => tracing::info!(
                 term,
@@ -143,7 +153,7 @@ impl RunningNode {
             Err(e) => return Err(storage(Box::new(e))),
         }
         let parking = Parking::new(cfg.max_parked);
-        let sm = StateMachine::open(&cfg.data_dir.join("state"), parking, log.purge_horizon())
+        let sm = StateMachine::open(&cfg.data_dir.join(STATE_DIR), parking, log.purge_horizon())
             .map_err(|e| storage(e.to_string().into()))?;
         let shared = sm.shared();
         let floor = Arc::new(TimeFloor::open(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?);
@@ -351,6 +361,12 @@ impl RunningNode {
             .and_then(|m| m.current_leader)
     }
 
+    /// Resolves once this node's Raft core has stopped on an error; see
+    /// [`raft_failure`].
+    pub fn failure(&self) -> impl std::future::Future<Output = Fatal<NodeId>> + Send + 'static {
+        raft_failure(self.ctx.raft.clone())
+    }
+
     /// Stops serving, then stops Raft; storage is closed when this returns.
     pub async fn shutdown(self) {
         self.stop.cancel();
@@ -373,5 +389,81 @@ impl RunningNode {
             tracing::warn!(error = %e, "raft shutdown");
         }
         tracing::info!(node = self.ctx.id, "node stopped");
+    }
+}
+
+/// Resolves once `raft`'s core has stopped on an error, with that error:
+/// openraft 0.9 stops its core for good on any storage error (a log append
+/// or fdatasync that failed with ENOSPC or EIO, a state machine or snapshot
+/// write), and on a panic inside it. The node then answers nothing useful
+/// until restarted. A clean shutdown never resolves it.
+pub async fn raft_failure(raft: Raft) -> Fatal<NodeId> {
+    let mut metrics = raft.metrics();
+    loop {
+        if let Err(e) = &metrics.borrow_and_update().running_state {
+            if !matches!(e, Fatal::Stopped) {
+                return e.clone();
+            }
+        }
+        if metrics.changed().await.is_err() {
+            // The core is gone; its last word is in the final value.
+            if let Err(e) = &metrics.borrow().running_state {
+                if !matches!(e, Fatal::Stopped) {
+                    return e.clone();
+                }
+            }
+            return std::future::pending().await;
+        }
+    }
+}
+
+/// The part of `data_dir` a storage failure was in, from the subject openraft
+/// names in the error ("when Write Logs: ..."): the Raft log for log entries
+/// and the vote, the state directory for the state machine and snapshots;
+/// `data_dir` itself when the error names neither.
+pub fn failed_path(data_dir: &Path, error: &Fatal<NodeId>) -> PathBuf {
+    let text = error.to_string();
+    let subject = text
+        .strip_prefix("when ")
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .map(|s| s.split(['(', ':']).next().unwrap_or(s));
+    match subject {
+        Some("Logs" | "Log" | "LogIndex" | "Vote") => data_dir.join(LOG_DIR),
+        Some("StateMachine" | "Snapshot" | "Apply") => data_dir.join(STATE_DIR),
+        _ => data_dir.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{AnyError, StorageError, StorageIOError};
+
+    use super::*;
+
+    fn fatal(e: StorageIOError<NodeId>) -> Fatal<NodeId> {
+        Fatal::StorageError(StorageError::from(e))
+    }
+
+    #[test]
+    fn a_storage_failure_names_the_store_it_was_in() {
+        let dir = Path::new("/data");
+        let enospc = || AnyError::new(&std::io::Error::from_raw_os_error(28));
+        assert_eq!(
+            failed_path(dir, &fatal(StorageIOError::write_logs(enospc()))),
+            dir.join("raft-log")
+        );
+        assert_eq!(
+            failed_path(dir, &fatal(StorageIOError::write_vote(enospc()))),
+            dir.join("raft-log")
+        );
+        assert_eq!(
+            failed_path(dir, &fatal(StorageIOError::write_snapshot(None, enospc()))),
+            dir.join("state")
+        );
+        assert_eq!(
+            failed_path(dir, &fatal(StorageIOError::write_state_machine(enospc()))),
+            dir.join("state")
+        );
+        assert_eq!(failed_path(dir, &Fatal::Panicked), dir);
     }
 }
