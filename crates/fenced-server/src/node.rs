@@ -13,7 +13,7 @@ use fenced_core::Limits;
 use fenced_proto::v1::{cluster_server::ClusterServer, lock_server::LockServer};
 use openraft::{
     error::{Fatal, InitializeError, RaftError},
-    SnapshotPolicy,
+    AnyError, SnapshotPolicy, StorageError, StorageIOError,
 };
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -363,8 +363,18 @@ impl RunningNode {
 
     /// Resolves once this node's Raft core has stopped on an error; see
     /// [`raft_failure`].
+    /// A failed write of the cluster-time file counts the same.
     pub fn failure(&self) -> impl std::future::Future<Output = Fatal<NodeId>> + Send + 'static {
-        raft_failure(self.ctx.raft.clone())
+        let raft = raft_failure(self.ctx.raft.clone());
+        let floor = Arc::clone(self.ctx.time.floor());
+        async move {
+            tokio::select! {
+                e = raft => e,
+                e = floor.failed() => Fatal::StorageError(StorageError::from(
+                    StorageIOError::write(AnyError::new(&*e)),
+                )),
+            }
+        }
     }
 
     /// Stops serving, then stops Raft; storage is closed when this returns.

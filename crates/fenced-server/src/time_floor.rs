@@ -44,6 +44,9 @@ pub struct TimeFloor {
     /// One writer at a time; the file and the slot written last.
     file: Option<Arc<Mutex<(File, usize)>>>,
     writer: tokio::sync::Mutex<()>,
+    /// Set once a write failed: after a failed fdatasync the file's state is
+    /// unknown, so the node stops (see [`TimeFloor::failed`]).
+    failure: tokio::sync::watch::Sender<Option<Arc<io::Error>>>,
 }
 
 impl TimeFloor {
@@ -55,6 +58,7 @@ impl TimeFloor {
             gate: tokio::sync::RwLock::new(()),
             file: None,
             writer: tokio::sync::Mutex::new(()),
+            failure: tokio::sync::watch::Sender::new(None),
         }
     }
 
@@ -89,6 +93,7 @@ impl TimeFloor {
             gate: tokio::sync::RwLock::new(()),
             file: Some(Arc::new(Mutex::new((file, last_slot)))),
             writer: tokio::sync::Mutex::new(()),
+            failure: tokio::sync::watch::Sender::new(None),
         })
     }
 
@@ -121,9 +126,15 @@ impl TimeFloor {
         if self.durable() >= t {
             return Ok(());
         }
+        if let Some(e) = self.failure.borrow().as_ref() {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("an earlier write failed: {e}"),
+            ));
+        }
         let value = self.get().as_millis();
         let file = Arc::clone(file);
-        tokio::task::spawn_blocking(move || {
+        let written = tokio::task::spawn_blocking(move || {
             let mut guard = file.lock().unwrap_or_else(PoisonError::into_inner);
             let slot = 1 - guard.1;
             guard
@@ -134,9 +145,29 @@ impl TimeFloor {
             Ok::<_, io::Error>(())
         })
         .await
-        .map_err(io::Error::other)??;
+        .map_err(io::Error::other)
+        .and_then(|r| r);
+        if let Err(e) = written {
+            let kind = e.kind();
+            let text = e.to_string();
+            self.failure.send_replace(Some(Arc::new(e)));
+            return Err(io::Error::new(kind, text));
+        }
         self.durable.fetch_max(value, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// Resolves with the error once a write of the file failed.
+    pub async fn failed(&self) -> Arc<io::Error> {
+        let mut rx = self.failure.subscribe();
+        loop {
+            if let Some(e) = rx.borrow_and_update().as_ref() {
+                return Arc::clone(e);
+            }
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 }
 
@@ -213,6 +244,27 @@ mod tests {
         floor.make_durable(t(42)).await.expect("durable");
         drop(floor);
         assert_eq!(TimeFloor::open(dir.path()).expect("reopen").get(), t(42));
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_is_reported_and_every_later_one_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // Every write to /dev/full fails with ENOSPC.
+        std::os::unix::fs::symlink("/dev/full", dir.path().join(FILE_NAME)).expect("symlink");
+        let floor = TimeFloor::open(dir.path()).expect("open");
+        let err = floor.make_durable(t(10)).await.expect_err("a full disk");
+        assert_eq!(err.raw_os_error(), None, "{err}");
+        assert!(err.to_string().contains("No space left"), "{err}");
+        let failed = tokio::time::timeout(std::time::Duration::from_secs(1), floor.failed())
+            .await
+            .expect("the failure is reported");
+        assert!(failed.to_string().contains("No space left"), "{failed}");
+        assert_eq!(floor.durable(), t(0));
+        let again = floor.make_durable(t(20)).await.expect_err("still refused");
+        assert!(
+            again.to_string().contains("an earlier write failed"),
+            "{again}"
+        );
     }
 
     #[test]
