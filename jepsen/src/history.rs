@@ -58,6 +58,11 @@ pub enum Answer {
     Held {
         current_token: u64,
     },
+    /// The owner id's lease on the resource already ended: nothing granted.
+    Ended {
+        reason: String,
+        current_token: u64,
+    },
     Renewed {
         ttl_ms: u64,
     },

@@ -157,6 +157,10 @@ impl Worker {
             Some(acquire_response::Outcome::Held(h)) => Ok(Answer::Held {
                 current_token: h.current_token,
             }),
+            Some(acquire_response::Outcome::Ended(e)) => Ok(Answer::Ended {
+                reason: format!("{:?}", e.reason()),
+                current_token: e.current_token,
+            }),
             None => Err("empty acquire answer".into()),
         });
         self.ctx.rec.complete(&e, r.clone());

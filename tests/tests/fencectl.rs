@@ -91,12 +91,37 @@ async fn every_outcome_through_fencectl_json_with_exit_codes() {
         (3, Some("lost"), Some("released"))
     );
 
+    // The owner id is spent: acquiring with it again grants nothing.
+    let (code, ended) = run(
+        &cluster,
+        &["acquire", "cli-res", "--ttl", "30s", "--owner", &owner],
+    );
+    assert_eq!(
+        (code, ended["status"].as_str(), ended["reason"].as_str()),
+        (3, Some("ended"), Some("released"))
+    );
+    let out = cluster.fencectl(&["acquire", "cli-res", "--ttl", "30s", "--owner", &owner]);
+    assert_eq!(out.status.code(), Some(3));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("ended cli-res: ") && text.contains("released"),
+        "{text}"
+    );
+
     let (code, next) = run(&cluster, &["acquire", "cli-res", "--ttl", "30s"]);
     assert_eq!(code, 0);
-    assert!(
-        next["token"].as_u64().unwrap() > token,
-        "the next acquire has a higher token"
+    let next_token = next["token"].as_u64().unwrap();
+    assert!(next_token > token, "the next acquire has a higher token");
+
+    let (code, superseded) = run(
+        &cluster,
+        &["acquire", "cli-res", "--ttl", "30s", "--owner", &owner],
     );
+    assert_eq!(
+        (code, superseded["reason"].as_str()),
+        (3, Some("superseded"))
+    );
+    assert_eq!(superseded["current_token"].as_u64(), Some(next_token));
 
     let (code, status) = run(&cluster, &["status"]);
     assert_eq!(code, 0);

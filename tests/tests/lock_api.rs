@@ -155,6 +155,7 @@ async fn fifty_clients_racing_for_a_new_resource_grant_exactly_one() {
         match t.await.unwrap() {
             AcquireOutcome::Granted { token, .. } => granted.push(token),
             AcquireOutcome::Held { .. } => held += 1,
+            other => panic!("a fresh owner id was refused as spent: {other:?}"),
         }
     }
     assert_eq!(granted.len(), 1, "granted: {granted:?}");

@@ -200,6 +200,7 @@ async fn execute(client: &Client, command: Cmd, json_out: bool) -> Result<Report
                     ),
                     code: 3,
                 },
+                AcquireOutcome::Ended { reason } => ended_report(&resource, owner, reason),
             }
         }
         Cmd::Renew {
@@ -308,16 +309,28 @@ fn lost_report(
     token: u64,
     reason: fenced_client::LostReason,
 ) -> Report {
-    let current = match reason {
-        fenced_client::LostReason::Superseded { current_token } => Some(current_token),
-        _ => None,
-    };
-    let mut value =
+    let value =
         json!({"status": status, "resource": resource, "token": token, "reason": reason.as_str()});
-    let mut text = format!("{status} {resource}: token {token}, {}", reason.as_str());
-    if let Some(c) = current {
-        value["current_token"] = json!(c);
-        text.push_str(&format!(" (current token {c})"));
+    let text = format!("{status} {resource}: token {token}, {}", reason.as_str());
+    refusal_report(value, text, reason)
+}
+
+/// An acquire whose owner id's lease already ended: nothing was granted.
+fn ended_report(resource: &str, owner: OwnerId, reason: fenced_client::LostReason) -> Report {
+    let value = json!({"status": "ended", "resource": resource, "owner_id": owner.to_string(),
+        "reason": reason.as_str()});
+    let text = format!(
+        "ended {resource}: owner {owner} already had its lease, {}; use a new owner id",
+        reason.as_str()
+    );
+    refusal_report(value, text, reason)
+}
+
+/// Adds the current token of a superseded lease; an expected refusal exits 3.
+fn refusal_report(mut value: Value, mut text: String, reason: fenced_client::LostReason) -> Report {
+    if let fenced_client::LostReason::Superseded { current_token } = reason {
+        value["current_token"] = json!(current_token);
+        text.push_str(&format!(" (current token {current_token})"));
     }
     Report {
         value,
@@ -377,7 +390,7 @@ fn main() -> ExitCode {
             eprintln!("fencectl: {e}");
             ExitCode::from(match e {
                 ClientError::InvalidArgument(_) => 2,
-                ClientError::NotGranted { .. } => 3,
+                ClientError::NotGranted { .. } | ClientError::AttemptEnded { .. } => 3,
                 _ => 1,
             })
         }

@@ -292,7 +292,9 @@ impl Session {
                         token,
                         handle: Handle::Fenced(owner),
                     })),
-                    AcquireOutcome::Held { .. } => Ok(None),
+                    // Ended: a retry of this fresh attempt came after its
+                    // lease ended; nothing is held either way.
+                    AcquireOutcome::Held { .. } | AcquireOutcome::Ended { .. } => Ok(None),
                 }
             }
             Session::Etcd(s) => {

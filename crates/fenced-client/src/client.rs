@@ -57,6 +57,12 @@ pub enum ClientError {
         token: u64,
         reason: String,
     },
+    /// The acquisition attempt's lease ended before its grant reached this
+    /// client (a retry after a lost reply arrived too late): nothing is held.
+    #[error(
+        "acquire on {resource}: the attempt's lease already ended ({reason}); nothing is held"
+    )]
+    AttemptEnded { resource: String, reason: String },
     /// `lock` waited `wait` and the resource was still held.
     #[error("not granted within the wait: {resource} is held by token {current_token} for {remaining_ms} ms more")]
     NotGranted {
@@ -112,6 +118,11 @@ pub enum AcquireOutcome {
         current_token: u64,
         remaining_ms: u64,
     },
+    /// This owner id's lease on the resource already ended (`reason`): owner
+    /// ids are single-use per attempt, so nothing was granted. Typically a
+    /// retry that came after the attempt was over. Start a new attempt with a
+    /// new owner id.
+    Ended { reason: LostReason },
 }
 
 /// Why a lease is gone (renew) or why a release changed nothing.
@@ -350,6 +361,9 @@ impl Client {
             Some(acquire_response::Outcome::Held(h)) => Ok(AcquireOutcome::Held {
                 current_token: h.current_token,
                 remaining_ms: h.remaining_ms,
+            }),
+            Some(acquire_response::Outcome::Ended(e)) => Ok(AcquireOutcome::Ended {
+                reason: LostReason::from_wire(e.reason, e.current_token),
             }),
             None => Err(ClientError::Server("acquire: empty response".into())),
         }?;

@@ -427,6 +427,14 @@ impl Client {
                     remaining_ms,
                 })
             }
+            // The owner id is fresh, so only a retry of this very attempt can
+            // find it spent: it was granted and lost before the reply came.
+            (AcquireOutcome::Ended { reason }, _) => {
+                return Err(ClientError::AttemptEnded {
+                    resource: resource.to_string(),
+                    reason: reason.as_str().to_string(),
+                })
+            }
         };
         // A grant that came after waiting is timed from a request sent long
         // ago; one renewal now times it from a fresh request.

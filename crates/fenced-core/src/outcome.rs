@@ -11,7 +11,8 @@ pub struct Grant {
     pub ttl_ms: u64,
 }
 
-/// Why a renew or release by a non-holder changed nothing.
+/// Why a renew or release by a non-holder changed nothing, or why an
+/// acquire's attempt is over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LostReason {
     /// The lease ran out before this request was applied.
@@ -48,6 +49,9 @@ pub enum Outcome {
         expires_at: ClusterTime,
         ttl_ms: u64,
     },
+    /// A renew found the lease gone; or an acquire came from an owner id
+    /// whose lease on the resource already ended (owner ids are single-use
+    /// per attempt, so it is not granted a second lease).
     Lost(LostReason),
     Released,
     NotHolder(LostReason),

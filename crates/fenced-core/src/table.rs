@@ -58,6 +58,28 @@ impl Record {
         self.holder.is_none() && self.waiters.is_empty()
     }
 
+    /// Why `owner`'s acquisition attempt on this resource is over, if its
+    /// lease is the one that ended last and `owner` does not hold a newer
+    /// one. Owner ids are single-use per attempt, so an acquire that arrives
+    /// after its own lease ended (a retry that outlived its caller's release,
+    /// or a stale copy of the request) must not grant a second lease.
+    fn ended_attempt(&self, owner: OwnerId) -> Option<LostReason> {
+        let ended = self.ended.as_ref().filter(|e| e.owner == owner)?;
+        if self.holder.as_ref().is_some_and(|l| l.owner == owner) {
+            return None;
+        }
+        Some(if self.last_token > ended.token {
+            LostReason::Superseded {
+                current_token: self.last_token,
+            }
+        } else {
+            match ended.reason {
+                EndReason::Released => LostReason::Released,
+                EndReason::Expired => LostReason::Expired,
+            }
+        })
+    }
+
     fn lost_reason(&self, owner: OwnerId, token: Token) -> LostReason {
         match &self.ended {
             Some(e) if e.owner == owner && e.token == token => match e.reason {
@@ -314,6 +336,9 @@ impl LeaseTable {
         let Some(rec) = self.records.get_mut(name) else {
             return Outcome::Granted(self.grant(name, owner, ttl_ms, now));
         };
+        if let Some(reason) = rec.ended_attempt(owner) {
+            return Outcome::Lost(reason);
+        }
         // CANARY (deliberately broken build for fenced-jepsen): grants over
         // another owner's live lease.
         #[cfg(feature = "canary-skip-lease-check")]

@@ -342,6 +342,84 @@ fn acquire_retried_with_the_same_owner_returns_the_same_grant() {
 }
 
 #[test]
+fn an_acquire_after_its_own_release_is_answered_released_not_granted() {
+    // The scenario of a request held up on the way (a paused node, a slow
+    // retry): the caller acquired with the same owner id elsewhere, worked
+    // and released; the stale copy must not grant a lease to nobody.
+    let mut t = LeaseTable::new();
+    let owner = OwnerId::random();
+    let g = granted(one(&mut t, 0, acquire(RES, owner)));
+    assert_eq!(
+        one(&mut t, 10, release(RES, owner, g.token)),
+        Outcome::Released
+    );
+    assert_eq!(
+        one(&mut t, 20, acquire(RES, owner)),
+        Outcome::Lost(LostReason::Released)
+    );
+    assert!(!t.describe(RES, at(20)).held, "the resource stays free");
+    assert_eq!(t.last_token(), g.token.get(), "no second token issued");
+    // A waiting acquire is not queued either.
+    assert_eq!(
+        one(&mut t, 30, acquire_waiting(RES, owner, 5_000)),
+        Outcome::Lost(LostReason::Released)
+    );
+    // Another owner is granted at once.
+    let next = granted(one(&mut t, 40, acquire(RES, OwnerId::random())));
+    assert!(next.token > g.token);
+}
+
+#[test]
+fn an_acquire_after_its_own_lease_expired_is_answered_expired() {
+    let mut t = LeaseTable::new();
+    let owner = OwnerId::random();
+    let g = granted(one(&mut t, 0, acquire(RES, owner)));
+    assert_eq!(
+        one(&mut t, TTL, acquire(RES, owner)),
+        Outcome::Lost(LostReason::Expired)
+    );
+    assert!(!t.describe(RES, at(TTL)).held);
+    assert_eq!(t.last_token(), g.token.get());
+}
+
+#[test]
+fn an_acquire_after_its_lease_was_superseded_names_the_current_token() {
+    let mut t = LeaseTable::new();
+    let a = OwnerId::random();
+    granted(one(&mut t, 0, acquire(RES, a)));
+    let b = granted(one(&mut t, TTL, acquire(RES, OwnerId::random())));
+    assert_eq!(
+        one(&mut t, TTL + 1, acquire_waiting(RES, a, 5_000)),
+        Outcome::Lost(LostReason::Superseded {
+            current_token: b.token
+        })
+    );
+    assert_eq!(t.describe(RES, at(TTL + 1)).waiters, 0, "not queued");
+}
+
+#[test]
+fn a_spent_owner_id_stays_spent_across_a_snapshot_round_trip() {
+    let mut t = LeaseTable::new();
+    let owner = OwnerId::random();
+    let g = granted(one(&mut t, 0, acquire(RES, owner)));
+    one(&mut t, 10, release(RES, owner, g.token));
+    let mut t = LeaseTable::from_snapshot(t.snapshot()).unwrap();
+    assert_eq!(
+        one(&mut t, 20, acquire(RES, owner)),
+        Outcome::Lost(LostReason::Released)
+    );
+}
+
+#[test]
+fn a_spent_owner_id_may_acquire_another_resource() {
+    let mut t = LeaseTable::new();
+    let owner = OwnerId::random();
+    let g = granted(one(&mut t, 0, acquire(RES, owner)));
+    one(&mut t, 10, release(RES, owner, g.token));
+    granted(one(&mut t, 20, acquire("billing:run", owner)));
+}
+
+#[test]
 fn expiry_follows_only_the_stamps_and_time_never_goes_back() {
     let mut t = LeaseTable::new();
     let owner = OwnerId::random();

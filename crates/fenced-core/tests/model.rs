@@ -200,6 +200,26 @@ impl Model {
                     wait_ms,
                     ..
                 } => match self.res.get(&name).and_then(|r| r.holder) {
+                    // An owner id whose lease ended is spent, unless it holds a newer lease.
+                    h if h.is_none_or(|h| h.0 != *owner)
+                        && self
+                            .res
+                            .get(&name)
+                            .and_then(|r| r.ended)
+                            .is_some_and(|e| e.0 == *owner) =>
+                    {
+                        let r = &self.res[&name];
+                        let (_, t, released) = r.ended.unwrap();
+                        Outcome::Lost(if r.last_token > t {
+                            LostReason::Superseded {
+                                current_token: Token::new(r.last_token).unwrap(),
+                            }
+                        } else if released {
+                            LostReason::Released
+                        } else {
+                            LostReason::Expired
+                        })
+                    }
                     None => Outcome::Granted(self.grant(&name, *owner, *ttl_ms)),
                     Some((o, token, exp, _)) if o == *owner => {
                         let exp = exp.max(now + ttl_ms);
@@ -377,6 +397,11 @@ proptest! {
                     let r = res_index(cmd.resource());
                     match (&cmd, out) {
                         (Command::Acquire { owner, .. }, Outcome::Granted(g)) => saw_grant(r, *owner, g, &mut live)?,
+                        (Command::Acquire { owner, .. }, Outcome::Lost(_)) => {
+                            // Refused only for an attempt whose lease really ended.
+                            prop_assert!(ended.iter().any(|(o, _)| o == owner), "acquire refused an unspent owner id");
+                            prop_assert!(live[r].is_none_or(|(o, _, exp)| o != *owner || exp <= now), "the holder's retry was refused");
+                        }
                         (Command::Acquire { .. }, Outcome::Held { current_token, .. }) => {
                             let (_, t, exp) = live[r].unwrap();
                             prop_assert_eq!(t, current_token.get());

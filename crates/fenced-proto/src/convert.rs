@@ -92,6 +92,13 @@ pub fn acquire_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::AcquireR
             current_token: current_token.get(),
             remaining_ms: *remaining_ms,
         }),
+        Outcome::Lost(reason) => {
+            let (reason, current_token) = reason_parts(*reason);
+            O::Ended(v1::Ended {
+                reason,
+                current_token,
+            })
+        }
         Outcome::WaitQueueFull { max_waiters } => {
             return Err(Status::resource_exhausted(format!(
                 "wait_ms: the resource already has the maximum of {max_waiters} waiters; \

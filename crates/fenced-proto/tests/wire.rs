@@ -127,3 +127,28 @@ fn a_full_waiter_queue_is_resource_exhausted_naming_the_bound() {
     assert_eq!(status.code(), tonic::Code::ResourceExhausted);
     assert!(status.message().contains("1024"));
 }
+
+#[test]
+fn an_acquire_by_a_spent_owner_id_is_answered_ended_with_the_reason() {
+    use fenced_core::{LostReason, Token};
+    let reply = |reason| {
+        acquire_reply(&Outcome::Lost(reason), fenced_core::ClusterTime::ZERO)
+            .expect("an ended attempt is a typed outcome, not an error")
+            .outcome
+    };
+    assert_eq!(
+        reply(LostReason::Released),
+        Some(v1::acquire_response::Outcome::Ended(v1::Ended {
+            reason: v1::LostReason::Released as i32,
+            current_token: 0,
+        }))
+    );
+    let current_token = Token::new(9).expect("a valid token");
+    assert_eq!(
+        reply(LostReason::Superseded { current_token }),
+        Some(v1::acquire_response::Outcome::Ended(v1::Ended {
+            reason: v1::LostReason::Superseded as i32,
+            current_token: 9,
+        }))
+    );
+}

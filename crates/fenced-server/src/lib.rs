@@ -11,6 +11,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod deadline;
 pub mod early_replication;
 pub mod election;
 pub mod health;

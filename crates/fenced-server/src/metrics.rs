@@ -134,7 +134,7 @@ pub fn render(ctx: &NodeContext) -> String {
         ("fenced_renewals_total", "Leases renewed.", &c.renewals),
         (
             "fenced_lost_renewals_total",
-            "Renewals refused because the lease was expired, released or superseded.",
+            "Renewals refused because the lease was expired, released or superseded, and acquires by an owner id whose lease had already ended.",
             &c.lost,
         ),
         (
@@ -165,6 +165,13 @@ pub fn render(ctx: &NodeContext) -> String {
     ] {
         sample(&mut out, name, help, "counter", counter.load(Relaxed));
     }
+    sample(
+        &mut out,
+        "fenced_deadline_dropped_total",
+        "Commands dropped unwritten because their caller's deadline passed before they were proposed (by this node as leader) or forwarded (by this node as follower).",
+        "counter",
+        ctx.proposer.deadline_drops(),
+    );
     c.batch_commands.render(
         &mut out,
         "fenced_proposal_batch_commands",

@@ -3,7 +3,10 @@
 //! at one fsync per operation; answers each caller with its own outcome.
 
 use std::{
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
     time::{Duration, Instant},
 };
 
@@ -28,6 +31,10 @@ pub enum ProposeError {
     Unknown(String),
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The caller's deadline passed before the command was proposed: nothing
+    /// was written.
+    #[error("the caller's deadline passed before the command was proposed; nothing was written")]
+    DeadlineExceeded,
 }
 
 type Reply = oneshot::Sender<Result<(Outcome, ClusterTime), ProposeError>>;
@@ -36,6 +43,8 @@ struct Proposal {
     /// `None` is a tick: an entry that only advances cluster time.
     command: Option<Command>,
     reply: Option<Reply>,
+    /// When the caller stops waiting; past it the command is not proposed.
+    deadline: Option<Instant>,
 }
 
 /// Tuning of the write path.
@@ -164,6 +173,7 @@ impl LeaderTime {
 pub struct Proposer {
     tx: mpsc::Sender<Proposal>,
     max_pending: usize,
+    deadline_drops: Arc<AtomicU64>,
 }
 
 impl Proposer {
@@ -175,20 +185,36 @@ impl Proposer {
         config: ProposerConfig,
     ) -> Self {
         let (tx, rx) = mpsc::channel(config.max_pending.max(1));
-        tokio::spawn(run(raft, shared, time, config, rx));
+        let deadline_drops = Arc::new(AtomicU64::new(0));
+        tokio::spawn(run(
+            raft,
+            shared,
+            time,
+            config,
+            rx,
+            Arc::clone(&deadline_drops),
+        ));
         Self {
             tx,
             max_pending: config.max_pending,
+            deadline_drops,
         }
     }
 
-    /// Proposes one command and waits for its applied outcome.
-    pub async fn propose(&self, command: Command) -> Result<(Outcome, ClusterTime), ProposeError> {
+    /// Proposes one command and waits for its applied outcome. A command
+    /// still queued when `deadline` passes is dropped unwritten
+    /// ([`ProposeError::DeadlineExceeded`]).
+    pub async fn propose(
+        &self,
+        command: Command,
+        deadline: Option<Instant>,
+    ) -> Result<(Outcome, ClusterTime), ProposeError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .try_send(Proposal {
                 command: Some(command),
                 reply: Some(reply),
+                deadline,
             })
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => ProposeError::QueueFull(self.max_pending),
@@ -206,7 +232,19 @@ impl Proposer {
         let _ = self.tx.try_send(Proposal {
             command: None,
             reply: None,
+            deadline: None,
         });
+    }
+
+    /// Counts a command dropped unwritten because its caller's deadline
+    /// passed (by the proposer, or by a follower before forwarding it).
+    pub fn note_deadline_drop(&self) {
+        self.deadline_drops.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Commands dropped so far because their caller's deadline passed.
+    pub fn deadline_drops(&self) -> u64 {
+        self.deadline_drops.load(Ordering::Relaxed)
     }
 }
 
@@ -264,6 +302,7 @@ async fn run(
     time: Arc<LeaderTime>,
     config: ProposerConfig,
     mut rx: mpsc::Receiver<Proposal>,
+    deadline_drops: Arc<AtomicU64>,
 ) {
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
     while let Some(first) = rx.recv().await {
@@ -293,6 +332,25 @@ async fn run(
             );
             continue;
         };
+        // A caller that gave up may have retried elsewhere since: proposing
+        // its command now could grant a lease nobody will use.
+        let now = Instant::now();
+        let (expired, proposals): (Vec<Proposal>, Vec<Proposal>) = proposals
+            .into_iter()
+            .partition(|p| p.deadline.is_some_and(|d| d <= now));
+        if !expired.is_empty() {
+            deadline_drops.fetch_add(expired.len() as u64, Ordering::Relaxed);
+            for p in &expired {
+                if let Some(c) = &p.command {
+                    tracing::info!(resource = %c.resource(), owner = %c.owner(), term,
+                        "command dropped unproposed: its caller's deadline passed");
+                }
+            }
+            answer_all(expired, &ProposeError::DeadlineExceeded);
+            if proposals.is_empty() {
+                continue;
+            }
+        }
         let (commands, replies): (Vec<Command>, Vec<Option<Reply>>) = proposals
             .into_iter()
             .filter_map(|p| p.command.map(|c| (c, p.reply)))

@@ -4,7 +4,7 @@
 use std::{
     collections::{BTreeSet, HashMap},
     sync::{Arc, Mutex, PoisonError},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use fenced_core::{ClusterTime, Limits, Outcome};
@@ -23,6 +23,7 @@ use tonic::{
 };
 
 use crate::{
+    deadline::deadline_of,
     log_store::LogStore,
     parking::WaitEnd,
     proposer::{leader_of, LeaderTime, ProposeError, Proposer},
@@ -153,22 +154,52 @@ fn propose_status(e: ProposeError) -> Status {
         ProposeError::Unknown(_) | ProposeError::Unavailable(_) => {
             Status::unavailable(e.to_string())
         }
+        ProposeError::DeadlineExceeded => Status::deadline_exceeded(e.to_string()),
     }
 }
 
-/// Runs `call` against the leader when this node is not it.
-/// `extra` is added to the forwarded call's timeout (a blocking acquire's wait).
+/// The timeout of a forwarded call: what is left of the caller's deadline
+/// (so the leader drops the command once the caller gave up), at most
+/// `budget`. `None` when the deadline has already passed.
+fn forward_timeout(deadline: Option<Instant>, budget: Duration) -> Option<Duration> {
+    match deadline {
+        None => Some(budget),
+        Some(d) => {
+            let left = d.checked_duration_since(Instant::now())?;
+            (!left.is_zero()).then(|| left.min(budget))
+        }
+    }
+}
+
+/// Runs `call` against the leader when this node is not it, with what is
+/// left of the caller's `deadline`; a call whose deadline passed before it
+/// could be forwarded (this node was paused, say) is answered
+/// DEADLINE_EXCEEDED unforwarded. `extra` is added to the forwarded call's
+/// timeout budget (a blocking acquire's wait).
 macro_rules! forward_or {
-    ($ctx:expr, $req:expr, $client:ident, $method:ident) => {
-        forward_or!($ctx, $req, $client, $method, Duration::ZERO)
+    ($ctx:expr, $req:expr, $deadline:expr, $client:ident, $method:ident) => {
+        forward_or!($ctx, $req, $deadline, $client, $method, Duration::ZERO)
     };
-    ($ctx:expr, $req:expr, $client:ident, $method:ident, $extra:expr) => {
+    ($ctx:expr, $req:expr, $deadline:expr, $client:ident, $method:ident, $extra:expr) => {
         if let Some(leader) = $ctx.other_leader() {
             if is_forwarded(&$req) {
                 return Err(not_leader(Some(&leader)));
             }
+            let Some(timeout) =
+                forward_timeout($deadline, $ctx.request_timeout + WAIT_GRACE + $extra)
+            else {
+                $ctx.proposer.note_deadline_drop();
+                tracing::info!(
+                    rpc = stringify!($method),
+                    leader = leader.0,
+                    "request not forwarded: its caller's deadline passed"
+                );
+                return Err(Status::deadline_exceeded(
+                    "the caller's deadline passed before the request reached the leader; \
+                     nothing was written",
+                ));
+            };
             let ch = $ctx.channel_to(&leader)?;
-            let timeout = $ctx.request_timeout + WAIT_GRACE + $extra;
             return $client::new(ch)
                 .$method(forwarded($req.into_inner(), timeout))
                 .await;
@@ -188,9 +219,13 @@ impl LockService {
     async fn propose(
         &self,
         command: fenced_core::Command,
+        deadline: Option<Instant>,
     ) -> Result<(Outcome, ClusterTime), ProposeError> {
-        match tokio::time::timeout(self.ctx.request_timeout, self.ctx.proposer.propose(command))
-            .await
+        match tokio::time::timeout(
+            self.ctx.request_timeout,
+            self.ctx.proposer.propose(command, deadline),
+        )
+        .await
         {
             Ok(r) => r,
             Err(_) => Err(ProposeError::Unknown(format!(
@@ -207,12 +242,14 @@ impl lock_server::Lock for LockService {
         &self,
         req: Request<v1::AcquireRequest>,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
+        let deadline = deadline_of(&req);
         let command =
             acquire_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
         let wait_ms = req.get_ref().wait_ms;
         forward_or!(
             self.ctx,
             req,
+            deadline,
             LockClient,
             acquire,
             Duration::from_millis(wait_ms)
@@ -228,7 +265,10 @@ impl lock_server::Lock for LockService {
         } else {
             None
         };
-        let (outcome, now) = self.propose(command).await.map_err(propose_status)?;
+        let (outcome, now) = self
+            .propose(command, deadline)
+            .await
+            .map_err(propose_status)?;
         let (Outcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
             return acquire_reply(&outcome, now).map(Response::new);
         };
@@ -262,10 +302,14 @@ impl lock_server::Lock for LockService {
         &self,
         req: Request<v1::RenewRequest>,
     ) -> Result<Response<v1::RenewResponse>, Status> {
+        let deadline = deadline_of(&req);
         let command =
             renew_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
-        forward_or!(self.ctx, req, LockClient, renew);
-        let (outcome, now) = self.propose(command).await.map_err(propose_status)?;
+        forward_or!(self.ctx, req, deadline, LockClient, renew);
+        let (outcome, now) = self
+            .propose(command, deadline)
+            .await
+            .map_err(propose_status)?;
         renew_reply(&outcome, now).map(Response::new)
     }
 
@@ -273,9 +317,13 @@ impl lock_server::Lock for LockService {
         &self,
         req: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let deadline = deadline_of(&req);
         let command = release_command(req.get_ref()).map_err(|e| invalid_argument(&e))?;
-        forward_or!(self.ctx, req, LockClient, release);
-        let (outcome, now) = self.propose(command).await.map_err(propose_status)?;
+        forward_or!(self.ctx, req, deadline, LockClient, release);
+        let (outcome, now) = self
+            .propose(command, deadline)
+            .await
+            .map_err(propose_status)?;
         release_reply(&outcome, now).map(Response::new)
     }
 
@@ -293,7 +341,7 @@ impl lock_server::Lock for LockService {
                 now,
             )));
         }
-        forward_or!(self.ctx, req, LockClient, describe);
+        forward_or!(self.ctx, req, deadline_of(&req), LockClient, describe);
         // The time this read reveals is taken BEFORE leadership is
         // confirmed: the confirming heartbeats carry it (or later) to a
         // quorum, which makes it durable before answering, and this node
@@ -430,7 +478,7 @@ impl cluster_server::Cluster for ClusterService {
         if r.peer_addr.is_empty() {
             return Err(Status::invalid_argument("peer_addr: must be host:port"));
         }
-        forward_or!(self.ctx, req, ClusterClient, add_learner);
+        forward_or!(self.ctx, req, deadline_of(&req), ClusterClient, add_learner);
         let r = req.into_inner();
         let node = Node {
             peer_addr: r.peer_addr,
@@ -454,7 +502,13 @@ impl cluster_server::Cluster for ClusterService {
                 "voter_ids: must name at least one node",
             ));
         }
-        forward_or!(self.ctx, req, ClusterClient, change_membership);
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            ClusterClient,
+            change_membership
+        );
         let voters: BTreeSet<NodeId> = req.into_inner().voter_ids.into_iter().collect();
         let resp = self
             .ctx
@@ -470,7 +524,7 @@ impl cluster_server::Cluster for ClusterService {
         req: Request<v1::RemoveNodeRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
         let id = req.get_ref().node_id;
-        forward_or!(self.ctx, req, ClusterClient, remove_node);
+        forward_or!(self.ctx, req, deadline_of(&req), ClusterClient, remove_node);
         let m = self.ctx.raft.metrics().borrow().clone();
         let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
         if voters.contains(&id) {
@@ -493,5 +547,29 @@ impl cluster_server::Cluster for ClusterService {
             .await
             .map_err(write_status)?;
         Ok(Response::new(self.membership_response(resp.log_id.index)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn a_forward_gets_only_what_is_left_of_the_deadline() {
+        let budget = Duration::from_secs(15);
+        assert_eq!(forward_timeout(None, budget), Some(budget));
+        let left = forward_timeout(Some(Instant::now() + Duration::from_secs(2)), budget)
+            .expect("time left");
+        assert!(left <= Duration::from_secs(2) && left > Duration::from_secs(1));
+        assert_eq!(
+            forward_timeout(Some(Instant::now() + Duration::from_secs(60)), budget),
+            Some(budget)
+        );
+        assert_eq!(forward_timeout(Some(Instant::now()), budget), None);
+        let past = Instant::now()
+            .checked_sub(Duration::from_millis(5))
+            .expect("a monotonic clock well past its start");
+        assert_eq!(forward_timeout(Some(past), budget), None);
     }
 }

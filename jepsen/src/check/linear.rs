@@ -134,6 +134,8 @@ fn step(s: &State, op: &MOp) -> Option<State> {
                 n.holder = Some((op.owner, tok));
                 n.last = tok;
             }
+            // The owner's lease ended before: it holds nothing now.
+            (holder, Some(Answer::Ended { .. })) if holder.is_none_or(|(o, _)| o != op.owner) => {}
             (None, Some(_)) => return None,
             (Some((o, tok)), Some(Answer::Granted { token, .. })) if o == op.owner => {
                 if !tok.admits(*token) {
@@ -395,6 +397,39 @@ mod tests {
     fn run(ops: &[Op]) -> Linearizable {
         let refs: Vec<&Op> = ops.iter().collect();
         check_resource("r", &refs, 1_000_000)
+    }
+
+    fn ended() -> Option<Answer> {
+        Some(Answer::Ended {
+            reason: "Released".into(),
+            current_token: 0,
+        })
+    }
+
+    #[test]
+    fn an_acquire_answered_ended_after_its_own_release_passes() {
+        let h = [
+            op(0, F::Acquire, "a", None, (0, Some(10)), granted(1)),
+            op(
+                1,
+                F::Release,
+                "a",
+                Some(1),
+                (11, Some(20)),
+                Some(Answer::Released),
+            ),
+            op(2, F::Acquire, "a", None, (21, Some(30)), ended()),
+        ];
+        assert_eq!(run(&h), Linearizable::Pass);
+    }
+
+    #[test]
+    fn an_acquire_answered_ended_while_its_owner_holds_fails() {
+        let h = [
+            op(0, F::Acquire, "a", None, (0, Some(10)), granted(1)),
+            op(1, F::Acquire, "a", None, (11, Some(20)), ended()),
+        ];
+        assert!(matches!(run(&h), Linearizable::Fail(_)));
     }
 
     #[test]

@@ -1,0 +1,126 @@
+//! No orphan grants: an acquire held up on a paused follower, whose caller
+//! meanwhile acquired with the same owner id on the leader and released,
+//! must not grant a lease to nobody when the follower resumes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use fenced_client::{AcquireOutcome, ReleaseOutcome};
+use fenced_core::OwnerId;
+use fenced_proto::v1::{self, acquire_response};
+use fenced_tests::Cluster;
+use nix::sys::signal::Signal;
+
+/// Long enough that an orphan grant would still block the resource when the
+/// test looks.
+const TTL: Duration = Duration::from_secs(60);
+
+/// The reason of an `Ended` answer; `None` for any other answer.
+fn ended_reason(resp: &v1::AcquireResponse) -> Option<v1::LostReason> {
+    match &resp.outcome {
+        Some(acquire_response::Outcome::Ended(e)) => v1::LostReason::try_from(e.reason).ok(),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_held_by_a_paused_follower_grants_nothing_when_it_resumes() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let res = "statement:account-1842:2026-07";
+    let owner = OwnerId::random();
+    let request = move || v1::AcquireRequest {
+        resource: res.as_bytes().to_vec(),
+        owner_id: owner.as_bytes().to_vec(),
+        ttl_ms: TTL.as_millis() as u64,
+        wait_ms: 0,
+    };
+
+    // Connect to the follower first, so the acquire below goes out on an
+    // open connection and waits, unread, in the paused follower's socket.
+    let mut via_follower = cluster.lock_client(follower);
+    via_follower
+        .describe(v1::DescribeRequest {
+            resource: res.as_bytes().to_vec(),
+            allow_stale: true,
+        })
+        .await
+        .expect("the follower answers before it is paused");
+
+    cluster.signal(follower, Signal::SIGSTOP);
+    let send = |deadline: Duration| {
+        let mut client = via_follower.clone();
+        let mut req = tonic::Request::new(request());
+        req.set_timeout(deadline);
+        tokio::spawn(async move { client.acquire(req).await })
+    };
+    // A caller with a short deadline gives up while the follower is paused
+    // (its client resets the call). A caller with a longer deadline is still
+    // waiting: its request reaches the leader when the follower resumes,
+    // after the same owner id was granted elsewhere and released.
+    let short = send(Duration::from_millis(300));
+    let long = send(Duration::from_secs(10));
+    let answer = short.await.unwrap();
+    assert!(
+        answer.is_err(),
+        "a paused follower cannot have answered: {answer:?}"
+    );
+
+    // The caller retries on the leader with the same owner id, works, releases.
+    let client = cluster.client_of(leader);
+    let AcquireOutcome::Granted { token, .. } = client
+        .acquire_once(res, owner, TTL, Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("the retry on the leader was not granted");
+    };
+    assert_eq!(
+        client.release(res, owner, token).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+
+    // The follower resumes and handles the acquires it held.
+    cluster.signal(follower, Signal::SIGCONT);
+    let late = tokio::time::timeout(Duration::from_secs(10), long)
+        .await
+        .expect("the resumed follower answers")
+        .unwrap()
+        .expect("an ended attempt is a typed answer")
+        .into_inner();
+
+    let d = client.describe(res).await.unwrap();
+    assert!(
+        !d.held && d.last_token == token,
+        "the held-up acquire granted a lease to nobody: {d:?}\n{}",
+        cluster.logs()
+    );
+    assert_eq!(
+        ended_reason(&late),
+        Some(v1::LostReason::Released),
+        "the held-up acquire was not told its attempt ended: {late:?}"
+    );
+    let next = client
+        .acquire_once(res, OwnerId::random(), TTL, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(
+        matches!(next, AcquireOutcome::Granted { token: t, .. } if t > token),
+        "another owner must be granted at once: {next:?}"
+    );
+
+    // Later still, the spent owner id learns that a newer owner holds it.
+    let late = cluster
+        .lock_client(follower)
+        .acquire(request())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        ended_reason(&late),
+        Some(v1::LostReason::Superseded),
+        "{late:?}"
+    );
+}
