@@ -172,8 +172,10 @@ async fn garbage_on_the_client_and_peer_ports_does_not_crash_a_node() {
     // Well-framed Raft messages with garbage inside: the node closes that
     // connection and goes on serving.
     let frames: Vec<Vec<u8>> = vec![
-        // AppendEntries carrying an undecodable payload.
+        // AppendEntries too short for its time header.
         vec![0, 0, 0, 6, 1, 1, 0xff, 0xff, 0xff, 0x00],
+        // AppendEntries with a time header and an undecodable payload.
+        vec![0, 0, 0, 14, 1, 0, 0, 0, 0, 0, 0, 0, 9, 0, 1, 0xff, 0xff, 0xff],
         // An unknown call.
         vec![0, 0, 0, 2, 9, 1],
         // A length beyond the largest message.
@@ -182,7 +184,8 @@ async fn garbage_on_the_client_and_peer_ports_does_not_crash_a_node() {
     for frame in frames {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", node.peer_port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(b"fncdraft").unwrap();
+        // The peer protocol's preface (version 2).
+        s.write_all(b"fncdrft2").unwrap();
         s.write_all(&frame).unwrap();
         let mut buf = [0u8; 64];
         let n = std::io::Read::read(&mut s, &mut buf).expect("the node closes the connection");
