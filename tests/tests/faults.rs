@@ -175,7 +175,9 @@ async fn garbage_on_the_client_and_peer_ports_does_not_crash_a_node() {
         // AppendEntries too short for its time header.
         vec![0, 0, 0, 6, 1, 1, 0xff, 0xff, 0xff, 0x00],
         // AppendEntries with a time header and an undecodable payload.
-        vec![0, 0, 0, 14, 1, 0, 0, 0, 0, 0, 0, 0, 9, 0, 1, 0xff, 0xff, 0xff],
+        vec![
+            0, 0, 0, 14, 1, 0, 0, 0, 0, 0, 0, 0, 9, 0, 1, 0xff, 0xff, 0xff,
+        ],
         // An unknown call.
         vec![0, 0, 0, 2, 9, 1],
         // A length beyond the largest message.
