@@ -299,6 +299,7 @@ async fn one_identity_at_its_lease_limit_is_refused_while_others_acquire() {
             ("FENCED_AUTH_TOKENS", &tokens),
             ("FENCED_AUTH_POLICY", &policy),
             ("FENCED_MAX_LEASES_PER_IDENTITY", "3"),
+            ("FENCED_MAX_WAITERS_PER_IDENTITY", "1"),
         ],
     );
     let metrics: Vec<String> = (1..=3)
@@ -349,11 +350,45 @@ async fn one_identity_at_its_lease_limit_is_refused_while_others_acquire() {
         .unwrap();
     expect_granted(acquire(&alice, "orders/3").await);
 
+    // One blocking acquire waits; a second one of the same identity is refused.
+    let waiting = {
+        let bob = bob.clone();
+        tokio::spawn(async move {
+            bob.acquire_once("orders/3", OwnerId::random(), TTL, Duration::from_secs(5))
+                .await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while root.describe("orders/3").await.unwrap().waiters == 0 {
+        assert!(Instant::now() < deadline, "bob's acquire never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = bob
+        .acquire_once("orders/2", OwnerId::random(), TTL, Duration::from_secs(5))
+        .await;
+    match second {
+        Err(ClientError::ResourceExhausted(msg)) => {
+            assert!(msg.contains("max_waiters_per_identity (1)"), "{msg}")
+        }
+        other => panic!("expected the waiter limit, got {other:?}"),
+    }
+    // The waiting one is still served: its wait ends, held.
+    assert!(matches!(
+        waiting.await.unwrap(),
+        Ok(AcquireOutcome::Held { .. })
+    ));
+
     let (code, body) = http_get(&metrics[leader as usize - 1], "/metrics").await;
     assert_eq!(code, 200);
     assert!(
         body.contains(
             "fenced_identity_limit_refusals_total{setting=\"max_leases_per_identity\"} 1"
+        ),
+        "{body}"
+    );
+    assert!(
+        body.contains(
+            "fenced_identity_limit_refusals_total{setting=\"max_waiters_per_identity\"} 1"
         ),
         "{body}"
     );

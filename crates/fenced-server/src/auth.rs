@@ -353,26 +353,6 @@ impl Auth {
         Ok(())
     }
 
-    /// The identity of the caller: `None` with auth off. `trusted_forward`
-    /// is true only on the peer port, where a forwarded call names the
-    /// identity its follower authenticated.
-    pub fn identify<T>(
-        &self,
-        req: &Request<T>,
-        trusted_forward: bool,
-    ) -> Result<Option<String>, Status> {
-        let Some(policy) = self.current() else {
-            return Ok(None);
-        };
-        identify(
-            &policy,
-            req.metadata(),
-            req.extensions().get::<Principal>(),
-            trusted_forward,
-        )
-        .map(Some)
-    }
-
     /// Authenticates the caller and checks that it may do `operation` on
     /// `resource`; returns its identity (`None` with auth off).
     pub fn authorize<T>(
