@@ -104,6 +104,31 @@ impl NodeProc {
     }
 }
 
+/// One HTTP/1.1 request; returns the status code and body.
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    tokio::io::AsyncWriteExt::write_all(&mut stream, req.as_bytes())
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut raw),
+    )
+    .await
+    .expect("a reply within 5 s")
+    .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("headers end");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    (status, body.to_string())
+}
+
 /// A cluster of `fenced run` processes on loopback.
 pub struct Cluster {
     pub nodes: Vec<NodeProc>,

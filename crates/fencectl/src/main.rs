@@ -1,7 +1,7 @@
 //! `fencectl`: take, renew, release and inspect fenced leases from a shell.
 //!
 //! Exit codes: 0 success, 3 an expected refusal (held, lost, not holder),
-//! 1 an error, 2 a usage error.
+//! 4 refused by authentication or permission, 1 an error, 2 a usage error.
 
 use std::{process::ExitCode, time::Duration};
 
@@ -32,8 +32,35 @@ struct Cli {
     /// How long a command may take in all, retries included.
     #[arg(long, global = true, default_value = "10s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// Bearer token sent with every call (before the subcommand: `renew
+    /// --token` is the fencing token).
+    #[arg(long = "token", env = "FENCED_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
+    /// A file holding the bearer token (its first line).
+    #[arg(long, env = "FENCED_TOKEN_FILE", conflicts_with = "auth_token")]
+    token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Cmd,
+}
+
+/// The bearer token from `--token`, `FENCED_TOKEN`, `--token-file` or
+/// `FENCED_TOKEN_FILE`.
+fn bearer_token(cli: &Cli) -> Result<Option<String>, ClientError> {
+    if let Some(t) = &cli.auth_token {
+        return Ok(Some(t.trim().to_string()));
+    }
+    let Some(path) = &cli.token_file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ClientError::InvalidArgument(format!("token file {}: {e}", path.display())))?;
+    match text.lines().next().map(str::trim) {
+        Some(t) if !t.is_empty() => Ok(Some(t.to_string())),
+        _ => Err(ClientError::InvalidArgument(format!(
+            "token file {}: empty",
+            path.display()
+        ))),
+    }
 }
 
 #[derive(Subcommand)]
@@ -371,7 +398,10 @@ fn main() -> ExitCode {
     };
     let json_out = cli.json;
     let result = runtime.block_on(async {
-        let client = Client::new(&endpoints)?.with_call_timeout(cli.timeout);
+        let mut client = Client::new(&endpoints)?.with_call_timeout(cli.timeout);
+        if let Some(token) = bearer_token(&cli)? {
+            client = client.with_token(&token)?;
+        }
         execute(&client, cli.command, json_out).await
     });
     match result {
@@ -391,6 +421,8 @@ fn main() -> ExitCode {
             ExitCode::from(match e {
                 ClientError::InvalidArgument(_) => 2,
                 ClientError::NotGranted { .. } | ClientError::AttemptEnded { .. } => 3,
+                // Not 4: `lock` and `run` exit 4 when the lease is lost.
+                ClientError::Unauthenticated(_) | ClientError::PermissionDenied(_) => 5,
                 _ => 1,
             })
         }

@@ -11,7 +11,11 @@ use fenced_proto::v1::{
     self, acquire_response, cluster_client::ClusterClient, lock_client::LockClient,
     release_response, renew_response,
 };
-use tonic::{transport::Channel, Code, Status};
+use tonic::{
+    metadata::{Ascii, MetadataValue},
+    transport::Channel,
+    Code, Status,
+};
 
 use crate::{clock::Moment, transport, LeaseOptions};
 
@@ -37,6 +41,14 @@ pub enum ClientError {
     /// The request was refused as malformed; the message names the field.
     #[error("invalid request: {0}")]
     InvalidArgument(String),
+    /// The server did not accept the credentials: no token, or an unknown
+    /// or revoked one.
+    #[error("authentication failed: {0}")]
+    Unauthenticated(String),
+    /// The caller is known but not allowed this call; the message names the
+    /// resource and the prefixes granted.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// A bound was reached (waiters per resource, pending proposals).
     #[error("limit reached: {0}")]
     ResourceExhausted(String),
@@ -86,6 +98,13 @@ impl ClientError {
 fn classify(status: Status) -> Result<Status, ClientError> {
     match status.code() {
         Code::InvalidArgument => Err(ClientError::InvalidArgument(status.message().to_string())),
+        Code::Unauthenticated => Err(ClientError::Unauthenticated(
+            status
+                .message()
+                .trim_start_matches("authentication failed: ")
+                .to_string(),
+        )),
+        Code::PermissionDenied => Err(ClientError::PermissionDenied(status.message().to_string())),
         Code::ResourceExhausted => {
             Err(ClientError::ResourceExhausted(status.message().to_string()))
         }
@@ -181,6 +200,8 @@ struct Inner {
     next: AtomicUsize,
     call_timeout: Duration,
     lease_options: LeaseOptions,
+    /// `Bearer <token>`, sent as `authorization` on every call.
+    bearer: Option<MetadataValue<Ascii>>,
 }
 
 impl Client {
@@ -228,6 +249,7 @@ impl Client {
                 next: AtomicUsize::new(0),
                 call_timeout: Duration::from_secs(10),
                 lease_options: LeaseOptions::default(),
+                bearer: None,
             }),
         })
     }
@@ -240,6 +262,7 @@ impl Client {
                 next: AtomicUsize::new(0),
                 call_timeout: timeout,
                 lease_options: self.inner.lease_options,
+                bearer: self.inner.bearer.clone(),
             }),
         }
     }
@@ -252,8 +275,25 @@ impl Client {
                 next: AtomicUsize::new(0),
                 call_timeout: self.inner.call_timeout,
                 lease_options,
+                bearer: self.inner.bearer.clone(),
             }),
         }
+    }
+
+    /// Sends `authorization: Bearer <token>` on every call. Fails when the
+    /// token cannot travel in metadata (it is not visible ASCII).
+    pub fn with_token(self, token: &str) -> Result<Self, ClientError> {
+        let bearer = MetadataValue::try_from(format!("Bearer {}", token.trim()))
+            .map_err(|_| ClientError::InvalidArgument("token: must be printable ASCII".into()))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                endpoints: self.inner.endpoints.clone(),
+                next: AtomicUsize::new(0),
+                call_timeout: self.inner.call_timeout,
+                lease_options: self.inner.lease_options,
+                bearer: Some(bearer),
+            }),
+        })
     }
 
     pub(crate) fn lease_options(&self) -> LeaseOptions {
@@ -346,7 +386,7 @@ impl Client {
                     ttl_ms: millis(ttl),
                     wait_ms: millis(wait_left),
                 };
-                let req = with_timeout(req, left.min(wait_left + ATTEMPT_TIMEOUT));
+                let req = self.request(req, left.min(wait_left + ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).acquire(req).await }
             })
             .await?;
@@ -399,7 +439,7 @@ impl Client {
         };
         let (resp, sent) = self
             .with_retries(budget, |ch, left| {
-                let req = with_timeout(req.clone(), left.min(ATTEMPT_TIMEOUT));
+                let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).renew(req).await }
             })
             .await?;
@@ -430,7 +470,7 @@ impl Client {
         };
         let resp = self
             .with_retries(self.inner.call_timeout, |ch, left| {
-                let req = with_timeout(req.clone(), left.min(ATTEMPT_TIMEOUT));
+                let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).release(req).await }
             })
             .await?
@@ -453,7 +493,7 @@ impl Client {
         };
         Ok(self
             .with_retries(self.inner.call_timeout, |ch, left| {
-                let req = with_timeout(req.clone(), left.min(ATTEMPT_TIMEOUT));
+                let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).describe(req).await }
             })
             .await?
@@ -465,7 +505,7 @@ impl Client {
     pub async fn status(&self) -> Result<v1::StatusResponse, ClientError> {
         Ok(self
             .with_retries(self.inner.call_timeout, |ch, left| {
-                let req = with_timeout(v1::StatusRequest::default(), left.min(ATTEMPT_TIMEOUT));
+                let req = self.request(v1::StatusRequest::default(), left.min(ATTEMPT_TIMEOUT));
                 async move { ClusterClient::new(ch).status(req).await }
             })
             .await?
@@ -477,7 +517,7 @@ impl Client {
     pub async fn status_of_each(&self) -> Vec<(String, Result<v1::StatusResponse, ClientError>)> {
         let mut out = Vec::new();
         for (name, ch) in &self.inner.endpoints {
-            let req = with_timeout(v1::StatusRequest::default(), Duration::from_secs(2));
+            let req = self.request(v1::StatusRequest::default(), Duration::from_secs(2));
             let r = ClusterClient::new(ch.clone())
                 .status(req)
                 .await
@@ -493,10 +533,16 @@ pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn with_timeout<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    req.set_timeout(timeout);
-    req
+impl Client {
+    /// A request with the call's timeout and this client's credentials.
+    fn request<T>(&self, msg: T, timeout: Duration) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        req.set_timeout(timeout);
+        if let Some(bearer) = &self.inner.bearer {
+            req.metadata_mut().insert("authorization", bearer.clone());
+        }
+        req
+    }
 }
 
 #[cfg(test)]

@@ -72,6 +72,18 @@ pub struct RunSettings {
     /// Prometheus `/metrics` over HTTP on host:port; off when unset.
     #[arg(long, env = "FENCED_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// Bearer tokens (hashed) and their roles, TOML; turns auth on. Reread on SIGHUP.
+    #[arg(long, env = "FENCED_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
+    /// Roles and the identities that have them, TOML; turns auth on. Reread on SIGHUP.
+    #[arg(long, env = "FENCED_AUTH_POLICY")]
+    pub auth_policy: Option<PathBuf>,
+    /// Most live leases one identity may hold (with auth on).
+    #[arg(long, env = "FENCED_MAX_LEASES_PER_IDENTITY")]
+    pub max_leases_per_identity: Option<u64>,
+    /// Most blocking acquires one identity may have waiting (with auth on).
+    #[arg(long, env = "FENCED_MAX_WAITERS_PER_IDENTITY")]
+    pub max_waiters_per_identity: Option<u64>,
     /// Test-only: run the leader clock this many parts per million fast (or slow).
     #[arg(long, env = "FENCED_TEST_CLOCK_SKEW_PPM", hide = true)]
     pub test_clock_skew_ppm: Option<i64>,
@@ -98,6 +110,14 @@ impl RunSettings {
             request_timeout_ms: self.request_timeout_ms.or(file.request_timeout_ms),
             metrics_listen: self.metrics_listen.or(file.metrics_listen),
             test_clock_skew_ppm: self.test_clock_skew_ppm.or(file.test_clock_skew_ppm),
+            auth_tokens: self.auth_tokens.or(file.auth_tokens),
+            auth_policy: self.auth_policy.or(file.auth_policy),
+            max_leases_per_identity: self
+                .max_leases_per_identity
+                .or(file.max_leases_per_identity),
+            max_waiters_per_identity: self
+                .max_waiters_per_identity
+                .or(file.max_waiters_per_identity),
         }
     }
 
@@ -193,6 +213,24 @@ impl RunSettings {
             .filter(|a| !a.is_empty())
             .map(|a| resolve("metrics_listen", &a))
             .transpose()?;
+        cfg.auth = crate::auth::AuthConfig {
+            tokens: self.auth_tokens,
+            policy: self.auth_policy,
+        };
+        cfg.max_leases_per_identity = bounded(
+            "max_leases_per_identity",
+            self.max_leases_per_identity,
+            cfg.max_leases_per_identity,
+            1,
+            10_000_000,
+        )?;
+        cfg.max_waiters_per_identity = bounded(
+            "max_waiters_per_identity",
+            self.max_waiters_per_identity,
+            cfg.max_waiters_per_identity,
+            1,
+            10_000_000,
+        )?;
         cfg.proposer.clock_skew_ppm = self
             .test_clock_skew_ppm
             .unwrap_or(0)

@@ -9,6 +9,7 @@
 // openraft's StorageError is large and its trait signatures impose it.
 #![allow(clippy::result_large_err)]
 
+pub mod auth;
 pub mod codec;
 pub mod config;
 pub mod deadline;
@@ -22,6 +23,7 @@ pub mod node;
 pub mod parking;
 pub mod peer_listener;
 pub mod proposer;
+pub mod quota;
 pub mod services;
 pub mod state_machine;
 pub mod time_floor;

@@ -4,6 +4,7 @@ use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, time::Duratio
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fenced_server::{
+    auth,
     config::RunSettings,
     health,
     node::{failed_path, NodeConfig, RunningNode},
@@ -88,6 +89,9 @@ enum Command {
         #[arg(long, default_value_t = 2_000)]
         timeout_ms: u64,
     },
+    /// Make and hash bearer tokens for the `auth_tokens` file.
+    #[command(subcommand)]
+    Auth(AuthCommand),
     /// Run one node of a cluster.
     Run {
         /// A TOML file with the same settings; flags and FENCED_* win over it.
@@ -96,6 +100,40 @@ enum Command {
         #[command(flatten)]
         settings: Box<RunSettings>,
     },
+}
+
+#[derive(Subcommand)]
+enum AuthCommand {
+    /// Print the SHA-256 (hex) of the token read from stdin, for `sha256`.
+    HashToken,
+    /// Print a new random token and its SHA-256; give the token to the
+    /// client, put the hash in the tokens file.
+    NewToken,
+}
+
+/// `fenced auth ...`: prints to stdout.
+fn auth_command(command: AuthCommand) -> Result<ExitCode, String> {
+    match command {
+        AuthCommand::HashToken => {
+            let mut token = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut token)
+                .map_err(|e| format!("reading the token from stdin: {e}"))?;
+            // A trailing newline from `echo` or a file is not part of it.
+            let token = token.trim();
+            if token.is_empty() {
+                return Err("no token on stdin".into());
+            }
+            println!("{}", auth::to_hex(&auth::hash_token(token)));
+        }
+        AuthCommand::NewToken => {
+            let mut bytes = [0u8; 32];
+            getrandom::fill(&mut bytes).map_err(|e| format!("no randomness: {e}"))?;
+            let token = format!("fenced_{}", auth::to_hex(&bytes));
+            println!("token  {token}");
+            println!("sha256 {}", auth::to_hex(&auth::hash_token(&token)));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn init_logging(format: LogFormat) {
@@ -191,6 +229,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             let timeout = Duration::from_millis(timeout_ms);
             return Ok(healthcheck(&endpoint, &service, timeout).await);
         }
+        Command::Auth(command) => return auth_command(command),
         Command::Run { config, settings } => {
             let settings = match config {
                 Some(path) => settings.or_file(RunSettings::from_file(&path)?),

@@ -172,6 +172,22 @@ pub fn render(ctx: &NodeContext) -> String {
         "counter",
         ctx.proposer.deadline_drops(),
     );
+    header(
+        &mut out,
+        "fenced_identity_limit_refusals_total",
+        "Acquires refused because their identity reached a per-identity limit (the setting).",
+        "counter",
+    );
+    for (setting, counter) in [
+        ("max_leases_per_identity", &ctx.quota.lease_refusals),
+        ("max_waiters_per_identity", &ctx.quota.waiter_refusals),
+    ] {
+        let _ = writeln!(
+            out,
+            "fenced_identity_limit_refusals_total{{setting=\"{setting}\"}} {}",
+            counter.load(Relaxed)
+        );
+    }
     c.batch_commands.render(
         &mut out,
         "fenced_proposal_batch_commands",

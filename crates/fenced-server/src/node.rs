@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{server::TcpIncoming, Server};
 
 use crate::{
+    auth::{self, Auth, AuthConfig},
     early_replication::{EarlyAnswers, EarlyReplication},
     election::Election,
     health,
@@ -29,6 +30,7 @@ use crate::{
     parking::Parking,
     peer_listener::{self, RaftPeer},
     proposer::{run_leader_watch, run_ticker, LeaderTime, Proposer, ProposerConfig},
+    quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
     services::{ClusterService, LockService, NodeContext},
     state_machine::StateMachine,
     time_floor::TimeFloor,
@@ -64,6 +66,10 @@ pub struct NodeConfig {
     pub request_timeout: Duration,
     /// Where `/metrics` is served over HTTP; `None` serves no metrics.
     pub metrics_listen: Option<SocketAddr>,
+    /// The tokens and policy files; auth is off when neither is set.
+    pub auth: AuthConfig,
+    pub max_leases_per_identity: u64,
+    pub max_waiters_per_identity: u64,
 }
 
 impl NodeConfig {
@@ -97,6 +103,9 @@ impl NodeConfig {
             max_parked: 100_000,
             request_timeout: Duration::from_secs(10),
             metrics_listen: None,
+            auth: AuthConfig::default(),
+            max_leases_per_identity: DEFAULT_MAX_LEASES_PER_IDENTITY,
+            max_waiters_per_identity: DEFAULT_MAX_WAITERS_PER_IDENTITY,
         }
     }
 }
@@ -139,10 +148,12 @@ impl RunningNode {
                 cfg.id
             )));
         }
+        let auth = Arc::new(Auth::load(cfg.auth.clone()).map_err(NodeError::Config)?);
         let storage = |source: Box<dyn std::error::Error + Send + Sync>| NodeError::Storage {
             dir: cfg.data_dir.clone(),
             source,
         };
+        private_dirs(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
         let log = LogStore::open(&cfg.data_dir.join(LOG_DIR)).map_err(|e| storage(Box::new(e)))?;
         match log.give_up_restored_leadership(cfg.id).await {
             Ok(Some(term)) => tracing::info!(
@@ -245,6 +256,10 @@ impl RunningNode {
             cfg.limits,
             log,
             cfg.request_timeout,
+        )
+        .with_auth(
+            Arc::clone(&auth),
+            IdentityQuota::new(cfg.max_leases_per_identity, cfg.max_waiters_per_identity),
         );
 
         let stop = CancellationToken::new();
@@ -280,19 +295,22 @@ impl RunningNode {
         }
 
         let outer_timeout = Duration::from_millis(cfg.limits.wait_max_ms) + cfg.request_timeout * 2;
-        let lock = || {
-            LockServer::new(LockService::new(ctx.clone()))
+        if auth.enabled() {
+            tasks.push(tokio::spawn(auth::reload_on_sighup(auth, stop.clone())));
+        }
+        let lock = |peer| {
+            LockServer::new(LockService::new(ctx.clone(), peer))
                 .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
         };
-        let cluster = || {
-            ClusterServer::new(ClusterService::new(ctx.clone()))
+        let cluster = |peer| {
+            ClusterServer::new(ClusterService::new(ctx.clone(), peer))
                 .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
         };
         let client_server = Server::builder()
             .timeout(outer_timeout)
             .add_service(health_server.clone())
-            .add_service(lock())
-            .add_service(cluster())
+            .add_service(lock(false))
+            .add_service(cluster(false))
             .serve_with_incoming_shutdown(
                 // Accepted sockets get TCP_NODELAY: tonic ignores
                 // `Server::tcp_nodelay` with an incoming stream, and Nagle's
@@ -322,8 +340,8 @@ impl RunningNode {
         let peer_server = Server::builder()
             .timeout(outer_timeout)
             .add_service(health_server)
-            .add_service(lock())
-            .add_service(cluster())
+            .add_service(lock(true))
+            .add_service(cluster(true))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::ReceiverStream::new(peer_grpc_rx),
                 stop.clone().cancelled_owned(),
@@ -402,6 +420,24 @@ impl RunningNode {
     }
 }
 
+/// Creates the data directory and the two stores' directories readable by
+/// this user only (0700): they hold every live owner id.
+fn private_dirs(data_dir: &Path) -> std::io::Result<()> {
+    for dir in [
+        data_dir.to_path_buf(),
+        data_dir.join(LOG_DIR),
+        data_dir.join(STATE_DIR),
+    ] {
+        std::fs::create_dir_all(&dir)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    Ok(())
+}
+
 /// Resolves once `raft`'s core has stopped on an error, with that error:
 /// openraft 0.9 stops its core for good on any storage error (a log append
 /// or fdatasync that failed with ENOSPC or EIO, a state machine or snapshot
@@ -452,6 +488,23 @@ mod tests {
 
     fn fatal(e: StorageIOError<NodeId>) -> Fatal<NodeId> {
         Fatal::StorageError(StorageError::from(e))
+    }
+
+    #[test]
+    #[allow(clippy::expect_used)]
+    fn data_directories_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        // An existing directory with a looser mode is tightened too.
+        std::fs::create_dir_all(data.join(STATE_DIR)).expect("mkdir");
+        std::fs::set_permissions(data.join(STATE_DIR), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        private_dirs(&data).expect("private_dirs");
+        for d in [data.clone(), data.join(LOG_DIR), data.join(STATE_DIR)] {
+            let mode = std::fs::metadata(&d).expect("stat").permissions().mode();
+            assert_eq!(mode & 0o777, 0o700, "{}: {mode:o}", d.display());
+        }
     }
 
     #[test]

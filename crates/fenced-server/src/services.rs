@@ -23,10 +23,12 @@ use tonic::{
 };
 
 use crate::{
+    auth::{Auth, Permission, FORWARDED_IDENTITY},
     deadline::deadline_of,
     log_store::LogStore,
     parking::WaitEnd,
     proposer::{leader_of, LeaderTime, ProposeError, Proposer},
+    quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
     state_machine::{self, Shared},
     types::{Node, NodeId, Raft},
 };
@@ -49,6 +51,10 @@ pub struct NodeContext {
     pub limits: Limits,
     pub log: LogStore,
     pub request_timeout: Duration,
+    /// Who may call what; off unless the node was given auth files.
+    pub auth: Arc<Auth>,
+    /// Per-identity limits, checked where this node leads.
+    pub quota: Arc<IdentityQuota>,
     forward: Arc<Mutex<HashMap<String, Channel>>>,
 }
 
@@ -73,7 +79,21 @@ impl NodeContext {
             limits,
             log,
             request_timeout,
+            auth: Arc::new(Auth::disabled()),
+            quota: Arc::new(IdentityQuota::new(
+                DEFAULT_MAX_LEASES_PER_IDENTITY,
+                DEFAULT_MAX_WAITERS_PER_IDENTITY,
+            )),
             forward: Arc::default(),
+        }
+    }
+
+    /// The same context with auth and per-identity limits.
+    pub fn with_auth(self, auth: Arc<Auth>, quota: IdentityQuota) -> Self {
+        Self {
+            auth,
+            quota: Arc::new(quota),
+            ..self
         }
     }
 
@@ -119,12 +139,19 @@ fn is_forwarded<T>(req: &Request<T>) -> bool {
     req.metadata().contains_key(FORWARDED)
 }
 
-fn forwarded<T>(msg: T, timeout: Duration) -> Request<T> {
+/// The call to send the leader: it carries the identity this node
+/// authenticated, which the leader trusts on its peer port only.
+fn forwarded<T>(msg: T, timeout: Duration, identity: Option<&str>) -> Result<Request<T>, Status> {
     let mut req = Request::new(msg);
     req.metadata_mut()
         .insert(FORWARDED, MetadataValue::from_static("1"));
+    if let Some(identity) = identity {
+        let value = MetadataValue::try_from(identity)
+            .map_err(|_| Status::internal("the identity's name cannot be forwarded"))?;
+        req.metadata_mut().insert(FORWARDED_IDENTITY, value);
+    }
     req.set_timeout(timeout);
-    req
+    Ok(req)
 }
 
 fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
@@ -174,13 +201,22 @@ fn forward_timeout(deadline: Option<Instant>, budget: Duration) -> Option<Durati
 /// Runs `call` against the leader when this node is not it, with what is
 /// left of the caller's `deadline`; a call whose deadline passed before it
 /// could be forwarded (this node was paused, say) is answered
-/// DEADLINE_EXCEEDED unforwarded. `extra` is added to the forwarded call's
+/// DEADLINE_EXCEEDED unforwarded. It goes as `identity` (already authorized
+/// here; the leader checks it again). `extra` is added to the forwarded call's
 /// timeout budget (a blocking acquire's wait).
 macro_rules! forward_or {
-    ($ctx:expr, $req:expr, $deadline:expr, $client:ident, $method:ident) => {
-        forward_or!($ctx, $req, $deadline, $client, $method, Duration::ZERO)
+    ($ctx:expr, $req:expr, $deadline:expr, $identity:expr, $client:ident, $method:ident) => {
+        forward_or!(
+            $ctx,
+            $req,
+            $deadline,
+            $identity,
+            $client,
+            $method,
+            Duration::ZERO
+        )
     };
-    ($ctx:expr, $req:expr, $deadline:expr, $client:ident, $method:ident, $extra:expr) => {
+    ($ctx:expr, $req:expr, $deadline:expr, $identity:expr, $client:ident, $method:ident, $extra:expr) => {
         if let Some(leader) = $ctx.other_leader() {
             if is_forwarded(&$req) {
                 return Err(not_leader(Some(&leader)));
@@ -201,7 +237,7 @@ macro_rules! forward_or {
             };
             let ch = $ctx.channel_to(&leader)?;
             return $client::new(ch)
-                .$method(forwarded($req.into_inner(), timeout))
+                .$method(forwarded($req.into_inner(), timeout, $identity.as_deref())?)
                 .await;
         }
     };
@@ -209,11 +245,29 @@ macro_rules! forward_or {
 
 pub struct LockService {
     ctx: NodeContext,
+    /// Served on the peer port, where forwarded identities are trusted.
+    peer: bool,
 }
 
 impl LockService {
-    pub fn new(ctx: NodeContext) -> Self {
-        Self { ctx }
+    pub fn new(ctx: NodeContext, peer: bool) -> Self {
+        Self { ctx, peer }
+    }
+
+    fn authorize<T>(
+        &self,
+        req: &Request<T>,
+        permission: Permission,
+        operation: &str,
+        resource: &fenced_core::ResourceName,
+    ) -> Result<Option<String>, Status> {
+        self.ctx.auth.authorize(
+            req,
+            self.peer,
+            permission,
+            operation,
+            Some(resource.as_str()),
+        )
     }
 
     async fn propose(
@@ -245,15 +299,31 @@ impl lock_server::Lock for LockService {
         let deadline = deadline_of(&req);
         let command =
             acquire_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Lock, "acquire", command.resource())?;
         let wait_ms = req.get_ref().wait_ms;
         forward_or!(
             self.ctx,
             req,
             deadline,
+            identity,
             LockClient,
             acquire,
             Duration::from_millis(wait_ms)
         );
+        // Refused before anything is proposed: what the identity holds stays.
+        let _wait_slot = match &identity {
+            Some(id) if wait_ms > 0 => Some(self.ctx.quota.admit_waiter(id)?),
+            _ => None,
+        };
+        if let Some(id) = &identity {
+            self.ctx.quota.admit_lease(
+                id,
+                command.resource(),
+                command.owner(),
+                &self.ctx.shared,
+            )?;
+        }
+        let (resource, owner) = (command.resource().clone(), command.owner());
         let parked = if wait_ms > 0 {
             Some(
                 self.ctx
@@ -286,7 +356,12 @@ impl lock_server::Lock for LockService {
         };
         let now = self.ctx.cluster_now();
         let outcome = match end {
-            WaitEnd::Granted(grant) => Outcome::Granted(grant),
+            WaitEnd::Granted(grant) => {
+                if let Some(id) = &identity {
+                    self.ctx.quota.granted(id, &resource, owner);
+                }
+                Outcome::Granted(grant)
+            }
             WaitEnd::Elapsed {
                 current_token,
                 remaining_ms,
@@ -305,7 +380,8 @@ impl lock_server::Lock for LockService {
         let deadline = deadline_of(&req);
         let command =
             renew_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
-        forward_or!(self.ctx, req, deadline, LockClient, renew);
+        let identity = self.authorize(&req, Permission::Lock, "renew", command.resource())?;
+        forward_or!(self.ctx, req, deadline, identity, LockClient, renew);
         let (outcome, now) = self
             .propose(command, deadline)
             .await
@@ -319,7 +395,8 @@ impl lock_server::Lock for LockService {
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
         let deadline = deadline_of(&req);
         let command = release_command(req.get_ref()).map_err(|e| invalid_argument(&e))?;
-        forward_or!(self.ctx, req, deadline, LockClient, release);
+        let identity = self.authorize(&req, Permission::Lock, "release", command.resource())?;
+        forward_or!(self.ctx, req, deadline, identity, LockClient, release);
         let (outcome, now) = self
             .propose(command, deadline)
             .await
@@ -332,6 +409,7 @@ impl lock_server::Lock for LockService {
         req: Request<v1::DescribeRequest>,
     ) -> Result<Response<v1::DescribeResponse>, Status> {
         let resource = describe_resource(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Read, "describe", &resource)?;
         // CANARY (deliberately broken build for fenced-jepsen): every read
         // is served from this node's local state.
         if req.get_ref().allow_stale || cfg!(feature = "canary-local-describe") {
@@ -341,7 +419,14 @@ impl lock_server::Lock for LockService {
                 now,
             )));
         }
-        forward_or!(self.ctx, req, deadline_of(&req), LockClient, describe);
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            LockClient,
+            describe
+        );
         // The time this read reveals is taken BEFORE leadership is
         // confirmed: the confirming heartbeats carry it (or later) to a
         // quorum, which makes it durable before answering, and this node
@@ -383,11 +468,20 @@ impl lock_server::Lock for LockService {
 
 pub struct ClusterService {
     ctx: NodeContext,
+    /// Served on the peer port, where forwarded identities are trusted.
+    peer: bool,
 }
 
 impl ClusterService {
-    pub fn new(ctx: NodeContext) -> Self {
-        Self { ctx }
+    pub fn new(ctx: NodeContext, peer: bool) -> Self {
+        Self { ctx, peer }
+    }
+
+    /// Membership changes and the state digest are for admins only.
+    fn admin<T>(&self, req: &Request<T>, operation: &str) -> Result<Option<String>, Status> {
+        self.ctx
+            .auth
+            .authorize(req, self.peer, Permission::Admin, operation, None)
     }
 
     fn members(&self) -> Vec<v1::Member> {
@@ -427,6 +521,11 @@ impl cluster_server::Cluster for ClusterService {
         // runtime thread for tens of milliseconds with 100,000 leases. The
         // applied index is the one of the table digested, so replicas that
         // report the same index can be compared even while entries apply.
+        // Without the digest, Status is open like the health service
+        // (docs/DECISIONS.md, "Status without the digest needs no grant").
+        if req.get_ref().with_digest {
+            self.admin(&req, "Status with digest")?;
+        }
         let (last_applied, state_digest) = if req.get_ref().with_digest {
             let (applied, snapshot) = self.ctx.shared.table_snapshot();
             let digest = tokio::task::spawn_blocking(move || state_machine::digest(&snapshot))
@@ -471,6 +570,7 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         req: Request<v1::AddLearnerRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
+        let identity = self.admin(&req, "AddLearner")?;
         let r = req.get_ref();
         if r.node_id == 0 {
             return Err(Status::invalid_argument("node_id: must be at least 1"));
@@ -478,7 +578,14 @@ impl cluster_server::Cluster for ClusterService {
         if r.peer_addr.is_empty() {
             return Err(Status::invalid_argument("peer_addr: must be host:port"));
         }
-        forward_or!(self.ctx, req, deadline_of(&req), ClusterClient, add_learner);
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            ClusterClient,
+            add_learner
+        );
         let r = req.into_inner();
         let node = Node {
             peer_addr: r.peer_addr,
@@ -497,6 +604,7 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         req: Request<v1::ChangeMembershipRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
+        let identity = self.admin(&req, "ChangeMembership")?;
         if req.get_ref().voter_ids.is_empty() {
             return Err(Status::invalid_argument(
                 "voter_ids: must name at least one node",
@@ -506,6 +614,7 @@ impl cluster_server::Cluster for ClusterService {
             self.ctx,
             req,
             deadline_of(&req),
+            identity,
             ClusterClient,
             change_membership
         );
@@ -523,8 +632,16 @@ impl cluster_server::Cluster for ClusterService {
         &self,
         req: Request<v1::RemoveNodeRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
+        let identity = self.admin(&req, "RemoveNode")?;
         let id = req.get_ref().node_id;
-        forward_or!(self.ctx, req, deadline_of(&req), ClusterClient, remove_node);
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            ClusterClient,
+            remove_node
+        );
         let m = self.ctx.raft.metrics().borrow().clone();
         let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
         if voters.contains(&id) {

@@ -5,6 +5,7 @@
 
 use std::{
     io::{Cursor, Write},
+    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -142,6 +143,14 @@ impl Shared {
 
     pub fn last_applied(&self) -> Option<LogId> {
         self.read().last_applied
+    }
+
+    /// Whether `owner` holds the lease on `resource` now.
+    pub fn holds(&self, resource: &str, owner: fenced_core::OwnerId) -> bool {
+        self.read()
+            .table
+            .holder(resource)
+            .is_some_and(|(holder, _)| holder == owner)
     }
 
     pub fn live_leases(&self) -> usize {
@@ -364,7 +373,14 @@ fn decode_body(bytes: &[u8]) -> Result<Data, StorageError> {
 fn persist(dir: &Path, file: &SnapshotFile, seq: u64) -> Result<(), StorageError> {
     let bytes = codec::encode("snapshot file", file).map_err(snapshot_write_err)?;
     let tmp = dir.join(format!("{SNAPSHOT_FILE}.{seq}.tmp"));
-    let mut f = std::fs::File::create(&tmp).map_err(snapshot_write_err)?;
+    // 0600: the snapshot holds every live owner id.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(snapshot_write_err)?;
     f.write_all(&bytes).map_err(snapshot_write_err)?;
     f.sync_all().map_err(snapshot_write_err)?;
     drop(f);
@@ -700,6 +716,20 @@ mod tests {
         let bytes = std::fs::read(dir.path().join("state").join(SNAPSHOT_FILE)).unwrap();
         let file: SnapshotFile = codec::decode("snapshot file", &bytes).unwrap();
         assert_eq!(file.meta.last_log_id, Some(log_id(20)));
+    }
+
+    #[tokio::test]
+    async fn the_snapshot_file_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, mut sm) = node(dir.path()).await;
+        let (meta, body) = snapshot_at(20);
+        sm.install_snapshot(&meta, body).await.unwrap();
+        let mode = std::fs::metadata(dir.path().join("state").join(SNAPSHOT_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
     }
 
     #[tokio::test]

@@ -132,7 +132,7 @@ async fn a_follower_does_not_forward_a_request_whose_deadline_passed() {
         ttl_ms: 30_000,
         wait_ms: 0,
     };
-    let service = LockService::new(follower.ctx.clone());
+    let service = LockService::new(follower.ctx.clone(), false);
 
     // A deadline that has passed by the time the follower would forward.
     let mut req = tonic::Request::new(acquire());
