@@ -208,7 +208,12 @@ async fn sigterm_to_fencectl_and_a_command_that_exits_leave_no_grandchild() {
         &cluster,
         dir.path(),
         &["run-exit", "--ttl", "30s", "--grace", "1s"],
-        "exit 5",
+        // Exit only once the grandchild wrote, so it ignores SIGTERM by then
+        // (a SIGTERM before its trap would end it at once).
+        &format!(
+            "while [ ! -s {} ]; do sleep 0.01; done; exit 5",
+            dir.path().join("grows.txt").display()
+        ),
     )
     .await;
     let status = run.wait_fencectl(GRACE + SLACK + Duration::from_secs(5));
