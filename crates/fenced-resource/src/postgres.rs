@@ -347,16 +347,18 @@ async fn create_tables(client: &Client) -> Result<(), StoreError> {
         .map_err(pg)
 }
 
+/// The owner id is a capability: logged at debug level only.
 fn log(write: &Write, outcome: &WriteOutcome) {
     let op = write.operation_id.as_deref().unwrap_or("-");
+    tracing::debug!(key = %write.key, owner = %write.owner, token = write.token.get(), operation_id = op, "write by");
     match outcome {
         WriteOutcome::Rejected(r) => warn!(
-            key = %write.key, resource = %write.resource, owner = %write.owner,
+            key = %write.key, resource = %write.resource,
             token = write.token.get(), highest_token = r.highest_token,
             reason = r.reason.as_str(), operation_id = op, "write rejected: {r}"
         ),
         other => tracing::info!(
-            key = %write.key, resource = %write.resource, owner = %write.owner,
+            key = %write.key, resource = %write.resource,
             token = write.token.get(), status = other.status(), operation_id = op, "write decided"
         ),
     }

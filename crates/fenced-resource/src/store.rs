@@ -159,7 +159,7 @@ impl FenceStore {
             .transpose()?;
         let outcome = match decide(current.as_ref(), write, self.default_mode) {
             Decision::Invalid(e) => {
-                warn!(key = %write.key, resource = %write.resource, owner = %write.owner,
+                warn!(key = %write.key, resource = %write.resource,
                     token = write.token.get(), error = %e, "write refused as invalid");
                 return Err(StoreError::InvalidArgument(e));
             }
@@ -294,19 +294,22 @@ impl FenceStore {
     }
 }
 
+/// The owner id is a capability (with the token it renews and releases the
+/// lease), so it is logged at debug level only.
 fn log_outcome(write: &Write, outcome: &WriteOutcome) {
     let op = write.operation_id.as_deref().unwrap_or("-");
+    tracing::debug!(key = %write.key, owner = %write.owner, token = write.token.get(), operation_id = op, "write by");
     match outcome {
         WriteOutcome::Accepted { version, .. } => info!(
-            key = %write.key, resource = %write.resource, owner = %write.owner,
+            key = %write.key, resource = %write.resource,
             token = write.token.get(), version, operation_id = op, "write accepted"
         ),
         WriteOutcome::AlreadyApplied { version, .. } => info!(
-            key = %write.key, resource = %write.resource, owner = %write.owner,
+            key = %write.key, resource = %write.resource,
             token = write.token.get(), version, operation_id = op, "write already applied"
         ),
         WriteOutcome::Rejected(r) => warn!(
-            key = %write.key, resource = %write.resource, owner = %write.owner,
+            key = %write.key, resource = %write.resource,
             token = write.token.get(), highest_token = r.highest_token,
             reason = r.reason.as_str(), operation_id = op, "write rejected: {r}"
         ),

@@ -342,7 +342,8 @@ async fn run(
             deadline_drops.fetch_add(expired.len() as u64, Ordering::Relaxed);
             for p in &expired {
                 if let Some(c) = &p.command {
-                    tracing::info!(resource = %c.resource(), owner = %c.owner(), term,
+                    // The owner id is a capability: debug level only.
+                    tracing::debug!(resource = %c.resource(), owner = %c.owner(), term,
                         "command dropped unproposed: its caller's deadline passed");
                 }
             }
