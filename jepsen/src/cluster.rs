@@ -280,6 +280,7 @@ pub async fn status_with_digest(id: u64, timeout: Duration) -> Option<StatusResp
 async fn status_of(id: u64, timeout: Duration, with_digest: bool) -> Option<StatusResponse> {
     let ch = channel(&client_addr(id)).ok()?;
     let mut req = tonic::Request::new(StatusRequest { with_digest });
+    crate::auth::authorize(&mut req);
     req.set_timeout(timeout);
     tokio::time::timeout(timeout, ClusterClient::new(ch).status(req))
         .await
@@ -296,6 +297,7 @@ pub async fn local_last_token(id: u64, resource: &str) -> Result<u64> {
         allow_stale: true,
     });
     req.set_timeout(Duration::from_secs(2));
+    crate::auth::authorize(&mut req);
     let resp = LockClient::new(ch)
         .describe(req)
         .await

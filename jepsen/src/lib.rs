@@ -2,6 +2,7 @@
 //! by nftables, signals and libfaketime, a recorded history and checkers that
 //! can fail.
 
+pub mod auth;
 pub mod check;
 pub mod cluster;
 pub mod history;

@@ -183,14 +183,17 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
     } else {
         "200"
     };
+    let mut env = vec![
+        // Often enough that a node killed a few seconds into a run
+        // restarts from a snapshot (and a lagging one is sent one), not
+        // only by replaying the whole log.
+        ("FENCED_SNAPSHOT_LOGS".into(), snapshot_logs.into()),
+        ("FENCED_REQUEST_TIMEOUT_MS".into(), "3000".into()),
+    ];
+    // Authentication on: every call carries the run's token.
+    env.extend(crate::auth::node_settings(&dir)?);
     let settings = NodeSettings {
-        env: vec![
-            // Often enough that a node killed a few seconds into a run
-            // restarts from a snapshot (and a lagging one is sent one), not
-            // only by replaying the whole log.
-            ("FENCED_SNAPSHOT_LOGS".into(), snapshot_logs.into()),
-            ("FENCED_REQUEST_TIMEOUT_MS".into(), "3000".into()),
-        ],
+        env,
         skew_ppm: if clocks {
             vec![20_000, -20_000, 20_000]
         } else {
@@ -239,6 +242,7 @@ async fn run_in(
     wait_for_leader(ids, Duration::from_secs(30))
         .await
         .with_context(|| format!("cluster did not elect a leader; see {}", dir.display()))?;
+    crate::auth::check_enforced(ids).await?;
     let start = Instant::now();
     let rec = Recorder::create(&dir.join("history.jsonl"), start)?;
     let store = Arc::new(

@@ -92,6 +92,7 @@ fn lost_reason(code: i32) -> String {
 fn req<T>(msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     r.set_timeout(RPC_TIMEOUT);
+    crate::auth::authorize(&mut r);
     r
 }
 

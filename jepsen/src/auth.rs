@@ -1,0 +1,98 @@
+//! The harness runs the cluster with authentication on: one token, whose
+//! identity may lock, read and administer everything, sent on every call.
+//! Auth then sits on every path the faults exercise (forwarding included).
+
+use std::{fmt::Write as _, path::Path, sync::OnceLock};
+
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+
+/// This run's token: random, never written anywhere but the nodes' hashed file.
+pub fn token() -> &'static str {
+    static TOKEN: OnceLock<String> = OnceLock::new();
+    TOKEN.get_or_init(|| {
+        let mut rng = fastrand::Rng::new();
+        (0..32).fold(String::new(), |mut s, _| {
+            let _ = write!(s, "{:02x}", rng.u8(..));
+            s
+        })
+    })
+}
+
+/// Adds the bearer token to a request.
+pub fn authorize<T>(req: &mut tonic::Request<T>) {
+    if let Ok(v) = format!("Bearer {}", token()).parse() {
+        req.metadata_mut().insert("authorization", v);
+    }
+}
+
+/// Writes the tokens and policy files into `dir`; returns the nodes'
+/// settings that name them.
+pub fn node_settings(dir: &Path) -> Result<Vec<(String, String)>> {
+    let hash = Sha256::digest(token().as_bytes())
+        .iter()
+        .fold(String::new(), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        });
+    let tokens = dir.join("auth-tokens.toml");
+    let policy = dir.join("auth-policy.toml");
+    std::fs::write(
+        &tokens,
+        format!("[[token]]\nname = \"jepsen\"\nsha256 = \"{hash}\"\nroles = [\"harness\"]\n"),
+    )
+    .with_context(|| format!("writing {}", tokens.display()))?;
+    std::fs::write(
+        &policy,
+        "[roles.harness]\nlock = [\"\"]\nread = [\"\"]\nadmin = true\n",
+    )
+    .with_context(|| format!("writing {}", policy.display()))?;
+    Ok(vec![
+        ("FENCED_AUTH_TOKENS".into(), tokens.display().to_string()),
+        ("FENCED_AUTH_POLICY".into(), policy.display().to_string()),
+    ])
+}
+
+/// Fails unless every node refuses a call without the token: the run is
+/// meant to exercise the cluster with authentication on.
+pub async fn check_enforced(ids: &[u64]) -> Result<()> {
+    for id in ids {
+        let ch = crate::cluster::channel(&crate::cluster::client_addr(*id))?;
+        let mut req = tonic::Request::new(fenced_proto::v1::DescribeRequest {
+            resource: b"auth-check".to_vec(),
+            allow_stale: false,
+        });
+        req.set_timeout(std::time::Duration::from_secs(2));
+        let answer = fenced_proto::v1::lock_client::LockClient::new(ch)
+            .describe(req)
+            .await;
+        match answer {
+            Err(s) if s.code() == tonic::Code::Unauthenticated => {}
+            other => anyhow::bail!(
+                "node {id} answered a call without a token with {other:?}: authentication is off"
+            ),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_token_is_stable_within_a_run_and_sent_as_bearer() {
+        assert_eq!(token(), token());
+        assert_eq!(token().len(), 64);
+        let mut req = tonic::Request::new(());
+        authorize(&mut req);
+        let sent = req
+            .metadata()
+            .get("authorization")
+            .unwrap()
+            .to_str()
+            .unwrap();
+        assert_eq!(sent, format!("Bearer {}", token()));
+    }
+}
