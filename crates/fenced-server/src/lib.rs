@@ -14,6 +14,7 @@ pub mod config;
 pub mod early_replication;
 pub mod election;
 pub mod health;
+pub mod limits;
 pub mod log_store;
 pub mod metrics;
 pub mod network;

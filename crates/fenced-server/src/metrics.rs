@@ -165,6 +165,7 @@ pub fn render(ctx: &NodeContext) -> String {
     ] {
         sample(&mut out, name, help, "counter", counter.load(Relaxed));
     }
+    c.limits.render(&mut out);
     c.batch_commands.render(
         &mut out,
         "fenced_proposal_batch_commands",
