@@ -26,3 +26,6 @@ pub mod services;
 pub mod state_machine;
 pub mod time_floor;
 pub mod types;
+
+#[cfg(test)]
+mod decoder_props;
