@@ -394,7 +394,63 @@ impl Drop for Cluster {
     }
 }
 
+/// One HTTP/1.1 GET on a fresh connection; the status code and body.
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
+        .await
+        .expect("a reply within 5 s")
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("headers end");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    (status, body.to_string())
+}
+
+/// The resident memory of process `pid`, in KiB (VmRSS in /proc).
+pub fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
+}
+
 impl Cluster {
+    /// Starts every node, each with a `/metrics` listener of its own;
+    /// returns their addresses by node id (index 0 is node 1).
+    pub async fn start_with_metrics(n: u64, env: &[(&str, &str)]) -> (Cluster, Vec<String>) {
+        let mut cluster = Self::stopped(n, env);
+        let mut addrs = Vec::new();
+        for id in 1..=n {
+            let addr = format!("127.0.0.1:{}", free_port());
+            cluster.spawn_with_env(id, &[("FENCED_METRICS_LISTEN", &addr)]);
+            addrs.push(addr);
+        }
+        cluster.wait_for_leader(Duration::from_secs(20)).await;
+        (cluster, addrs)
+    }
+
+    /// The resident memory of node `id`, in KiB.
+    pub fn rss_kib(&self, id: u64) -> u64 {
+        let pid = self.node(id).pid().expect("node is running");
+        rss_kib(pid.as_raw())
+    }
+
+    /// The peer port's address of node `id`.
+    pub fn peer_addr(&self, id: u64) -> String {
+        format!("127.0.0.1:{}", self.node(id).peer_port)
+    }
+
     /// Starts node `id` (again) like [`Cluster::spawn`], with `env` added to
     /// the cluster's settings for this start only.
     pub fn spawn_with_env(&mut self, id: u64, env: &[(&str, &str)]) {

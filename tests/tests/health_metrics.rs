@@ -11,8 +11,7 @@ use std::{
 
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, acquire_response, release_response, renew_response};
-use fenced_tests::{bin, free_port, Cluster};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use fenced_tests::{bin, free_port, http_get, Cluster};
 
 /// Runs `fenced healthcheck`; returns its exit code and stdout.
 fn healthcheck(endpoint: &str, service: &str) -> (i32, String) {
@@ -90,26 +89,6 @@ async fn health_is_serving_only_while_the_node_knows_a_leader() {
         1,
         "an unknown service is not healthy"
     );
-}
-
-/// One HTTP/1.1 request; returns the status code and body.
-async fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
-        .await
-        .expect("a reply within 5 s")
-        .unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("headers end");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status code");
-    (status, body.to_string())
 }
 
 /// Parses a text exposition, checking that every sample's family has HELP
