@@ -168,15 +168,18 @@ fn nudge(conns: &[TcpStream]) {
     }
 }
 
-/// How many of `conns` the far end has closed (end of stream or reset).
+/// How many of `conns` the far end has closed (end of stream or reset),
+/// reading past what it sent first (its HTTP/2 settings).
 fn closed_by_peer(conns: &[TcpStream]) -> usize {
-    let mut buf = [0u8; 64];
+    let mut buf = [0u8; 256];
     conns
         .iter()
-        .filter(|c| match c.try_read(&mut buf) {
-            Ok(0) => true,
-            Ok(_) => false,
-            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        .filter(|c| loop {
+            match c.try_read(&mut buf) {
+                Ok(0) => break true,
+                Ok(_) => continue,
+                Err(e) => break e.kind() != std::io::ErrorKind::WouldBlock,
+            }
         })
         .count()
 }
@@ -505,4 +508,44 @@ async fn one_client_asking_for_a_million_leases_gets_max_live_leases_and_no_more
     // The holder's renew still works with both bounds reached.
     bystander.renew("bystander").await;
     waits.abort_all();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_closed_after_idle_timeout_and_an_idle_client_is_not() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let (cluster, metrics, leader) = flood_cluster(&[
+        ("FENCED_HTTP2_KEEPALIVE_INTERVAL_MS", "1000"),
+        ("FENCED_HTTP2_KEEPALIVE_TIMEOUT_MS", "1000"),
+        ("FENCED_IDLE_TIMEOUT_MS", "2000"),
+    ])
+    .await;
+    let addr = cluster.nodes[leader as usize - 1].client_addr();
+    let mut bystander = Bystander::start(&cluster, leader, "idle").await;
+    // A connection that never sends a byte, and one that sent half a preface.
+    let silent = TcpStream::connect(&addr).await.unwrap();
+    let half = TcpStream::connect(&addr).await.unwrap();
+    half.try_write(b"PRI * HTTP").unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        closed_by_peer(&[silent, half]),
+        2,
+        "silent connections stay open"
+    );
+    let idle_closed = metric(
+        &metrics[leader as usize - 1],
+        "fenced_limit_refusals_total{limit=\"idle_timeout_ms\",port=\"client\"}",
+    )
+    .await;
+    // Those two, and not the bystander's connection, idle as long.
+    assert_eq!(idle_closed, 2, "{idle_closed} idle connections counted");
+    // The client that sent nothing but keep-alive answers for 4 s is still
+    // connected: its renew goes out on the same connection.
+    let before = idle_closed;
+    bystander.renew("idle").await;
+    let after = metric(
+        &metrics[leader as usize - 1],
+        "fenced_limit_refusals_total{limit=\"idle_timeout_ms\",port=\"client\"}",
+    )
+    .await;
+    assert_eq!(after, before, "a live client was cut off as idle");
 }

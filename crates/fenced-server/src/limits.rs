@@ -91,7 +91,8 @@ impl Port {
 pub struct LimitCounters {
     pub client_connections: AtomicU64,
     pub peer_connections: AtomicU64,
-    pub idle_connections: AtomicU64,
+    pub idle_client_connections: AtomicU64,
+    pub idle_peer_connections: AtomicU64,
     pub live_leases: AtomicU64,
     pub waiters: AtomicU64,
     pub peer_frames: AtomicU64,
@@ -109,7 +110,8 @@ impl LimitCounters {
         for (limit, port, counter) in [
             ("max_connections", "client", &self.client_connections),
             ("max_connections", "peer", &self.peer_connections),
-            ("idle_timeout_ms", "any", &self.idle_connections),
+            ("idle_timeout_ms", "client", &self.idle_client_connections),
+            ("idle_timeout_ms", "peer", &self.idle_peer_connections),
             ("max_live_leases", "client", &self.live_leases),
             ("max_waiters", "client", &self.waiters),
             ("peer_frame_max_bytes", "peer", &self.peer_frames),
@@ -180,6 +182,7 @@ impl ConnectionLimit {
             idle_timeout: self.idle_timeout,
             last_read: Instant::now(),
             idle: Box::pin(tokio::time::sleep(self.idle_timeout)),
+            port: self.port,
             counters: Arc::clone(&self.counters),
         }
     }
@@ -207,6 +210,7 @@ pub struct Limited<S> {
     idle_timeout: Duration,
     last_read: Instant,
     idle: Pin<Box<Sleep>>,
+    port: Port,
     counters: Arc<LimitCounters>,
 }
 
@@ -242,7 +246,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Limited<S> {
                     this.idle.as_mut().reset(deadline);
                     continue;
                 }
-                this.counters.idle_connections.fetch_add(1, Relaxed);
+                let counter = match this.port {
+                    Port::Client => &this.counters.idle_client_connections,
+                    Port::Peer => &this.counters.idle_peer_connections,
+                };
+                counter.fetch_add(1, Relaxed);
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
@@ -338,6 +346,6 @@ mod tests {
         assert!(silent_from.elapsed() >= Duration::from_millis(250));
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert!(err.to_string().contains("idle_timeout_ms=300"), "{err}");
-        assert_eq!(l.counters.idle_connections.load(Relaxed), 1);
+        assert_eq!(l.counters.idle_client_connections.load(Relaxed), 1);
     }
 }
