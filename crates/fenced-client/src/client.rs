@@ -37,7 +37,8 @@ pub enum ClientError {
     /// The request was refused as malformed; the message names the field.
     #[error("invalid request: {0}")]
     InvalidArgument(String),
-    /// A bound was reached (waiters per resource, pending proposals).
+    /// A bound was reached (waiters per resource, pending proposals, live
+    /// leases or waiters in the whole cluster); the message names the setting.
     #[error("limit reached: {0}")]
     ResourceExhausted(String),
     /// No node could give an answer before the deadline. For an acquire the
