@@ -419,7 +419,42 @@ impl Drop for Cluster {
     }
 }
 
+/// The resident memory of process `pid`, in KiB (VmRSS in /proc).
+pub fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
+}
+
 impl Cluster {
+    /// Starts every node, each with a `/metrics` listener of its own;
+    /// returns their addresses by node id (index 0 is node 1).
+    pub async fn start_with_metrics(n: u64, env: &[(&str, &str)]) -> (Cluster, Vec<String>) {
+        let mut cluster = Self::stopped(n, env);
+        let mut addrs = Vec::new();
+        for id in 1..=n {
+            let addr = format!("127.0.0.1:{}", free_port());
+            cluster.spawn_with_env(id, &[("FENCED_METRICS_LISTEN", &addr)]);
+            addrs.push(addr);
+        }
+        cluster.wait_for_leader(Duration::from_secs(20)).await;
+        (cluster, addrs)
+    }
+
+    /// The resident memory of node `id`, in KiB.
+    pub fn rss_kib(&self, id: u64) -> u64 {
+        let pid = self.node(id).pid().expect("node is running");
+        rss_kib(pid.as_raw())
+    }
+
+    /// The peer port's address of node `id`.
+    pub fn peer_addr(&self, id: u64) -> String {
+        format!("127.0.0.1:{}", self.node(id).peer_port)
+    }
+
     /// Starts node `id` (again) like [`Cluster::spawn`], with `env` added to
     /// the cluster's settings for this start only.
     pub fn spawn_with_env(&mut self, id: u64, env: &[(&str, &str)]) {

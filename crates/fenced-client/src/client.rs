@@ -49,7 +49,8 @@ pub enum ClientError {
     /// resource and the prefixes granted.
     #[error("{0}")]
     PermissionDenied(String),
-    /// A bound was reached (waiters per resource, pending proposals).
+    /// A bound was reached (waiters per resource, pending proposals, live
+    /// leases or waiters in the whole cluster); the message names the setting.
     #[error("limit reached: {0}")]
     ResourceExhausted(String),
     /// No node could give an answer before the deadline. For an acquire the

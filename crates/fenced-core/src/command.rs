@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::{ClusterTime, InvalidArgument, Limits, OwnerId, ResourceName, Token};
+use crate::{Capacity, ClusterTime, InvalidArgument, Limits, OwnerId, ResourceName, Token};
 
 /// One client request, as replicated in the log.
 ///
@@ -30,6 +30,17 @@ pub enum Command {
         owner: OwnerId,
         token: Token,
     },
+    /// [`Command::Acquire`] under the table-wide [`Capacity`] the leader's
+    /// settings gave it: a grant that would add a live lease, or a wait
+    /// that would add a waiter, beyond it is refused. Last in the enum so
+    /// that logs written before it still decode.
+    AcquireBounded {
+        resource: ResourceName,
+        owner: OwnerId,
+        ttl_ms: u64,
+        wait_ms: u64,
+        capacity: Capacity,
+    },
 }
 
 impl Command {
@@ -50,6 +61,9 @@ impl Command {
         match self {
             Command::Acquire {
                 ttl_ms, wait_ms, ..
+            }
+            | Command::AcquireBounded {
+                ttl_ms, wait_ms, ..
             } => {
                 limits.check_ttl_ms(*ttl_ms)?;
                 limits.check_wait_ms(*wait_ms)?;
@@ -65,6 +79,7 @@ impl Command {
     pub fn resource(&self) -> &ResourceName {
         match self {
             Command::Acquire { resource, .. }
+            | Command::AcquireBounded { resource, .. }
             | Command::Renew { resource, .. }
             | Command::Release { resource, .. } => resource,
         }
@@ -73,6 +88,7 @@ impl Command {
     pub fn owner(&self) -> OwnerId {
         match self {
             Command::Acquire { owner, .. }
+            | Command::AcquireBounded { owner, .. }
             | Command::Renew { owner, .. }
             | Command::Release { owner, .. } => *owner,
         }

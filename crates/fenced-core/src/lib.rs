@@ -23,7 +23,9 @@ mod time;
 pub use command::{Batch, Command};
 pub use error::InvalidArgument;
 pub use ids::{OwnerId, Token};
-pub use limits::{Limits, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE};
+pub use limits::{
+    Capacity, CapacityBound, Limits, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE,
+};
 pub use name::{ResourceName, RESOURCE_NAME_MAX_BYTES};
 pub use outcome::{Applied, Description, Event, Grant, LostReason, Outcome};
 pub use table::{LeaseTable, SnapshotError, TableSnapshot, SNAPSHOT_FORMAT_VERSION};

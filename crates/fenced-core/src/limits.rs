@@ -15,6 +15,41 @@ pub const MAX_IDLE_RECORDS: usize = 100_000;
 /// The most commands in one log entry.
 pub const MAX_BATCH_COMMANDS: usize = 4096;
 
+/// How much the whole table may hold: live leases and queued waiters in
+/// total. Carried by every acquire ([`crate::Command::AcquireBounded`]), so
+/// the table decides a refusal from the log alone and every replica decides
+/// the same, whatever each node's own settings say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    pub max_live_leases: u64,
+    pub max_waiters: u64,
+}
+
+impl Capacity {
+    /// No bound: what an acquire written by an older build gets.
+    pub const UNBOUNDED: Capacity = Capacity {
+        max_live_leases: u64::MAX,
+        max_waiters: u64::MAX,
+    };
+}
+
+/// Which [`Capacity`] bound refused an acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CapacityBound {
+    LiveLeases,
+    Waiters,
+}
+
+impl CapacityBound {
+    /// The setting's name, as spelled in the server's configuration.
+    pub fn setting(self) -> &'static str {
+        match self {
+            CapacityBound::LiveLeases => "max_live_leases",
+            CapacityBound::Waiters => "max_waiters",
+        }
+    }
+}
+
 /// Bounds a server enforces on requests before they reach the log.
 ///
 /// ```
@@ -30,6 +65,10 @@ pub struct Limits {
     pub ttl_max_ms: u64,
     /// The longest a blocking acquire may wait on the server.
     pub wait_max_ms: u64,
+    /// Live leases in the whole table (see [`Capacity`]).
+    pub max_live_leases: u64,
+    /// Queued waiters in the whole table (see [`Capacity`]).
+    pub max_waiters: u64,
 }
 
 impl Default for Limits {
@@ -38,11 +77,21 @@ impl Default for Limits {
             ttl_min_ms: 1_000,
             ttl_max_ms: 3_600_000,
             wait_max_ms: 3_600_000,
+            max_live_leases: 100_000,
+            max_waiters: 100_000,
         }
     }
 }
 
 impl Limits {
+    /// The table-wide bounds every acquire carries.
+    pub fn capacity(&self) -> Capacity {
+        Capacity {
+            max_live_leases: self.max_live_leases,
+            max_waiters: self.max_waiters,
+        }
+    }
+
     /// Checks that the bounds themselves make sense (for server settings).
     pub fn validate(&self) -> Result<(), InvalidArgument> {
         if self.ttl_min_ms == 0 || self.ttl_min_ms > self.ttl_max_ms {

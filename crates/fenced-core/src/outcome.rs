@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::{ClusterTime, OwnerId, ResourceName, Token};
+use crate::{CapacityBound, ClusterTime, OwnerId, ResourceName, Token};
 
 /// A lease granted to an owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +55,12 @@ pub enum Outcome {
     Lost(LostReason),
     Released,
     NotHolder(LostReason),
+    /// The acquire would have added a live lease or a waiter beyond the
+    /// table-wide bound it carried; nothing changed.
+    CapacityReached {
+        bound: CapacityBound,
+        limit: u64,
+    },
 }
 
 /// Something that happened while applying an entry without being the direct

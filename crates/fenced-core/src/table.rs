@@ -3,8 +3,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Applied, Batch, ClusterTime, Command, Description, Event, Grant, LostReason, Outcome, OwnerId,
-    ResourceName, Token, MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE,
+    Applied, Batch, Capacity, CapacityBound, ClusterTime, Command, Description, Event, Grant,
+    LostReason, Outcome, OwnerId, ResourceName, Token, MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE,
 };
 
 /// The version of [`TableSnapshot`]'s layout. Bump it when the layout changes.
@@ -258,7 +258,21 @@ impl LeaseTable {
                     owner,
                     ttl_ms,
                     wait_ms,
-                } => self.acquire(resource, *owner, *ttl_ms, *wait_ms, now),
+                } => self.acquire(
+                    resource,
+                    *owner,
+                    *ttl_ms,
+                    *wait_ms,
+                    Capacity::UNBOUNDED,
+                    now,
+                ),
+                Command::AcquireBounded {
+                    resource,
+                    owner,
+                    ttl_ms,
+                    wait_ms,
+                    capacity,
+                } => self.acquire(resource, *owner, *ttl_ms, *wait_ms, *capacity, now),
                 Command::Renew {
                     resource,
                     owner,
@@ -330,10 +344,19 @@ impl LeaseTable {
         owner: OwnerId,
         ttl_ms: u64,
         wait_ms: u64,
+        capacity: Capacity,
         now: ClusterTime,
     ) -> Outcome {
         let ttl_ms = ttl_ms.max(1);
+        // Checked only where a lease or a waiter would be added: a holder
+        // asking again, a renew, a release and a hand-off never are.
+        let leases_full = as_u64(self.expiries.len()) >= capacity.max_live_leases;
+        let waiters_full = as_u64(self.deadlines.len()) >= capacity.max_waiters;
+        let refuse = |bound, limit| Outcome::CapacityReached { bound, limit };
         let Some(rec) = self.records.get_mut(name) else {
+            if leases_full {
+                return refuse(CapacityBound::LiveLeases, capacity.max_live_leases);
+            }
             return Outcome::Granted(self.grant(name, owner, ttl_ms, now));
         };
         if let Some(reason) = rec.ended_attempt(owner) {
@@ -382,6 +405,9 @@ impl LeaseTable {
                         max_waiters: position_u32(MAX_WAITERS_PER_RESOURCE),
                     };
                 }
+                if waiters_full {
+                    return refuse(CapacityBound::Waiters, capacity.max_waiters);
+                }
                 let deadline = now.plus_millis(wait_ms);
                 rec.waiters.push_back(Waiter {
                     owner,
@@ -395,6 +421,7 @@ impl LeaseTable {
             }
             // Free: waiters are granted in the step that ends a lease, so a
             // free resource has none queued.
+            None if leases_full => refuse(CapacityBound::LiveLeases, capacity.max_live_leases),
             None => Outcome::Granted(self.grant(name, owner, ttl_ms, now)),
         }
     }
@@ -675,6 +702,10 @@ impl LeaseTable {
         table.check_invariants().map_err(SnapshotError::Invariant)?;
         Ok(table)
     }
+}
+
+fn as_u64(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 fn position_u32(n: usize) -> u32 {

@@ -135,6 +135,7 @@ fn inconsistent_server_limits_are_refused() {
         ttl_min_ms: 10_000,
         ttl_max_ms: 5_000,
         wait_max_ms: 0,
+        ..Limits::default()
     };
     assert_names(limits.validate().unwrap_err(), "ttl_min_ms", "ttl_max_ms");
 }

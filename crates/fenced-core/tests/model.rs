@@ -273,6 +273,11 @@ impl Model {
                         _ => Outcome::Lost(Self::reason(r, *owner, token.get())),
                     },
                 },
+                // Capacity bounds are proven in tests/capacity.rs; the model
+                // drives the unbounded acquire.
+                Command::AcquireBounded { .. } => {
+                    unreachable!("the model sends no bounded acquire")
+                }
                 Command::Release { owner, token, .. } => match self.res.get_mut(&name) {
                     None => Outcome::NotHolder(LostReason::Unknown),
                     Some(r) => match r.holder {

@@ -1,6 +1,6 @@
 use fenced_core::{
-    ClusterTime, Command, Description, InvalidArgument, Limits, LostReason, Outcome, OwnerId,
-    ResourceName, Token,
+    CapacityBound, ClusterTime, Command, Description, InvalidArgument, Limits, LostReason, Outcome,
+    OwnerId, ResourceName, Token,
 };
 use tonic::Status;
 
@@ -11,7 +11,8 @@ pub fn invalid_argument(err: &InvalidArgument) -> Status {
     Status::invalid_argument(err.to_string())
 }
 
-/// A validated [`Command::Acquire`] from the wire.
+/// A validated acquire from the wire, carrying the table-wide capacity of
+/// `limits` ([`Command::AcquireBounded`]).
 ///
 /// ```
 /// use fenced_core::Limits;
@@ -24,11 +25,12 @@ pub fn acquire_command(
     req: &v1::AcquireRequest,
     limits: &Limits,
 ) -> Result<Command, InvalidArgument> {
-    let command = Command::Acquire {
+    let command = Command::AcquireBounded {
         resource: ResourceName::from_bytes(&req.resource)?,
         owner: OwnerId::from_bytes(&req.owner_id)?,
         ttl_ms: req.ttl_ms,
         wait_ms: req.wait_ms,
+        capacity: limits.capacity(),
     };
     command.validate(limits)?;
     Ok(command)
@@ -76,6 +78,19 @@ fn unexpected(outcome: &Outcome, rpc: &str) -> Status {
     Status::internal(format!("{rpc}: unexpected outcome {outcome:?}"))
 }
 
+/// RESOURCE_EXHAUSTED naming the setting that refused an acquire and its value.
+pub fn capacity_reached(bound: CapacityBound, limit: u64) -> Status {
+    let what = match bound {
+        CapacityBound::LiveLeases => "live leases",
+        CapacityBound::Waiters => "waiters",
+    };
+    Status::resource_exhausted(format!(
+        "{}={limit}: the cluster already holds {limit} {what}; \
+         retry after some are released or expire",
+        bound.setting()
+    ))
+}
+
 /// The reply to an acquire whose outcome is final (not `Waiting`).
 pub fn acquire_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::AcquireResponse, Status> {
     use v1::acquire_response::Outcome as O;
@@ -105,6 +120,7 @@ pub fn acquire_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::AcquireR
                  retry later or acquire without waiting"
             )))
         }
+        Outcome::CapacityReached { bound, limit } => return Err(capacity_reached(*bound, *limit)),
         other => return Err(unexpected(other, "acquire")),
     };
     Ok(v1::AcquireResponse {

@@ -152,3 +152,50 @@ fn an_acquire_by_a_spent_owner_id_is_answered_ended_with_the_reason() {
         }))
     );
 }
+
+#[test]
+fn a_full_table_is_resource_exhausted_naming_the_setting_and_its_value() {
+    for (bound, setting) in [
+        (
+            fenced_core::CapacityBound::LiveLeases,
+            "max_live_leases=10000",
+        ),
+        (fenced_core::CapacityBound::Waiters, "max_waiters=10000"),
+    ] {
+        let status = acquire_reply(
+            &Outcome::CapacityReached {
+                bound,
+                limit: 10_000,
+            },
+            fenced_core::ClusterTime::ZERO,
+        )
+        .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            status.message().starts_with(setting),
+            "{}",
+            status.message()
+        );
+    }
+}
+
+#[test]
+fn an_acquire_from_the_wire_carries_the_servers_capacity() {
+    let limits = fenced_core::Limits {
+        max_live_leases: 11,
+        max_waiters: 12,
+        ..fenced_core::Limits::default()
+    };
+    let req = v1::AcquireRequest {
+        resource: b"r".to_vec(),
+        owner_id: vec![7; 16],
+        ttl_ms: 5_000,
+        wait_ms: 0,
+    };
+    let fenced_core::Command::AcquireBounded { capacity, .. } =
+        acquire_command(&req, &limits).unwrap()
+    else {
+        panic!("an acquire from the wire must carry its capacity");
+    };
+    assert_eq!(capacity, limits.capacity());
+}

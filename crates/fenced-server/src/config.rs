@@ -84,6 +84,31 @@ pub struct RunSettings {
     /// Most blocking acquires one identity may have waiting (with auth on).
     #[arg(long, env = "FENCED_MAX_WAITERS_PER_IDENTITY")]
     pub max_waiters_per_identity: Option<u64>,
+    /// Most open connections per listener (client port and peer port);
+    /// beyond it a new connection is closed at once.
+    #[arg(long, env = "FENCED_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Most concurrent HTTP/2 streams (calls) per connection.
+    #[arg(long, env = "FENCED_MAX_CONCURRENT_STREAMS")]
+    pub max_concurrent_streams: Option<u32>,
+    /// HTTP/2 keep-alive ping interval, ms.
+    #[arg(long, env = "FENCED_HTTP2_KEEPALIVE_INTERVAL_MS")]
+    pub http2_keepalive_interval_ms: Option<u64>,
+    /// How long an HTTP/2 keep-alive ping may go unanswered, ms.
+    #[arg(long, env = "FENCED_HTTP2_KEEPALIVE_TIMEOUT_MS")]
+    pub http2_keepalive_timeout_ms: Option<u64>,
+    /// A connection that sends nothing for this long is closed, ms.
+    #[arg(long, env = "FENCED_IDLE_TIMEOUT_MS")]
+    pub idle_timeout_ms: Option<u64>,
+    /// Most live leases in the whole cluster; acquires beyond are refused.
+    #[arg(long, env = "FENCED_MAX_LIVE_LEASES")]
+    pub max_live_leases: Option<u64>,
+    /// Most waiting acquires in the whole cluster; waits beyond are refused.
+    #[arg(long, env = "FENCED_MAX_WAITERS")]
+    pub max_waiters: Option<u64>,
+    /// Largest snapshot received from a leader, bytes.
+    #[arg(long, env = "FENCED_MAX_SNAPSHOT_BYTES")]
+    pub max_snapshot_bytes: Option<u64>,
     /// Test-only: run the leader clock this many parts per million fast (or slow).
     #[arg(long, env = "FENCED_TEST_CLOCK_SKEW_PPM", hide = true)]
     pub test_clock_skew_ppm: Option<i64>,
@@ -109,6 +134,18 @@ impl RunSettings {
             max_parked: self.max_parked.or(file.max_parked),
             request_timeout_ms: self.request_timeout_ms.or(file.request_timeout_ms),
             metrics_listen: self.metrics_listen.or(file.metrics_listen),
+            max_connections: self.max_connections.or(file.max_connections),
+            max_concurrent_streams: self.max_concurrent_streams.or(file.max_concurrent_streams),
+            http2_keepalive_interval_ms: self
+                .http2_keepalive_interval_ms
+                .or(file.http2_keepalive_interval_ms),
+            http2_keepalive_timeout_ms: self
+                .http2_keepalive_timeout_ms
+                .or(file.http2_keepalive_timeout_ms),
+            idle_timeout_ms: self.idle_timeout_ms.or(file.idle_timeout_ms),
+            max_live_leases: self.max_live_leases.or(file.max_live_leases),
+            max_waiters: self.max_waiters.or(file.max_waiters),
+            max_snapshot_bytes: self.max_snapshot_bytes.or(file.max_snapshot_bytes),
             test_clock_skew_ppm: self.test_clock_skew_ppm.or(file.test_clock_skew_ppm),
             auth_tokens: self.auth_tokens.or(file.auth_tokens),
             auth_policy: self.auth_policy.or(file.auth_policy),
@@ -158,6 +195,20 @@ impl RunSettings {
         l.ttl_min_ms = self.ttl_min_ms.unwrap_or(l.ttl_min_ms);
         l.ttl_max_ms = self.ttl_max_ms.unwrap_or(l.ttl_max_ms);
         l.wait_max_ms = self.wait_max_ms.unwrap_or(l.wait_max_ms);
+        l.max_live_leases = bounded(
+            "max_live_leases",
+            self.max_live_leases,
+            l.max_live_leases,
+            1,
+            10_000_000,
+        )?;
+        l.max_waiters = bounded(
+            "max_waiters",
+            self.max_waiters,
+            l.max_waiters,
+            1,
+            10_000_000,
+        )?;
         l.validate().map_err(|e| e.to_string())?;
         cfg.election_timeout_ms = bounded(
             "election_timeout_ms",
@@ -208,6 +259,53 @@ impl RunSettings {
             100,
             600_000,
         )?);
+        let s = &mut cfg.server_limits;
+        s.max_connections = bounded(
+            "max_connections",
+            self.max_connections.map(|v| v as u64),
+            s.max_connections as u64,
+            16,
+            1_000_000,
+        )? as usize;
+        s.max_concurrent_streams = bounded(
+            "max_concurrent_streams",
+            self.max_concurrent_streams.map(u64::from),
+            u64::from(s.max_concurrent_streams),
+            1,
+            100_000,
+        )? as u32;
+        s.http2_keepalive_interval = Duration::from_millis(bounded(
+            "http2_keepalive_interval_ms",
+            self.http2_keepalive_interval_ms,
+            s.http2_keepalive_interval.as_millis() as u64,
+            1_000,
+            3_600_000,
+        )?);
+        s.http2_keepalive_timeout = Duration::from_millis(bounded(
+            "http2_keepalive_timeout_ms",
+            self.http2_keepalive_timeout_ms,
+            s.http2_keepalive_timeout.as_millis() as u64,
+            1_000,
+            600_000,
+        )?);
+        // A live client answers keep-alive pings, so the idle timeout must
+        // leave room for at least one ping and its answer.
+        let ping_round =
+            (s.http2_keepalive_interval + s.http2_keepalive_timeout).as_millis() as u64;
+        s.idle_timeout = Duration::from_millis(bounded(
+            "idle_timeout_ms",
+            self.idle_timeout_ms,
+            s.idle_timeout.as_millis() as u64,
+            ping_round.max(1_000),
+            86_400_000,
+        )?);
+        s.max_snapshot_bytes = bounded(
+            "max_snapshot_bytes",
+            self.max_snapshot_bytes,
+            s.max_snapshot_bytes,
+            1 << 20,
+            1 << 30,
+        )?;
         cfg.metrics_listen = self
             .metrics_listen
             .filter(|a| !a.is_empty())
@@ -371,5 +469,69 @@ mod tests {
             err.starts_with("max_batch: must be between 1 and 4096"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_limits_come_from_the_file_and_are_bounded_by_name() {
+        let base = || RunSettings {
+            id: Some(1),
+            data_dir: Some("/tmp/x".into()),
+            listen: Some("127.0.0.1:1".into()),
+            peer_listen: Some("127.0.0.1:2".into()),
+            initial_cluster: Some("1=127.0.0.1:2".into()),
+            ..Default::default()
+        };
+        let file: RunSettings = toml::from_str(
+            "max_connections = 100\nmax_concurrent_streams = 10\nmax_live_leases = 5000\n\
+             max_waiters = 600\nidle_timeout_ms = 60000\nmax_snapshot_bytes = 2097152",
+        )
+        .unwrap();
+        let cfg = base().or_file(file).into_node_config().unwrap();
+        assert_eq!(cfg.server_limits.max_connections, 100);
+        assert_eq!(cfg.server_limits.max_concurrent_streams, 10);
+        assert_eq!(cfg.server_limits.idle_timeout, Duration::from_secs(60));
+        assert_eq!(cfg.server_limits.max_snapshot_bytes, 2 << 20);
+        assert_eq!(cfg.limits.max_live_leases, 5000);
+        assert_eq!(cfg.limits.max_waiters, 600);
+        for (settings, needle) in [
+            (
+                RunSettings {
+                    max_connections: Some(0),
+                    ..base()
+                },
+                "max_connections: must be between 16 and",
+            ),
+            (
+                RunSettings {
+                    max_live_leases: Some(0),
+                    ..base()
+                },
+                "max_live_leases: must be between 1 and",
+            ),
+            (
+                RunSettings {
+                    max_waiters: Some(20_000_000),
+                    ..base()
+                },
+                "max_waiters: must be between 1 and",
+            ),
+            (
+                RunSettings {
+                    idle_timeout_ms: Some(5_000),
+                    ..base()
+                },
+                "idle_timeout_ms: must be between 40000 and",
+            ),
+            (
+                RunSettings {
+                    max_concurrent_streams: Some(0),
+                    ..base()
+                },
+                "max_concurrent_streams: must be between 1 and",
+            ),
+        ] {
+            let err = settings.into_node_config().unwrap_err();
+            assert!(err.starts_with(needle), "{err}");
+        }
     }
 }

@@ -16,6 +16,7 @@ pub mod deadline;
 pub mod early_replication;
 pub mod election;
 pub mod health;
+pub mod limits;
 pub mod log_store;
 pub mod metrics;
 pub mod network;
@@ -28,3 +29,6 @@ pub mod services;
 pub mod state_machine;
 pub mod time_floor;
 pub mod types;
+
+#[cfg(test)]
+mod decoder_props;

@@ -188,6 +188,7 @@ pub fn render(ctx: &NodeContext) -> String {
             counter.load(Relaxed)
         );
     }
+    c.limits.render(&mut out);
     c.batch_commands.render(
         &mut out,
         "fenced_proposal_batch_commands",

@@ -164,8 +164,62 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     w.write_all(body).await
 }
 
+/// How much of a frame is read (and allocated) at a time: a length prefix
+/// alone never makes the reader allocate more than this ahead of the bytes
+/// that actually arrived.
+pub const FRAME_READ_CHUNK: usize = 64 * 1024;
+
+/// A frame whose length prefix is over the cap; the connection is closed.
+#[derive(Debug, thiserror::Error)]
+#[error("raft frame of {len} bytes exceeds peer_frame_max_bytes={max}")]
+pub struct FrameTooLarge {
+    pub len: usize,
+    pub max: usize,
+}
+
+impl FrameTooLarge {
+    /// Whether `e` is this error.
+    pub fn is(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|inner| inner.is::<FrameTooLarge>())
+    }
+}
+
+/// Refuses an InstallSnapshot chunk that would make the receiving buffer
+/// reach past `max_bytes`: openraft seeks to the chunk's offset and writes
+/// there, so an offset alone could grow the buffer without bound.
+pub fn check_snapshot_chunk(
+    req: &InstallSnapshotRequest<TypeConfig>,
+    max_bytes: u64,
+) -> io::Result<()> {
+    let end = u64::try_from(req.data.len())
+        .ok()
+        .and_then(|len| req.offset.checked_add(len));
+    match end {
+        Some(end) if end <= max_bytes => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "snapshot chunk at offset {} of {} bytes reaches past max_snapshot_bytes={max_bytes}",
+                req.offset,
+                req.data.len()
+            ),
+        )),
+    }
+}
+
 /// Reads one frame; `None` at a clean end of stream before a frame starts.
+/// A frame is read in chunks of [`FRAME_READ_CHUNK`] under the cap
+/// [`RAFT_MESSAGE_MAX_BYTES`]: one frame at a time is all a connection
+/// buffers, so this caps what a connection holds.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<Vec<u8>>> {
+    read_frame_within(r, RAFT_MESSAGE_MAX_BYTES).await
+}
+
+/// [`read_frame`] under the cap `max` bytes.
+pub async fn read_frame_within<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -173,14 +227,18 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<Ve
         Err(e) => return Err(e),
     }
     let len = u32::from_be_bytes(len) as usize;
-    if len > RAFT_MESSAGE_MAX_BYTES {
+    if len > max {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("raft frame of {len} bytes exceeds {RAFT_MESSAGE_MAX_BYTES}"),
+            FrameTooLarge { len, max },
         ));
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).await?;
+    let mut body = Vec::with_capacity(len.min(FRAME_READ_CHUNK));
+    while body.len() < len {
+        let start = body.len();
+        body.resize(start + (len - start).min(FRAME_READ_CHUNK), 0);
+        r.read_exact(&mut body[start..]).await?;
+    }
     Ok(Some(body))
 }
 
@@ -535,6 +593,89 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(next, b"next", "the next request read another's reply");
+    }
+
+    /// A reader that hands out `data` and records the largest buffer it
+    /// was asked to fill: what the caller had allocated ahead of the bytes.
+    struct Recording<'a> {
+        data: &'a [u8],
+        largest_ask: usize,
+    }
+
+    impl AsyncRead for Recording<'_> {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            self.largest_ask = self.largest_ask.max(buf.remaining());
+            let n = buf.remaining().min(self.data.len());
+            buf.put_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_length_prefix_alone_allocates_no_more_than_one_chunk() {
+        // Claims 60 MiB, sends 10 bytes, then ends.
+        let mut bytes = (60u32 << 20).to_be_bytes().to_vec();
+        bytes.extend_from_slice(&[7; 10]);
+        let mut r = Recording {
+            data: &bytes,
+            largest_ask: 0,
+        };
+        let err = read_frame(&mut r).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(
+            r.largest_ask <= FRAME_READ_CHUNK,
+            "asked to fill {} bytes at once",
+            r.largest_ask
+        );
+        // A frame of several chunks still arrives whole.
+        let body: Vec<u8> = (0..3 * FRAME_READ_CHUNK + 5).map(|i| i as u8).collect();
+        let mut framed = Vec::new();
+        write_frame(&mut framed, &[], &body).await.unwrap();
+        let mut r = Recording {
+            data: &framed,
+            largest_ask: 0,
+        };
+        assert_eq!(read_frame(&mut r).await.unwrap().unwrap(), body);
+    }
+
+    #[tokio::test]
+    async fn a_frame_over_the_cap_is_refused_as_too_large() {
+        let mut bytes = 101u32.to_be_bytes().to_vec();
+        bytes.extend_from_slice(&[0; 101]);
+        let err = read_frame_within(&mut &bytes[..], 100).await.unwrap_err();
+        assert!(FrameTooLarge::is(&err), "{err}");
+        assert!(
+            err.to_string().contains("peer_frame_max_bytes=100"),
+            "{err}"
+        );
+        let ok = read_frame_within(&mut &bytes[..], 101).await.unwrap();
+        assert_eq!(ok.map(|f| f.len()), Some(101));
+    }
+
+    fn chunk(offset: u64, len: usize) -> InstallSnapshotRequest<TypeConfig> {
+        InstallSnapshotRequest {
+            vote: openraft::Vote::new_committed(1, 1),
+            meta: Default::default(),
+            offset,
+            data: vec![0; len],
+            done: false,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_chunk_past_the_maximum_is_refused() {
+        assert!(check_snapshot_chunk(&chunk(0, 1024), 1024).is_ok());
+        assert!(check_snapshot_chunk(&chunk(1000, 24), 1024).is_ok());
+        let err = check_snapshot_chunk(&chunk(1000, 25), 1024).unwrap_err();
+        assert!(err.to_string().contains("max_snapshot_bytes=1024"), "{err}");
+        // An offset alone, far past the end, or one that overflows.
+        assert!(check_snapshot_chunk(&chunk(1 << 40, 0), 1024).is_err());
+        assert!(check_snapshot_chunk(&chunk(u64::MAX, 1), u64::MAX).is_err());
     }
 
     #[tokio::test]

@@ -17,13 +17,14 @@ use openraft::{
 };
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{server::TcpIncoming, Server};
+use tonic::transport::server::TcpIncoming;
 
 use crate::{
     auth::{self, Auth, AuthConfig},
     early_replication::{EarlyAnswers, EarlyReplication},
     election::Election,
     health,
+    limits::{ConnectionLimit, Port, ServerLimits},
     log_store::LogStore,
     metrics,
     network::Network,
@@ -70,6 +71,8 @@ pub struct NodeConfig {
     pub auth: AuthConfig,
     pub max_leases_per_identity: u64,
     pub max_waiters_per_identity: u64,
+    /// Connections, streams, keep-alive, idle timeout, snapshot size.
+    pub server_limits: ServerLimits,
 }
 
 impl NodeConfig {
@@ -106,6 +109,7 @@ impl NodeConfig {
             auth: AuthConfig::default(),
             max_leases_per_identity: DEFAULT_MAX_LEASES_PER_IDENTITY,
             max_waiters_per_identity: DEFAULT_MAX_WAITERS_PER_IDENTITY,
+            server_limits: ServerLimits::default(),
         }
     }
 }
@@ -306,7 +310,18 @@ impl RunningNode {
             ClusterServer::new(ClusterService::new(ctx.clone(), peer))
                 .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
         };
-        let client_server = Server::builder()
+        let limit_counters = Arc::clone(&ctx.shared.counters.limits);
+        let connection_limit = |port| {
+            ConnectionLimit::new(
+                port,
+                cfg.server_limits.max_connections,
+                cfg.server_limits.idle_timeout,
+                Arc::clone(&limit_counters),
+            )
+        };
+        let client_server = cfg
+            .server_limits
+            .server()
             .timeout(outer_timeout)
             .add_service(health_server.clone())
             .add_service(lock(false))
@@ -316,7 +331,8 @@ impl RunningNode {
                 // `Server::tcp_nodelay` with an incoming stream, and Nagle's
                 // algorithm holds back small replies behind unacknowledged
                 // ones, adding latency to every call.
-                TcpIncoming::from(client_listener).with_nodelay(Some(true)),
+                connection_limit(Port::Client)
+                    .incoming(TcpIncoming::from(client_listener).with_nodelay(Some(true))),
                 stop.clone().cancelled_owned(),
             );
         // The peer port carries Raft (plain frames) and, over gRPC, the
@@ -333,11 +349,16 @@ impl RunningNode {
                 raft: raft.clone(),
                 election,
                 floor,
+                max_snapshot_bytes: cfg.server_limits.max_snapshot_bytes,
+                counters: Arc::clone(&limit_counters),
             },
+            connection_limit(Port::Peer),
             peer_grpc_tx,
             stop.clone(),
         )));
-        let peer_server = Server::builder()
+        let peer_server = cfg
+            .server_limits
+            .server()
             .timeout(outer_timeout)
             .add_service(health_server)
             .add_service(lock(true))

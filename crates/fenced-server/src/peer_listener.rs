@@ -2,12 +2,16 @@
 //! Raft frames ([`network::PREFACE`]) to [`serve_raft`], everything else to
 //! the gRPC server (forwarded client calls, health).
 
-use std::{io, sync::Arc, time::Duration};
+use std::{
+    io,
+    sync::{atomic::Ordering::Relaxed, Arc},
+    time::Duration,
+};
 
 use openraft::raft::AppendEntriesResponse;
 
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt, BufStream},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream},
     net::{TcpListener, TcpStream},
     sync::mpsc,
 };
@@ -16,7 +20,11 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     codec,
     election::{Election, PreVoteRequest},
-    network::{read_frame, write_frame, MessageTime, RaftCall, PREFACE},
+    limits::{ConnectionLimit, LimitCounters, Limited},
+    network::{
+        check_snapshot_chunk, read_frame, write_frame, FrameTooLarge, MessageTime, RaftCall,
+        PREFACE,
+    },
     time_floor::TimeFloor,
     types::Raft,
 };
@@ -33,13 +41,17 @@ pub struct RaftPeer {
     /// Takes the time of every message accepted from a leader; its value
     /// goes back with every granted vote.
     pub floor: Arc<TimeFloor>,
+    /// A snapshot chunk reaching past this many bytes is refused.
+    pub max_snapshot_bytes: u64,
+    pub counters: Arc<LimitCounters>,
 }
 
 /// Accepts on `listener` until `stop`; gRPC connections go to `grpc`.
 pub async fn accept(
     listener: TcpListener,
     peer: RaftPeer,
-    grpc: mpsc::Sender<io::Result<TcpStream>>,
+    limit: ConnectionLimit,
+    grpc: mpsc::Sender<io::Result<Limited<TcpStream>>>,
     stop: CancellationToken,
 ) {
     loop {
@@ -56,19 +68,32 @@ pub async fn accept(
                 continue;
             }
         };
+        // Beyond the limit the connection is closed at once, counted.
+        let Some(permit) = limit.admit() else {
+            drop(stream);
+            continue;
+        };
         // Nagle's algorithm would hold small replies behind unacknowledged
         // ones and add latency to every commit.
         let _ = stream.set_nodelay(true);
         let peer = peer.clone();
         let grpc = grpc.clone();
         let stop = stop.clone();
+        let limit = limit.clone();
         tokio::spawn(async move {
-            match tokio::time::timeout(ROUTE_TIMEOUT, is_raft(&stream)).await {
+            let routed = tokio::time::timeout(ROUTE_TIMEOUT, is_raft(&stream)).await;
+            let stream = limit.wrap(stream, permit);
+            match routed {
                 Ok(Ok(true)) => {
+                    let counters = Arc::clone(&peer.counters);
                     tokio::select! {
                         _ = stop.cancelled() => {}
                         r = serve_raft(stream, peer) => match r {
                             Ok(()) => {}
+                            Err(e) if FrameTooLarge::is(&e) => {
+                                counters.peer_frames.fetch_add(1, Relaxed);
+                                tracing::warn!(peer = %addr, error = %e, "raft frame over the cap; connection closed");
+                            }
                             // A peer speaking another codec version (a
                             // rolling upgrade) or garbage: worth a warning.
                             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -111,11 +136,16 @@ async fn is_raft(stream: &TcpStream) -> io::Result<bool> {
 
 /// Answers Raft requests on one connection, one at a time, until it closes.
 /// A malformed frame closes the connection; the sender reconnects.
-async fn serve_raft(stream: TcpStream, peer: RaftPeer) -> io::Result<()> {
+async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    peer: RaftPeer,
+) -> io::Result<()> {
     let RaftPeer {
         raft,
         election,
         floor,
+        max_snapshot_bytes,
+        counters,
     } = peer;
     let mut conn = BufStream::new(stream);
     let mut preface = [0u8; PREFACE.len()];
@@ -156,6 +186,10 @@ async fn serve_raft(stream: TcpStream, peer: RaftPeer) -> io::Result<()> {
             RaftCall::InstallSnapshot => {
                 let req: openraft::raft::InstallSnapshotRequest<crate::types::TypeConfig> =
                     decode(call, body)?;
+                if let Err(e) = check_snapshot_chunk(&req, max_snapshot_bytes) {
+                    counters.snapshot_chunks.fetch_add(1, Relaxed);
+                    return Err(e);
+                }
                 let _gate = floor.gate.read().await;
                 let vote = req.vote;
                 let resp = raft.install_snapshot(req).await;

@@ -13,7 +13,9 @@ use std::{
     },
 };
 
-use fenced_core::{ClusterTime, Description, Event, LeaseTable, Outcome, TableSnapshot};
+use fenced_core::{
+    CapacityBound, ClusterTime, Description, Event, LeaseTable, Outcome, TableSnapshot,
+};
 use openraft::{
     storage::RaftStateMachine, AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder,
     StorageIOError,
@@ -49,6 +51,8 @@ pub struct Counters {
     pub batch_commands: Histogram,
     /// Microseconds to apply one entry of commands to the lease table.
     pub apply_us: Histogram,
+    /// Refusals by a node-wide limit (connections, frames, capacity).
+    pub limits: Arc<crate::limits::LimitCounters>,
 }
 
 impl Default for Counters {
@@ -65,6 +69,7 @@ impl Default for Counters {
             leader_changes: AtomicU64::new(0),
             batch_commands: Histogram::new(metrics::BATCH_BOUNDS),
             apply_us: Histogram::new(metrics::LATENCY_US_BOUNDS),
+            limits: Arc::default(),
         }
     }
 }
@@ -353,6 +358,10 @@ impl StateMachine {
             Outcome::Lost(_) => &c.lost,
             Outcome::Released => &c.releases,
             Outcome::NotHolder(_) => &c.refusals,
+            Outcome::CapacityReached { bound, .. } => match bound {
+                CapacityBound::LiveLeases => &c.limits.live_leases,
+                CapacityBound::Waiters => &c.limits.waiters,
+            },
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

@@ -29,7 +29,7 @@ use fenced_core::ClusterTime;
 pub const FILE_NAME: &str = "cluster-time";
 
 /// One slot: magic and format version, the time, a CRC of both.
-const SLOT_LEN: usize = 16;
+pub(crate) const SLOT_LEN: usize = 16;
 const MAGIC: [u8; 3] = *b"fct";
 const FORMAT_VERSION: u8 = 1;
 /// The second slot sits in another sector, so a torn write of one slot
@@ -171,7 +171,7 @@ impl TimeFloor {
     }
 }
 
-fn encode_slot(t: u64) -> [u8; SLOT_LEN] {
+pub(crate) fn encode_slot(t: u64) -> [u8; SLOT_LEN] {
     let mut buf = [0u8; SLOT_LEN];
     buf[..3].copy_from_slice(&MAGIC);
     buf[3] = FORMAT_VERSION;
@@ -181,7 +181,7 @@ fn encode_slot(t: u64) -> [u8; SLOT_LEN] {
     buf
 }
 
-fn decode_slot(buf: &[u8; SLOT_LEN]) -> Option<u64> {
+pub(crate) fn decode_slot(buf: &[u8; SLOT_LEN]) -> Option<u64> {
     if buf[..3] != MAGIC || buf[3] != FORMAT_VERSION {
         return None;
     }
