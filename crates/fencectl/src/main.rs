@@ -3,7 +3,7 @@
 //! Exit codes: 0 success, 3 an expected refusal (held, lost, not holder),
 //! 1 an error, 2 a usage error.
 
-use std::{process::ExitCode, time::Duration};
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 mod hold;
 mod resource;
@@ -11,7 +11,7 @@ mod supervise;
 
 use clap::{Parser, Subcommand};
 use fenced_client::{
-    AcquireOutcome, Client, ClientError, ReleaseOutcome, RenewOutcome, DEV_ENDPOINTS,
+    AcquireOutcome, Client, ClientError, ReleaseOutcome, RenewOutcome, TlsOptions, DEV_ENDPOINTS,
 };
 use fenced_core::OwnerId;
 use serde_json::{json, Value};
@@ -32,6 +32,16 @@ struct Cli {
     /// How long a command may take in all, retries included.
     #[arg(long, global = true, default_value = "10s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// The CA (PEM) that signed the nodes' certificates: turns TLS on
+    /// (endpoints are then https://).
+    #[arg(long, env = "FENCED_CACERT", global = true)]
+    cacert: Option<PathBuf>,
+    /// This client's certificate (PEM), for a cluster that requires one.
+    #[arg(long, env = "FENCED_CERT", global = true)]
+    cert: Option<PathBuf>,
+    /// This client's private key (PEM).
+    #[arg(long, env = "FENCED_KEY", global = true)]
+    key: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -358,7 +368,16 @@ fn main() -> ExitCode {
     };
     let json_out = cli.json;
     let result = runtime.block_on(async {
-        let client = Client::new(&endpoints)?.with_call_timeout(cli.timeout);
+        let tls = (cli.cacert.is_some()
+            || cli.cert.is_some()
+            || cli.key.is_some()
+            || endpoints.iter().any(|e| e.starts_with("https://")))
+        .then(|| TlsOptions {
+            ca: cli.cacert.clone(),
+            cert: cli.cert.clone(),
+            key: cli.key.clone(),
+        });
+        let client = Client::with_tls(&endpoints, tls.as_ref())?.with_call_timeout(cli.timeout);
         execute(&client, cli.command, json_out).await
     });
     match result {

@@ -9,6 +9,7 @@
 // openraft's StorageError is large and its trait signatures impose it.
 #![allow(clippy::result_large_err)]
 
+pub mod certs;
 pub mod codec;
 pub mod config;
 pub mod early_replication;
@@ -24,4 +25,5 @@ pub mod proposer;
 pub mod services;
 pub mod state_machine;
 pub mod time_floor;
+pub mod tls;
 pub mod types;

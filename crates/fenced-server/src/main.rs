@@ -4,6 +4,7 @@ use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, time::Duratio
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fenced_server::{
+    certs,
     config::RunSettings,
     health,
     node::{failed_path, NodeConfig, RunningNode},
@@ -87,6 +88,13 @@ enum Command {
         /// Give up after this many ms.
         #[arg(long, default_value_t = 2_000)]
         timeout_ms: u64,
+    },
+    /// Make a CA, node and client certificates for TLS (tests and small
+    /// deployments): ECDSA P-256 keys, the CA valid 10 years, the others
+    /// --days (365 unless given); keys and certificates 0600, DIR 0700.
+    Certs {
+        #[command(subcommand)]
+        what: certs::CertsCommand,
     },
     /// Run one node of a cluster.
     Run {
@@ -190,6 +198,12 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         } => {
             let timeout = Duration::from_millis(timeout_ms);
             return Ok(healthcheck(&endpoint, &service, timeout).await);
+        }
+        Command::Certs { what } => {
+            for path in certs::run(&what)? {
+                println!("{}", path.display());
+            }
+            return Ok(ExitCode::SUCCESS);
         }
         Command::Run { config, settings } => {
             let settings = match config {

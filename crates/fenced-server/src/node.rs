@@ -32,6 +32,7 @@ use crate::{
     services::{ClusterService, LockService, NodeContext},
     state_machine::StateMachine,
     time_floor::TimeFloor,
+    tls::{self, Members, TlsSettings},
     types::{Node, NodeId, Raft},
 };
 
@@ -64,6 +65,8 @@ pub struct NodeConfig {
     pub request_timeout: Duration,
     /// Where `/metrics` is served over HTTP; `None` serves no metrics.
     pub metrics_listen: Option<SocketAddr>,
+    /// TLS on both ports (mutual between nodes); `None`: plaintext.
+    pub tls: Option<TlsSettings>,
 }
 
 impl NodeConfig {
@@ -97,6 +100,7 @@ impl NodeConfig {
             max_parked: 100_000,
             request_timeout: Duration::from_secs(10),
             metrics_listen: None,
+            tls: None,
         }
     }
 }
@@ -199,21 +203,34 @@ impl RunningNode {
         }
         .validate()
         .map_err(|e| NodeError::Config(e.to_string()))?;
+        let members = Members::default();
+        let tls = match &cfg.tls {
+            Some(s) => Some(Arc::new(
+                tls::load(s, members.clone()).map_err(NodeError::Config)?,
+            )),
+            None => None,
+        };
         let early_answers = Arc::new(EarlyAnswers::default());
-        let network = Network::new(Arc::clone(&early_answers), Arc::clone(&time));
+        let network =
+            Network::new(Arc::clone(&early_answers), Arc::clone(&time)).with_tls(tls.clone());
         let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
-        log.replicate_early(EarlyReplication::new(cfg.id, raft.metrics(), early_answers));
+        log.replicate_early(
+            EarlyReplication::new(cfg.id, raft.metrics(), early_answers).with_tls(tls.clone()),
+        );
         // Elections start from fenced's pre-vote (crate::election), not from
         // openraft's timer.
         raft.runtime_config().elect(false);
-        let election = Arc::new(Election::new(
-            cfg.id,
-            Duration::from_millis(cfg.election_timeout_ms),
-            Duration::from_millis(cfg.election_timeout_ms * 2),
-            log.clone(),
-        ));
+        let election = Arc::new(
+            Election::new(
+                cfg.id,
+                Duration::from_millis(cfg.election_timeout_ms),
+                Duration::from_millis(cfg.election_timeout_ms * 2),
+                log.clone(),
+            )
+            .with_tls(tls.clone()),
+        );
 
         let initialized = raft
             .is_initialized()
@@ -245,10 +262,14 @@ impl RunningNode {
             cfg.limits,
             log,
             cfg.request_timeout,
-        );
+        )
+        .with_forward_tls(tls.clone());
 
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
+        if tls.is_some() {
+            tasks.push(tokio::spawn(members.follow(raft.clone(), stop.clone())));
+        }
         tasks.push(tokio::spawn(run_leader_watch(
             raft.clone(),
             Arc::clone(&shared),
@@ -288,19 +309,26 @@ impl RunningNode {
             ClusterServer::new(ClusterService::new(ctx.clone()))
                 .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
         };
-        let client_server = Server::builder()
+        let client_router = Server::builder()
             .timeout(outer_timeout)
             .add_service(health_server.clone())
             .add_service(lock())
-            .add_service(cluster())
-            .serve_with_incoming_shutdown(
-                // Accepted sockets get TCP_NODELAY: tonic ignores
-                // `Server::tcp_nodelay` with an incoming stream, and Nagle's
-                // algorithm holds back small replies behind unacknowledged
-                // ones, adding latency to every call.
-                TcpIncoming::from(client_listener).with_nodelay(Some(true)),
-                stop.clone().cancelled_owned(),
-            );
+            .add_service(cluster());
+        let client_server: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
+            match &tls {
+                Some(t) => Box::pin(client_router.serve_with_incoming_shutdown(
+                    tls::incoming(client_listener, t.client.clone(), stop.clone()),
+                    stop.clone().cancelled_owned(),
+                )),
+                None => Box::pin(client_router.serve_with_incoming_shutdown(
+                    // Accepted sockets get TCP_NODELAY: tonic ignores
+                    // `Server::tcp_nodelay` with an incoming stream, and Nagle's
+                    // algorithm holds back small replies behind unacknowledged
+                    // ones, adding latency to every call.
+                    TcpIncoming::from(client_listener).with_nodelay(Some(true)),
+                    stop.clone().cancelled_owned(),
+                )),
+            };
         // The peer port carries Raft (plain frames) and, over gRPC, the
         // requests followers forward; the accept loop routes each connection.
         let (peer_grpc_tx, peer_grpc_rx) = tokio::sync::mpsc::channel(64);
@@ -316,6 +344,7 @@ impl RunningNode {
                 election,
                 floor,
             },
+            tls.clone(),
             peer_grpc_tx,
             stop.clone(),
         )));
@@ -344,6 +373,7 @@ impl RunningNode {
             client = %cfg.listen,
             peer = %cfg.peer_listen,
             metrics = ?cfg.metrics_listen,
+            tls = tls.is_some(),
             data_dir = %cfg.data_dir.display(),
             "node started"
         );

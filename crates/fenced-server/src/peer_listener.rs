@@ -8,7 +8,7 @@ use openraft::raft::AppendEntriesResponse;
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt, BufStream},
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     sync::mpsc,
 };
 use tokio_util::sync::CancellationToken;
@@ -18,7 +18,8 @@ use crate::{
     election::{Election, PreVoteRequest},
     network::{read_frame, write_frame, MessageTime, RaftCall, PREFACE},
     time_floor::TimeFloor,
-    types::Raft,
+    tls::{self, Members, NodeTls, PeerStream, Routed},
+    types::{NodeId, Raft},
 };
 
 /// How long a new connection may take to send the bytes that route it.
@@ -35,92 +36,84 @@ pub struct RaftPeer {
     pub floor: Arc<TimeFloor>,
 }
 
-/// Accepts on `listener` until `stop`; gRPC connections go to `grpc`.
+/// Accepts on `listener` until `stop`; gRPC connections go to `grpc`. With
+/// `tls`, each connection is a mutual-TLS handshake first (members only,
+/// see [`crate::tls::MemberVerifier`]) and is routed on the decrypted bytes.
 pub async fn accept(
     listener: TcpListener,
     peer: RaftPeer,
-    grpc: mpsc::Sender<io::Result<TcpStream>>,
+    tls: Option<Arc<NodeTls>>,
+    grpc: mpsc::Sender<io::Result<Routed>>,
     stop: CancellationToken,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        let (stream, addr) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of descriptors and the like: back off, keep serving.
-                tracing::warn!(error = %e, "peer accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        // Nagle's algorithm would hold small replies behind unacknowledged
-        // ones and add latency to every commit.
-        let _ = stream.set_nodelay(true);
+    while let Some((stream, addr)) = tls::accept_one(&listener, &stop, "peer").await {
         let peer = peer.clone();
         let grpc = grpc.clone();
         let stop = stop.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            match tokio::time::timeout(ROUTE_TIMEOUT, is_raft(&stream)).await {
-                Ok(Ok(true)) => {
-                    tokio::select! {
-                        _ = stop.cancelled() => {}
-                        r = serve_raft(stream, peer) => match r {
-                            Ok(()) => {}
-                            // A peer speaking another codec version (a
-                            // rolling upgrade) or garbage: worth a warning.
-                            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                                tracing::warn!(peer = %addr, error = %e, "malformed raft frame; connection closed");
-                            }
-                            Err(e) => {
-                                tracing::debug!(peer = %addr, error = %e, "raft connection closed");
-                            }
-                        }
+            let mut stream = match &tls {
+                None => PeerStream::Plain(stream),
+                Some(tls) => match tls::handshake(&tls.peer, stream, addr, "peer").await {
+                    Some(s) => PeerStream::Tls(Box::new(tokio_rustls::TlsStream::Server(s))),
+                    None => return,
+                },
+            };
+            // Both a Raft preface and HTTP/2's (24 bytes) are this long at least.
+            let mut head = [0u8; PREFACE.len()];
+            match tokio::time::timeout(ROUTE_TIMEOUT, stream.read_exact(&mut head)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(_)) | Err(_) => return,
+            }
+            if &head != PREFACE {
+                let _ = grpc.send(Ok(Routed::new(head.to_vec(), stream))).await;
+                return;
+            }
+            // With TLS, the node the certificate names; it must stay a member.
+            let from = tls
+                .as_ref()
+                .and_then(|t| Some((stream.peer_node()?, t.members.clone())));
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                r = serve_raft(stream, peer, from) => match r {
+                    Ok(()) => {}
+                    // A peer speaking another codec version (a
+                    // rolling upgrade) or garbage: worth a warning.
+                    Err(e) if matches!(e.kind(), io::ErrorKind::InvalidData | io::ErrorKind::PermissionDenied) => {
+                        tracing::warn!(peer = %addr, error = %e, "raft connection closed");
+                    }
+                    Err(e) => {
+                        tracing::debug!(peer = %addr, error = %e, "raft connection closed");
                     }
                 }
-                Ok(Ok(false)) => {
-                    let _ = grpc.send(Ok(stream)).await;
-                }
-                Ok(Err(_)) | Err(_) => {}
             }
         });
     }
 }
 
-/// Whether the connection starts with [`PREFACE`]; reads nothing.
-async fn is_raft(stream: &TcpStream) -> io::Result<bool> {
-    let mut buf = [0u8; PREFACE.len()];
-    loop {
-        let n = stream.peek(&mut buf).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        if buf[..n] != PREFACE[..n] {
-            return Ok(false);
-        }
-        if n == PREFACE.len() {
-            return Ok(true);
-        }
-        // A prefix of the preface so far: wait for the rest (peek would
-        // return the same bytes at once).
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
 /// Answers Raft requests on one connection, one at a time, until it closes.
-/// A malformed frame closes the connection; the sender reconnects.
-async fn serve_raft(stream: TcpStream, peer: RaftPeer) -> io::Result<()> {
+/// A malformed frame closes the connection; the sender reconnects. With
+/// `from`, the connection closes as soon as that node is no longer a member.
+async fn serve_raft(
+    stream: PeerStream,
+    peer: RaftPeer,
+    from: Option<(NodeId, Members)>,
+) -> io::Result<()> {
     let RaftPeer {
         raft,
         election,
         floor,
     } = peer;
     let mut conn = BufStream::new(stream);
-    let mut preface = [0u8; PREFACE.len()];
-    conn.read_exact(&mut preface).await?;
     while let Some(frame) = read_frame(&mut conn).await? {
+        if let Some((id, members)) = &from {
+            if !members.admits(*id) {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("node {id} is no longer a member"),
+                ));
+            }
+        }
         let Some((&kind, body)) = frame.split_first() else {
             return Err(invalid("empty raft frame".into()));
         };

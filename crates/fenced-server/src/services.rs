@@ -18,7 +18,7 @@ use fenced_proto::{
 use openraft::{ChangeMembers, ServerState};
 use tonic::{
     metadata::MetadataValue,
-    transport::{Channel, Endpoint},
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
     Request, Response, Status,
 };
 
@@ -27,6 +27,7 @@ use crate::{
     parking::WaitEnd,
     proposer::{leader_of, LeaderTime, ProposeError, Proposer},
     state_machine::{self, Shared},
+    tls::NodeTls,
     types::{Node, NodeId, Raft},
 };
 
@@ -49,6 +50,8 @@ pub struct NodeContext {
     pub log: LogStore,
     pub request_timeout: Duration,
     forward: Arc<Mutex<HashMap<String, Channel>>>,
+    /// Forwarded calls go over mutual TLS when set.
+    forward_tls: Option<Arc<NodeTls>>,
 }
 
 impl NodeContext {
@@ -73,6 +76,15 @@ impl NodeContext {
             log,
             request_timeout,
             forward: Arc::default(),
+            forward_tls: None,
+        }
+    }
+
+    /// Forwards to the leader over mutual TLS.
+    pub fn with_forward_tls(self, tls: Option<Arc<NodeTls>>) -> Self {
+        Self {
+            forward_tls: tls,
+            ..self
         }
     }
 
@@ -92,7 +104,7 @@ impl NodeContext {
         if let Some(ch) = map.get(addr) {
             return Ok(ch.clone());
         }
-        let ch = peer_channel(addr)
+        let ch = peer_channel(addr, self.forward_tls.as_deref())
             .map_err(|e| Status::unavailable(format!("leader address {addr}: {e}")))?;
         map.insert(addr.clone(), ch.clone());
         Ok(ch)
@@ -104,9 +116,18 @@ impl NodeContext {
     }
 }
 
-/// A lazily connecting gRPC channel to a peer's port, for forwarded calls.
-fn peer_channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+/// A lazily connecting gRPC channel to a peer's port, for forwarded calls;
+/// with `tls`, this node's certificate opens it.
+fn peer_channel(addr: &str, tls: Option<&NodeTls>) -> Result<Channel, tonic::transport::Error> {
+    let endpoint = match tls {
+        None => Endpoint::from_shared(format!("http://{addr}"))?,
+        Some(t) => Endpoint::from_shared(format!("https://{addr}"))?.tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&t.ca_pem))
+                .identity(Identity::from_pem(&t.cert_pem, &t.key_pem)),
+        )?,
+    };
+    Ok(endpoint
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
