@@ -153,6 +153,37 @@ impl Pki {
         (cert, key)
     }
 
+    /// Service `name`'s server certificate and key for 127.0.0.1 (made on
+    /// first use).
+    pub fn server(&self, name: &str) -> (PathBuf, PathBuf) {
+        let (cert, key) = (
+            self.dir.join(format!("server-{name}.pem")),
+            self.dir.join(format!("server-{name}-key.pem")),
+        );
+        if !cert.exists() {
+            self.certs(&["server", "--name", name, "--host", "127.0.0.1"]);
+        }
+        (cert, key)
+    }
+
+    /// A gRPC channel to `addr` trusting this CA, showing client `name`'s
+    /// certificate when given.
+    pub fn channel(&self, addr: &str, name: Option<&str>) -> Channel {
+        let read = |p: &Path| std::fs::read(p).unwrap();
+        let mut tls =
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(&self.ca())));
+        if let Some(name) = name {
+            let (cert, key) = self.client(name);
+            tls = tls.identity(Identity::from_pem(read(&cert), read(&key)));
+        }
+        Channel::from_shared(format!("https://{addr}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .timeout(Duration::from_secs(5))
+            .connect_lazy()
+    }
+
     /// Client `name`'s certificate and key (made on first use).
     pub fn client(&self, name: &str) -> (PathBuf, PathBuf) {
         let (cert, key) = (
@@ -393,18 +424,7 @@ impl Cluster {
             None => Channel::from_shared(format!("http://{addr}"))
                 .unwrap()
                 .connect_lazy(),
-            Some(pki) => {
-                let (cert, key) = pki.client(HARNESS_CLIENT);
-                let read = |p: &Path| std::fs::read(p).unwrap();
-                let tls = ClientTlsConfig::new()
-                    .ca_certificate(Certificate::from_pem(read(&pki.ca())))
-                    .identity(Identity::from_pem(read(&cert), read(&key)));
-                Channel::from_shared(format!("https://{addr}"))
-                    .unwrap()
-                    .tls_config(tls)
-                    .unwrap()
-                    .connect_lazy()
-            }
+            Some(pki) => pki.channel(&addr, Some(HARNESS_CLIENT)),
         }
     }
 

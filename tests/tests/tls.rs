@@ -361,3 +361,105 @@ async fn plaintext_on_a_public_address_needs_insecure_and_warns() {
         "{started}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_resource_serves_tls_and_requires_client_certificates() {
+    use fenced_proto::v1::{fenced_resource_client::FencedResourceClient, GetRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let (cert, key) = pki.server("resource");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let log = std::fs::File::create(dir.path().join("resource.log")).unwrap();
+    let mut child = Command::new(bin("fenced-resource"))
+        .args(["serve", "--listen", &addr, "--client-cert-auth"])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--tls-cert")
+        .arg(cert)
+        .arg("--tls-key")
+        .arg(key)
+        .arg("--tls-ca")
+        .arg(pki.ca())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let get = |channel| async move {
+        let ping = GetRequest {
+            key: b"ping".to_vec(),
+        };
+        FencedResourceClient::new(channel).get(ping).await
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(pki.channel(&addr, Some("writer"))).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "fenced-resource did not serve TLS: {}",
+            std::fs::read_to_string(dir.path().join("resource.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        get(pki.channel(&addr, None)).await.is_err(),
+        "served a client without a certificate"
+    );
+    let plain = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .timeout(Duration::from_secs(5))
+        .connect_lazy();
+    assert!(get(plain).await.is_err(), "served plaintext");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_removed_from_the_membership_is_refused_on_the_peer_port() {
+    use fenced_proto::v1::{
+        cluster_client::ClusterClient, ChangeMembershipRequest, RemoveNodeRequest,
+    };
+    let mut cluster = Cluster::start_tls(3, &[]).await;
+    let pki = cluster.pki.clone().unwrap();
+    // Node 3 leaves; with it stopped, the leader is 1 or 2.
+    cluster.kill(3);
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let mut admin = ClusterClient::new(cluster.channel(leader));
+    admin
+        .change_membership(ChangeMembershipRequest {
+            voter_ids: vec![1, 2],
+        })
+        .await
+        .expect("voters 1 and 2");
+    admin
+        .remove_node(RemoveNodeRequest { node_id: 3 })
+        .await
+        .expect("node 3 removed");
+    // Every node's snapshot follows the committed membership.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for id in [1u64, 2] {
+        while cluster
+            .status(id)
+            .await
+            .is_none_or(|s| s.members.iter().any(|m| m.id == 3))
+        {
+            assert!(Instant::now() < deadline, "node {id} still lists node 3");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (cert, key) = pki.node(3);
+    let peer_addr = format!("127.0.0.1:{}", cluster.nodes[0].peer_port);
+    match tls_connect(&peer_addr, &pki.ca(), &cert, &key).await {
+        Ok(mut conn) => match send_forged(&mut conn, Duration::from_secs(5), true).await {
+            Some(Err(e)) => assert!(e.to_string().contains("alert"), "{e}"),
+            other => panic!("the removed node was let in: {other:?}"),
+        },
+        Err(e) => assert!(e.to_string().contains("alert"), "{e}"),
+    }
+    assert!(
+        cluster.log_of(1).contains("node 3 is not a member"),
+        "{}",
+        cluster.log_of(1)
+    );
+    // The two that are left still serve.
+    granted(&cluster.client_of(1), "after-removal").await;
+}

@@ -18,7 +18,7 @@ use rcgen::{
 };
 use time::{Duration, OffsetDateTime};
 
-use crate::tls::{CLIENT_URI, NODE_URI};
+use crate::tls::{CLIENT_URI, NODE_URI, SERVER_URI};
 
 /// The CA's file names in the directory.
 pub const CA_CERT: &str = "ca.pem";
@@ -42,6 +42,22 @@ pub enum CertsCommand {
         #[arg(long)]
         id: u64,
         /// A DNS name or IP address of the node (repeat); 127.0.0.1 and
+        /// localhost when none is given.
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+    },
+    /// Make service NAME's server certificate (e.g. for fenced-resource),
+    /// signed by DIR's CA: DIR/server-NAME.pem and DIR/server-NAME-key.pem
+    /// (ECDSA P-256, valid --days), naming fenced://server/NAME and every
+    /// --host. It serves TLS only: a node's peer port refuses it.
+    Server {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        name: String,
+        /// A DNS name or IP address of the service (repeat); 127.0.0.1 and
         /// localhost when none is given.
         #[arg(long = "host")]
         hosts: Vec<String>,
@@ -74,50 +90,68 @@ pub fn run(cmd: &CertsCommand) -> Result<Vec<PathBuf>, String> {
             if *id == 0 {
                 return Err("--id: must be at least 1".into());
             }
-            let hosts = if hosts.is_empty() {
-                vec!["127.0.0.1".to_string(), "localhost".to_string()]
-            } else {
-                hosts.clone()
-            };
             let mut sans = vec![uri(&format!("{NODE_URI}{id}"))?];
-            for h in &hosts {
-                sans.push(match h.parse::<IpAddr>() {
-                    Ok(ip) => SanType::IpAddress(ip),
-                    Err(_) => SanType::DnsName(
-                        h.clone()
-                            .try_into()
-                            .map_err(|e| format!("--host {h}: {e}"))?,
-                    ),
-                });
-            }
+            sans.extend(host_names(hosts)?);
             let eku = vec![
                 ExtendedKeyUsagePurpose::ServerAuth,
                 ExtendedKeyUsagePurpose::ClientAuth,
             ];
-            make_leaf(
-                dir,
-                &format!("node-{id}"),
-                &format!("fenced node {id}"),
-                sans,
-                eku,
-                *days,
-            )
+            let cn = format!("fenced node {id}");
+            make_leaf(dir, &format!("node-{id}"), &cn, sans, eku, *days)
+        }
+        CertsCommand::Server {
+            dir,
+            name,
+            hosts,
+            days,
+        } => {
+            check_name(name)?;
+            let mut sans = vec![uri(&format!("{SERVER_URI}{name}"))?];
+            sans.extend(host_names(hosts)?);
+            let eku = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            make_leaf(dir, &format!("server-{name}"), name, sans, eku, *days)
         }
         CertsCommand::Client { dir, name, days } => {
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return Err(format!(
-                    "--name {name:?}: letters, digits, '-', '_' and '.' only"
-                ));
-            }
+            check_name(name)?;
             let sans = vec![uri(&format!("{CLIENT_URI}{name}"))?];
             let eku = vec![ExtendedKeyUsagePurpose::ClientAuth];
             make_leaf(dir, &format!("client-{name}"), name, sans, eku, *days)
         }
     }
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(format!(
+            "--name {name:?}: letters, digits, '-', '_' and '.' only"
+        ));
+    }
+    Ok(())
+}
+
+/// The SANs for `hosts`: IP addresses and DNS names; loopback when empty.
+fn host_names(hosts: &[String]) -> Result<Vec<SanType>, String> {
+    let defaults = ["127.0.0.1".to_string(), "localhost".to_string()];
+    let hosts = if hosts.is_empty() {
+        &defaults[..]
+    } else {
+        hosts
+    };
+    hosts
+        .iter()
+        .map(|h| match h.parse::<IpAddr>() {
+            Ok(ip) => Ok(SanType::IpAddress(ip)),
+            Err(_) => Ok(SanType::DnsName(
+                h.clone()
+                    .try_into()
+                    .map_err(|e| format!("--host {h}: {e}"))?,
+            )),
+        })
+        .collect()
 }
 
 fn uri(u: &str) -> Result<SanType, String> {

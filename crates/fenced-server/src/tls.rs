@@ -45,6 +45,8 @@ use crate::types::{NodeId, Raft};
 pub const NODE_URI: &str = "fenced://node/";
 /// The SAN URI prefix of a client's certificate; the client name follows.
 pub const CLIENT_URI: &str = "fenced://client/";
+/// The SAN URI prefix of another service's server certificate.
+pub const SERVER_URI: &str = "fenced://server/";
 /// How long a TLS handshake may take before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
