@@ -55,6 +55,33 @@ async fn a_tls_cluster_elects_grants_and_survives_a_leader_kill() {
     let follower = (1..=3).find(|id| *id != leader && *id != next).unwrap();
     let third = granted(&cluster.client_of(follower), "tls-c").await;
     assert!(third > second);
+    // `fenced healthcheck` with the node's own TLS settings, on both ports;
+    // without them a TLS port does not answer it.
+    let (cert, key) = cluster.pki.as_ref().unwrap().node(follower);
+    let ca = cluster.pki.as_ref().unwrap().ca();
+    let node = &cluster.nodes[(follower - 1) as usize];
+    for port in [node.client_port, node.peer_port] {
+        let check = |tls: bool| {
+            let mut cmd = Command::new(bin("fenced"));
+            cmd.args(["healthcheck", "--endpoint", &format!("127.0.0.1:{port}")]);
+            if tls {
+                cmd.env("FENCED_TLS_CERT", &cert)
+                    .env("FENCED_TLS_KEY", &key)
+                    .env("FENCED_TLS_CA", &ca);
+            }
+            cmd.output().unwrap()
+        };
+        let ok = check(true);
+        assert!(
+            ok.status.success() && String::from_utf8_lossy(&ok.stdout).contains("SERVING"),
+            "port {port}: {}",
+            String::from_utf8_lossy(&ok.stderr)
+        );
+        assert!(
+            !check(false).status.success(),
+            "port {port} answered plaintext"
+        );
+    }
     // fencectl speaks TLS with --cacert, --cert and --key.
     let out = cluster.fencectl(&["describe", "tls-c"]);
     assert!(
