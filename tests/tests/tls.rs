@@ -446,6 +446,15 @@ async fn a_node_removed_from_the_membership_is_refused_on_the_peer_port() {
     };
     let mut cluster = Cluster::start_tls(3, &[]).await;
     let pki = cluster.pki.clone().unwrap();
+    // A Raft connection node 3 holds open while it is removed.
+    let (cert, key) = pki.node(3);
+    let peer_addr = format!("127.0.0.1:{}", cluster.nodes[0].peer_port);
+    let mut held = tls_connect(&peer_addr, &pki.ca(), &cert, &key)
+        .await
+        .expect("a member's handshake");
+    assert!(send_forged(&mut held, Duration::from_millis(300), false)
+        .await
+        .is_none());
     // Node 3 leaves; with it stopped, the leader is 1 or 2.
     cluster.kill(3);
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
@@ -473,8 +482,20 @@ async fn a_node_removed_from_the_membership_is_refused_on_the_peer_port() {
         }
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let (cert, key) = pki.node(3);
-    let peer_addr = format!("127.0.0.1:{}", cluster.nodes[0].peer_port);
+    // The open connection's next frame is not served: it is closed first.
+    held.write_all(&forged_append_entries()).await.unwrap();
+    held.flush().await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), held.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the removed node's connection answered: {read:?}"
+    );
+    assert!(
+        cluster.log_of(1).contains("node 3 is no longer a member"),
+        "{}",
+        cluster.log_of(1)
+    );
     match tls_connect(&peer_addr, &pki.ca(), &cert, &key).await {
         Ok(mut conn) => match send_forged(&mut conn, Duration::from_secs(5), true).await {
             Some(Err(e)) => assert!(e.to_string().contains("alert"), "{e}"),

@@ -571,3 +571,75 @@ pub async fn connect_peer(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::certs::{self, CertsCommand};
+
+    fn der(path: &Path) -> CertificateDer<'static> {
+        CertificateDer::from_pem_file(path).unwrap()
+    }
+
+    #[test]
+    fn the_peer_verifier_admits_current_members_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        certs::run(&CertsCommand::Ca { dir: dir.clone() }).unwrap();
+        let node = |id| {
+            certs::run(&CertsCommand::Node {
+                dir: dir.clone(),
+                id,
+                hosts: vec![],
+                days: 1,
+            })
+            .unwrap()
+        };
+        let (n1, n4) = (node(1), node(4));
+        let client = certs::run(&CertsCommand::Client {
+            dir: dir.clone(),
+            name: "c".into(),
+            days: 1,
+        })
+        .unwrap();
+        let mut roots = RootCertStore::empty();
+        roots.add(der(&dir.join(certs::CA_CERT))).unwrap();
+        let members = Members::default();
+        let verifier = MemberVerifier {
+            chain: WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .unwrap(),
+            members: members.clone(),
+        };
+        let verify = |p: &PathBuf| verifier.verify_client_cert(&der(p), &[], UnixTime::now());
+        // No membership yet: any node of the CA, never a client.
+        assert!(verify(&n4[0]).is_ok());
+        assert!(verify(&client[0]).is_err());
+        members.set(Some([1, 2, 3].into()));
+        assert!(verify(&n1[0]).is_ok());
+        let refused = verify(&n4[0]).unwrap_err().to_string();
+        assert!(refused.contains("node 4 is not a member"), "{refused}");
+        assert!(verify(&client[0]).is_err());
+        // Membership changes take effect on the next handshake.
+        members.set(Some([2, 3, 4].into()));
+        assert!(verify(&n1[0]).is_err());
+        assert!(verify(&n4[0]).is_ok());
+    }
+
+    #[test]
+    fn a_peer_address_gives_its_server_name() {
+        assert!(matches!(
+            server_name("127.0.0.1:7201").unwrap(),
+            ServerName::IpAddress(_)
+        ));
+        assert!(matches!(
+            server_name("[::1]:7201").unwrap(),
+            ServerName::IpAddress(_)
+        ));
+        assert!(matches!(
+            server_name("fenced-1.fenced-peer:7201").unwrap(),
+            ServerName::DnsName(_)
+        ));
+    }
+}
