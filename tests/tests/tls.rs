@@ -435,6 +435,33 @@ async fn fenced_resource_serves_tls_and_requires_client_certificates() {
         .timeout(Duration::from_secs(5))
         .connect_lazy();
     assert!(get(plain).await.is_err(), "served plaintext");
+    // fencectl resource with the global TLS flags.
+    let (cert, key) = pki.client("writer");
+    let out = Command::new(bin("fencectl"))
+        .arg("--cacert")
+        .arg(pki.ca())
+        .arg("--cert")
+        .arg(cert)
+        .arg("--key")
+        .arg(key)
+        .args(["resource", "get", "ping", "--endpoint", &addr])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let anonymous = Command::new(bin("fencectl"))
+        .arg("--cacert")
+        .arg(pki.ca())
+        .args(["resource", "get", "ping", "--endpoint", &addr])
+        .output()
+        .unwrap();
+    assert!(
+        !anonymous.status.success(),
+        "served fencectl without a certificate"
+    );
     let _ = child.kill();
     let _ = child.wait();
 }

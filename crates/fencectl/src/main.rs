@@ -34,14 +34,19 @@ struct Cli {
     timeout: Duration,
     /// The CA (PEM) that signed the nodes' certificates: turns TLS on
     /// (endpoints are then https://).
-    #[arg(long, env = "FENCED_CACERT", global = true)]
-    cacert: Option<PathBuf>,
+    #[arg(
+        long = "cacert",
+        id = "tls_cacert",
+        env = "FENCED_CACERT",
+        global = true
+    )]
+    tls_cacert: Option<PathBuf>,
     /// This client's certificate (PEM), for a cluster that requires one.
-    #[arg(long, env = "FENCED_CERT", global = true)]
-    cert: Option<PathBuf>,
+    #[arg(long = "cert", id = "tls_cert", env = "FENCED_CERT", global = true)]
+    tls_cert: Option<PathBuf>,
     /// This client's private key (PEM).
-    #[arg(long, env = "FENCED_KEY", global = true)]
-    key: Option<PathBuf>,
+    #[arg(long = "key", id = "tls_key", env = "FENCED_KEY", global = true)]
+    tls_key: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -149,9 +154,14 @@ fn owner_id(text: &str) -> Result<OwnerId, ClientError> {
     OwnerId::parse(text).map_err(|e| ClientError::InvalidArgument(e.to_string()))
 }
 
-async fn execute(client: &Client, command: Cmd, json_out: bool) -> Result<Report, ClientError> {
+async fn execute(
+    client: &Client,
+    tls: Option<&TlsOptions>,
+    command: Cmd,
+    json_out: bool,
+) -> Result<Report, ClientError> {
     Ok(match command {
-        Cmd::Resource(command) => return resource::execute(command).await,
+        Cmd::Resource(command) => return resource::execute(command, tls).await,
         Cmd::Lock {
             resource,
             ttl,
@@ -368,17 +378,17 @@ fn main() -> ExitCode {
     };
     let json_out = cli.json;
     let result = runtime.block_on(async {
-        let tls = (cli.cacert.is_some()
-            || cli.cert.is_some()
-            || cli.key.is_some()
+        let tls = (cli.tls_cacert.is_some()
+            || cli.tls_cert.is_some()
+            || cli.tls_key.is_some()
             || endpoints.iter().any(|e| e.starts_with("https://")))
         .then(|| TlsOptions {
-            ca: cli.cacert.clone(),
-            cert: cli.cert.clone(),
-            key: cli.key.clone(),
+            ca: cli.tls_cacert.clone(),
+            cert: cli.tls_cert.clone(),
+            key: cli.tls_key.clone(),
         });
         let client = Client::with_tls(&endpoints, tls.as_ref())?.with_call_timeout(cli.timeout);
-        execute(&client, cli.command, json_out).await
+        execute(&client, tls.as_ref(), cli.command, json_out).await
     });
     match result {
         Ok(report) => {
