@@ -125,6 +125,8 @@ fn hint(e: &rustls::Error) -> &'static str {
             | AlertDescription::AccessDenied
             | AlertDescription::DecryptError,
         ) => "the node refused this client's certificate (or its absence); check --cert and --key",
+        // The first bytes back were not TLS at all.
+        E::InvalidMessage(_) => "the node does not speak TLS on this port; is TLS on there?",
         _ => "check --cacert, --cert and --key",
     }
 }
@@ -216,4 +218,55 @@ pub(crate) fn failure(status: &tonic::Status) -> Option<String> {
         cause = c.source();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn options_without_a_usable_ca_are_refused_by_name() {
+        let none = TlsOptions::new().connector().err().unwrap();
+        assert!(none.contains("--cacert"), "{none}");
+        let dir = std::env::temp_dir();
+        let missing = TlsOptions::new().ca(dir.join("missing-ca.pem"));
+        let err = missing.connector().err().unwrap();
+        assert!(err.contains("missing-ca.pem"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_plaintext_answer_is_named_as_such() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 512];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        });
+        let config =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(RootCertStore::empty())
+                .with_no_client_auth();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let err = handshake(
+            &TlsConnector::from(Arc::new(config)),
+            "127.0.0.1",
+            addr.to_string(),
+            tcp,
+        )
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            err.starts_with(&format!("TLS handshake with {addr} failed"))
+                && err.contains("does not speak TLS"),
+            "{err}"
+        );
+    }
 }
