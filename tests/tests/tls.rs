@@ -538,3 +538,43 @@ async fn a_node_removed_from_the_membership_is_refused_on_the_peer_port() {
     // The two that are left still serve.
     granted(&cluster.client_of(1), "after-removal").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_tls_serves_https_only() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let cluster = Cluster::start_tls(
+        1,
+        &[
+            ("FENCED_METRICS_LISTEN", &listen),
+            ("FENCED_METRICS_TLS", "true"),
+        ],
+    )
+    .await;
+    let pki = cluster.pki.clone().unwrap();
+    let (cert, key) = pki.client("scraper");
+    let mut conn = tls_connect(&listen, &pki.ca(), &cert, &key)
+        .await
+        .expect("a TLS handshake on the metrics port");
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut body)).await;
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.starts_with("HTTP/1.1 200") && text.contains("fenced_current_term"),
+        "{text}"
+    );
+    // Plain HTTP gets no metrics.
+    let mut tcp = TcpStream::connect(&listen).await.unwrap();
+    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut reply)).await;
+    assert!(
+        !String::from_utf8_lossy(&reply).contains("fenced_current_term"),
+        "metrics served in plaintext"
+    );
+}

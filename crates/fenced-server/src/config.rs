@@ -91,6 +91,11 @@ pub struct RunSettings {
     #[arg(long, env = "FENCED_CLIENT_CERT_AUTH")]
     #[serde(default)]
     pub client_cert_auth: bool,
+    /// Serve `/metrics` over HTTPS with the node's certificate (client
+    /// certificates optional); needs --tls-cert, --tls-key and --tls-ca.
+    #[arg(long, env = "FENCED_METRICS_TLS")]
+    #[serde(default)]
+    pub metrics_tls: bool,
     /// Serve plaintext on a non-loopback address (refused otherwise);
     /// anyone who reaches the ports can then rewrite the lease table.
     #[arg(long, env = "FENCED_INSECURE")]
@@ -124,6 +129,7 @@ impl RunSettings {
             tls_ca: self.tls_ca.or(file.tls_ca),
             client_cert_auth: self.client_cert_auth || file.client_cert_auth,
             insecure: self.insecure || file.insecure,
+            metrics_tls: self.metrics_tls || file.metrics_tls,
         }
     }
 
@@ -226,6 +232,10 @@ impl RunSettings {
             self.client_cert_auth,
         )?;
         secure_default(&cfg, self.insecure)?;
+        if self.metrics_tls && cfg.tls.is_none() {
+            return Err("metrics_tls: needs --tls-cert, --tls-key and --tls-ca".into());
+        }
+        cfg.metrics_tls = self.metrics_tls;
         cfg.proposer.clock_skew_ppm = self
             .test_clock_skew_ppm
             .unwrap_or(0)

@@ -67,6 +67,8 @@ pub struct NodeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// TLS on both ports (mutual between nodes); `None`: plaintext.
     pub tls: Option<TlsSettings>,
+    /// Serve `/metrics` over HTTPS with the same certificate (needs `tls`).
+    pub metrics_tls: bool,
 }
 
 impl NodeConfig {
@@ -101,6 +103,7 @@ impl NodeConfig {
             request_timeout: Duration::from_secs(10),
             metrics_listen: None,
             tls: None,
+            metrics_tls: false,
         }
     }
 }
@@ -293,9 +296,11 @@ impl RunningNode {
             stop.clone(),
         )));
         if let Some(listener) = metrics_listener {
+            let metrics_tls = tls.as_ref().filter(|_| cfg.metrics_tls);
             tasks.push(tokio::spawn(metrics::serve(
                 listener,
                 ctx.clone(),
+                metrics_tls.map(|t| t.metrics.clone()),
                 stop.clone(),
             )));
         }

@@ -222,6 +222,8 @@ pub struct NodeTls {
     pub client: TlsAcceptor,
     /// The peer port: mutual TLS, members only.
     pub peer: TlsAcceptor,
+    /// `/metrics` over HTTPS (HTTP/1.1), client certificates optional.
+    pub metrics: TlsAcceptor,
     /// Raft connections to peers, with this node's certificate.
     pub connector: TlsConnector,
     pub members: Members,
@@ -277,31 +279,30 @@ pub fn load(settings: &TlsSettings, members: Members) -> Result<NodeTls, String>
         .map_err(|e| format!("tls_key {}: {e}", settings.key.display()))?;
     let bad = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
 
-    let client_verifier = {
+    let server =
+        |verifier: Arc<dyn ClientCertVerifier>, alpn: &[u8]| -> Result<TlsAcceptor, String> {
+            let mut cfg = ServerConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| bad("tls", &e))?
+                .with_client_cert_verifier(verifier)
+                .with_single_cert(chain.clone(), key.clone_key())
+                .map_err(|e| bad("tls_cert/tls_key", &e))?;
+            // gRPC clients require HTTP/2 by ALPN; Raft connections offer none.
+            cfg.alpn_protocols = vec![alpn.to_vec()];
+            Ok(TlsAcceptor::from(Arc::new(cfg)))
+        };
+    let verifier = |optional: bool| {
         let b = WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), provider());
-        if settings.client_cert_auth {
-            b
-        } else {
+        if optional {
             b.allow_unauthenticated()
+        } else {
+            b
         }
         .build()
-        .map_err(|e| bad("tls_ca", &e))?
-    };
-    let server = |verifier: Arc<dyn ClientCertVerifier>| -> Result<TlsAcceptor, String> {
-        let mut cfg = ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| bad("tls", &e))?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(chain.clone(), key.clone_key())
-            .map_err(|e| bad("tls_cert/tls_key", &e))?;
-        // gRPC clients require HTTP/2 by ALPN; Raft connections offer none.
-        cfg.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(TlsAcceptor::from(Arc::new(cfg)))
+        .map_err(|e| bad("tls_ca", &e))
     };
     let member_verifier = Arc::new(MemberVerifier {
-        chain: WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), provider())
-            .build()
-            .map_err(|e| bad("tls_ca", &e))?,
+        chain: verifier(false)?,
         members: members.clone(),
     });
     let connector = ClientConfig::builder_with_provider(provider())
@@ -311,8 +312,9 @@ pub fn load(settings: &TlsSettings, members: Members) -> Result<NodeTls, String>
         .with_client_auth_cert(chain.clone(), key.clone_key())
         .map_err(|e| bad("tls_cert/tls_key", &e))?;
     Ok(NodeTls {
-        client: server(client_verifier)?,
-        peer: server(member_verifier)?,
+        client: server(verifier(!settings.client_cert_auth)?, b"h2")?,
+        peer: server(member_verifier, b"h2")?,
+        metrics: server(verifier(true)?, b"http/1.1")?,
         connector: TlsConnector::from(Arc::new(connector)),
         members,
         ca_pem,
