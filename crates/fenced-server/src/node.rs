@@ -270,9 +270,6 @@ impl RunningNode {
 
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
-        if tls.is_some() {
-            tasks.push(tokio::spawn(members.follow(raft.clone(), stop.clone())));
-        }
         tasks.push(tokio::spawn(run_leader_watch(
             raft.clone(),
             Arc::clone(&shared),
@@ -284,6 +281,11 @@ impl RunningNode {
             time,
             proposer,
         )));
+        // After the two tasks above, which shutdown aborts first; this one
+        // ends with `stop`.
+        if tls.is_some() {
+            tasks.push(tokio::spawn(members.follow(raft.clone(), stop.clone())));
+        }
         let (health_reporter, health_server) = tonic_health::server::health_reporter();
         tasks.push(tokio::spawn(health::watch(
             raft.clone(),

@@ -69,17 +69,26 @@ pub async fn accept(
                 let _ = grpc.send(Ok(Routed::new(head.to_vec(), stream))).await;
                 return;
             }
-            // With TLS, the node the certificate names; it must stay a member.
-            let from = tls
-                .as_ref()
-                .and_then(|t| Some((stream.peer_node()?, t.members.clone())));
+            // With TLS, the node the certificate names (the handshake made
+            // sure there is one); it must stay a member.
+            let from = match &tls {
+                None => None,
+                Some(t) => match stream.peer_node() {
+                    Some(id) => Some((id, t.members.clone())),
+                    None => return,
+                },
+            };
             tokio::select! {
                 _ = stop.cancelled() => {}
                 r = serve_raft(stream, peer, from) => match r {
                     Ok(()) => {}
                     // A peer speaking another codec version (a
                     // rolling upgrade) or garbage: worth a warning.
-                    Err(e) if matches!(e.kind(), io::ErrorKind::InvalidData | io::ErrorKind::PermissionDenied) => {
+                    Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                        tracing::warn!(peer = %addr, error = %e, "malformed raft frame; connection closed");
+                    }
+                    // A node removed from the membership.
+                    Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
                         tracing::warn!(peer = %addr, error = %e, "raft connection closed");
                     }
                     Err(e) => {
