@@ -284,7 +284,14 @@ impl RunningNode {
         // After the two tasks above, which shutdown aborts first; this one
         // ends with `stop`.
         if tls.is_some() {
-            tasks.push(tokio::spawn(members.follow(raft.clone(), stop.clone())));
+            // Set before either port accepts, then kept up to date.
+            let initial = cfg.initial_cluster.keys().copied().collect();
+            members.refresh(&raft, &initial);
+            tasks.push(tokio::spawn(members.follow(
+                raft.clone(),
+                initial,
+                stop.clone(),
+            )));
         }
         let (health_reporter, health_server) = tonic_health::server::health_reporter();
         tasks.push(tokio::spawn(health::watch(

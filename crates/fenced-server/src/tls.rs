@@ -84,22 +84,33 @@ impl Members {
         }
     }
 
+    /// Takes the membership `raft` knows now; while it knows none, the
+    /// `initial` cluster's ids (empty: none, see [`Members::admits`]).
+    pub fn refresh(&self, raft: &Raft, initial: &BTreeSet<NodeId>) {
+        let mut ids: BTreeSet<NodeId> = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect();
+        if ids.is_empty() {
+            ids.clone_from(initial);
+        }
+        let ids = (!ids.is_empty()).then_some(ids);
+        if ids.as_ref() != self.current().as_ref() {
+            tracing::info!(members = ?ids, "peer certificates admitted for these node ids");
+            self.set(ids);
+        }
+    }
+
     /// Follows `raft`'s membership until `stop`.
-    pub async fn follow(self, raft: Raft, stop: CancellationToken) {
+    pub async fn follow(self, raft: Raft, initial: BTreeSet<NodeId>, stop: CancellationToken) {
         let mut metrics = raft.metrics();
         loop {
-            let ids: BTreeSet<NodeId> = metrics
-                .borrow_and_update()
-                .membership_config
-                .membership()
-                .nodes()
-                .map(|(id, _)| *id)
-                .collect();
-            let ids = (!ids.is_empty()).then_some(ids);
-            if ids.as_ref() != self.current().as_ref() {
-                tracing::info!(members = ?ids, "peer certificates admitted for these node ids");
-                self.set(ids);
-            }
+            metrics.borrow_and_update();
+            self.refresh(&raft, &initial);
             tokio::select! {
                 _ = stop.cancelled() => return,
                 r = metrics.changed() => if r.is_err() { return },
