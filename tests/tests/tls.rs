@@ -82,6 +82,10 @@ async fn a_tls_cluster_elects_grants_and_survives_a_leader_kill() {
             "port {port} answered plaintext"
         );
     }
+    // Without --client-cert-auth a client certificate is optional.
+    let pki = cluster.pki.clone().unwrap();
+    let anonymous = Client::with_tls(cluster.endpoints(), Some(&pki.client_options(None))).unwrap();
+    granted(&anonymous, "tls-d").await;
     // fencectl speaks TLS with --cacert, --cert and --key.
     let out = cluster.fencectl(&["describe", "tls-c"]);
     assert!(
