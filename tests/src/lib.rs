@@ -17,13 +17,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_client::Client;
+use fenced_client::{Client, TlsOptions};
 use fenced_proto::v1::{cluster_client::ClusterClient, lock_client::LockClient, StatusResponse};
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
 };
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 /// The directory holding the workspace's built binaries.
 pub fn bin_dir() -> PathBuf {
@@ -129,12 +129,122 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     (status, body.to_string())
 }
 
+/// Certificates made by `fenced certs` in one directory: a CA, nodes by
+/// id and clients by name.
+#[derive(Debug, Clone)]
+pub struct Pki {
+    pub dir: PathBuf,
+}
+
+impl Pki {
+    /// A new CA in `dir`.
+    pub fn new(dir: &Path) -> Pki {
+        let pki = Pki {
+            dir: dir.to_path_buf(),
+        };
+        pki.certs(&["ca"]);
+        pki
+    }
+
+    /// Runs `fenced certs ARGS --dir DIR`; panics when it fails.
+    pub fn certs(&self, args: &[&str]) {
+        let out = Command::new(bin("fenced"))
+            .arg("certs")
+            .args(args)
+            .arg("--dir")
+            .arg(&self.dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "fenced certs {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// Node `id`'s certificate and key (made on first use, for 127.0.0.1).
+    pub fn node(&self, id: u64) -> (PathBuf, PathBuf) {
+        let (cert, key) = (
+            self.dir.join(format!("node-{id}.pem")),
+            self.dir.join(format!("node-{id}-key.pem")),
+        );
+        if !cert.exists() {
+            self.certs(&["node", "--id", &id.to_string(), "--host", "127.0.0.1"]);
+        }
+        (cert, key)
+    }
+
+    /// Service `name`'s server certificate and key for 127.0.0.1 (made on
+    /// first use).
+    pub fn server(&self, name: &str) -> (PathBuf, PathBuf) {
+        let (cert, key) = (
+            self.dir.join(format!("server-{name}.pem")),
+            self.dir.join(format!("server-{name}-key.pem")),
+        );
+        if !cert.exists() {
+            self.certs(&["server", "--name", name, "--host", "127.0.0.1"]);
+        }
+        (cert, key)
+    }
+
+    /// A gRPC channel to `addr` trusting this CA, showing client `name`'s
+    /// certificate when given.
+    pub fn channel(&self, addr: &str, name: Option<&str>) -> Channel {
+        let read = |p: &Path| std::fs::read(p).unwrap();
+        let mut tls =
+            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(&self.ca())));
+        if let Some(name) = name {
+            let (cert, key) = self.client(name);
+            tls = tls.identity(Identity::from_pem(read(&cert), read(&key)));
+        }
+        Channel::from_shared(format!("https://{addr}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .timeout(Duration::from_secs(5))
+            .connect_lazy()
+    }
+
+    /// Client `name`'s certificate and key (made on first use).
+    pub fn client(&self, name: &str) -> (PathBuf, PathBuf) {
+        let (cert, key) = (
+            self.dir.join(format!("client-{name}.pem")),
+            self.dir.join(format!("client-{name}-key.pem")),
+        );
+        if !cert.exists() {
+            self.certs(&["client", "--name", name]);
+        }
+        (cert, key)
+    }
+
+    /// Client options trusting this CA, with client `name`'s certificate.
+    pub fn client_options(&self, name: Option<&str>) -> TlsOptions {
+        let options = TlsOptions::new().ca(self.ca());
+        match name {
+            Some(n) => {
+                let (cert, key) = self.client(n);
+                options.identity(cert, key)
+            }
+            None => options,
+        }
+    }
+}
+
+/// The client name the harness's own calls use on a TLS cluster.
+pub const HARNESS_CLIENT: &str = "harness";
+
 /// A cluster of `fenced run` processes on loopback.
 pub struct Cluster {
     pub nodes: Vec<NodeProc>,
     pub dir: tempfile::TempDir,
     initial_cluster: String,
     extra_env: Vec<(String, String)>,
+    /// Set: the nodes run with TLS from these certificates.
+    pub pki: Option<Pki>,
 }
 
 impl Cluster {
@@ -146,6 +256,20 @@ impl Cluster {
     /// Like [`Cluster::start`], with extra `FENCED_*` settings for every node.
     pub async fn start_with(n: u64, env: &[(&str, &str)]) -> Cluster {
         let mut cluster = Self::stopped(n, env);
+        cluster.start_all().await;
+        cluster
+    }
+
+    /// Like [`Cluster::start_with`], with TLS on both ports from
+    /// certificates made by `fenced certs`.
+    pub async fn start_tls(n: u64, env: &[(&str, &str)]) -> Cluster {
+        let mut cluster = Self::stopped(n, env);
+        let pki = Pki::new(&cluster.dir.path().join("pki"));
+        for id in 1..=n {
+            pki.node(id);
+        }
+        pki.client(HARNESS_CLIENT);
+        cluster.pki = Some(pki);
         cluster.start_all().await;
         cluster
     }
@@ -190,6 +314,7 @@ impl Cluster {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            pki: None,
         }
     }
 
@@ -204,7 +329,17 @@ impl Cluster {
     /// Starts node `id` (again), with the same arguments as before.
     pub fn spawn(&mut self, id: u64) {
         let initial = self.initial_cluster.clone();
-        let env = self.extra_env.clone();
+        let mut env = self.extra_env.clone();
+        if let Some(pki) = &self.pki {
+            let (cert, key) = pki.node(id);
+            for (k, v) in [
+                ("FENCED_TLS_CERT", cert),
+                ("FENCED_TLS_KEY", key),
+                ("FENCED_TLS_CA", pki.ca()),
+            ] {
+                env.insert(0, (k.to_string(), v.to_str().unwrap().to_string()));
+            }
+        }
         let node = self.node_mut(id);
         assert!(node.child.is_none(), "node {id} is already running");
         let log = File::options()
@@ -293,18 +428,29 @@ impl Cluster {
     }
 
     pub fn client(&self) -> Client {
-        Client::new(self.endpoints()).unwrap()
+        Client::with_tls(self.endpoints(), self.harness_tls().as_ref()).unwrap()
     }
 
     /// A client that only knows node `id`.
     pub fn client_of(&self, id: u64) -> Client {
-        Client::new([self.node(id).client_addr()]).unwrap()
+        Client::with_tls([self.node(id).client_addr()], self.harness_tls().as_ref()).unwrap()
+    }
+
+    /// On a TLS cluster: the harness's own client options.
+    pub fn harness_tls(&self) -> Option<TlsOptions> {
+        self.pki
+            .as_ref()
+            .map(|p| p.client_options(Some(HARNESS_CLIENT)))
     }
 
     pub fn channel(&self, id: u64) -> Channel {
-        Channel::from_shared(format!("http://{}", self.node(id).client_addr()))
-            .unwrap()
-            .connect_lazy()
+        let addr = self.node(id).client_addr();
+        match &self.pki {
+            None => Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect_lazy(),
+            Some(pki) => pki.channel(&addr, Some(HARNESS_CLIENT)),
+        }
     }
 
     pub fn lock_client(&self, id: u64) -> LockClient<Channel> {
@@ -382,12 +528,18 @@ impl Cluster {
 
     /// Runs fencectl against this cluster.
     pub fn fencectl(&self, args: &[&str]) -> Output {
-        Command::new(bin("fencectl"))
-            .arg("--endpoints")
-            .arg(self.endpoints().join(","))
-            .args(args)
-            .output()
-            .unwrap()
+        let mut cmd = Command::new(bin("fencectl"));
+        cmd.arg("--endpoints").arg(self.endpoints().join(","));
+        if let Some(pki) = &self.pki {
+            let (cert, key) = pki.client(HARNESS_CLIENT);
+            cmd.arg("--cacert")
+                .arg(pki.ca())
+                .arg("--cert")
+                .arg(cert)
+                .arg("--key")
+                .arg(key);
+        }
+        cmd.args(args).output().unwrap()
     }
 
     /// Every node's log, for failure messages.

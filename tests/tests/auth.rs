@@ -146,8 +146,38 @@ async fn callers_without_a_known_token_are_unauthenticated() {
     forged
         .metadata_mut()
         .insert("x-fenced-identity", MetadataValue::from_static("root"));
-    let err = cluster.lock_client(1).describe(forged).await.unwrap_err();
+    let err = cluster
+        .lock_client(1)
+        .describe(forged.clone_for_peer())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    // Nor on the peer port without TLS: only a member node's certificate
+    // makes a forwarded identity believable.
+    let peer = tonic::transport::Channel::from_shared(format!(
+        "http://127.0.0.1:{}",
+        cluster.nodes[0].peer_port
+    ))
+    .unwrap()
+    .connect_lazy();
+    let err = v1::lock_client::LockClient::new(peer)
+        .describe(forged)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+}
+
+/// The same request again (metadata included), for a second target.
+trait CloneForPeer {
+    fn clone_for_peer(&self) -> Self;
+}
+
+impl CloneForPeer for tonic::Request<v1::DescribeRequest> {
+    fn clone_for_peer(&self) -> Self {
+        let mut again = tonic::Request::new(self.get_ref().clone());
+        *again.metadata_mut() = self.metadata().clone();
+        again
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

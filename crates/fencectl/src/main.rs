@@ -3,7 +3,7 @@
 //! Exit codes: 0 success, 3 an expected refusal (held, lost, not holder),
 //! 4 refused by authentication or permission, 1 an error, 2 a usage error.
 
-use std::{process::ExitCode, time::Duration};
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 mod hold;
 mod resource;
@@ -11,7 +11,7 @@ mod supervise;
 
 use clap::{Parser, Subcommand};
 use fenced_client::{
-    AcquireOutcome, Client, ClientError, ReleaseOutcome, RenewOutcome, DEV_ENDPOINTS,
+    AcquireOutcome, Client, ClientError, ReleaseOutcome, RenewOutcome, TlsOptions, DEV_ENDPOINTS,
 };
 use fenced_core::OwnerId;
 use serde_json::{json, Value};
@@ -39,6 +39,21 @@ struct Cli {
     /// A file holding the bearer token (its first line).
     #[arg(long, env = "FENCED_TOKEN_FILE", conflicts_with = "auth_token")]
     token_file: Option<std::path::PathBuf>,
+    /// The CA (PEM) that signed the nodes' certificates: turns TLS on
+    /// (endpoints are then https://).
+    #[arg(
+        long = "cacert",
+        id = "tls_cacert",
+        env = "FENCED_CACERT",
+        global = true
+    )]
+    tls_cacert: Option<PathBuf>,
+    /// This client's certificate (PEM), for a cluster that requires one.
+    #[arg(long = "cert", id = "tls_cert", env = "FENCED_CERT", global = true)]
+    tls_cert: Option<PathBuf>,
+    /// This client's private key (PEM).
+    #[arg(long = "key", id = "tls_key", env = "FENCED_KEY", global = true)]
+    tls_key: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -166,9 +181,14 @@ fn owner_id(text: &str) -> Result<OwnerId, ClientError> {
     OwnerId::parse(text).map_err(|e| ClientError::InvalidArgument(e.to_string()))
 }
 
-async fn execute(client: &Client, command: Cmd, json_out: bool) -> Result<Report, ClientError> {
+async fn execute(
+    client: &Client,
+    tls: Option<&TlsOptions>,
+    command: Cmd,
+    json_out: bool,
+) -> Result<Report, ClientError> {
     Ok(match command {
-        Cmd::Resource(command) => return resource::execute(command).await,
+        Cmd::Resource(command) => return resource::execute(command, tls).await,
         Cmd::Lock {
             resource,
             ttl,
@@ -398,11 +418,20 @@ fn main() -> ExitCode {
     };
     let json_out = cli.json;
     let result = runtime.block_on(async {
-        let mut client = Client::new(&endpoints)?.with_call_timeout(cli.timeout);
+        let tls = (cli.tls_cacert.is_some()
+            || cli.tls_cert.is_some()
+            || cli.tls_key.is_some()
+            || endpoints.iter().any(|e| e.starts_with("https://")))
+        .then(|| TlsOptions {
+            ca: cli.tls_cacert.clone(),
+            cert: cli.tls_cert.clone(),
+            key: cli.tls_key.clone(),
+        });
+        let mut client = Client::with_tls(&endpoints, tls.as_ref())?.with_call_timeout(cli.timeout);
         if let Some(token) = bearer_token(&cli)? {
             client = client.with_token(&token)?;
         }
-        execute(&client, cli.command, json_out).await
+        execute(&client, tls.as_ref(), cli.command, json_out).await
     });
     match result {
         Ok(report) => {

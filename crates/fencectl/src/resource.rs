@@ -3,13 +3,16 @@
 use std::time::Duration;
 
 use clap::{Subcommand, ValueEnum};
-use fenced_client::ClientError;
+use fenced_client::{ClientError, TlsOptions};
 use fenced_proto::v1::{
     fenced_resource_client::FencedResourceClient, put_response, FenceMode, GetRequest, PutRequest,
     RejectReason,
 };
 use serde_json::json;
-use tonic::{transport::Channel, Code, Status};
+use tonic::{
+    transport::{Certificate, Channel, ClientTlsConfig, Identity},
+    Code, Status,
+};
 
 use crate::{owner_id, Report};
 
@@ -87,24 +90,48 @@ fn client_error(s: Status) -> ClientError {
     }
 }
 
-fn connect(endpoint: &str) -> Result<FencedResourceClient<Channel>, ClientError> {
+fn connect(
+    endpoint: &str,
+    tls: Option<&TlsOptions>,
+) -> Result<FencedResourceClient<Channel>, ClientError> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let url = if endpoint.contains("://") {
         endpoint.to_string()
     } else {
-        format!("http://{endpoint}")
+        format!("{scheme}://{endpoint}")
     };
-    let channel = Channel::from_shared(url)
-        .map_err(|e| ClientError::Endpoint {
-            endpoint: endpoint.to_string(),
-            reason: e.to_string(),
-        })?
+    let bad = |reason: String| ClientError::Endpoint {
+        endpoint: endpoint.to_string(),
+        reason,
+    };
+    let mut channel = Channel::from_shared(url).map_err(|e| bad(e.to_string()))?;
+    if let Some(tls) = tls {
+        let read = |p: &std::path::PathBuf| {
+            std::fs::read(p).map_err(|e| ClientError::Tls(format!("{}: {e}", p.display())))
+        };
+        let ca = tls
+            .ca
+            .as_ref()
+            .ok_or_else(|| ClientError::Tls("https:// needs the CA: --cacert".into()))?;
+        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+        if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
+            config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        channel = channel
+            .tls_config(config)
+            .map_err(|e| ClientError::Tls(e.to_string()))?;
+    }
+    let channel = channel
         .timeout(CALL_TIMEOUT)
         .connect_timeout(CALL_TIMEOUT)
         .connect_lazy();
     Ok(FencedResourceClient::new(channel))
 }
 
-pub(crate) async fn execute(command: ResourceCmd) -> Result<Report, ClientError> {
+pub(crate) async fn execute(
+    command: ResourceCmd,
+    tls: Option<&TlsOptions>,
+) -> Result<Report, ClientError> {
     match command {
         ResourceCmd::Put {
             key,
@@ -136,7 +163,7 @@ pub(crate) async fn execute(command: ResourceCmd) -> Result<Report, ClientError>
                 expected_version,
                 sequence,
             };
-            let reply = connect(&endpoint)?
+            let reply = connect(&endpoint, tls)?
                 .put(request)
                 .await
                 .map_err(client_error)?
@@ -178,7 +205,7 @@ pub(crate) async fn execute(command: ResourceCmd) -> Result<Report, ClientError>
             })
         }
         ResourceCmd::Get { key, endpoint } => {
-            let reply = connect(&endpoint)?
+            let reply = connect(&endpoint, tls)?
                 .get(GetRequest {
                     key: key.clone().into_bytes(),
                 })

@@ -17,7 +17,11 @@ use tonic::{
     Code, Status,
 };
 
-use crate::{clock::Moment, transport, LeaseOptions};
+use crate::{
+    clock::Moment,
+    tls::{self, TlsOptions},
+    transport, LeaseOptions,
+};
 
 /// The longest one attempt may take (beyond a blocking acquire's wait)
 /// before the call is retried, on the next node: a node that lost touch with
@@ -60,6 +64,10 @@ pub enum ClientError {
     /// An endpoint is not a valid address.
     #[error("endpoint {endpoint}: {reason}")]
     Endpoint { endpoint: String, reason: String },
+    /// TLS failed (a certificate refused either way, a wrong CA); the
+    /// message says what to check. Not retried.
+    #[error("{0}")]
+    Tls(String),
     /// Any other failure reported by the server.
     #[error("server error: {0}")]
     Server(String),
@@ -212,6 +220,23 @@ impl Client {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        Self::with_tls(endpoints, None)
+    }
+
+    /// Like [`Client::new`]; with `tls`, `https://` endpoints are accepted
+    /// (and plain `host:port` ones mean `https://`).
+    pub fn with_tls<I, S>(endpoints: I, tls: Option<&TlsOptions>) -> Result<Self, ClientError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let connector = transport::Connector {
+            tls: tls
+                .map(TlsOptions::connector)
+                .transpose()
+                .map_err(ClientError::Tls)?,
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut list = Vec::new();
         for e in endpoints {
             let e = e.as_ref().trim().to_string();
@@ -221,21 +246,29 @@ impl Client {
             let url = if e.contains("://") {
                 e.clone()
             } else {
-                format!("http://{e}")
+                format!("{scheme}://{e}")
             };
-            if !url.starts_with("http://") {
+            if !url.starts_with(&format!("{scheme}://")) {
                 return Err(ClientError::Endpoint {
                     endpoint: e,
-                    reason: "only http:// endpoints (host:port): this client speaks no TLS".into(),
+                    reason: if tls.is_some() {
+                        "only https:// endpoints with TLS options".into()
+                    } else {
+                        "only http:// endpoints (host:port) without TLS options \
+                         (https:// needs a CA: TlsOptions, fencectl --cacert)"
+                            .into()
+                    },
                 });
             }
+            // The connector does the TLS (see transport::Connector).
+            let url = url.replacen("https://", "http://", 1);
             let channel = Channel::from_shared(url)
                 .map_err(|err| ClientError::Endpoint {
                     endpoint: e.clone(),
                     reason: err.to_string(),
                 })?
                 .connect_timeout(transport::CONNECT_TIMEOUT)
-                .connect_with_connector_lazy(transport::Connector);
+                .connect_with_connector_lazy(connector.clone());
             list.push((e, channel));
         }
         if list.is_empty() {
@@ -338,6 +371,9 @@ impl Client {
             match f(channel.clone(), left).await {
                 Ok(v) => return Ok((v, sent)),
                 Err(status) => {
+                    if let Some(tls) = tls::failure(&status) {
+                        return Err(ClientError::Tls(tls));
+                    }
                     let status = classify(status)?;
                     last = format!("{name}: {}", status.message());
                     tracing::debug!(endpoint = %name, error = %last, "retrying on the next endpoint");
@@ -523,7 +559,10 @@ impl Client {
                 .status(req)
                 .await
                 .map(|r| r.into_inner())
-                .map_err(|s| ClientError::Unavailable(format!("{name}: {}", s.message())));
+                .map_err(|s| match tls::failure(&s) {
+                    Some(tls) => ClientError::Tls(tls),
+                    None => ClientError::Unavailable(format!("{name}: {}", s.message())),
+                });
             out.push((name.clone(), r));
         }
         out

@@ -25,7 +25,9 @@
 mod client;
 mod clock;
 mod lease;
+mod tls;
 mod transport;
 
 pub use client::*;
 pub use lease::{Acquired, Lease, LeaseHandle, LeaseOptions, LossReason};
+pub use tls::TlsOptions;

@@ -20,7 +20,10 @@ use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
 };
+use tokio_rustls::TlsConnector;
 use tonic::codegen::http::Uri;
+
+use crate::tls::{self, ClientStream};
 
 /// Bytes held before a write goes through without waiting for a flush.
 const HOLD_LIMIT: usize = 64 * 1024;
@@ -140,14 +143,18 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalescing<S> {
     }
 }
 
-/// Opens TCP connections (Nagle off) for tonic, wrapped in [`Coalescing`].
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Connector;
+/// Opens TCP connections (Nagle off) for tonic, wrapped in [`Coalescing`];
+/// `https://` ones then go through TLS.
+#[derive(Clone, Default)]
+pub(crate) struct Connector {
+    pub(crate) tls: Option<TlsConnector>,
+}
 
-type Connecting = Pin<Box<dyn Future<Output = io::Result<TokioIo<Coalescing<TcpStream>>>> + Send>>;
+type Connecting =
+    Pin<Box<dyn Future<Output = io::Result<TokioIo<Coalescing<ClientStream>>>> + Send>>;
 
 impl tower_service::Service<Uri> for Connector {
-    type Response = TokioIo<Coalescing<TcpStream>>;
+    type Response = TokioIo<Coalescing<ClientStream>>;
     type Error = io::Error;
     type Future = Connecting;
 
@@ -156,17 +163,22 @@ impl tower_service::Service<Uri> for Connector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
+        let tls = self.tls.clone();
         Box::pin(async move {
             let host = uri.host().ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}"))
             })?;
+            // tonic refuses an https:// URI with a connector of one's own:
+            // the client hands it http:// and TLS is this connector's.
             if uri.scheme_str() != Some("http") {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
-                    format!("{uri}: only http:// (no TLS)"),
+                    format!("{uri}: only http:// (TLS comes from the connector)"),
                 ));
             }
-            let port = uri.port_u16().unwrap_or(80);
+            let port = uri
+                .port_u16()
+                .unwrap_or(if tls.is_some() { 443 } else { 80 });
             // An IPv6 literal comes bracketed in a URI.
             let host = host.trim_start_matches('[').trim_end_matches(']');
             // A name's addresses are tried in turn within tonic's one
@@ -174,6 +186,10 @@ impl tower_service::Service<Uri> for Connector {
             // with one address each.
             let stream = TcpStream::connect((host, port)).await?;
             stream.set_nodelay(true)?;
+            let stream = match tls {
+                None => ClientStream::Plain(stream),
+                Some(tls) => tls::handshake(&tls, host, format!("{host}:{port}"), stream).await?,
+            };
             Ok(TokioIo::new(Coalescing::new(stream)))
         })
     }
@@ -313,12 +329,12 @@ mod tests {
             format!("http://localhost:{port}"),
         ] {
             let uri: Uri = url.parse().unwrap();
-            let connected = Connector.call(uri).await;
+            let connected = Connector::default().call(uri).await;
             assert!(connected.is_ok(), "{url}: {:?}", connected.err());
             let (_peer, _) = listener.accept().await.unwrap();
         }
         let uri: Uri = format!("https://127.0.0.1:{port}").parse().unwrap();
-        let refused = Connector.call(uri).await.err().unwrap();
+        let refused = Connector::default().call(uri).await.err().unwrap();
         assert_eq!(refused.kind(), io::ErrorKind::InvalidInput);
     }
 

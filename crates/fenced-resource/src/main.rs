@@ -4,6 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use clap::{Parser, Subcommand};
 use fenced_resource::{service::ResourceService, FenceStore, Mode};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -35,7 +36,43 @@ enum Command {
             default_value = "allow_equal"
         )]
         default_mode: Mode,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
+}
+
+/// TLS on the gRPC port: all three files, or none (plaintext).
+#[derive(clap::Args)]
+struct TlsArgs {
+    /// The service's certificate (PEM), e.g. from `fenced certs node`.
+    #[arg(long, env = "FENCED_RESOURCE_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "FENCED_RESOURCE_TLS_KEY", requires_all = ["tls_cert", "tls_ca"])]
+    tls_key: Option<PathBuf>,
+    /// The CA (PEM) that signs client certificates.
+    #[arg(long, env = "FENCED_RESOURCE_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    /// Require a client certificate signed by --tls-ca (optional otherwise).
+    #[arg(long, env = "FENCED_RESOURCE_CLIENT_CERT_AUTH", requires = "tls_ca")]
+    client_cert_auth: bool,
+}
+
+impl TlsArgs {
+    /// tonic's TLS settings, when TLS is on.
+    fn config(&self) -> Result<Option<ServerTlsConfig>, String> {
+        let (Some(cert), Some(key), Some(ca)) = (&self.tls_cert, &self.tls_key, &self.tls_ca)
+        else {
+            return Ok(None);
+        };
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+        Ok(Some(
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(read(cert)?, read(key)?))
+                .client_ca_root(Certificate::from_pem(read(ca)?))
+                .client_auth_optional(!self.client_cert_auth),
+        ))
+    }
 }
 
 async fn shutdown_signal() {
@@ -64,7 +101,15 @@ fn main() -> ExitCode {
         listen,
         data_dir,
         default_mode,
+        tls,
     } = cli.command;
+    let tls = match tls.config() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("fenced-resource: TLS: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let store = match FenceStore::open_with_mode(&data_dir, default_mode) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -83,8 +128,12 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        tracing::info!(%listen, data_dir = %data_dir.display(), %default_mode, "fenced-resource serving");
-        tonic::transport::Server::builder()
+        tracing::info!(%listen, data_dir = %data_dir.display(), %default_mode, tls = tls.is_some(), "fenced-resource serving");
+        let mut server = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            server = server.tls_config(tls)?;
+        }
+        server
             .add_service(ResourceService::new(store).into_server())
             .serve_with_shutdown(listen, shutdown_signal())
             .await

@@ -366,12 +366,23 @@ impl Auth {
         let Some(policy) = self.current() else {
             return Ok(None);
         };
-        let identity = identify(
-            &policy,
-            req.metadata(),
-            req.extensions().get::<Principal>(),
-            trusted_forward,
-        )?;
+        // The verified client certificate's name (client port, with TLS).
+        let from_certificate = req
+            .peer_certs()
+            .and_then(|certs| certs.first().and_then(|c| crate::tls::client_name(c)))
+            .map(Principal);
+        let principal = req
+            .extensions()
+            .get::<Principal>()
+            .or(from_certificate.as_ref());
+        // A forwarded identity is believed only from a member node: over the
+        // peer port's mutual TLS, which admits current members only.
+        let trusted_forward = trusted_forward
+            && req
+                .extensions()
+                .get::<crate::tls::PeerConnectInfo>()
+                .is_some_and(|info| info.certs.is_some());
+        let identity = identify(&policy, req.metadata(), principal, trusted_forward)?;
         policy
             .check(&identity, permission, operation, resource)
             .inspect_err(|_| {

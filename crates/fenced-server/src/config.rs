@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::{
     node::NodeConfig,
+    tls::TlsSettings,
     types::{Node, NodeId},
 };
 
@@ -112,6 +113,31 @@ pub struct RunSettings {
     /// Test-only: run the leader clock this many parts per million fast (or slow).
     #[arg(long, env = "FENCED_TEST_CLOCK_SKEW_PPM", hide = true)]
     pub test_clock_skew_ppm: Option<i64>,
+    /// This node's certificate (PEM); with --tls-key and --tls-ca turns TLS
+    /// on for both ports, mutual between nodes (see `fenced certs`).
+    #[arg(long, env = "FENCED_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// This node's private key (PEM).
+    #[arg(long, env = "FENCED_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// The CA (PEM) that signs node and client certificates.
+    #[arg(long, env = "FENCED_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Require a client certificate signed by --tls-ca on the client port
+    /// (it is optional there otherwise; the peer port always requires one).
+    #[arg(long, env = "FENCED_CLIENT_CERT_AUTH")]
+    #[serde(default)]
+    pub client_cert_auth: bool,
+    /// Serve `/metrics` over HTTPS with the node's certificate (client
+    /// certificates optional); needs --tls-cert, --tls-key and --tls-ca.
+    #[arg(long, env = "FENCED_METRICS_TLS")]
+    #[serde(default)]
+    pub metrics_tls: bool,
+    /// Serve plaintext on a non-loopback address (refused otherwise);
+    /// anyone who reaches the ports can then rewrite the lease table.
+    #[arg(long, env = "FENCED_INSECURE")]
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 impl RunSettings {
@@ -155,6 +181,12 @@ impl RunSettings {
             max_waiters_per_identity: self
                 .max_waiters_per_identity
                 .or(file.max_waiters_per_identity),
+            tls_cert: self.tls_cert.or(file.tls_cert),
+            tls_key: self.tls_key.or(file.tls_key),
+            tls_ca: self.tls_ca.or(file.tls_ca),
+            client_cert_auth: self.client_cert_auth || file.client_cert_auth,
+            insecure: self.insecure || file.insecure,
+            metrics_tls: self.metrics_tls || file.metrics_tls,
         }
     }
 
@@ -329,12 +361,85 @@ impl RunSettings {
             1,
             10_000_000,
         )?;
+        cfg.tls = tls_settings(
+            self.tls_cert,
+            self.tls_key,
+            self.tls_ca,
+            self.client_cert_auth,
+        )?;
+        secure_default(&cfg, self.insecure)?;
+        if self.metrics_tls && cfg.tls.is_none() {
+            return Err("metrics_tls: needs --tls-cert, --tls-key and --tls-ca".into());
+        }
+        cfg.metrics_tls = self.metrics_tls;
         cfg.proposer.clock_skew_ppm = self
             .test_clock_skew_ppm
             .unwrap_or(0)
             .clamp(-100_000, 100_000);
         Ok(cfg)
     }
+}
+
+/// All three files or none; `client_cert_auth` needs them.
+fn tls_settings(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    ca: Option<PathBuf>,
+    client_cert_auth: bool,
+) -> Result<Option<TlsSettings>, String> {
+    match (cert, key, ca) {
+        (Some(cert), Some(key), Some(ca)) => Ok(Some(TlsSettings {
+            cert,
+            key,
+            ca,
+            client_cert_auth,
+        })),
+        (None, None, None) if client_cert_auth => {
+            Err("client_cert_auth: needs --tls-cert, --tls-key and --tls-ca".into())
+        }
+        (None, None, None) => Ok(None),
+        (cert, key, ca) => {
+            let missing: Vec<&str> = [
+                ("--tls-cert", cert.is_none()),
+                ("--tls-key", key.is_none()),
+                ("--tls-ca", ca.is_none()),
+            ]
+            .into_iter()
+            .filter_map(|(f, m)| m.then_some(f))
+            .collect();
+            Err(format!(
+                "tls: {} missing (TLS needs all three)",
+                missing.join(" and ")
+            ))
+        }
+    }
+}
+
+/// Plaintext only on loopback, unless `--insecure` says otherwise (then a
+/// warning at every start).
+fn secure_default(cfg: &NodeConfig, insecure: bool) -> Result<(), String> {
+    if cfg.tls.is_some() {
+        return Ok(());
+    }
+    if insecure {
+        tracing::warn!(
+            client = %cfg.listen,
+            peer = %cfg.peer_listen,
+            "--insecure: serving plaintext without authentication; anyone who reaches these ports \
+             can take and release any lock and rewrite the cluster's state"
+        );
+        return Ok(());
+    }
+    for (flag, addr) in [("--listen", cfg.listen), ("--peer-listen", cfg.peer_listen)] {
+        if !addr.ip().is_loopback() {
+            return Err(format!(
+                "{flag} {addr} is not a loopback address and TLS is off: give --tls-cert, \
+                 --tls-key and --tls-ca (make them with `fenced certs`), or --insecure to \
+                 serve plaintext anyway"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn bounded(
@@ -451,6 +556,64 @@ mod tests {
     #[test]
     fn an_unknown_file_key_is_refused() {
         assert!(toml::from_str::<RunSettings>("idd = 1").is_err());
+    }
+
+    fn on(listen: &str, peer: &str) -> RunSettings {
+        RunSettings {
+            id: Some(1),
+            data_dir: Some("/tmp/x".into()),
+            listen: Some(listen.into()),
+            peer_listen: Some(peer.into()),
+            initial_cluster: Some(format!("1={peer}")),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn plaintext_on_a_non_loopback_address_needs_insecure() {
+        let err = on("0.0.0.0:7101", "127.0.0.1:7201")
+            .into_node_config()
+            .unwrap_err();
+        assert!(
+            err.contains("--listen 0.0.0.0:7101")
+                && err.contains("--tls-cert")
+                && err.contains("--insecure"),
+            "{err}"
+        );
+        let err = on("127.0.0.1:7101", "0.0.0.0:7201")
+            .into_node_config()
+            .unwrap_err();
+        assert!(err.contains("--peer-listen 0.0.0.0:7201"), "{err}");
+        let insecure = RunSettings {
+            insecure: true,
+            ..on("0.0.0.0:7101", "0.0.0.0:7201")
+        };
+        assert!(insecure.into_node_config().unwrap().tls.is_none());
+        assert!(on("127.0.0.1:7101", "[::1]:7201")
+            .into_node_config()
+            .is_ok());
+    }
+
+    #[test]
+    fn tls_needs_all_three_files() {
+        let half = RunSettings {
+            tls_cert: Some("c.pem".into()),
+            ..on("0.0.0.0:7101", "0.0.0.0:7201")
+        };
+        let err = half.into_node_config().unwrap_err();
+        assert!(err.contains("--tls-key and --tls-ca missing"), "{err}");
+        let all = RunSettings {
+            tls_cert: Some("c.pem".into()),
+            tls_key: Some("k.pem".into()),
+            tls_ca: Some("ca.pem".into()),
+            client_cert_auth: true,
+            ..on("0.0.0.0:7101", "0.0.0.0:7201")
+        };
+        let tls = all.into_node_config().unwrap().tls.unwrap();
+        assert!(tls.client_cert_auth);
+        let file: RunSettings =
+            toml::from_str("tls_ca = \"/etc/fenced/ca.pem\"\nclient_cert_auth = true").unwrap();
+        assert!(file.client_cert_auth);
     }
 
     #[test]

@@ -62,6 +62,7 @@ use tokio::sync::{mpsc, watch};
 use crate::{
     codec,
     network::{Peer, RaftCall},
+    tls::NodeTls,
     types::{Node, NodeId, TypeConfig},
 };
 
@@ -237,6 +238,8 @@ pub struct EarlyReplication {
     links: Mutex<HashMap<NodeId, Link>>,
     sent: AtomicU64,
     answers: Arc<EarlyAnswers>,
+    /// Copies go over mutual TLS when set.
+    tls: Option<Arc<NodeTls>>,
 }
 
 impl EarlyReplication {
@@ -251,7 +254,13 @@ impl EarlyReplication {
             links: Mutex::new(HashMap::new()),
             sent: AtomicU64::new(0),
             answers,
+            tls: None,
         }
+    }
+
+    /// Sends copies over mutual TLS.
+    pub fn with_tls(self, tls: Option<Arc<NodeTls>>) -> Self {
+        Self { tls, ..self }
     }
 
     pub fn answers(&self) -> &EarlyAnswers {
@@ -298,10 +307,10 @@ impl EarlyReplication {
                 .entry(target)
                 .and_modify(|l| {
                     if l.addr != addr {
-                        *l = Link::start(target, addr.clone());
+                        *l = Link::start(target, addr.clone(), self.tls.clone());
                     }
                 })
-                .or_insert_with(|| Link::start(target, addr.clone()));
+                .or_insert_with(|| Link::start(target, addr.clone(), self.tls.clone()));
             if link.busy.swap(true, Ordering::AcqRel) {
                 continue;
             }
@@ -328,10 +337,10 @@ impl EarlyReplication {
 impl Link {
     /// Starts the task that sends one follower its early copies in order;
     /// it ends when the link is dropped.
-    fn start(target: NodeId, addr: String) -> Self {
+    fn start(target: NodeId, addr: String, tls: Option<Arc<NodeTls>>) -> Self {
         let (tx, mut rx) = mpsc::channel::<(Vec<u8>, watch::Sender<Answer>)>(1);
         let busy = Arc::new(AtomicBool::new(false));
-        let mut peer = Peer::new(target, addr.clone());
+        let mut peer = Peer::new(target, addr.clone()).with_tls(tls);
         let done = Arc::clone(&busy);
         tokio::spawn(async move {
             while let Some((frame, answer)) = rx.recv().await {

@@ -20,7 +20,7 @@
 
 use std::{
     hash::{BuildHasher, RandomState},
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -33,6 +33,7 @@ use crate::{
     codec,
     log_store::LogStore,
     network::{Peer, RaftCall},
+    tls::NodeTls,
     types::{NodeId, Raft},
 };
 
@@ -99,6 +100,8 @@ pub struct Election {
     jitter: RandomState,
     /// This node's log: the last log id a pre-vote compares.
     log: LogStore,
+    /// Pre-votes go over mutual TLS when set.
+    tls: Option<Arc<NodeTls>>,
 }
 
 impl Election {
@@ -116,7 +119,13 @@ impl Election {
             last_contact: Mutex::new(None),
             jitter: RandomState::new(),
             log,
+            tls: None,
         }
+    }
+
+    /// Asks for pre-votes over mutual TLS.
+    pub fn with_tls(self, tls: Option<Arc<NodeTls>>) -> Self {
+        Self { tls, ..self }
     }
 
     /// This node accepted a message from a leader (an AppendEntries or a
@@ -231,7 +240,7 @@ impl Election {
         };
         let mut asks = JoinSet::new();
         for (id, addr) in voters.iter().filter(|(id, _)| *id != self.me) {
-            let mut peer = Peer::new(*id, addr.clone());
+            let mut peer = Peer::new(*id, addr.clone()).with_tls(self.tls.clone());
             let payload = payload.clone();
             let timeout = self.check_min;
             asks.spawn(async move {

@@ -18,7 +18,7 @@ use std::{
 
 use openraft::ServerState;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic_health::{
     pb::{health_check_response, health_client::HealthClient, HealthCheckRequest},
     server::HealthReporter,
@@ -27,6 +27,7 @@ use tonic_health::{
 
 use crate::{
     state_machine::Shared,
+    tls::TlsSettings,
     types::{Node, NodeId, Raft},
 };
 
@@ -151,15 +152,30 @@ fn causes(e: &dyn std::error::Error) -> String {
 pub type CheckedStatus = health_check_response::ServingStatus;
 
 /// Asks `endpoint` (host:port) for the health of `service`; the whole call
-/// takes at most `timeout`.
+/// takes at most `timeout`. With `tls`, over TLS showing that certificate
+/// (a node's own will do on both of its ports).
 pub async fn check(
     endpoint: &str,
     service: &str,
     timeout: Duration,
+    tls: Option<&TlsSettings>,
 ) -> Result<CheckedStatus, String> {
     let call = async {
-        let channel = Endpoint::from_shared(format!("http://{endpoint}"))
-            .map_err(|e| format!("endpoint: {endpoint:?} is not host:port ({e})"))?
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut channel = Endpoint::from_shared(format!("{scheme}://{endpoint}"))
+            .map_err(|e| format!("endpoint: {endpoint:?} is not host:port ({e})"))?;
+        if let Some(t) = tls {
+            let read =
+                |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+            channel = channel
+                .tls_config(
+                    ClientTlsConfig::new()
+                        .ca_certificate(Certificate::from_pem(read(&t.ca)?))
+                        .identity(Identity::from_pem(read(&t.cert)?, read(&t.key)?)),
+                )
+                .map_err(|e| format!("TLS: {}", causes(&e)))?;
+        }
+        let channel = channel
             .connect_timeout(timeout)
             .timeout(timeout)
             .connect()

@@ -10,6 +10,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod auth;
+pub mod certs;
 pub mod codec;
 pub mod config;
 pub mod deadline;
@@ -28,6 +29,7 @@ pub mod quota;
 pub mod services;
 pub mod state_machine;
 pub mod time_floor;
+pub mod tls;
 pub mod types;
 
 #[cfg(test)]

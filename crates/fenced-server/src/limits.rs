@@ -26,7 +26,7 @@ use tokio::{
     time::{Instant, Sleep},
 };
 use tokio_stream::{Stream, StreamExt};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
 /// The node-wide limits on connections, streams and peer data, as set
 /// (`fenced run --help` names each; docs/DECISIONS.md says why the defaults).
@@ -293,10 +293,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Limited<S> {
     }
 }
 
-impl Connected for Limited<TcpStream> {
-    type ConnectInfo = TcpConnectInfo;
+impl<S: Connected> Connected for Limited<S> {
+    type ConnectInfo = S::ConnectInfo;
 
-    fn connect_info(&self) -> TcpConnectInfo {
+    fn connect_info(&self) -> S::ConnectInfo {
         self.inner.connect_info()
     }
 }

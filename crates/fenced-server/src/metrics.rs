@@ -24,6 +24,7 @@ use hyper::{
 use hyper_util::rt::{TokioIo, TokioTimer};
 use openraft::ServerState;
 use tokio::{net::TcpListener, sync::Semaphore};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::services::NodeContext;
@@ -327,8 +328,14 @@ fn handle(ctx: &NodeContext, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     }
 }
 
-/// Serves `/metrics` on `listener` until `stop` is cancelled.
-pub async fn serve(listener: TcpListener, ctx: NodeContext, stop: CancellationToken) {
+/// Serves `/metrics` on `listener` until `stop` is cancelled; over TLS with
+/// `tls`.
+pub async fn serve(
+    listener: TcpListener,
+    ctx: NodeContext,
+    tls: Option<TlsAcceptor>,
+    stop: CancellationToken,
+) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = tokio::select! {
@@ -350,20 +357,42 @@ pub async fn serve(listener: TcpListener, ctx: NodeContext, stop: CancellationTo
             continue;
         };
         let ctx = ctx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let resp = handle(&ctx, &req);
-                async move { Ok::<_, Infallible>(resp) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            if let Ok(Err(e)) = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
-                tracing::debug!(error = %e, "metrics connection");
-            }
+            // The handshake counts against the connection's time too.
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, async move {
+                match tls {
+                    None => serve_one(stream, ctx).await,
+                    Some(tls) => {
+                        if let Ok(Ok(s)) =
+                            tokio::time::timeout(HEADER_READ_TIMEOUT, tls.accept(stream)).await
+                        {
+                            serve_one(s, ctx).await;
+                        }
+                    }
+                }
+            })
+            .await;
             drop(slot);
         });
+    }
+}
+
+/// Serves one scrape connection, plain or TLS.
+async fn serve_one<S>(stream: S, ctx: NodeContext)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let resp = handle(&ctx, &req);
+        async move { Ok::<_, Infallible>(resp) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service);
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "metrics connection");
     }
 }
 

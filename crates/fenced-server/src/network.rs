@@ -44,6 +44,7 @@ use crate::{
     codec,
     early_replication::EarlyAnswers,
     proposer::LeaderTime,
+    tls::{self, NodeTls, PeerStream},
     types::{Node, NodeId, TypeConfig},
 };
 
@@ -249,18 +250,30 @@ pub struct Network {
     /// Followers' answers to early copies of this node's appends.
     early: Arc<EarlyAnswers>,
     time: Arc<LeaderTime>,
+    tls: Option<Arc<NodeTls>>,
 }
 
 impl Network {
     pub fn new(early: Arc<EarlyAnswers>, time: Arc<LeaderTime>) -> Self {
-        Self { early, time }
+        Self {
+            early,
+            time,
+            tls: None,
+        }
+    }
+
+    /// Connects to peers over mutual TLS.
+    pub fn with_tls(self, tls: Option<Arc<NodeTls>>) -> Self {
+        Self { tls, ..self }
     }
 }
 
 pub struct Peer {
     target: NodeId,
     addr: String,
-    conn: Option<BufStream<TcpStream>>,
+    conn: Option<BufStream<PeerStream>>,
+    /// Set: connections are mutual TLS with this node's certificate.
+    tls: Option<Arc<NodeTls>>,
     early: Option<Arc<EarlyAnswers>>,
     /// This node's clock: stamps requests, takes the floors voters send.
     time: Option<Arc<LeaderTime>>,
@@ -280,7 +293,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
         let mut peer = Peer::with_early(target, node.peer_addr.clone(), Arc::clone(&self.early));
         peer.time = Some(Arc::clone(&self.time));
-        peer
+        peer.with_tls(self.tls.clone())
     }
 }
 
@@ -297,6 +310,7 @@ impl Peer {
             target,
             addr,
             conn: None,
+            tls: None,
             early: None,
             time: None,
             replicates: false,
@@ -313,11 +327,19 @@ impl Peer {
         }
     }
 
-    async fn connect(&self) -> io::Result<BufStream<TcpStream>> {
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
-        stream.set_nodelay(true)?;
+    /// Connects over mutual TLS when `tls` is set.
+    pub(crate) fn with_tls(self, tls: Option<Arc<NodeTls>>) -> Self {
+        Self { tls, ..self }
+    }
+
+    async fn connect(&self) -> io::Result<BufStream<PeerStream>> {
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let stream = TcpStream::connect(&self.addr).await?;
+            stream.set_nodelay(true)?;
+            tls::connect_peer(self.tls.as_deref(), self.target, &self.addr, stream).await
+        })
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
         let mut conn = BufStream::new(stream);
         conn.write_all(PREFACE).await?;
         Ok(conn)

@@ -35,6 +35,7 @@ use crate::{
     services::{ClusterService, LockService, NodeContext},
     state_machine::StateMachine,
     time_floor::TimeFloor,
+    tls::{self, Members, TlsSettings},
     types::{Node, NodeId, Raft},
 };
 
@@ -73,6 +74,10 @@ pub struct NodeConfig {
     pub max_waiters_per_identity: u64,
     /// Connections, streams, keep-alive, idle timeout, snapshot size.
     pub server_limits: ServerLimits,
+    /// TLS on both ports (mutual between nodes); `None`: plaintext.
+    pub tls: Option<TlsSettings>,
+    /// Serve `/metrics` over HTTPS with the same certificate (needs `tls`).
+    pub metrics_tls: bool,
 }
 
 impl NodeConfig {
@@ -110,6 +115,8 @@ impl NodeConfig {
             max_leases_per_identity: DEFAULT_MAX_LEASES_PER_IDENTITY,
             max_waiters_per_identity: DEFAULT_MAX_WAITERS_PER_IDENTITY,
             server_limits: ServerLimits::default(),
+            tls: None,
+            metrics_tls: false,
         }
     }
 }
@@ -214,21 +221,34 @@ impl RunningNode {
         }
         .validate()
         .map_err(|e| NodeError::Config(e.to_string()))?;
+        let members = Members::default();
+        let tls = match &cfg.tls {
+            Some(s) => Some(Arc::new(
+                tls::load(s, members.clone()).map_err(NodeError::Config)?,
+            )),
+            None => None,
+        };
         let early_answers = Arc::new(EarlyAnswers::default());
-        let network = Network::new(Arc::clone(&early_answers), Arc::clone(&time));
+        let network =
+            Network::new(Arc::clone(&early_answers), Arc::clone(&time)).with_tls(tls.clone());
         let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
-        log.replicate_early(EarlyReplication::new(cfg.id, raft.metrics(), early_answers));
+        log.replicate_early(
+            EarlyReplication::new(cfg.id, raft.metrics(), early_answers).with_tls(tls.clone()),
+        );
         // Elections start from fenced's pre-vote (crate::election), not from
         // openraft's timer.
         raft.runtime_config().elect(false);
-        let election = Arc::new(Election::new(
-            cfg.id,
-            Duration::from_millis(cfg.election_timeout_ms),
-            Duration::from_millis(cfg.election_timeout_ms * 2),
-            log.clone(),
-        ));
+        let election = Arc::new(
+            Election::new(
+                cfg.id,
+                Duration::from_millis(cfg.election_timeout_ms),
+                Duration::from_millis(cfg.election_timeout_ms * 2),
+                log.clone(),
+            )
+            .with_tls(tls.clone()),
+        );
 
         let initialized = raft
             .is_initialized()
@@ -264,7 +284,8 @@ impl RunningNode {
         .with_auth(
             Arc::clone(&auth),
             IdentityQuota::new(cfg.max_leases_per_identity, cfg.max_waiters_per_identity),
-        );
+        )
+        .with_forward_tls(tls.clone());
 
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -279,6 +300,18 @@ impl RunningNode {
             time,
             proposer,
         )));
+        // After the two tasks above, which shutdown aborts first; this one
+        // ends with `stop`.
+        if tls.is_some() {
+            // Set before either port accepts, then kept up to date.
+            let initial = cfg.initial_cluster.keys().copied().collect();
+            members.refresh(&raft, &initial);
+            tasks.push(tokio::spawn(members.follow(
+                raft.clone(),
+                initial,
+                stop.clone(),
+            )));
+        }
         let (health_reporter, health_server) = tonic_health::server::health_reporter();
         tasks.push(tokio::spawn(health::watch(
             raft.clone(),
@@ -291,9 +324,11 @@ impl RunningNode {
             stop.clone(),
         )));
         if let Some(listener) = metrics_listener {
+            let metrics_tls = tls.as_ref().filter(|_| cfg.metrics_tls);
             tasks.push(tokio::spawn(metrics::serve(
                 listener,
                 ctx.clone(),
+                metrics_tls.map(|t| t.metrics.clone()),
                 stop.clone(),
             )));
         }
@@ -319,22 +354,36 @@ impl RunningNode {
                 Arc::clone(&limit_counters),
             )
         };
-        let client_server = cfg
+        let client_router = cfg
             .server_limits
             .server()
             .timeout(outer_timeout)
             .add_service(health_server.clone())
             .add_service(lock(false))
-            .add_service(cluster(false))
-            .serve_with_incoming_shutdown(
-                // Accepted sockets get TCP_NODELAY: tonic ignores
-                // `Server::tcp_nodelay` with an incoming stream, and Nagle's
-                // algorithm holds back small replies behind unacknowledged
-                // ones, adding latency to every call.
-                connection_limit(Port::Client)
-                    .incoming(TcpIncoming::from(client_listener).with_nodelay(Some(true))),
-                stop.clone().cancelled_owned(),
-            );
+            .add_service(cluster(false));
+        let client_server: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
+            match &tls {
+                Some(t) => Box::pin(client_router.serve_with_incoming_shutdown(
+                    tls::incoming(
+                        client_listener,
+                        t.client.clone(),
+                        connection_limit(Port::Client),
+                        stop.clone(),
+                    ),
+                    stop.clone().cancelled_owned(),
+                )),
+                None => Box::pin(
+                    client_router.serve_with_incoming_shutdown(
+                        // Accepted sockets get TCP_NODELAY: tonic ignores
+                        // `Server::tcp_nodelay` with an incoming stream, and Nagle's
+                        // algorithm holds back small replies behind unacknowledged
+                        // ones, adding latency to every call.
+                        connection_limit(Port::Client)
+                            .incoming(TcpIncoming::from(client_listener).with_nodelay(Some(true))),
+                        stop.clone().cancelled_owned(),
+                    ),
+                ),
+            };
         // The peer port carries Raft (plain frames) and, over gRPC, the
         // requests followers forward; the accept loop routes each connection.
         let (peer_grpc_tx, peer_grpc_rx) = tokio::sync::mpsc::channel(64);
@@ -352,6 +401,7 @@ impl RunningNode {
                 max_snapshot_bytes: cfg.server_limits.max_snapshot_bytes,
                 counters: Arc::clone(&limit_counters),
             },
+            tls.clone(),
             connection_limit(Port::Peer),
             peer_grpc_tx,
             stop.clone(),
@@ -383,6 +433,7 @@ impl RunningNode {
             client = %cfg.listen,
             peer = %cfg.peer_listen,
             metrics = ?cfg.metrics_listen,
+            tls = tls.is_some(),
             data_dir = %cfg.data_dir.display(),
             "node started"
         );

@@ -12,7 +12,7 @@ use openraft::raft::AppendEntriesResponse;
 
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream},
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     sync::mpsc,
 };
 use tokio_util::sync::CancellationToken;
@@ -20,13 +20,14 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     codec,
     election::{Election, PreVoteRequest},
-    limits::{ConnectionLimit, LimitCounters, Limited},
+    limits::{ConnectionLimit, LimitCounters},
     network::{
         check_snapshot_chunk, read_frame, write_frame, FrameTooLarge, MessageTime, RaftCall,
         PREFACE,
     },
     time_floor::TimeFloor,
-    types::Raft,
+    tls::{self, Members, NodeTls, PeerStream, Routed},
+    types::{NodeId, Raft},
 };
 
 /// How long a new connection may take to send the bytes that route it.
@@ -46,99 +47,92 @@ pub struct RaftPeer {
     pub counters: Arc<LimitCounters>,
 }
 
-/// Accepts on `listener` until `stop`; gRPC connections go to `grpc`.
+/// Accepts on `listener` until `stop`; gRPC connections go to `grpc`. With
+/// `tls`, each connection is a mutual-TLS handshake first (members only,
+/// see [`crate::tls::MemberVerifier`]) and is routed on the decrypted bytes.
 pub async fn accept(
     listener: TcpListener,
     peer: RaftPeer,
+    tls: Option<Arc<NodeTls>>,
     limit: ConnectionLimit,
-    grpc: mpsc::Sender<io::Result<Limited<TcpStream>>>,
+    grpc: mpsc::Sender<io::Result<Routed>>,
     stop: CancellationToken,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        let (stream, addr) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of descriptors and the like: back off, keep serving.
-                tracing::warn!(error = %e, "peer accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        // Beyond the limit the connection is closed at once, counted.
+    while let Some((stream, addr)) = tls::accept_one(&listener, &stop, "peer").await {
+        // Beyond the limit the connection is closed at once, counted. The
+        // slot is held from before the handshake to the connection's end.
         let Some(permit) = limit.admit() else {
             drop(stream);
             continue;
         };
-        // Nagle's algorithm would hold small replies behind unacknowledged
-        // ones and add latency to every commit.
-        let _ = stream.set_nodelay(true);
+        let limit = limit.clone();
         let peer = peer.clone();
         let grpc = grpc.clone();
         let stop = stop.clone();
-        let limit = limit.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let routed = tokio::time::timeout(ROUTE_TIMEOUT, is_raft(&stream)).await;
+            let mut stream = match &tls {
+                None => PeerStream::Plain(stream),
+                Some(tls) => match tls::handshake(&tls.peer, stream, addr, "peer").await {
+                    Some(s) => PeerStream::Tls(Box::new(tokio_rustls::TlsStream::Server(s))),
+                    None => return,
+                },
+            };
+            // Both a Raft preface and HTTP/2's (24 bytes) are this long at least.
+            let mut head = [0u8; PREFACE.len()];
+            match tokio::time::timeout(ROUTE_TIMEOUT, stream.read_exact(&mut head)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(_)) | Err(_) => return,
+            }
+            if &head != PREFACE {
+                let stream = limit.wrap(stream, permit);
+                let _ = grpc.send(Ok(Routed::new(head.to_vec(), stream))).await;
+                return;
+            }
+            // With TLS, the node the certificate names (the handshake made
+            // sure there is one); it must stay a member.
+            let from = match &tls {
+                None => None,
+                Some(t) => match stream.peer_node() {
+                    Some(id) => Some((id, t.members.clone())),
+                    None => return,
+                },
+            };
             let stream = limit.wrap(stream, permit);
-            match routed {
-                Ok(Ok(true)) => {
-                    let counters = Arc::clone(&peer.counters);
-                    tokio::select! {
-                        _ = stop.cancelled() => {}
-                        r = serve_raft(stream, peer) => match r {
-                            Ok(()) => {}
-                            Err(e) if FrameTooLarge::is(&e) => {
-                                counters.peer_frames.fetch_add(1, Relaxed);
-                                tracing::warn!(peer = %addr, error = %e, "raft frame over the cap; connection closed");
-                            }
-                            // A peer speaking another codec version (a
-                            // rolling upgrade) or garbage: worth a warning.
-                            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                                tracing::warn!(peer = %addr, error = %e, "malformed raft frame; connection closed");
-                            }
-                            Err(e) => {
-                                tracing::debug!(peer = %addr, error = %e, "raft connection closed");
-                            }
-                        }
+            let counters = Arc::clone(&peer.counters);
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                r = serve_raft(stream, peer, from) => match r {
+                    Ok(()) => {}
+                    Err(e) if FrameTooLarge::is(&e) => {
+                        counters.peer_frames.fetch_add(1, Relaxed);
+                        tracing::warn!(peer = %addr, error = %e, "raft frame over the cap; connection closed");
+                    }
+                    // A peer speaking another codec version (a
+                    // rolling upgrade) or garbage: worth a warning.
+                    Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                        tracing::warn!(peer = %addr, error = %e, "malformed raft frame; connection closed");
+                    }
+                    // A node removed from the membership.
+                    Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                        tracing::warn!(peer = %addr, error = %e, "raft connection closed");
+                    }
+                    Err(e) => {
+                        tracing::debug!(peer = %addr, error = %e, "raft connection closed");
                     }
                 }
-                Ok(Ok(false)) => {
-                    let _ = grpc.send(Ok(stream)).await;
-                }
-                Ok(Err(_)) | Err(_) => {}
             }
         });
     }
 }
 
-/// Whether the connection starts with [`PREFACE`]; reads nothing.
-async fn is_raft(stream: &TcpStream) -> io::Result<bool> {
-    let mut buf = [0u8; PREFACE.len()];
-    loop {
-        let n = stream.peek(&mut buf).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        if buf[..n] != PREFACE[..n] {
-            return Ok(false);
-        }
-        if n == PREFACE.len() {
-            return Ok(true);
-        }
-        // A prefix of the preface so far: wait for the rest (peek would
-        // return the same bytes at once).
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
 /// Answers Raft requests on one connection, one at a time, until it closes.
-/// A malformed frame closes the connection; the sender reconnects.
+/// A malformed frame closes the connection; the sender reconnects. With
+/// `from`, the connection closes as soon as that node is no longer a member.
 async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     peer: RaftPeer,
+    from: Option<(NodeId, Members)>,
 ) -> io::Result<()> {
     let RaftPeer {
         raft,
@@ -148,9 +142,15 @@ async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
         counters,
     } = peer;
     let mut conn = BufStream::new(stream);
-    let mut preface = [0u8; PREFACE.len()];
-    conn.read_exact(&mut preface).await?;
     while let Some(frame) = read_frame(&mut conn).await? {
+        if let Some((id, members)) = &from {
+            if !members.admits(*id) {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("node {id} is no longer a member"),
+                ));
+            }
+        }
         let Some((&kind, body)) = frame.split_first() else {
             return Err(invalid("empty raft frame".into()));
         };

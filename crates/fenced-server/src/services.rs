@@ -18,7 +18,7 @@ use fenced_proto::{
 use openraft::{ChangeMembers, ServerState};
 use tonic::{
     metadata::MetadataValue,
-    transport::{Channel, Endpoint},
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
     Request, Response, Status,
 };
 
@@ -30,6 +30,7 @@ use crate::{
     proposer::{leader_of, LeaderTime, ProposeError, Proposer},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
     state_machine::{self, Shared},
+    tls::NodeTls,
     types::{Node, NodeId, Raft},
 };
 
@@ -56,6 +57,8 @@ pub struct NodeContext {
     /// Per-identity limits, checked where this node leads.
     pub quota: Arc<IdentityQuota>,
     forward: Arc<Mutex<HashMap<String, Channel>>>,
+    /// Forwarded calls go over mutual TLS when set.
+    forward_tls: Option<Arc<NodeTls>>,
 }
 
 impl NodeContext {
@@ -85,6 +88,15 @@ impl NodeContext {
                 DEFAULT_MAX_WAITERS_PER_IDENTITY,
             )),
             forward: Arc::default(),
+            forward_tls: None,
+        }
+    }
+
+    /// Forwards to the leader over mutual TLS.
+    pub fn with_forward_tls(self, tls: Option<Arc<NodeTls>>) -> Self {
+        Self {
+            forward_tls: tls,
+            ..self
         }
     }
 
@@ -113,7 +125,7 @@ impl NodeContext {
         if let Some(ch) = map.get(addr) {
             return Ok(ch.clone());
         }
-        let ch = peer_channel(addr)
+        let ch = peer_channel(addr, self.forward_tls.as_deref())
             .map_err(|e| Status::unavailable(format!("leader address {addr}: {e}")))?;
         map.insert(addr.clone(), ch.clone());
         Ok(ch)
@@ -125,9 +137,18 @@ impl NodeContext {
     }
 }
 
-/// A lazily connecting gRPC channel to a peer's port, for forwarded calls.
-fn peer_channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+/// A lazily connecting gRPC channel to a peer's port, for forwarded calls;
+/// with `tls`, this node's certificate opens it.
+fn peer_channel(addr: &str, tls: Option<&NodeTls>) -> Result<Channel, tonic::transport::Error> {
+    let endpoint = match tls {
+        None => Endpoint::from_shared(format!("http://{addr}"))?,
+        Some(t) => Endpoint::from_shared(format!("https://{addr}"))?.tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&t.ca_pem))
+                .identity(Identity::from_pem(&t.cert_pem, &t.key_pem)),
+        )?,
+    };
+    Ok(endpoint
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -141,11 +162,21 @@ fn is_forwarded<T>(req: &Request<T>) -> bool {
 
 /// The call to send the leader: it carries the identity this node
 /// authenticated, which the leader trusts on its peer port only.
-fn forwarded<T>(msg: T, timeout: Duration, identity: Option<&str>) -> Result<Request<T>, Status> {
+/// The forwarded request carries the caller's own bearer token when it had
+/// one, so the leader authenticates it itself; a certificate identity goes
+/// by name, believed only over the peer port's mutual TLS.
+fn forwarded<T>(
+    msg: T,
+    timeout: Duration,
+    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+    identity: Option<&str>,
+) -> Result<Request<T>, Status> {
     let mut req = Request::new(msg);
     req.metadata_mut()
         .insert(FORWARDED, MetadataValue::from_static("1"));
-    if let Some(identity) = identity {
+    if let Some(token) = authorization {
+        req.metadata_mut().insert("authorization", token);
+    } else if let Some(identity) = identity {
         let value = MetadataValue::try_from(identity)
             .map_err(|_| Status::internal("the identity's name cannot be forwarded"))?;
         req.metadata_mut().insert(FORWARDED_IDENTITY, value);
@@ -236,8 +267,14 @@ macro_rules! forward_or {
                 ));
             };
             let ch = $ctx.channel_to(&leader)?;
+            let authorization = $req.metadata().get("authorization").cloned();
             return $client::new(ch)
-                .$method(forwarded($req.into_inner(), timeout, $identity.as_deref())?)
+                .$method(forwarded(
+                    $req.into_inner(),
+                    timeout,
+                    authorization,
+                    $identity.as_deref(),
+                )?)
                 .await;
         }
     };

@@ -1,0 +1,685 @@
+//! TLS on both ports (rustls, ring provider).
+//!
+//! Names (docs/DECISIONS.md, "Certificates name nodes and clients by URI"):
+//! a node's certificate carries the SAN URI `fenced://node/<id>` beside the
+//! DNS names and addresses its ports are reached by; a client's carries
+//! `fenced://client/<name>`. The client port takes any certificate the CA
+//! signed (optional unless `--client-cert-auth`). The peer port requires
+//! one, and its [`MemberVerifier`] refuses, during the handshake, any
+//! certificate that does not name a node of the current membership.
+
+use std::{
+    collections::BTreeSet,
+    io,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    pin::Pin,
+    sync::{Arc, PoisonError, RwLock},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use rustls::{
+    client::danger::HandshakeSignatureValid,
+    crypto::CryptoProvider,
+    pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime},
+    server::{
+        danger::{ClientCertVerified, ClientCertVerifier},
+        WebPkiClientVerifier,
+    },
+    ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
+    SignatureScheme,
+};
+use rustls_pki_types::pem::PemObject;
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    sync::mpsc,
+};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    limits::{ConnectionLimit, Limited},
+    types::{NodeId, Raft},
+};
+
+/// The SAN URI prefix of a node's certificate; the node id follows.
+pub const NODE_URI: &str = "fenced://node/";
+/// The SAN URI prefix of a client's certificate; the client name follows.
+pub const CLIENT_URI: &str = "fenced://client/";
+/// The SAN URI prefix of another service's server certificate.
+pub const SERVER_URI: &str = "fenced://server/";
+/// How long a TLS handshake may take before the connection is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a node's TLS material lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// This node's certificate chain (PEM), leaf first.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The CA that signs every node's and client's certificate (PEM).
+    pub ca: PathBuf,
+    /// Require a client certificate on the client port.
+    pub client_cert_auth: bool,
+}
+
+/// The node ids a peer's certificate may name: voters and learners of the
+/// current membership, kept up to date from the Raft metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Members(Arc<RwLock<Option<BTreeSet<NodeId>>>>);
+
+impl Members {
+    /// Replaces the snapshot; `None` while this node knows no membership yet.
+    pub fn set(&self, ids: Option<BTreeSet<NodeId>>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = ids;
+    }
+
+    /// Whether node `id` may connect. A node that has no membership yet (a
+    /// learner that has never been contacted) admits any node certificate:
+    /// it holds nothing, and the leader that adds it must be let in.
+    pub fn admits(&self, id: NodeId) -> bool {
+        match &*self.0.read().unwrap_or_else(PoisonError::into_inner) {
+            Some(ids) => ids.contains(&id),
+            None => true,
+        }
+    }
+
+    /// Takes the membership `raft` knows now; while it knows none, the
+    /// `initial` cluster's ids (empty: none, see [`Members::admits`]).
+    pub fn refresh(&self, raft: &Raft, initial: &BTreeSet<NodeId>) {
+        let mut ids: BTreeSet<NodeId> = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect();
+        if ids.is_empty() {
+            ids.clone_from(initial);
+        }
+        let ids = (!ids.is_empty()).then_some(ids);
+        if ids.as_ref() != self.current().as_ref() {
+            tracing::info!(members = ?ids, "peer certificates admitted for these node ids");
+            self.set(ids);
+        }
+    }
+
+    /// Follows `raft`'s membership until `stop`.
+    pub async fn follow(self, raft: Raft, initial: BTreeSet<NodeId>, stop: CancellationToken) {
+        let mut metrics = raft.metrics();
+        loop {
+            metrics.borrow_and_update();
+            self.refresh(&raft, &initial);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                r = metrics.changed() => if r.is_err() { return },
+            }
+        }
+    }
+
+    fn current(&self) -> Option<BTreeSet<NodeId>> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The SAN URIs of a DER certificate; empty when it has none or does not
+/// parse (the chain was verified before this is asked).
+pub fn san_uris(cert: &[u8]) -> Vec<String> {
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = parsed.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::URI(u) => Some(u.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The identity a verified client certificate gives its caller
+/// ([`crate::auth::certificate_name`]: the `fenced://client/<name>` URI,
+/// else the subject's common name).
+pub fn client_name(cert: &[u8]) -> Option<String> {
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert) else {
+        return None;
+    };
+    let uris = san_uris(cert);
+    let cn = parsed
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok());
+    crate::auth::certificate_name(uris.iter().map(String::as_str), cn)
+}
+
+/// The node id a certificate names (`fenced://node/<id>`), if exactly one.
+pub fn node_id_of(cert: &[u8]) -> Option<NodeId> {
+    let ids: Vec<NodeId> = san_uris(cert)
+        .iter()
+        .filter_map(|u| u.strip_prefix(NODE_URI)?.parse().ok())
+        .collect();
+    match ids.as_slice() {
+        [id] => Some(*id),
+        _ => None,
+    }
+}
+
+/// The peer port's client-certificate check: the chain must lead to the CA
+/// (webpki) and the certificate must name a current member.
+#[derive(Debug)]
+pub struct MemberVerifier {
+    chain: Arc<dyn ClientCertVerifier>,
+    members: Members,
+}
+
+impl ClientCertVerifier for MemberVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.chain.root_hint_subjects()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.chain
+            .verify_client_cert(end_entity, intermediates, now)?;
+        match node_id_of(end_entity) {
+            Some(id) if self.members.admits(id) => Ok(ClientCertVerified::assertion()),
+            Some(id) => {
+                tracing::warn!(
+                    peer_node = id,
+                    "peer certificate refused: node {id} is not a member"
+                );
+                Err(rustls::Error::General(format!("node {id} is not a member")))
+            }
+            None => {
+                tracing::warn!(
+                    uris = ?san_uris(end_entity),
+                    "peer certificate refused: it names no node ({NODE_URI}<id>)"
+                );
+                Err(rustls::Error::General(
+                    "the certificate names no node".into(),
+                ))
+            }
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.chain.supported_verify_schemes()
+    }
+}
+
+/// A node's TLS: acceptors for its two ports, a connector to its peers.
+#[derive(Clone)]
+pub struct NodeTls {
+    /// The client port.
+    pub client: TlsAcceptor,
+    /// The peer port: mutual TLS, members only.
+    pub peer: TlsAcceptor,
+    /// `/metrics` over HTTPS (HTTP/1.1), client certificates optional.
+    pub metrics: TlsAcceptor,
+    /// Raft connections to peers, with this node's certificate.
+    pub connector: TlsConnector,
+    pub members: Members,
+    /// PEM, for the gRPC channels that forward to the leader.
+    pub ca_pem: Vec<u8>,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for NodeTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeTls").finish_non_exhaustive()
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read(what: &str, path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
+}
+
+/// Every certificate in a PEM file.
+pub fn certs_of(
+    what: &str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{what} {}: no certificate in it", path.display()));
+    }
+    Ok(certs)
+}
+
+/// Builds the acceptors and connector from the PEM files.
+pub fn load(settings: &TlsSettings, members: Members) -> Result<NodeTls, String> {
+    let ca_pem = read("tls_ca", &settings.ca)?;
+    let cert_pem = read("tls_cert", &settings.cert)?;
+    let key_pem = read("tls_key", &settings.key)?;
+    let mut roots = RootCertStore::empty();
+    for ca in certs_of("tls_ca", &settings.ca, &ca_pem)? {
+        roots
+            .add(ca)
+            .map_err(|e| format!("tls_ca {}: {e}", settings.ca.display()))?;
+    }
+    let roots = Arc::new(roots);
+    let chain = certs_of("tls_cert", &settings.cert, &cert_pem)?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| format!("tls_key {}: {e}", settings.key.display()))?;
+    let bad = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
+
+    let server =
+        |verifier: Arc<dyn ClientCertVerifier>, alpn: &[u8]| -> Result<TlsAcceptor, String> {
+            let mut cfg = ServerConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| bad("tls", &e))?
+                .with_client_cert_verifier(verifier)
+                .with_single_cert(chain.clone(), key.clone_key())
+                .map_err(|e| bad("tls_cert/tls_key", &e))?;
+            // gRPC clients require HTTP/2 by ALPN; Raft connections offer none.
+            cfg.alpn_protocols = vec![alpn.to_vec()];
+            Ok(TlsAcceptor::from(Arc::new(cfg)))
+        };
+    let verifier = |optional: bool| {
+        let b = WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), provider());
+        if optional {
+            b.allow_unauthenticated()
+        } else {
+            b
+        }
+        .build()
+        .map_err(|e| bad("tls_ca", &e))
+    };
+    let member_verifier = Arc::new(MemberVerifier {
+        chain: verifier(false)?,
+        members: members.clone(),
+    });
+    let connector = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad("tls", &e))?
+        .with_root_certificates(Arc::clone(&roots))
+        .with_client_auth_cert(chain.clone(), key.clone_key())
+        .map_err(|e| bad("tls_cert/tls_key", &e))?;
+    Ok(NodeTls {
+        client: server(verifier(!settings.client_cert_auth)?, b"h2")?,
+        peer: server(member_verifier, b"h2")?,
+        metrics: server(verifier(true)?, b"http/1.1")?,
+        connector: TlsConnector::from(Arc::new(connector)),
+        members,
+        ca_pem,
+        cert_pem,
+        key_pem,
+    })
+}
+
+/// The server name to check a peer's certificate against: the host part
+/// of its `host:port` address.
+pub fn server_name(addr: &str) -> io::Result<ServerName<'static>> {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    ServerName::try_from(host.to_string()).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{addr}: not a TLS server name: {e}"),
+        )
+    })
+}
+
+/// Accepts on `listener`, handshakes each connection on its own task, and
+/// hands the finished ones to tonic (for the client port).
+/// A connection beyond `limit` is closed at once; the slot is held from
+/// before the handshake to the connection's end.
+pub fn incoming(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    limit: ConnectionLimit,
+    stop: CancellationToken,
+) -> tokio_stream::wrappers::ReceiverStream<
+    io::Result<Limited<tokio_rustls::server::TlsStream<TcpStream>>>,
+> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        while let Some((stream, addr)) = accept_one(&listener, &stop, "client").await {
+            let Some(permit) = limit.admit() else {
+                drop(stream);
+                continue;
+            };
+            let (acceptor, tx, limit) = (acceptor.clone(), tx.clone(), limit.clone());
+            tokio::spawn(async move {
+                if let Some(tls) = handshake(&acceptor, stream, addr, "client").await {
+                    let _ = tx.send(Ok(limit.wrap(tls, permit))).await;
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The next connection on `listener`, Nagle off; `None` once `stop` is
+/// cancelled. Accept errors (out of descriptors and the like) are logged
+/// and waited out.
+pub async fn accept_one(
+    listener: &TcpListener,
+    stop: &CancellationToken,
+    port: &str,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return None,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, addr)) => {
+                // Nagle's algorithm would hold small replies behind
+                // unacknowledged ones and add latency to every call.
+                let _ = stream.set_nodelay(true);
+                return Some((stream, addr));
+            }
+            Err(e) => {
+                tracing::warn!(port, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The server side of a handshake, bounded in time; a failure is logged
+/// (a peer that tries a wrong certificate is worth a warning).
+pub async fn handshake(
+    acceptor: &TlsAcceptor,
+    stream: TcpStream,
+    addr: SocketAddr,
+    port: &str,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            tracing::warn!(remote = %addr, port, error = %e, "TLS handshake refused");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(remote = %addr, port, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// A peer-port connection, plain or TLS, either side.
+pub enum PeerStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
+}
+
+impl PeerStream {
+    /// The node id the other side's certificate names (TLS only).
+    pub fn peer_node(&self) -> Option<NodeId> {
+        node_id_of(self.certificates()?.first()?)
+    }
+
+    fn certificates(&self) -> Option<&[CertificateDer<'static>]> {
+        let PeerStream::Tls(s) = self else {
+            return None;
+        };
+        match &**s {
+            tokio_rustls::TlsStream::Client(c) => c.get_ref().1.peer_certificates(),
+            tokio_rustls::TlsStream::Server(c) => c.get_ref().1.peer_certificates(),
+        }
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            PeerStream::Plain(s) => s,
+            PeerStream::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    /// The other side's certificates (TLS only).
+    pub fn peer_certs(&self) -> Option<Arc<Vec<CertificateDer<'static>>>> {
+        self.certificates().map(|c| Arc::new(c.to_vec()))
+    }
+}
+
+macro_rules! both {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            PeerStream::Plain($s) => {
+                let $s = Pin::new($s);
+                $e
+            }
+            PeerStream::Tls($s) => {
+                let $s = Pin::new(&mut **$s);
+                $e
+            }
+        }
+    };
+}
+
+impl AsyncRead for PeerStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        both!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for PeerStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        both!(self, s => s.poll_write(cx, b))
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        both!(self, s => s.poll_flush(cx))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        both!(self, s => s.poll_shutdown(cx))
+    }
+}
+
+/// A peer-port connection routed to gRPC, with the bytes read to route it
+/// given back first.
+pub struct Routed {
+    prefix: Vec<u8>,
+    at: usize,
+    inner: Limited<PeerStream>,
+}
+
+impl Routed {
+    pub fn new(prefix: Vec<u8>, inner: Limited<PeerStream>) -> Self {
+        Self {
+            prefix,
+            at: 0,
+            inner,
+        }
+    }
+}
+
+/// What the gRPC services on the peer port learn of a connection.
+#[derive(Debug, Clone)]
+pub struct PeerConnectInfo {
+    pub remote_addr: Option<SocketAddr>,
+    /// The other node's certificates, with TLS.
+    pub certs: Option<Arc<Vec<CertificateDer<'static>>>>,
+}
+
+impl tonic::transport::server::Connected for Routed {
+    type ConnectInfo = PeerConnectInfo;
+
+    fn connect_info(&self) -> PeerConnectInfo {
+        PeerConnectInfo {
+            remote_addr: self.inner.get_ref().tcp().peer_addr().ok(),
+            certs: self.inner.get_ref().peer_certs(),
+        }
+    }
+}
+
+impl AsyncRead for Routed {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.at < this.prefix.len() {
+            let n = buf.remaining().min(this.prefix.len() - this.at);
+            buf.put_slice(&this.prefix[this.at..this.at + n]);
+            this.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Routed {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, b)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// Connects to a peer at `addr` (node `target`): TCP, then TLS with this
+/// node's certificate when `tls` is set. The answering certificate must
+/// name `target`, so a node never takes another's answers for its peer's.
+pub async fn connect_peer(
+    tls: Option<&NodeTls>,
+    target: NodeId,
+    addr: &str,
+    stream: TcpStream,
+) -> io::Result<PeerStream> {
+    let Some(tls) = tls else {
+        return Ok(PeerStream::Plain(stream));
+    };
+    let name = server_name(addr)?;
+    let s = tls.connector.connect(name, stream).await.map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("TLS handshake with node {target} at {addr} failed: {e}"),
+        )
+    })?;
+    let s = PeerStream::Tls(Box::new(tokio_rustls::TlsStream::Client(s)));
+    match s.peer_node() {
+        Some(id) if id == target => Ok(s),
+        other => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{addr} answered with a certificate of node {other:?}, not node {target}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::certs::{self, CertsCommand};
+
+    fn der(path: &Path) -> CertificateDer<'static> {
+        CertificateDer::from_pem_file(path).unwrap()
+    }
+
+    #[test]
+    fn the_peer_verifier_admits_current_members_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        certs::run(&CertsCommand::Ca { dir: dir.clone() }).unwrap();
+        let node = |id| {
+            certs::run(&CertsCommand::Node {
+                dir: dir.clone(),
+                id,
+                hosts: vec![],
+                days: 1,
+            })
+            .unwrap()
+        };
+        let (n1, n4) = (node(1), node(4));
+        let client = certs::run(&CertsCommand::Client {
+            dir: dir.clone(),
+            name: "c".into(),
+            days: 1,
+        })
+        .unwrap();
+        let mut roots = RootCertStore::empty();
+        roots.add(der(&dir.join(certs::CA_CERT))).unwrap();
+        let members = Members::default();
+        let verifier = MemberVerifier {
+            chain: WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .unwrap(),
+            members: members.clone(),
+        };
+        let verify = |p: &PathBuf| verifier.verify_client_cert(&der(p), &[], UnixTime::now());
+        // No membership yet: any node of the CA, never a client.
+        assert!(verify(&n4[0]).is_ok());
+        assert!(verify(&client[0]).is_err());
+        members.set(Some([1, 2, 3].into()));
+        assert!(verify(&n1[0]).is_ok());
+        let refused = verify(&n4[0]).unwrap_err().to_string();
+        assert!(refused.contains("node 4 is not a member"), "{refused}");
+        assert!(verify(&client[0]).is_err());
+        // Membership changes take effect on the next handshake.
+        members.set(Some([2, 3, 4].into()));
+        assert!(verify(&n1[0]).is_err());
+        assert!(verify(&n4[0]).is_ok());
+    }
+
+    #[test]
+    fn a_peer_address_gives_its_server_name() {
+        assert!(matches!(
+            server_name("127.0.0.1:7201").unwrap(),
+            ServerName::IpAddress(_)
+        ));
+        assert!(matches!(
+            server_name("[::1]:7201").unwrap(),
+            ServerName::IpAddress(_)
+        ));
+        assert!(matches!(
+            server_name("fenced-1.fenced-peer:7201").unwrap(),
+            ServerName::DnsName(_)
+        ));
+    }
+}
