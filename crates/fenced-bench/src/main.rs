@@ -85,6 +85,11 @@ struct Args {
     /// The OS user PostgreSQL runs as when the benchmark runs as root.
     #[arg(long, default_value = "postgres")]
     pg_os_user: String,
+    /// Run the fenced cluster with TLS on both ports (certificates made by
+    /// `fenced certs` in the work dir), every client over https: what TLS
+    /// costs, against a run without it.
+    #[arg(long)]
+    fenced_tls: bool,
     /// Where the clusters keep their data (default: a temporary directory).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -336,7 +341,7 @@ where
 
 /// The fenced endpoints with the leader first.
 async fn fenced_leader_first(endpoints: &[String]) -> Result<(Vec<String>, u64)> {
-    let client = Client::new(endpoints.iter()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client = systems::fenced_client(endpoints)?;
     let statuses = client.status_of_each().await;
     let leader = statuses
         .iter()
@@ -356,7 +361,7 @@ async fn fenced_leader_first(endpoints: &[String]) -> Result<(Vec<String>, u64)>
 }
 
 async fn fenced_has_leader(endpoints: &[String]) -> bool {
-    let Ok(client) = Client::new(endpoints.iter()) else {
+    let Ok(client) = systems::fenced_client(endpoints) else {
         return false;
     };
     let st = client.status_of_each().await;
@@ -386,6 +391,10 @@ async fn start_system(args: &Args, kind: Kind, dir: &std::path::Path) -> Result<
         Kind::Fenced => {
             let (endpoints, cluster) = if args.fenced_endpoints.is_empty() {
                 let mut c = LocalCluster::fenced(fenced_bin(args)?, dir)?;
+                if args.fenced_tls {
+                    systems::use_fenced_tls(c.use_tls()?);
+                    println!("fenced: TLS on both ports, every client over https");
+                }
                 c.start_all()?;
                 let eps = c.endpoints();
                 if let Err(e) = wait_until(Duration::from_secs(20), "fenced leader", || {
@@ -404,9 +413,7 @@ async fn start_system(args: &Args, kind: Kind, dir: &std::path::Path) -> Result<
             Ok(Sut {
                 probe: Probe {
                     pids,
-                    fenced: Some(
-                        Client::new(endpoints.iter()).map_err(|e| anyhow::anyhow!("{e}"))?,
-                    ),
+                    fenced: Some(systems::fenced_client(&endpoints)?),
                     ticks_per_second: ticks,
                 },
                 target: Target::Fenced { endpoints },
@@ -935,7 +942,7 @@ async fn budgets(
     // Each node serves (answers Status) once it is up.
     let mut serve_s: f64 = 0.0;
     for e in &eps {
-        let client = Client::new([e.as_str()]).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let client = systems::fenced_client([e.as_str()])?;
         wait_until(Duration::from_secs(10), "empty node serving", || {
             let client = client.clone();
             async move {
@@ -998,7 +1005,7 @@ async fn budgets(
         .max()
         .unwrap_or(0) as f64
         / n.max(1) as f64;
-    let client = Client::new(eps.iter()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client = systems::fenced_client(&eps)?;
     let statuses = client.status_of_each().await;
     let log_len = statuses
         .iter()
@@ -1037,7 +1044,7 @@ async fn budgets(
     wait_until(Duration::from_secs(30), "restart", || {
         let eps = eps2.clone();
         async move {
-            let Ok(client) = Client::new(eps.iter()) else {
+            let Ok(client) = systems::fenced_client(&eps) else {
                 return false;
             };
             let st = client.status_of_each().await;

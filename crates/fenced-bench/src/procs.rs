@@ -148,6 +148,8 @@ pub struct LocalCluster {
     pub dir: PathBuf,
     bin: PathBuf,
     initial: String,
+    /// With TLS: the directory of `fenced certs` output.
+    pki: Option<PathBuf>,
 }
 
 impl LocalCluster {
@@ -170,6 +172,7 @@ impl LocalCluster {
             dir,
             bin,
             initial: String::new(),
+            pki: None,
         })
     }
 
@@ -202,6 +205,42 @@ impl LocalCluster {
         Ok(c)
     }
 
+    /// Makes a CA, a certificate per node and one for the benchmark's
+    /// clients with `fenced certs`; the nodes start with TLS on both ports.
+    /// Returns the clients' options.
+    pub fn use_tls(&mut self) -> Result<fenced_client::TlsOptions> {
+        let pki = self.dir.join("pki");
+        let certs = |args: &[&str]| -> Result<()> {
+            let out = Command::new(&self.bin)
+                .arg("certs")
+                .args(args)
+                .arg("--dir")
+                .arg(&pki)
+                .output()
+                .context("running fenced certs")?;
+            if !out.status.success() {
+                bail!(
+                    "fenced certs {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Ok(())
+        };
+        if !pki.join("ca.pem").exists() {
+            certs(&["ca"])?;
+            for m in &self.members {
+                certs(&["node", "--id", &m.id.to_string(), "--host", "127.0.0.1"])?;
+            }
+            certs(&["client", "--name", "bench"])?;
+        }
+        self.pki = Some(pki.clone());
+        Ok(fenced_client::TlsOptions {
+            ca: Some(pki.join("ca.pem")),
+            cert: Some(pki.join("client-bench.pem")),
+            key: Some(pki.join("client-bench-key.pem")),
+        })
+    }
+
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(Member::client_addr).collect()
     }
@@ -219,6 +258,7 @@ impl LocalCluster {
         let bin = self.bin.clone();
         let initial = self.initial.clone();
         let dir = self.dir.clone();
+        let pki = self.pki.clone();
         let m = self
             .members
             .iter_mut()
@@ -242,6 +282,11 @@ impl LocalCluster {
                     &initial,
                 ])
                 .env("FENCED_LOG", "warn");
+                if let Some(pki) = &pki {
+                    cmd.env("FENCED_TLS_CERT", pki.join(format!("node-{id}.pem")))
+                        .env("FENCED_TLS_KEY", pki.join(format!("node-{id}-key.pem")))
+                        .env("FENCED_TLS_CA", pki.join("ca.pem"));
+                }
             }
             _ => {
                 let client = format!("http://127.0.0.1:{}", m.client_port);

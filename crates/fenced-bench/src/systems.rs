@@ -43,6 +43,28 @@ impl Kind {
     }
 }
 
+/// The TLS options every fenced client of this run uses (`--fenced-tls`);
+/// unset: plaintext.
+static FENCED_TLS: std::sync::OnceLock<fenced_client::TlsOptions> = std::sync::OnceLock::new();
+
+/// Makes every fenced client of this run speak TLS with `options`.
+pub fn use_fenced_tls(options: fenced_client::TlsOptions) {
+    let _ = FENCED_TLS.set(options);
+}
+
+/// A fenced client for `endpoints`, over TLS when the run uses it.
+pub fn fenced_client<I, S>(endpoints: I) -> Result<Client>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let endpoints: Vec<String> = endpoints
+        .into_iter()
+        .map(|e| e.as_ref().to_string())
+        .collect();
+    Client::with_tls(&endpoints, FENCED_TLS.get()).map_err(|e| anyhow!("fenced client: {e}"))
+}
+
 /// How to reach a system; cheap to clone.
 #[derive(Clone)]
 pub enum Target {
@@ -192,9 +214,7 @@ impl Target {
     pub async fn session(&self, lease_per_lock: bool) -> Result<Session> {
         match self {
             Target::Fenced { endpoints } => Ok(Session::Fenced(
-                Client::new(endpoints.iter())
-                    .map_err(|e| anyhow!("fenced client: {e}"))?
-                    .with_call_timeout(Duration::from_secs(15)),
+                fenced_client(endpoints)?.with_call_timeout(Duration::from_secs(15)),
             )),
             Target::Etcd { endpoints } => {
                 let first = endpoints.first().context("no etcd endpoint")?;
