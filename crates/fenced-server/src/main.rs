@@ -321,6 +321,10 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    // Everything the node writes (the Raft log's chunk files, snapshots,
+    // the cluster-time file, certificates) is its owner's alone: files 0600,
+    // directories 0700, also where a library creates them.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = match cli.worker_threads {
         0 if cores <= 2 => 1,

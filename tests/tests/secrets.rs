@@ -1,6 +1,6 @@
-//! Owner ids are capabilities (with the token they renew and release a
-//! lease), so a node logs them at debug level only: a node's log at its
-//! default level never holds one, whatever the calls did.
+//! What a node keeps to itself: owner ids are capabilities (with the token
+//! they renew and release a lease), so a node logs them at debug level only;
+//! and its data dir is readable by its owner alone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -62,4 +62,46 @@ async fn owner_ids_never_reach_a_nodes_log_above_debug() {
             "owner id {id} is in a node's log:\n{logs}"
         );
     }
+}
+
+/// Every file and directory under a node's data dir is its owner's alone
+/// (files 0600, directories 0700), the Raft log's own chunk files included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_data_dir_is_private_to_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    for i in 0..20 {
+        client
+            .acquire_once(
+                &format!("private-{i}"),
+                OwnerId::random(),
+                Duration::from_secs(30),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+    }
+    // A read makes the cluster-time file.
+    client.describe("private-0").await.unwrap();
+    let mut checked = 0;
+    let mut stack: Vec<std::path::PathBuf> =
+        cluster.nodes.iter().map(|n| n.data_dir.clone()).collect();
+    while let Some(path) = stack.pop() {
+        let meta = std::fs::metadata(&path).unwrap();
+        let mode = meta.permissions().mode() & 0o777;
+        assert_eq!(
+            mode & 0o077,
+            0,
+            "{} is open to others: mode {mode:o}",
+            path.display()
+        );
+        checked += 1;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                stack.push(entry.unwrap().path());
+            }
+        }
+    }
+    assert!(checked > 9, "only {checked} paths under the data dirs");
 }
