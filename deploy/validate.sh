@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Static checks of the deployment files, offline:
+#   - TLS everywhere: no FENCED_INSECURE in any flavour, and the systemd
+#     host files leave the TLS paths to the unit.
 #   - systemd: `systemd-analyze verify` of fenced.service with each host's
 #     environment file; any message fails (verify itself exits 0 on unknown
 #     keys and bad values).
@@ -9,7 +11,7 @@
 #     files the StatefulSet mounts for each of its ordinals, no CA key.
 #   - compose: `docker compose config`.
 # Needs target/debug/fenced (`cargo build -p fenced-server`), or another
-# build of it in FENCED_BIN.
+# build of it in FENCED_BIN, and kubectl (client side only, no cluster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
