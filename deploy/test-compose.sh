@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end test of the image and deploy/compose.yaml on this machine's
-# Docker engine: build the image, start the three-node cluster, take a lease
-# from the host with fencectl, stop the leader's container and take another
+# Docker engine: build the image, make the certificates with the fresh
+# `fenced certs` (deploy/make-compose-pki.sh), start the three-node cluster
+# with TLS and authorization on, see a plaintext client and a client the
+# policy does not know refused, take a lease from the host with fencectl
+# over TLS as the operator, stop the leader's container and take another
 # lease (a higher token), restart the container and see it rejoin, then
 # `down` and `up` again on the same volumes and see tokens keep rising.
 # Everything it starts is removed on exit (`down -v`), failed or not.
@@ -9,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export FENCED_IMAGE="${FENCED_IMAGE:-fenced:latest}"
-project="fenced-deploy-test"
+# Its own project name: other checkouts may run this test on the same engine.
+project="fenced-deploy-test-$$"
 started=$SECONDS
 
 log() { printf '[%3ds] %s\n' "$((SECONDS - started))" "$*"; }
@@ -26,7 +30,9 @@ for s in socks: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in socks])')
 export FENCED_HOST_PORT_1=$p1 FENCED_HOST_PORT_2=$p2 FENCED_HOST_PORT_3=$p3
 port_of() { local v="FENCED_HOST_PORT_$1"; echo "${!v}"; }
-endpoints="127.0.0.1:$p1,127.0.0.1:$p2,127.0.0.1:$p3"
+endpoints="https://127.0.0.1:$p1,https://127.0.0.1:$p2,https://127.0.0.1:$p3"
+pki="$(mktemp -d)/pki"
+export FENCED_PKI="$pki"
 
 cleanup() {
     local code=$?
@@ -35,14 +41,20 @@ cleanup() {
         "${compose[@]}" logs --no-color --tail 40 >&2 || true
     fi
     "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+    rm -rf "$(dirname "$pki")"
     log "cleaned up (exit $code)"
 }
 trap cleanup EXIT
 
 log "building the image"
 deploy/build-image.sh "$FENCED_IMAGE"
-fencectl="$PWD/target/x86_64-unknown-linux-gnu/release/fencectl"
-ctl() { timeout 30 "$fencectl" --endpoints "$endpoints" --json "$@"; }
+bin="$PWD/target/x86_64-unknown-linux-gnu/release"
+fencectl="$bin/fencectl"
+log "certificates"
+FENCED_BIN="$bin/fenced" deploy/make-compose-pki.sh "$pki"
+"$bin/fenced" certs client --dir "$pki" --name stranger >/dev/null
+tls=(--cacert "$pki/ca.pem" --cert "$pki/client-ops.pem" --key "$pki/client-ops-key.pem")
+ctl() { timeout 30 "$fencectl" --endpoints "$endpoints" "${tls[@]}" --json "$@"; }
 
 # Waits until the given services (default: all three) report healthy.
 wait_healthy() {
@@ -83,9 +95,22 @@ expect_held() {
 }
 
 log "cluster up"
-"${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
 "${compose[@]}" up -d
 wait_healthy
+
+# Refusals: plaintext against a TLS node, and a certificate of the right CA
+# whose name the policy does not know.
+if out="$(timeout 30 "$fencectl" --endpoints "127.0.0.1:$p1" --timeout 5s status 2>&1)"; then
+    fail "plaintext status against a TLS node answered: $out"
+fi
+log "plaintext refused: $out"
+code=0
+out="$(timeout 30 "$fencectl" --endpoints "$endpoints" --cacert "$pki/ca.pem" \
+    --cert "$pki/client-stranger.pem" --key "$pki/client-stranger-key.pem" \
+    acquire deploy:stranger --ttl 1m 2>&1)" || code=$?
+[[ $code -eq 5 && "$out" == *"permission denied"*"\"stranger\""* ]] ||
+    fail "a client outside the policy should be denied (exit 5), got exit $code: $out"
+log "client outside the policy refused: $out"
 
 t1="$(acquire deploy:first)"
 log "granted deploy:first, token $t1"
@@ -109,7 +134,7 @@ wait_healthy "fenced$leader"
 # it was down.
 deadline=$((SECONDS + 30))
 while :; do
-    node="$(timeout 30 "$fencectl" --endpoints "127.0.0.1:$(port_of "$leader")" --json status || true)"
+    node="$(timeout 30 "$fencectl" --endpoints "https://127.0.0.1:$(port_of "$leader")" "${tls[@]}" --json status || true)"
     if [[ "$(jq -r '.nodes[0] | "\(.leader_id) \(.last_token)"' <<<"$node" 2>/dev/null)" == "$new_leader $t2" ]]; then
         break
     fi
