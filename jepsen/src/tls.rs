@@ -162,6 +162,11 @@ pub async fn check_enforced(addr: &str) -> Result<()> {
     plaintext_refused(addr).await
 }
 
+fn is_transport_failure(status: &tonic::Status) -> bool {
+    std::error::Error::source(status)
+        .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some())
+}
+
 /// Fails unless a plaintext status call to `addr`, token included, fails
 /// to connect: the port speaks no HTTP/2 without TLS.
 pub async fn plaintext_refused(addr: &str) -> Result<()> {
@@ -170,9 +175,29 @@ pub async fn plaintext_refused(addr: &str) -> Result<()> {
         .connect_timeout(Duration::from_millis(500))
         .connect_lazy();
     match status_call(plaintext).await {
-        Err(s) if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) => Ok(()),
+        // The connection failed (its code varies with when the node drops
+        // it); any status the node itself sent means it spoke plaintext.
+        Err(s) if is_transport_failure(&s) => Ok(()),
         other => {
             anyhow::bail!("{addr} answered a plaintext call with {other:?}: TLS is off or optional")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_the_node_sent_is_not_a_failed_connection() {
+        // What a plaintext node would answer: the gate must not take it
+        // for a refused connection.
+        for s in [
+            tonic::Status::unauthenticated("no token"),
+            tonic::Status::unavailable("no leader"),
+            tonic::Status::cancelled("operation was canceled"),
+        ] {
+            assert!(!is_transport_failure(&s), "{s:?}");
         }
     }
 }
