@@ -53,11 +53,17 @@ pub fn node_settings(dir: &Path) -> Result<Vec<(String, String)>> {
     ])
 }
 
-/// Fails unless every node refuses a call without the token: the run is
-/// meant to exercise the cluster with authentication on.
-pub async fn check_enforced(ids: &[u64]) -> Result<()> {
-    for id in ids {
-        let ch = crate::cluster::channel(&crate::cluster::client_addr(*id))?;
+/// Fails unless the node at `addr` refuses a call without the token: the
+/// run is meant to exercise the cluster with authentication on. Over TLS:
+/// without any credential the call is unauthenticated; with only the harness's
+/// certificate, whose identity holds no grant, it is denied, so the token is
+/// what authorizes every other call.
+pub async fn check_enforced(addr: &str) -> Result<()> {
+    for (with_certificate, expected) in [
+        (false, tonic::Code::Unauthenticated),
+        (true, tonic::Code::PermissionDenied),
+    ] {
+        let ch = crate::tls::channel(addr, with_certificate)?;
         let mut req = tonic::Request::new(fenced_proto::v1::DescribeRequest {
             resource: b"auth-check".to_vec(),
             allow_stale: false,
@@ -67,9 +73,10 @@ pub async fn check_enforced(ids: &[u64]) -> Result<()> {
             .describe(req)
             .await;
         match answer {
-            Err(s) if s.code() == tonic::Code::Unauthenticated => {}
+            Err(s) if s.code() == expected => {}
             other => anyhow::bail!(
-                "node {id} answered a call without a token with {other:?}: authentication is off"
+                "{addr} answered a call without a token (client certificate: {with_certificate}) \
+                 with {other:?}, not {expected:?}: authentication is off or the certificate is trusted"
             ),
         }
     }

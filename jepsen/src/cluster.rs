@@ -17,7 +17,7 @@ use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::net::{node_addr, node_ns};
 
@@ -28,8 +28,10 @@ pub const PEER_PORT: u16 = 7201;
 pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 /// How every node is started.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct NodeSettings {
+    /// The run's certificates: every node serves TLS with its own.
+    pub pki: crate::tls::Pki,
     /// `FENCED_*` settings for every node.
     pub env: Vec<(String, String)>,
     /// Per node (index 0 = node 1): monotonic clock-rate skew in ppm.
@@ -55,12 +57,10 @@ pub struct Cluster {
     settings: NodeSettings,
 }
 
-/// A lazily connecting channel to `addr`.
+/// A lazily connecting TLS channel to `addr`, with the harness's
+/// certificate.
 pub fn channel(addr: &str) -> Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))
-        .context("endpoint")?
-        .connect_timeout(Duration::from_millis(500))
-        .connect_lazy())
+    crate::tls::channel(addr, true)
 }
 
 pub fn client_addr(id: u64) -> String {
@@ -152,9 +152,9 @@ impl Cluster {
                 "--initial-cluster",
                 &initial,
             ])
-            // Plaintext on the namespaces' private addresses, said out
-            // loud: `fenced run` refuses a non-loopback address without TLS.
-            .env("FENCED_INSECURE", "true")
+            .envs(settings.pki.node_env(id))
+            // TLS only: never plaintext, whatever the harness inherited.
+            .env_remove("FENCED_INSECURE")
             .env("FENCED_LOG", "info,openraft=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -9,4 +9,5 @@ pub mod history;
 pub mod nemesis;
 pub mod net;
 pub mod run;
+pub mod tls;
 pub mod workload;

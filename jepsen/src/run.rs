@@ -192,7 +192,15 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
     ];
     // Authentication on: every call carries the run's token.
     env.extend(crate::auth::node_settings(&dir)?);
+    // TLS on: certificates from the binary under test, for the addresses
+    // the nodes listen on.
+    let node_hosts: Vec<(u64, String)> =
+        (1..=3).map(|id| (id, crate::net::node_addr(id))).collect();
+    let pki = crate::tls::Pki::make(&cfg.fenced_bin, &dir.join("pki"), &node_hosts)
+        .context("making the run's certificates")?;
+    crate::tls::install(pki.client()?);
     let settings = NodeSettings {
+        pki,
         env,
         skew_ppm: if clocks {
             vec![20_000, -20_000, 20_000]
@@ -225,7 +233,9 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
         for f in ["history.jsonl", "n1.log", "n2.log", "n3.log"] {
             let _ = std::fs::remove_file(dir.join(f));
         }
-        let _ = std::fs::remove_dir_all(dir.join("resource"));
+        for d in ["resource", "pki"] {
+            let _ = std::fs::remove_dir_all(dir.join(d));
+        }
     }
     Ok(summary)
 }
@@ -242,7 +252,16 @@ async fn run_in(
     wait_for_leader(ids, Duration::from_secs(30))
         .await
         .with_context(|| format!("cluster did not elect a leader; see {}", dir.display()))?;
-    crate::auth::check_enforced(ids).await?;
+    // The run must exercise the cluster as deployed: TLS only, auth on.
+    for &id in ids {
+        let addr = cluster::client_addr(id);
+        crate::tls::check_enforced(&addr)
+            .await
+            .with_context(|| format!("TLS gate, node {id}"))?;
+        crate::auth::check_enforced(&addr)
+            .await
+            .with_context(|| format!("authentication gate, node {id}"))?;
+    }
     let start = Instant::now();
     let rec = Recorder::create(&dir.join("history.jsonl"), start)?;
     let store = Arc::new(
