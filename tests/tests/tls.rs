@@ -470,6 +470,19 @@ async fn fenced_resource_serves_tls_and_requires_client_certificates() {
     let _ = child.wait();
 }
 
+/// Waits up to 2 s for node `id`'s log to hold `needle`.
+async fn wait_for_log(cluster: &Cluster, id: u64, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !cluster.log_of(id).contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "node {id} never logged {needle:?}:\n{}",
+            cluster.log_of(id)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_removed_from_the_membership_is_refused_on_the_peer_port() {
     use fenced_proto::v1::{
@@ -522,11 +535,8 @@ async fn a_node_removed_from_the_membership_is_refused_on_the_peer_port() {
         matches!(read, Ok(Ok(0)) | Ok(Err(_))),
         "the removed node's connection answered: {read:?}"
     );
-    assert!(
-        cluster.log_of(1).contains("node 3 is no longer a member"),
-        "{}",
-        cluster.log_of(1)
-    );
+    // The node logs the refusal after it closed the connection.
+    wait_for_log(&cluster, 1, "node 3 is no longer a member").await;
     match tls_connect(&peer_addr, &pki.ca(), &cert, &key).await {
         Ok(mut conn) => match send_forged(&mut conn, Duration::from_secs(5), true).await {
             Some(Err(e)) => assert!(e.to_string().contains("alert"), "{e}"),
@@ -534,11 +544,7 @@ async fn a_node_removed_from_the_membership_is_refused_on_the_peer_port() {
         },
         Err(e) => assert!(e.to_string().contains("alert"), "{e}"),
     }
-    assert!(
-        cluster.log_of(1).contains("node 3 is not a member"),
-        "{}",
-        cluster.log_of(1)
-    );
+    wait_for_log(&cluster, 1, "node 3 is not a member").await;
     // The two that are left still serve.
     granted(&cluster.client_of(1), "after-removal").await;
 }
