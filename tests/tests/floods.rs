@@ -251,18 +251,24 @@ async fn ten_thousand_connections_are_refused_beyond_max_connections() {
     )
     .await;
     assert_eq!(refused, closed as u64, "each refusal is counted once");
-    // On the peer port, the followers' connections hold their slots.
+    // On the peer port, the followers' connections hold their slots: 1000
+    // of the flood are refused at once. An admitted one that never sends a
+    // whole preface is closed too once the routing timeout (5 s) passes,
+    // which this wait may outlast on a loaded machine.
     let peer_closed = settle(&peer_flood, 1_000).await;
-    assert!(
-        (1_000..=1_010).contains(&peer_closed),
-        "{peer_closed} of 2000 peer flood connections closed with 1000 allowed"
-    );
     let peer_refused = metric(
         &metrics[leader as usize - 1],
         "fenced_limit_refusals_total{limit=\"max_connections\",port=\"peer\"}",
     )
     .await;
-    assert_eq!(peer_refused, peer_closed as u64);
+    assert!(
+        (1_000..=1_010).contains(&peer_refused),
+        "{peer_refused} of 2000 peer flood connections refused with 1000 allowed"
+    );
+    assert!(
+        peer_closed as u64 >= peer_refused,
+        "{peer_closed} closed, fewer than the {peer_refused} refused"
+    );
     let rss = cluster.rss_kib(leader);
     eprintln!("leader RSS with 1000 connections held: {rss} KiB");
     assert!(rss < RSS_BUDGET_KIB, "leader RSS {rss} KiB over budget");
