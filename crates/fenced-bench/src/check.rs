@@ -1,5 +1,5 @@
 //! The correctness check every benchmark run makes as it goes: per resource,
-//! the tokens of successive grants strictly increase (DESIGN §2, guarantee 1).
+//! the tokens of successive grants strictly increase (docs/DESIGN.md §2, guarantee 1).
 
 use std::{collections::HashMap, fmt, sync::Mutex};
 

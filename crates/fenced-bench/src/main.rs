@@ -926,7 +926,7 @@ async fn s6(
     Ok((recovery_s, run))
 }
 
-/// DESIGN §8: memory with many live leases, start-up, restart.
+/// docs/DESIGN.md §8: memory with many live leases, start-up, restart.
 async fn budgets(
     args: &Args,
     dir: &std::path::Path,

@@ -5,7 +5,7 @@
 //! [`Batch`]es stamped with cluster time into [`LeaseTable::apply`] in log
 //! order, and every replica reaches the same state.
 //!
-//! Guarantees proven here (DESIGN.md §2): tokens strictly increase per
+//! Guarantees proven here (docs/DESIGN.md §2): tokens strictly increase per
 //! resource across grants; a grant and its token are one step; at most one
 //! unexpired lease per resource; renewal keeps the token and never revives an
 //! ended lease; only owner id AND token renew or release; acquire is

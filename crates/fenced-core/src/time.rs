@@ -37,7 +37,7 @@ impl fmt::Debug for ClusterTime {
     }
 }
 
-/// The leader's cluster clock (DESIGN.md §4), fed with monotonic readings.
+/// The leader's cluster clock (docs/DESIGN.md §4), fed with monotonic readings.
 ///
 /// cluster time = (cluster time of the last applied entry when this node
 /// became leader) + (monotonic time elapsed since then), clamped so it never
@@ -74,7 +74,7 @@ impl LeaderClock {
         }
     }
 
-    /// Starts a new leader's clock (a leader change, DESIGN.md §4).
+    /// Starts a new leader's clock (a leader change, docs/DESIGN.md §4).
     ///
     /// `last_applied` is the stamp of the last entry this node applied once
     /// everything committed before its term was applied; `highest_seen` is

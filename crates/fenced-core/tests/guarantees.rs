@@ -1,4 +1,4 @@
-//! Every guarantee of DESIGN.md §2 that the lease table alone can prove,
+//! Every guarantee of docs/DESIGN.md §2 that the lease table alone can prove,
 //! told as the article's scenarios.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
