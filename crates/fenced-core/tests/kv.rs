@@ -514,10 +514,10 @@ proptest! {
                         prop_assert_eq!((h.0, h.1), (o, granted[&(r, o)]));
                         h.2 = *expires_at;
                     }
-                    (Command::Release { token, .. }, Outcome::Released) => {
-                        if model.holders.get(&r).is_some_and(|h| h.0 == o && h.1 == *token) {
-                            model.holders.remove(&r);
-                        }
+                    (Command::Release { token, .. }, Outcome::Released)
+                        if model.holders.get(&r).is_some_and(|h| h.0 == o && h.1 == *token) =>
+                    {
+                        model.holders.remove(&r);
                     }
                     (Command::KvPut { key, token, .. } | Command::KvDelete { key, token, .. }, outcome) => {
                         let current = model.holders.get(&r).is_some_and(|&(ho, ht, exp)| ho == o && ht == *token && exp > stamp);
