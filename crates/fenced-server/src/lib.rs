@@ -27,6 +27,8 @@ pub mod peer_listener;
 pub mod proposer;
 pub mod quota;
 pub mod services;
+// After `services`: uses its forwarding macro.
+pub mod kv_service;
 pub mod state_machine;
 pub mod time_floor;
 pub mod tls;
