@@ -24,10 +24,12 @@
 
 mod client;
 mod clock;
+mod kv;
 mod lease;
 mod tls;
 mod transport;
 
 pub use client::*;
+pub use kv::{KvRead, KvRefusal, KvWrite};
 pub use lease::{Acquired, Lease, LeaseHandle, LeaseOptions, LossReason};
 pub use tls::TlsOptions;
