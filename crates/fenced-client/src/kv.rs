@@ -174,7 +174,7 @@ impl Client {
             .await?
             .0
             .into_inner();
-        Ok(resp.found.then(|| KvRead {
+        Ok(resp.found.then_some(KvRead {
             value: resp.value,
             resource: resp.resource,
             token: resp.token,
