@@ -166,10 +166,15 @@ impl Endpoints {
     /// Learns from an answer on endpoint `i` which node it is, and returns
     /// the endpoint its leader hint points to, if the rule accepts one.
     pub(crate) fn learn(&self, i: usize, md: &MetadataMap) -> Option<usize> {
-        if let Some(node) = answering_node(md) {
+        let node = answering_node(md);
+        if let Some(node) = node {
             self.get(i).node.store(node, Ordering::Relaxed);
         }
         let hint = parse_hint(md.get(LEADER_HEADER)?.to_str().ok()?)?;
+        if node == Some(hint.id) {
+            // The leader answered: the common case, nothing to look up.
+            return Some(i % self.list.len());
+        }
         let now = self.now_ms();
         let hold_off = u64::try_from(FAILED_HOLD_OFF.as_millis()).unwrap_or(u64::MAX);
         let views: Vec<EndpointView<'_>> = self
