@@ -63,9 +63,8 @@ impl KvService {
     }
 }
 
-#[tonic::async_trait]
-impl kv_server::Kv for KvService {
-    async fn put(
+impl KvService {
+    async fn answer_put(
         &self,
         req: Request<v1::KvPutRequest>,
     ) -> Result<Response<v1::KvPutResponse>, Status> {
@@ -82,7 +81,7 @@ impl kv_server::Kv for KvService {
         kv_put_reply(&outcome, now).map(Response::new)
     }
 
-    async fn delete(
+    async fn answer_delete(
         &self,
         req: Request<v1::KvDeleteRequest>,
     ) -> Result<Response<v1::KvDeleteResponse>, Status> {
@@ -98,7 +97,7 @@ impl kv_server::Kv for KvService {
         kv_delete_reply(&outcome, now).map(Response::new)
     }
 
-    async fn get(
+    async fn answer_get(
         &self,
         req: Request<v1::KvGetRequest>,
     ) -> Result<Response<v1::KvGetResponse>, Status> {
@@ -116,5 +115,31 @@ impl kv_server::Kv for KvService {
         crate::forward_or!(self.ctx, req, deadline_of(&req), identity, KvClient, get);
         let now = self.ctx.linearizable_read("kv get").await?;
         Ok(Response::new(self.read(&key, now)))
+    }
+}
+
+// Every answer carries this node's id and the leader hint, as the Lock
+// service's do, so a client sends its next call to the leader itself.
+#[tonic::async_trait]
+impl kv_server::Kv for KvService {
+    async fn put(
+        &self,
+        req: Request<v1::KvPutRequest>,
+    ) -> Result<Response<v1::KvPutResponse>, Status> {
+        self.ctx.hinted(self.answer_put(req).await)
+    }
+
+    async fn delete(
+        &self,
+        req: Request<v1::KvDeleteRequest>,
+    ) -> Result<Response<v1::KvDeleteResponse>, Status> {
+        self.ctx.hinted(self.answer_delete(req).await)
+    }
+
+    async fn get(
+        &self,
+        req: Request<v1::KvGetRequest>,
+    ) -> Result<Response<v1::KvGetResponse>, Status> {
+        self.ctx.hinted(self.answer_get(req).await)
     }
 }
