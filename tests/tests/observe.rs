@@ -620,3 +620,117 @@ async fn fencectl_watch_prints_one_line_per_event_and_resumes_from_a_revision() 
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert!(String::from_utf8(out.stdout).unwrap().contains("released"));
 }
+
+/// A write through `fenced-resource --require-current`.
+async fn put_current(
+    svc: &str,
+    resource: &str,
+    owner: OwnerId,
+    token: u64,
+    value: &str,
+) -> Result<v1::PutResponse, tonic::Status> {
+    // Lazy: a service not listening yet is an UNAVAILABLE answer.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{svc}"))
+        .unwrap()
+        .connect_lazy();
+    let mut req = tonic::Request::new(v1::PutRequest {
+        key: b"ledger/k".to_vec(),
+        resource: resource.as_bytes().to_vec(),
+        token: Some(token),
+        owner_id: owner.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec(),
+        ..Default::default()
+    });
+    req.set_timeout(Duration::from_secs(20));
+    v1::fenced_resource_client::FencedResourceClient::new(channel)
+        .put(req)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+fn accepted(r: &v1::PutResponse) -> bool {
+    matches!(r.outcome, Some(v1::put_response::Outcome::Accepted(_)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_current_refuses_a_released_token_and_fails_closed() {
+    let mut cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", fenced_tests::free_port());
+    let log = std::fs::File::create(dir.path().join("resource.log")).unwrap();
+    let mut svc = std::process::Command::new(bin("fenced-resource"))
+        .args(["serve", "--listen", &addr, "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args([
+            "--require-current",
+            "--current-timeout-ms",
+            "1000",
+            "--cluster",
+        ])
+        .arg(cluster.endpoints().join(","))
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let (a, ta) = grant(&client, "ledger/1", TTL).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        match put_current(&addr, "ledger/1", a, ta, "one").await {
+            Ok(r) => break r,
+            Err(e) if Instant::now() < deadline && e.code() == Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("the current holder's write failed: {e:?}"),
+        }
+    };
+    assert!(accepted(&first), "{first:?}");
+
+    // Released: not older than the highest token, but no longer current.
+    client.release("ledger/1", a, ta).await.unwrap();
+    let e = put_current(&addr, "ledger/1", a, ta, "late")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("not current (TOKEN_STATE_RELEASED"),
+        "{e:?}"
+    );
+
+    let (b, tb) = grant(&client, "ledger/1", TTL).await;
+    assert!(accepted(
+        &put_current(&addr, "ledger/1", b, tb, "two").await.unwrap()
+    ));
+
+    // No cluster: the write is refused in bounded time, not applied.
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    let started = Instant::now();
+    let e = put_current(&addr, "ledger/1", b, tb, "three")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("not applied"), "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let got = v1::fenced_resource_client::FencedResourceClient::new(channel)
+        .get(v1::GetRequest {
+            key: b"ledger/k".to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.value, b"two");
+    assert_eq!(got.token, tb);
+    svc.kill().unwrap();
+    svc.wait().unwrap();
+}
