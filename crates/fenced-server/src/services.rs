@@ -501,6 +501,32 @@ impl lock_server::Lock for LockService {
             now,
         )))
     }
+
+    async fn validate_token(
+        &self,
+        _: Request<v1::ValidateTokenRequest>,
+    ) -> Result<Response<v1::ValidateTokenResponse>, Status> {
+        Err(Status::unimplemented("not served by this version yet"))
+    }
+    async fn validate_tokens(
+        &self,
+        _: Request<v1::ValidateTokensRequest>,
+    ) -> Result<Response<v1::ValidateTokensResponse>, Status> {
+        Err(Status::unimplemented("not served by this version yet"))
+    }
+    type WatchStream = tonic::codegen::BoxStream<v1::WatchResponse>;
+    async fn watch(
+        &self,
+        _: Request<v1::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("not served by this version yet"))
+    }
+    async fn history(
+        &self,
+        _: Request<v1::HistoryRequest>,
+    ) -> Result<Response<v1::HistoryResponse>, Status> {
+        Err(Status::unimplemented("not served by this version yet"))
+    }
 }
 
 pub struct ClusterService {
