@@ -33,27 +33,39 @@ from .errors import (
 )
 from .lease import Lease, LeaseInterrupted, LeaseOptions, LossKind, LossReason
 from .outcomes import (
+    Compacted,
     Description,
     Ended,
+    EventKind,
+    FellBehind,
     Granted,
     Held,
+    HistoryEntry,
     Lost,
     LostReason,
     NotHolder,
     Released,
     Renewed,
+    TokenState,
+    TokenValidation,
+    WatchEvent,
 )
+from .watch import Watch
 
 __all__ = [
     "AttemptEnded",
     "Client",
+    "Compacted",
     "DEV_ENDPOINTS",
     "Description",
     "EndpointError",
     "Ended",
+    "EventKind",
+    "FellBehind",
     "FencedError",
     "Granted",
     "Held",
+    "HistoryEntry",
     "InvalidArgument",
     "Lease",
     "LeaseInterrupted",
@@ -72,8 +84,12 @@ __all__ = [
     "SUSPEND_AWARE",
     "ServerError",
     "TlsError",
+    "TokenState",
+    "TokenValidation",
     "Unauthenticated",
     "Unavailable",
+    "Watch",
+    "WatchEvent",
     "bearer_token_from_env",
     "clock_now",
 ]

@@ -7,7 +7,7 @@ import random
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 
@@ -30,8 +30,10 @@ from .outcomes import (
     AcquireOutcome,
     Description,
     Ended,
+    EventKind,
     Granted,
     Held,
+    HistoryEntry,
     Lost,
     LostReason,
     NotHolder,
@@ -39,10 +41,14 @@ from .outcomes import (
     ReleaseOutcome,
     Renewed,
     RenewOutcome,
+    TokenState,
+    TokenValidation,
+    owner_uuid,
 )
 
 if TYPE_CHECKING:
     from .lease import Lease, LeaseOptions
+    from .watch import Watch
 
 log = logging.getLogger("fenced_client")
 
@@ -422,6 +428,71 @@ class Client:
         )
         return resp
 
+    # -- observing tokens ----------------------------------------------------
+
+    def validate_token(self, resource: str, token: int) -> TokenValidation:
+        """Whether ``token`` is still the current lease of ``resource``
+        (a linearizable read; needs the ``read`` role)."""
+        req = lock_pb2.ValidateTokenRequest(resource=resource.encode("utf-8"), token=token)
+        resp, _ = self._with_retries(
+            self.call_timeout,
+            lambda e, left: self._unary(e.lock.ValidateToken, req, min(left, ATTEMPT_TIMEOUT)),
+        )
+        return _validation(resource, token, resp)
+
+    def validate_tokens(self, checks: Iterable[Tuple[str, int]]) -> List[TokenValidation]:
+        """``validate_token`` for many (resource, token) pairs in one call,
+        all answered at the same linearizable point, in the order given.
+        The server bounds the count (default 256)."""
+        pairs = list(checks)
+        req = lock_pb2.ValidateTokensRequest(
+            checks=[
+                lock_pb2.ValidateTokenRequest(resource=r.encode("utf-8"), token=t)
+                for r, t in pairs
+            ]
+        )
+        resp, _ = self._with_retries(
+            self.call_timeout,
+            lambda e, left: self._unary(e.lock.ValidateTokens, req, min(left, ATTEMPT_TIMEOUT)),
+        )
+        if len(resp.results) != len(pairs):
+            raise ServerError(
+                f"validate_tokens: {len(resp.results)} results for {len(pairs)} checks"
+            )
+        return [_validation(r, t, v) for (r, t), v in zip(pairs, resp.results)]
+
+    def history(self, resource: str, *, limit: int = 0) -> List[HistoryEntry]:
+        """The last grants of ``resource``, newest first, and how each ended
+        (``limit`` 0: all the server keeps)."""
+        req = lock_pb2.HistoryRequest(resource=resource.encode("utf-8"), limit=limit)
+        resp, _ = self._with_retries(
+            self.call_timeout,
+            lambda e, left: self._unary(e.lock.History, req, min(left, ATTEMPT_TIMEOUT)),
+        )
+        return [
+            HistoryEntry(
+                token=h.token,
+                owner_id=owner_uuid(h.owner_id),
+                granted_at_ms=h.granted_at_ms,
+                ended_at_ms=h.ended_at_ms,
+                ended=EventKind.from_wire(h.ended),
+            )
+            for h in resp.entries
+        ]
+
+    def watch(self, prefix: str = "", *, from_revision: int = 0, resume: bool = True) -> "Watch":
+        """A stream of ownership events on resources whose name starts with
+        ``prefix`` (empty: all), with revisions above ``from_revision`` (0:
+        from now on). Iterate it; close it (or leave its ``with`` block) to
+        stop. With ``resume`` (the default) a broken stream (the node went
+        away, UNAVAILABLE) or a ``FellBehind`` is resumed on the next node
+        from the last revision received, so no event is missed or repeated;
+        a ``Compacted`` (events no longer kept: a gap) is yielded and ends
+        the iteration."""
+        from .watch import Watch
+
+        return Watch(self, prefix.encode("utf-8"), from_revision, resume)
+
     # -- leases with a keeper ----------------------------------------------
 
     def lock(
@@ -492,6 +563,17 @@ def _with_sent(g: Granted, sent: float) -> Granted:
         ttl_ms=g.ttl_ms,
         cluster_time_ms=g.cluster_time_ms,
         sent_at=sent,
+    )
+
+
+def _validation(resource: str, token: int, v) -> TokenValidation:
+    return TokenValidation(
+        resource=resource,
+        token=token,
+        state=TokenState.from_wire(v.state),
+        current_token=v.current_token,
+        remaining_ms=v.remaining_ms,
+        cluster_time_ms=v.cluster_time_ms,
     )
 
 

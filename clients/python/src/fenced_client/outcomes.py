@@ -4,7 +4,12 @@ another owner" and "lease lost" are normal concurrency."""
 import enum
 import uuid
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Optional, Union
+
+
+def owner_uuid(raw: bytes) -> Optional[uuid.UUID]:
+    """An owner id from the wire (16 bytes), None when absent."""
+    return uuid.UUID(bytes=raw) if len(raw) == 16 else None
 
 
 class LostReason(enum.Enum):
@@ -115,3 +120,103 @@ class Description:
     remaining_ms: int
     waiters: int
     cluster_time_ms: int
+
+
+class TokenState(enum.Enum):
+    """What the cluster says of a (resource, token) pair."""
+
+    #: The token is the holder's and its lease has not ended.
+    CURRENT = "current"
+    #: A higher token was issued for the resource since.
+    SUPERSEDED = "superseded"
+    #: The token is the newest, but its lease ran out.
+    EXPIRED = "expired"
+    #: The token is the newest, but its lease was released.
+    RELEASED = "released"
+    #: Never issued for the resource, or the resource is not remembered.
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def from_wire(cls, value: int) -> "TokenState":
+        return {
+            1: cls.CURRENT,
+            2: cls.SUPERSEDED,
+            3: cls.EXPIRED,
+            4: cls.RELEASED,
+        }.get(value, cls.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class TokenValidation:
+    """The answer to a validate call, for one (resource, token) pair."""
+
+    resource: str
+    token: int
+    state: TokenState
+    #: The newest token issued for the resource; 0 if none is remembered.
+    current_token: int
+    #: Milliseconds left on the lease when CURRENT, else 0.
+    remaining_ms: int
+    cluster_time_ms: int
+
+    @property
+    def current(self) -> bool:
+        return self.state == TokenState.CURRENT
+
+
+class EventKind(enum.Enum):
+    GRANTED = "granted"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    SUPERSEDED = "superseded"
+
+    @classmethod
+    def from_wire(cls, value: int) -> "Optional[EventKind]":
+        return {
+            1: cls.GRANTED,
+            2: cls.RELEASED,
+            3: cls.EXPIRED,
+            4: cls.SUPERSEDED,
+        }.get(value)
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """An ownership event. ``revision`` grows by one per event across all
+    resources and is the same on every node."""
+
+    revision: int
+    resource: str
+    kind: Optional[EventKind]
+    token: int
+    owner_id: Optional[uuid.UUID]
+    cluster_time_ms: int
+
+
+@dataclass(frozen=True)
+class FellBehind:
+    """The watcher did not keep up and the server ended the stream; resuming
+    from ``last_sent_revision`` misses nothing."""
+
+    last_sent_revision: int
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """The events after the requested revision are no longer kept: there is
+    a gap. Read the current state (describe) and watch again."""
+
+    oldest_revision: int
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One grant of a resource and how it ended."""
+
+    token: int
+    owner_id: Optional[uuid.UUID]
+    granted_at_ms: int
+    #: 0 while the lease is live.
+    ended_at_ms: int
+    #: None while the lease is live.
+    ended: Optional[EventKind]
