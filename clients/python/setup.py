@@ -3,9 +3,9 @@
 No generated code is committed. `pip install clients/python` (or
 `python -m build`) runs `build_py`, which calls grpc_tools.protoc on every
 `fenced/v1/*.proto` and writes the modules into the package being built.
-The .proto files are found, in order, at $FENCED_PROTO_DIR, at ../../proto
-(this directory inside the fenced repository) and at ./proto (an sdist,
-which `sdist` below fills from the repository).
+The .proto files are found, in order, at $FENCED_PROTO_DIR, at ./proto (an
+sdist, which `sdist` below fills from the repository) and at ../../proto
+(this directory inside the fenced repository).
 """
 
 import glob
@@ -25,15 +25,15 @@ GENERATED = "_proto"
 def proto_root():
     candidates = [
         os.environ.get("FENCED_PROTO_DIR", ""),
-        os.path.join(HERE, "..", "..", "proto"),
         os.path.join(HERE, "proto"),
+        os.path.join(HERE, "..", "..", "proto"),
     ]
     for root in candidates:
         if root and glob.glob(os.path.join(root, "fenced", "v1", "*.proto")):
             return os.path.normpath(root)
     raise SystemExit(
         "fenced-client build: no fenced/v1/*.proto found at $FENCED_PROTO_DIR, "
-        "../../proto or ./proto; build from the fenced repository or an sdist"
+        "./proto or ../../proto; build from the fenced repository or an sdist"
     )
 
 

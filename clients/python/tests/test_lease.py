@@ -193,3 +193,13 @@ def test_a_paused_process_stops_its_work_on_resume(cluster, client, resource):
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
             proc.wait()
+
+
+def test_a_closed_client_loses_its_leases(cluster, resource):
+    c = cluster.client(lease_options=LeaseOptions(renew_every=0.2))
+    lease = c.lock(resource, ttl=5)
+    c.close()
+    reason = lease.wait_lost(3)
+    assert reason is not None and reason.kind == LossKind.FAILED, reason
+    with pytest.raises(LeaseLost):
+        lease.check()

@@ -41,6 +41,10 @@ RETRY_RENEW_AFTER = 0.1
 #: wait, timed on CLOCK_MONOTONIC, stands still) is noticed soon after resume.
 MAX_KEEPER_SLEEP = 1.0
 
+#: How long leaving a ``with`` block over a lost lease waits for the keeper
+#: to finish running the on_lost callbacks.
+CALLBACK_WAIT = 5.0
+
 #: The signal ``interrupt=True`` sends to the main thread unless told another.
 DEFAULT_INTERRUPT_SIGNAL = signal.SIGUSR2
 
@@ -256,6 +260,10 @@ class Lease:
                     self.resource, self.owner_id, self.token, e,
                 )
             return False
+        # The keeper returns once it has told of the loss: after this, the
+        # on_lost callbacks it runs have run (bounded, should one hang).
+        if self._keeper is not threading.current_thread():
+            self._keeper.join(CALLBACK_WAIT)
         if reason.kind == LossKind.DEADLINE_PASSED:
             # The cluster may still hold it: releasing lets the next owner in
             # now rather than at the cluster's expiry.
@@ -350,6 +358,10 @@ class Lease:
                     next_renew = _clock.now() + RETRY_RENEW_AFTER
                     continue
                 self._lose(LossReason(LossKind.FAILED, detail=str(e)))
+                return
+            except Exception as e:  # e.g. the client was closed under the lease
+                if not self._stop.is_set():
+                    self._lose(LossReason(LossKind.FAILED, detail=f"{type(e).__name__}: {e}"))
                 return
             if self._stop.is_set():
                 return
