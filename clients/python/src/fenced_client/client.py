@@ -518,6 +518,9 @@ class Client:
         inside the ``with`` block (see ``Lease``)."""
         from .lease import Lease
 
+        if interrupt and threading.current_thread() is not threading.main_thread():
+            # Checked before acquiring, so that nothing is left held.
+            raise ValueError("interrupt=True: only the main thread can be interrupted (signals)")
         outcome = self.acquire(resource, ttl, wait=wait)
         if isinstance(outcome, Held):
             raise NotGranted(resource, outcome.current_token, outcome.remaining_ms)
