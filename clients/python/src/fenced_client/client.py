@@ -383,13 +383,21 @@ class Client:
             )
         raise ServerError("renew: empty response")
 
-    def release(self, resource: str, owner_id: uuid.UUID, token: int) -> ReleaseOutcome:
-        """Ends the lease held with (``owner_id``, ``token``)."""
+    def release(
+        self,
+        resource: str,
+        owner_id: uuid.UUID,
+        token: int,
+        *,
+        budget: Optional[float] = None,
+    ) -> ReleaseOutcome:
+        """Ends the lease held with (``owner_id``, ``token``). ``budget``:
+        seconds for the call, retries included (default the call timeout)."""
         req = lock_pb2.ReleaseRequest(
             resource=resource.encode("utf-8"), owner_id=owner_id.bytes, token=token
         )
         resp, _ = self._with_retries(
-            self.call_timeout,
+            self.call_timeout if budget is None else budget,
             lambda e, left: self._unary(e.lock.Release, req, min(left, ATTEMPT_TIMEOUT)),
         )
         which = resp.WhichOneof("outcome")

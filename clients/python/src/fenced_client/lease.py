@@ -266,9 +266,12 @@ class Lease:
             self._keeper.join(CALLBACK_WAIT)
         if reason.kind == LossKind.DEADLINE_PASSED:
             # The cluster may still hold it: releasing lets the next owner in
-            # now rather than at the cluster's expiry.
+            # now rather than at the cluster's expiry, which is about a margin
+            # away, so trying longer than that is pointless.
             try:
-                self._client.release(self.resource, self.owner_id, self.token)
+                self._client.release(
+                    self.resource, self.owner_id, self.token, budget=max(0.5, self._margin)
+                )
             except FencedError:
                 pass
         if exc is None or isinstance(exc, LeaseInterrupted):
