@@ -203,3 +203,49 @@ def test_a_closed_client_loses_its_leases(cluster, resource):
     assert reason is not None and reason.kind == LossKind.FAILED, reason
     with pytest.raises(LeaseLost):
         lease.check()
+
+
+def test_a_grant_after_waiting_is_timed_from_a_fresh_renewal(cluster, client, resource):
+    holder = client.acquire(resource, ttl=10)
+    got = {}
+
+    def take():
+        with cluster.client() as c:
+            lease = c.lock(resource, ttl=2.0, wait=10)
+            got["remaining"] = lease.remaining()
+            got["token"] = lease.token
+            lease.release()
+
+    t = threading.Thread(target=take)
+    t.start()
+    deadline = time.monotonic() + 5
+    while client.describe(resource).waiters == 0:
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.05)
+    time.sleep(1.5)  # most of the waiter's TTL, spent waiting
+    client.release(resource, holder.owner_id, holder.token)
+    t.join(10)
+    assert got["token"] > holder.token
+    # Timed from the renewal sent after the grant, not from the acquire sent
+    # 1.5 s before: close to the whole TTL minus the margin is left.
+    assert got["remaining"] > 1.5, got
+
+
+def test_the_keeper_follows_a_new_leader():
+    from conftest import Cluster
+
+    c = Cluster(3)
+    try:
+        c.start()
+        with c.client() as client:
+            with client.lock("py/failover", ttl=3.0) as lease:
+                leader = client.status().leader_id
+                c.procs[leader].kill()
+                c.procs[leader].wait()
+                time.sleep(6.0)  # two TTLs without the old leader
+                lease.check()
+                d = client.describe("py/failover")
+                assert d.held and d.last_token == lease.token
+            assert not client.describe("py/failover").held
+    finally:
+        c.stop()
