@@ -31,6 +31,7 @@ pub mod state_machine;
 pub mod time_floor;
 pub mod tls;
 pub mod types;
+pub mod watch;
 
 #[cfg(test)]
 mod decoder_props;

@@ -9,11 +9,12 @@ use std::{
 
 use fenced_core::{ClusterTime, Limits, Outcome};
 use fenced_proto::{
-    acquire_command, acquire_reply, describe_reply, describe_resource, invalid_argument,
-    release_command, release_reply, renew_command, renew_reply,
+    acquire_command, acquire_reply, describe_reply, describe_resource, history_reply,
+    history_request, invalid_argument, release_command, release_reply, renew_command, renew_reply,
     v1::{
         self, cluster_client::ClusterClient, cluster_server, lock_client::LockClient, lock_server,
     },
+    validate_check, validate_checks, validate_reply,
 };
 use openraft::{ChangeMembers, ServerState};
 use tonic::{
@@ -32,6 +33,7 @@ use crate::{
     state_machine::{self, Shared},
     tls::NodeTls,
     types::{Node, NodeId, Raft},
+    watch::Watchers,
 };
 
 /// Marks a request a follower forwarded, so it is never forwarded twice.
@@ -56,6 +58,8 @@ pub struct NodeContext {
     pub auth: Arc<Auth>,
     /// Per-identity limits, checked where this node leads.
     pub quota: Arc<IdentityQuota>,
+    /// Watch streams served by this node, and their bounds.
+    pub watchers: Arc<Watchers>,
     forward: Arc<Mutex<HashMap<String, Channel>>>,
     /// Forwarded calls go over mutual TLS when set.
     forward_tls: Option<Arc<NodeTls>>,
@@ -89,6 +93,19 @@ impl NodeContext {
             )),
             forward: Arc::default(),
             forward_tls: None,
+            watchers: Arc::new(Watchers::new(
+                crate::watch::DEFAULT_MAX_WATCHERS,
+                crate::watch::DEFAULT_MAX_WATCHERS_PER_IDENTITY,
+                crate::watch::DEFAULT_WATCH_BUFFER,
+            )),
+        }
+    }
+
+    /// The same context serving Watch under these bounds.
+    pub fn with_watchers(self, watchers: Watchers) -> Self {
+        Self {
+            watchers: Arc::new(watchers),
+            ..self
         }
     }
 
@@ -307,6 +324,47 @@ impl LockService {
         )
     }
 
+    /// The read index of a linearizable read on the leader: the cluster
+    /// time the read reveals, once a quorum confirmed this node's
+    /// leadership and everything committed before the read is applied.
+    async fn linearizable_now(&self, rpc: &str) -> Result<ClusterTime, Status> {
+        // The time this read reveals is taken BEFORE leadership is
+        // confirmed: the confirming heartbeats carry it (or later) to a
+        // quorum, which makes it durable before answering, and this node
+        // makes it durable too. Any later leader starts its clock at or
+        // above it, also after a restart of the whole cluster.
+        let revealed = self.ctx.cluster_now();
+        let (confirmed, durable) = tokio::join!(
+            tokio::time::timeout(
+                self.ctx.request_timeout,
+                self.ctx.raft.ensure_linearizable(),
+            ),
+            self.ctx.time.floor().make_durable(revealed),
+        );
+        durable.map_err(|e| {
+            tracing::error!(error = %e, "cannot make the cluster time durable");
+            Status::unavailable(format!("{rpc}: cannot store the cluster time: {e}"))
+        })?;
+        // Read index: confirm leadership with a quorum and wait until the
+        // state machine has applied everything committed before the read.
+        confirmed
+            .map_err(|_| {
+                Status::unavailable(format!(
+                    "{rpc}: no quorum confirmed leadership in time; retry"
+                ))
+            })?
+            .map_err(|e| {
+                not_leader(
+                    e.forward_to_leader()
+                        .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
+                        .as_ref(),
+                )
+            })?;
+        // Entries applied since carry later stamps, durable in the log.
+        let now = revealed.max(self.ctx.shared.now());
+        Ok(now)
+    }
+
     async fn propose(
         &self,
         command: fenced_core::Command,
@@ -464,38 +522,7 @@ impl lock_server::Lock for LockService {
             LockClient,
             describe
         );
-        // The time this read reveals is taken BEFORE leadership is
-        // confirmed: the confirming heartbeats carry it (or later) to a
-        // quorum, which makes it durable before answering, and this node
-        // makes it durable too. Any later leader starts its clock at or
-        // above it, also after a restart of the whole cluster.
-        let revealed = self.ctx.cluster_now();
-        let (confirmed, durable) = tokio::join!(
-            tokio::time::timeout(
-                self.ctx.request_timeout,
-                self.ctx.raft.ensure_linearizable(),
-            ),
-            self.ctx.time.floor().make_durable(revealed),
-        );
-        durable.map_err(|e| {
-            tracing::error!(error = %e, "cannot make the cluster time durable");
-            Status::unavailable(format!("describe: cannot store the cluster time: {e}"))
-        })?;
-        // Read index: confirm leadership with a quorum and wait until the
-        // state machine has applied everything committed before the read.
-        confirmed
-            .map_err(|_| {
-                Status::unavailable("describe: no quorum confirmed leadership in time; retry")
-            })?
-            .map_err(|e| {
-                not_leader(
-                    e.forward_to_leader()
-                        .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
-                        .as_ref(),
-                )
-            })?;
-        // Entries applied since carry later stamps, durable in the log.
-        let now = revealed.max(self.ctx.shared.now());
+        let now = self.linearizable_now("describe").await?;
         Ok(Response::new(describe_reply(
             &self.ctx.shared.describe(resource.as_str(), now),
             now,
@@ -504,28 +531,108 @@ impl lock_server::Lock for LockService {
 
     async fn validate_token(
         &self,
-        _: Request<v1::ValidateTokenRequest>,
+        req: Request<v1::ValidateTokenRequest>,
     ) -> Result<Response<v1::ValidateTokenResponse>, Status> {
-        Err(Status::unimplemented("not served by this version yet"))
+        let (resource, token) = validate_check(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Read, "validate_token", &resource)?;
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            LockClient,
+            validate_token
+        );
+        let now = self.linearizable_now("validate_token").await?;
+        let v = self.ctx.shared.validate(resource.as_str(), token, now);
+        Ok(Response::new(validate_reply(&v, now)))
     }
+
     async fn validate_tokens(
         &self,
-        _: Request<v1::ValidateTokensRequest>,
+        req: Request<v1::ValidateTokensRequest>,
     ) -> Result<Response<v1::ValidateTokensResponse>, Status> {
-        Err(Status::unimplemented("not served by this version yet"))
+        let checks = validate_checks(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        // Every resource of the batch must be readable by the caller.
+        let mut identity = None;
+        for (resource, _) in &checks {
+            identity = self.authorize(&req, Permission::Read, "validate_tokens", resource)?;
+        }
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            LockClient,
+            validate_tokens
+        );
+        let now = self.linearizable_now("validate_tokens").await?;
+        let results = self
+            .ctx
+            .shared
+            .validate_all(&checks, now)
+            .iter()
+            .map(|v| validate_reply(v, now))
+            .collect();
+        Ok(Response::new(v1::ValidateTokensResponse {
+            results,
+            cluster_time_ms: now.as_millis(),
+        }))
     }
-    type WatchStream = tonic::codegen::BoxStream<v1::WatchResponse>;
+
+    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<v1::WatchResponse, Status>>;
+
     async fn watch(
         &self,
-        _: Request<v1::WatchRequest>,
+        req: Request<v1::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("not served by this version yet"))
+        let prefix =
+            fenced_core::watch_prefix(&req.get_ref().prefix).map_err(|e| invalid_argument(&e))?;
+        // The permission covers the prefix: every resource under it.
+        let identity = self.ctx.auth.authorize(
+            &req,
+            self.peer,
+            Permission::Read,
+            "watch",
+            Some(prefix.as_str()),
+        )?;
+        // Served from this node's applied state: revisions are the same on
+        // every node, so the stream may move between nodes.
+        let slot = self.ctx.watchers.admit(identity.as_deref())?;
+        tracing::debug!(
+            prefix,
+            from_revision = req.get_ref().from_revision,
+            identity = identity.as_deref().unwrap_or(""),
+            "watch started"
+        );
+        let rx = crate::watch::start(
+            Arc::clone(&self.ctx.shared),
+            slot,
+            prefix,
+            req.get_ref().from_revision,
+        );
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
     }
+
     async fn history(
         &self,
-        _: Request<v1::HistoryRequest>,
+        req: Request<v1::HistoryRequest>,
     ) -> Result<Response<v1::HistoryResponse>, Status> {
-        Err(Status::unimplemented("not served by this version yet"))
+        let (resource, limit) = history_request(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Read, "history", &resource)?;
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            LockClient,
+            history
+        );
+        let now = self.linearizable_now("history").await?;
+        let entries = self.ctx.shared.history(resource.as_str(), limit);
+        Ok(Response::new(history_reply(&entries, now)))
     }
 }
 
