@@ -21,5 +21,6 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 # the pinned build requirements are already in the venv.
 "${pip[@]}" install --no-build-isolation --force-reinstall --no-deps ./clients/python
 cd clients/python
+# About a minute; the bound only stops a hung test from holding CI.
 FENCED_BIN="$PWD/../../target/debug/fenced" \
-  ../../"$venv"/bin/python -m pytest -p no:cacheprovider -q tests
+  timeout 600 ../../"$venv"/bin/python -m pytest -p no:cacheprovider -q tests

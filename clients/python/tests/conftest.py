@@ -22,6 +22,18 @@ from fenced_client import Client, FencedError
 REPO = Path(__file__).resolve().parents[3]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the test process dies, so
+    that a killed test run leaves no node behind (Linux only)."""
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 def fenced_bin() -> Path:
     path = Path(os.environ.get("FENCED_BIN", REPO / "target" / "debug" / "fenced"))
     if not path.exists():
@@ -122,6 +134,7 @@ class Cluster:
             stdout=subprocess.DEVNULL,
             stderr=log,
             stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
         log.close()
 

@@ -118,3 +118,38 @@ def test_plaintext_to_a_tls_cluster_fails(secure, resource):
     with secure.client(token=secure.token, call_timeout=1.0) as c:
         with pytest.raises(Unavailable):
             c.describe(resource)
+
+
+def test_observing_needs_the_read_role_on_the_prefix(secure, resource):
+    import threading
+
+    from fenced_client import EventKind, TokenState
+
+    ca = secure.pki / "ca.pem"
+    with secure.client(ca=ca, token=secure.token) as c:
+        g = c.acquire(resource, ttl=10)
+        assert c.validate_token(resource, g.token).state == TokenState.CURRENT
+        assert [e.token for e in c.history(resource)] == [g.token]
+        with pytest.raises(PermissionDenied):
+            c.validate_token("billing/2026-07", 1)
+        with pytest.raises(PermissionDenied):
+            c.validate_tokens([(resource, g.token), ("billing/2026-07", 1)])
+        with pytest.raises(PermissionDenied):
+            c.history("billing/2026-07")
+        with pytest.raises(PermissionDenied) as e:
+            next(iter(c.watch("")))  # every resource: more than py/
+        assert "py/" in str(e.value), str(e.value)
+        # Under its own prefix the stream works, over TLS with the token.
+        with c.watch(resource + "/") as w:
+            got = []
+            t = threading.Thread(target=lambda: got.append(next(w)), daemon=True)
+            t.start()
+            assert w.started.wait(10)
+            c.acquire(resource + "/w", ttl=10)
+            t.join(10)
+            assert got and got[0].kind == EventKind.GRANTED and got[0].resource == resource + "/w"
+    with secure.client(ca=ca) as c:
+        with pytest.raises(Unauthenticated):
+            next(iter(c.watch(resource)))
+        with pytest.raises(Unauthenticated):
+            c.validate_token(resource, 1)

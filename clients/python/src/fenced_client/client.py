@@ -491,15 +491,18 @@ class Client:
     def watch(self, prefix: str = "", *, from_revision: int = 0, resume: bool = True) -> "Watch":
         """A stream of ownership events on resources whose name starts with
         ``prefix`` (empty: all), with revisions above ``from_revision`` (0:
-        from now on). Iterate it; close it (or leave its ``with`` block) to
-        stop. With ``resume`` (the default) a broken stream (the node went
+        from now on). Returns once the stream has started, so no event after
+        the return is missed; refusals (permission, bounds) are raised here.
+        Iterate it; close it (or leave its ``with`` block) to stop. With ``resume`` (the default) a broken stream (the node went
         away, UNAVAILABLE) or a ``FellBehind`` is resumed on the next node
         from the last revision received, so no event is missed or repeated;
         a ``Compacted`` (events no longer kept: a gap) is yielded and ends
         the iteration."""
         from .watch import Watch
 
-        return Watch(self, prefix.encode("utf-8"), from_revision, resume)
+        w = Watch(self, prefix.encode("utf-8"), from_revision, resume)
+        w._start()
+        return w
 
     # -- leases with a keeper ----------------------------------------------
 

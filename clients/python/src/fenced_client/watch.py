@@ -10,7 +10,7 @@ import grpc
 
 from . import _clock
 from ._proto.fenced.v1 import lock_pb2
-from .errors import ServerError, Unavailable
+from .errors import FencedError, ServerError, Unavailable
 from .outcomes import Compacted, EventKind, FellBehind, WatchEvent, owner_uuid
 
 if TYPE_CHECKING:
@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("fenced_client")
 
 WatchItem = Union[WatchEvent, FellBehind, Compacted]
+
+# What _advance returns once a stream has started, when asked to stop there.
+_STARTED = object()
 
 
 class Watch:
@@ -40,6 +43,8 @@ class Watch:
         #: Set once the first stream has started (its first message came).
         self.started = threading.Event()
         self.revision = from_revision
+        self._pending: Optional[WatchItem] = None
+        self._index = 0
 
     def __iter__(self) -> Iterator[WatchItem]:
         return self
@@ -68,7 +73,20 @@ class Watch:
             self._call = call
         return call
 
+    def _start(self) -> None:
+        """Opens the stream and waits for its first message: events after
+        this returns are not missed."""
+        item = self._advance(until_started=True)
+        if item is not _STARTED:
+            self._pending = item
+
     def __next__(self) -> WatchItem:
+        if self._pending is not None:
+            item, self._pending = self._pending, None
+            return item
+        return self._advance(until_started=False)
+
+    def _advance(self, until_started: bool):
         from .client import RETRY_BACKOFF_FIRST, RETRY_BACKOFF_MAX, _raise_unless_retried, _status
 
         n = len(self._client._endpoints)
@@ -82,10 +100,9 @@ class Watch:
                 call = self._call
             if call is None:
                 with self._client._next_lock:
-                    index = self._client._next % n
-                call = self._open(index)
-            else:
-                index = None
+                    self._index = self._client._next % n
+                call = self._open(self._index)
+            index = self._index
             try:
                 msg = next(call)
             except StopIteration:
@@ -97,11 +114,17 @@ class Watch:
                     if self._closed:
                         raise StopIteration from None
                 code, details = _status(err)
-                _raise_unless_retried(code, details, self._endpoint_name(index))
+                try:
+                    _raise_unless_retried(code, details, self._endpoint_name(index))
+                except FencedError:
+                    self.close()
+                    raise
                 failure = f"{code.name}: {details}"
             else:
                 item = self._handle(msg)
                 if item is None:
+                    if until_started and self.started.is_set():
+                        return _STARTED
                     continue
                 return item
             # The stream broke.
@@ -122,9 +145,7 @@ class Watch:
             time.sleep(backoff * (1 + random.random() / 4))
             backoff = min(backoff * 2, RETRY_BACKOFF_MAX)
 
-    def _endpoint_name(self, index: Optional[int]) -> str:
-        if index is None:
-            return "watch stream"
+    def _endpoint_name(self, index: int) -> str:
         return self._client._endpoints[index].name
 
     def _handle(self, msg) -> Optional[WatchItem]:
