@@ -137,6 +137,9 @@ class Lease:
     handler is installed for the block only, so pick a signal the program
     does not use itself. A body stuck inside C code that does not return to
     the interpreter is not interrupted: check ``lease.lost`` there.
+
+    Outside a ``with`` block, call ``release()``: the keeper renews a lease
+    that is never released until the process exits.
     """
 
     def __init__(
