@@ -588,7 +588,7 @@ impl LockService {
         )))
     }
 
-    async fn validate_token(
+    async fn answer_validate_token(
         &self,
         req: Request<v1::ValidateTokenRequest>,
     ) -> Result<Response<v1::ValidateTokenResponse>, Status> {
@@ -607,7 +607,7 @@ impl LockService {
         Ok(Response::new(validate_reply(&v, now)))
     }
 
-    async fn validate_tokens(
+    async fn answer_validate_tokens(
         &self,
         req: Request<v1::ValidateTokensRequest>,
     ) -> Result<Response<v1::ValidateTokensResponse>, Status> {
@@ -639,12 +639,10 @@ impl LockService {
         }))
     }
 
-    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<v1::WatchResponse, Status>>;
-
-    async fn watch(
+    async fn answer_watch(
         &self,
         req: Request<v1::WatchRequest>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
+    ) -> Result<Response<WatchStream>, Status> {
         let prefix =
             fenced_core::watch_prefix(&req.get_ref().prefix).map_err(|e| invalid_argument(&e))?;
         // The permission covers the prefix: every resource under it.
@@ -675,7 +673,7 @@ impl LockService {
         )))
     }
 
-    async fn history(
+    async fn answer_history(
         &self,
         req: Request<v1::HistoryRequest>,
     ) -> Result<Response<v1::HistoryResponse>, Status> {
@@ -724,7 +722,40 @@ impl lock_server::Lock for LockService {
     ) -> Result<Response<v1::DescribeResponse>, Status> {
         self.ctx.hinted(self.answer_describe(req).await)
     }
+
+    async fn validate_token(
+        &self,
+        req: Request<v1::ValidateTokenRequest>,
+    ) -> Result<Response<v1::ValidateTokenResponse>, Status> {
+        self.ctx.hinted(self.answer_validate_token(req).await)
+    }
+
+    async fn validate_tokens(
+        &self,
+        req: Request<v1::ValidateTokensRequest>,
+    ) -> Result<Response<v1::ValidateTokensResponse>, Status> {
+        self.ctx.hinted(self.answer_validate_tokens(req).await)
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        req: Request<v1::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        self.ctx.hinted(self.answer_watch(req).await)
+    }
+
+    async fn history(
+        &self,
+        req: Request<v1::HistoryRequest>,
+    ) -> Result<Response<v1::HistoryResponse>, Status> {
+        self.ctx.hinted(self.answer_history(req).await)
+    }
 }
+
+/// The Watch stream: messages handed over by the node's watch task.
+type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<v1::WatchResponse, Status>>;
 
 fn write_status<E: std::error::Error>(e: openraft::error::RaftError<NodeId, E>) -> Status {
     Status::failed_precondition(e.to_string())
