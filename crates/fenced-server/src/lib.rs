@@ -35,3 +35,5 @@ pub mod types;
 
 #[cfg(test)]
 mod decoder_props;
+#[cfg(test)]
+mod openraft_contract;
