@@ -4,27 +4,36 @@
 //! order, every AppendEntries sent and answered. An openraft upgrade that
 //! changes one of these behaviours fails here, before it ships.
 //!
-//! 1. A leader sends an entry to its followers only after its own log store
-//!    reported the entry flushed. fenced's early copies
-//!    (`early_replication.rs`) deliberately break that order for speed, so
-//!    what fenced needs is narrower: the leader counts itself towards a
-//!    majority only after its own flush, and the entry's first appearance
-//!    on openraft's replication path (the AppendEntries that the transport
-//!    may answer from an early copy) carries entries openraft already holds
-//!    durable. Test: `a_leader_replicates_an_entry_only_after_its_own_flush`.
+//! 1. A leader counts an entry as its own (its match in openraft's
+//!    progress) and sends it on openraft's replication path only after its
+//!    own log store reported the entry flushed (`LogFlushed`, called by
+//!    raft-log after fdatasync). fenced's early copies
+//!    (`early_replication.rs`) send entries before that flush, so fenced
+//!    does not rely on the sending order for followers' logs; it relies on
+//!    the leader counting itself only after its flush (a commit needs a
+//!    majority of fdatasync'ed copies, the leader's own included only once
+//!    durable), and on openraft's own AppendEntries, which the transport may
+//!    answer from an early copy, never running ahead of the leader's flush.
+//!    The old consequence, that a log id reached a follower only after it
+//!    was on the leader's disk, is the one early copies give up, and item 5
+//!    is fenced's answer to that. Test:
+//!    `a_leader_replicates_an_entry_only_after_its_own_flush`.
 //! 2. A follower answers AppendEntries only after its own flush: the early
 //!    copies' answers stand in for openraft's own round trip
 //!    (`EarlyAnswers::cover`) only because both are given after the
 //!    follower's fdatasync. Test:
 //!    `a_follower_answers_append_entries_only_after_its_flush`.
 //! 3. A heartbeat (no entries) never moves the leader's match index for a
-//!    follower: `EarlyAnswers::cover_heartbeat` answers heartbeats without
-//!    the follower, which is safe only because commit counts answers to
-//!    entries alone. Test:
-//!    `heartbeat_answers_never_move_a_followers_match_or_commit`.
+//!    follower, and carries the follower's match as its previous entry:
+//!    `EarlyAnswers::cover_heartbeat` answers heartbeats without the
+//!    follower, which is safe only because commit counts answers to entries
+//!    alone. Test: `heartbeat_answers_never_move_a_followers_match_or_commit`.
 //! 4. `ensure_linearizable` returns only after the new leader's first entry
-//!    of its term is applied there: a new leader's reads (Status, describe)
-//!    never see a state older than every commit of the terms before. Test:
+//!    of its term is applied there, so everything committed in earlier
+//!    terms is applied too. `proposer.rs` starts a new leader's clock from
+//!    the cluster time applied after it (a clock that started lower could
+//!    end a lease early), and Describe in `services.rs` reads the table
+//!    after it. Test:
 //!    `a_linearizable_read_waits_for_the_new_leaders_first_entry_to_apply`.
 //! 5. A restarted node whose stored vote is its own committed one leads again
 //!    at once, under that vote. With early copies that would let one log id
@@ -576,6 +585,14 @@ async fn a_leader_replicates_an_entry_only_after_its_own_flush() {
         c.router.journal.all()
     );
     assert!(!write.is_finished(), "entry {next} committed unflushed");
+    // What fenced's early copies leave to openraft: the leader counts itself
+    // towards a majority only once its own log store reported the flush.
+    let own = c.raft(1).metrics().borrow().replication.clone();
+    let own = own.and_then(|r| r.get(&1).cloned()).flatten();
+    assert!(
+        own.is_some_and(|m| m.index < next),
+        "the leader counted entry {next} as its own before its flush: {own:?}"
+    );
 
     c.members[&1].flush.set(true);
     let committed = tokio::time::timeout(WAIT, write)
@@ -820,7 +837,11 @@ async fn a_restarted_leader_leads_again_unless_it_gives_up_its_vote() {
     let m = start(&router, 1, &dir).await;
     tokio::time::sleep(HOLD).await;
     let metrics = m.raft.metrics().borrow().clone();
-    assert_ne!(metrics.state, ServerState::Leader);
+    assert_ne!(
+        metrics.state,
+        ServerState::Leader,
+        "a node that gave up its vote led again without an election"
+    );
     assert_eq!(metrics.current_leader, None);
     assert!(!metrics.vote.is_committed());
     assert_eq!(
