@@ -478,8 +478,24 @@ struct Cluster {
     _dirs: Vec<tempfile::TempDir>,
 }
 
+/// Opens the log in `dir`, waiting for a stopped node's flush thread to
+/// let go of its lock.
+async fn open_log(dir: &Path) -> LogStore {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match LogStore::open(&dir.join("raft-log")) {
+            Ok(log) => return log,
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(error = %e, "log still locked");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("open the log: {e}"),
+        }
+    }
+}
+
 async fn start(router: &Arc<Router>, id: NodeId, dir: &Path) -> Member {
-    let log = LogStore::open(&dir.join("raft-log")).unwrap();
+    let log = open_log(dir).await;
     let sm = open_state(dir, &log);
     let (flush, apply) = (Gate::open(), Gate::open());
     let log = HeldLog::new(id, log, flush.clone(), Arc::clone(router));
@@ -810,8 +826,6 @@ async fn a_restarted_leader_leads_again_unless_it_gives_up_its_vote() {
         c.stop().await;
         dirs
     };
-    // Let the log's flush thread and lock go.
-    tokio::time::sleep(Duration::from_millis(200)).await;
 
     // openraft alone: node 1 comes back as leader at once, under the same
     // vote, with no other node up to vote for it.
@@ -826,14 +840,12 @@ async fn a_restarted_leader_leads_again_unless_it_gives_up_its_vote() {
     m.raft.shutdown().await.unwrap();
     drop(m);
     router.nodes.lock().unwrap().clear();
-    tokio::time::sleep(Duration::from_millis(200)).await;
 
     // What node.rs does before Raft starts: the vote is given up.
-    let log = LogStore::open(&dir.join("raft-log")).unwrap();
+    let log = open_log(&dir).await;
     let term = log.give_up_restored_leadership(1).await.unwrap();
     assert_eq!(term, Some(vote.leader_id().get_term() + 1));
     drop(log);
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let m = start(&router, 1, &dir).await;
     tokio::time::sleep(HOLD).await;
     let metrics = m.raft.metrics().borrow().clone();
