@@ -32,8 +32,8 @@
 //!    of its term is applied there, so everything committed in earlier
 //!    terms is applied too. `proposer.rs` starts a new leader's clock from
 //!    the cluster time applied after it (a clock that started lower could
-//!    end a lease early), and Describe in `services.rs` reads the table
-//!    after it. Test:
+//!    end a lease early), and Describe and Kv `Get` read after it
+//!    (`NodeContext::linearizable_read` in `services.rs`). Test:
 //!    `a_linearizable_read_waits_for_the_new_leaders_first_entry_to_apply`.
 //! 5. A restarted node whose stored vote is its own committed one leads again
 //!    at once, under that vote. With early copies that would let one log id
