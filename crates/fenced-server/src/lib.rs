@@ -38,3 +38,5 @@ pub mod watch;
 
 #[cfg(test)]
 mod decoder_props;
+#[cfg(test)]
+mod openraft_contract;
