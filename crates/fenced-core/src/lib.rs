@@ -27,6 +27,6 @@ pub use limits::{
     Capacity, CapacityBound, Limits, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE,
 };
 pub use name::{ResourceName, RESOURCE_NAME_MAX_BYTES};
-pub use outcome::{Applied, Description, Event, Grant, LostReason, Outcome};
+pub use outcome::{Applied, Description, Event, Grant, LeaseList, LeaseView, LostReason, Outcome};
 pub use table::{LeaseTable, SnapshotError, TableSnapshot, SNAPSHOT_FORMAT_VERSION};
 pub use time::{ClusterTime, LeaderClock};

@@ -28,6 +28,7 @@ pub mod proposer;
 pub mod quota;
 pub mod services;
 pub mod state_machine;
+pub mod status_page;
 pub mod time_floor;
 pub mod tls;
 pub mod types;
