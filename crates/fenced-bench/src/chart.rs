@@ -241,14 +241,15 @@ fn latency(out: &mut String, rows: &[LatencyRow], top: f64) {
         hi.log10().ceil().max(lo.log10().floor() + 1.0),
     );
     let (x0, x1) = (LATENCY_LABELS, WIDTH - RIGHT);
-    let x = |v: f64| x0 + (v.max(lo).log10() - d0) / (d1 - d0) * (x1 - x0);
+    // Only positive, finite values reach here (markers and decade ticks).
+    let x = |v: f64| x0 + (v.log10() - d0) / (d1 - d0) * (x1 - x0);
     let (y_top, y_bottom) = (top + 10.0, top + 10.0 + rows.len() as f64 * ROW);
     let mut d = d0;
     while d <= d1 {
         let v = 10f64.powf(d);
         let _ = writeln!(
             out,
-            "<line x1=\"{xx:.1}\" y1=\"{y_top:.1}\" x2=\"{xx:.1}\" y2=\"{y_bottom:.1}\" stroke=\"#ddd\"/>\
+            "<line class=\"decade\" x1=\"{xx:.1}\" y1=\"{y_top:.1}\" x2=\"{xx:.1}\" y2=\"{y_bottom:.1}\" stroke=\"#ddd\"/>\
              <text x=\"{xx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
             y_bottom + 16.0,
             number(v),
@@ -407,6 +408,27 @@ mod tests {
             .any(|n| n.text() == Some("fenced-bench <test> & more")));
         // A missing percentile draws no marker and no NaN coordinate.
         assert!(!svg.contains("NaN"), "{svg}");
+    }
+
+    #[test]
+    fn decade_lines_span_the_latency_axis_evenly() {
+        let svg = render(&sample());
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let xs: Vec<f64> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("decade"))
+            .map(|n| n.attribute("x1").unwrap().parse().unwrap())
+            .collect();
+        // 0.4 … 31 ms: 0.1, 1, 10 and 100 ms, from the labels' edge to the
+        // figures' column, equally spaced.
+        assert_eq!(xs.len(), 4, "{xs:?}");
+        assert_eq!(xs[0], LATENCY_LABELS);
+        assert_eq!(xs[3], WIDTH - RIGHT);
+        let gap = xs[1] - xs[0];
+        assert!(
+            xs.windows(2).all(|w| (w[1] - w[0] - gap).abs() < 0.2),
+            "{xs:?}"
+        );
     }
 
     #[test]

@@ -1230,12 +1230,17 @@ fn targets(table: &Table) {
 /// Writes the chart where `--chart` says and prints its path.
 fn write_chart(args: &Args, table: &Table) -> Result<()> {
     let title = format!(
-        "fenced-bench: {} s per run, {} round{}{}",
+        "fenced-bench: {} s per run, {} round{}{}{}",
         args.duration_s,
         args.rounds,
         if args.rounds == 1 { "" } else { "s (medians)" },
         if args.fenced_tls {
             ", fenced with TLS"
+        } else {
+            ""
+        },
+        if cfg!(debug_assertions) {
+            ", DEBUG build: the figures mean nothing"
         } else {
             ""
         },

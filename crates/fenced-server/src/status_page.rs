@@ -323,11 +323,17 @@ pub fn render(v: &StatusView) -> String {
         );
     }
     let shown = v.leases.rows.len();
+    let which = if v.query.prefix.is_empty() {
+        "All resources".to_string()
+    } else {
+        format!(
+            "Resources starting with <code>{}</code>",
+            escape(&v.query.prefix)
+        )
+    };
     let _ = writeln!(
         out,
-        "<h3>Live leases</h3>\n<p>Resources starting with <code>{}</code>: {} live, \
-         {shown} shown, as applied on this node.</p>",
-        escape(&v.query.prefix),
+        "<h3>Live leases</h3>\n<p>{which}: {} live, {shown} shown, as applied on this node.</p>",
         shown + v.leases.more,
     );
     out.push_str(
