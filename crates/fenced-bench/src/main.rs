@@ -4,6 +4,7 @@
 //! on every grant and fails (exit 1) on a violation or an exceeded budget.
 
 mod procs;
+mod rolling;
 mod scenarios;
 mod systems;
 
@@ -36,11 +37,11 @@ struct Args {
     /// Systems to measure, in order: fenced, etcd, postgres.
     #[arg(long, value_delimiter = ',', default_value = "fenced")]
     systems: Vec<String>,
-    /// Scenarios: s1 s2 s3 s4 s5 s6 budgets.
+    /// Scenarios: s1 s2 s3 s4 s5 s6 rolling budgets.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "s1,s2,s3,s4,s5,s6,budgets"
+        default_value = "s1,s2,s3,s4,s5,s6,rolling,budgets"
     )]
     scenarios: Vec<String>,
     /// Seconds each measured run lasts.
@@ -67,6 +68,9 @@ struct Args {
     /// TTL of S4's leases; each is renewed every TTL/3.
     #[arg(long, default_value_t = 6_000)]
     s4_ttl_ms: u64,
+    /// Clients taking leases during the rolling restart.
+    #[arg(long, default_value_t = 16)]
+    rolling_clients: usize,
     /// Live leases for the memory and restart budgets.
     #[arg(long, default_value_t = 100_000)]
     budget_leases: usize,
@@ -719,6 +723,12 @@ async fn run_system(
         }
     }
 
+    if want("rolling") && kind == Kind::Fenced {
+        if let Some(cluster) = sut.cluster.as_mut() {
+            rolling_restart(args, cluster, &ledger, table, out).await?;
+        }
+    }
+
     if want("budgets") && kind == Kind::Fenced && args.fenced_endpoints.is_empty() {
         // A fresh cluster of its own: stop this one first.
         if let Some(c) = sut.cluster.as_mut() {
@@ -1006,6 +1016,57 @@ async fn s6(
     Ok((recovery_s, run))
 }
 
+/// Every node restarted in turn (SIGTERM, start, catch up) under load.
+async fn rolling_restart(
+    args: &Args,
+    cluster: &mut LocalCluster,
+    ledger: &Arc<TokenLedger>,
+    table: &mut Table,
+    out: &mut Outcome,
+) -> Result<()> {
+    let r = rolling::rolling_restart(
+        cluster,
+        args.rolling_clients,
+        Duration::from_secs(1),
+        ledger,
+    )
+    .await?;
+    for (id, stopped, back) in &r.restarts {
+        println!(
+            "[fenced] rolling restart: node {id} exited {:.0} ms after SIGTERM, caught up {:.0} ms after its start",
+            stopped.as_secs_f64() * 1e3,
+            back.as_secs_f64() * 1e3
+        );
+    }
+    let gap_ms = r.longest_gap.as_secs_f64() * 1e3;
+    println!(
+        "[fenced] rolling restart of {} nodes, {} clients listing every endpoint: {} grants, longest gap between grants {gap_ms:.0} ms (target under 1000 ms), {} calls failed after the client's retries (target 0)",
+        r.restarts.len(),
+        args.rolling_clients,
+        r.grants,
+        r.errors
+    );
+    table.put(
+        "Rolling restart: longest gap between grants (ms)",
+        Kind::Fenced,
+        gap_ms,
+        false,
+    );
+    table.put(
+        "Rolling restart: calls failed after retries",
+        Kind::Fenced,
+        r.errors as f64,
+        false,
+    );
+    if r.errors > 0 {
+        out.failures.push(format!(
+            "rolling restart: {} calls failed after the client's retries; first: {:?}",
+            r.errors, r.first_errors
+        ));
+    }
+    Ok(())
+}
+
 /// docs/DESIGN.md §8: memory with many live leases, start-up, restart.
 async fn budgets(
     args: &Args,
@@ -1224,6 +1285,15 @@ fn targets(table: &Table) {
     check(
         "S3 16 clients hand-offs/s >= 5x etcd",
         r("S3 16 clients: hand-offs/s", Kind::Etcd).map(|x| x >= 5.0),
+    );
+    check(
+        "rolling restart: longest gap between grants under 1 s",
+        table
+            .get(
+                "Rolling restart: longest gap between grants (ms)",
+                Kind::Fenced,
+            )
+            .map(|ms| ms < 1_000.0),
     );
 }
 
