@@ -177,6 +177,48 @@ async fn the_status_view_is_for_admins_and_escapes_resource_names() {
     assert!(String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 405"));
 }
 
+/// With auth on, a plaintext metrics listener on an address other than
+/// loopback serves no status page: a token would cross the network in
+/// clear. The shell carries no script there, so a browser sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_status_page_where_a_token_would_travel_in_clear() {
+    let files = tempfile::tempdir().unwrap();
+    let tokens = files.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[token]]\nname = \"ops\"\nsha256 = \"{}\"\nroles = [\"ops\"]\n",
+            hash_token("ops-token")
+        ),
+    )
+    .unwrap();
+    let policy = files.path().join("policy.toml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let port = fenced_tests::free_port();
+    let _cluster = Cluster::start_with(
+        1,
+        &[
+            ("FENCED_AUTH_TOKENS", tokens.to_str().unwrap()),
+            ("FENCED_AUTH_POLICY", policy.to_str().unwrap()),
+            ("FENCED_METRICS_LISTEN", &format!("0.0.0.0:{port}")),
+        ],
+    )
+    .await;
+    let addr = format!("127.0.0.1:{port}");
+    let (status, _, body) = get(&addr, "/status", &["Authorization: Bearer ops-token"]).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("--metrics-tls"), "{body}");
+    let (status, _, body) = get(&addr, "/", &[]).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("--metrics-tls") && !body.contains("<script"),
+        "{body}"
+    );
+    // Metrics are served as before.
+    let (status, _, body) = get(&addr, "/metrics", &[]).await;
+    assert_eq!(status, 200, "{body}");
+}
+
 /// Headless Chromium from the system, or `None` (a loud skip) when it is
 /// not installed and this is not CI; under CI a missing browser fails.
 fn chromium() -> Option<PathBuf> {

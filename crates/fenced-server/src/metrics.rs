@@ -478,8 +478,6 @@ async fn status(
         Ok(q) => q,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("status page: {e}")),
     };
-    // One view is read at a time: each is a pass over the records under
-    // its prefix.
     let Ok(_turn) = renders.acquire().await else {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into());
     };
@@ -499,11 +497,20 @@ async fn status(
 
 const HTML: &str = "text/html; charset=utf-8";
 
+/// The status page's state on one listener.
+struct StatusPage {
+    /// One view is read at a time: each is a pass over the records under
+    /// its prefix.
+    renders: Semaphore,
+    /// Why the page is off on this listener, if it is.
+    off: Option<String>,
+}
+
 async fn handle(
     ctx: &NodeContext,
     req: &Request<Incoming>,
     certificate: Option<&Principal>,
-    renders: &Semaphore,
+    page_state: &StatusPage,
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path();
     if req.method() != Method::GET {
@@ -522,13 +529,31 @@ async fn handle(
             "text/plain; version=0.0.4; charset=utf-8",
             render(ctx),
         ),
+        status_page::SHELL_PATH | status_page::STATUS_PATH if page_state.off.is_some() => {
+            let why = page_state.off.clone().unwrap_or_default();
+            if path == status_page::SHELL_PATH {
+                page(
+                    StatusCode::FORBIDDEN,
+                    HTML,
+                    status_page::unavailable(&why),
+                    &status_page::STATUS_CSP,
+                )
+            } else {
+                page(
+                    StatusCode::FORBIDDEN,
+                    TEXT,
+                    why + "\n",
+                    &status_page::STATUS_CSP,
+                )
+            }
+        }
         status_page::SHELL_PATH => page(
             StatusCode::OK,
             HTML,
             status_page::shell().to_string(),
             &status_page::SHELL_CSP,
         ),
-        status_page::STATUS_PATH => status(ctx, req, certificate, renders).await,
+        status_page::STATUS_PATH => status(ctx, req, certificate, &page_state.renders).await,
         _ => not_found(),
     }
 }
@@ -547,10 +572,14 @@ pub async fn serve(
     listener: TcpListener,
     ctx: NodeContext,
     tls: Option<TlsAcceptor>,
+    status_page: Result<(), String>,
     stop: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let renders = Arc::new(Semaphore::new(1));
+    let page = Arc::new(StatusPage {
+        renders: Semaphore::new(1),
+        off: status_page.err(),
+    });
     loop {
         let stream = tokio::select! {
             _ = stop.cancelled() => return,
@@ -572,12 +601,12 @@ pub async fn serve(
         };
         let ctx = ctx.clone();
         let tls = tls.clone();
-        let renders = Arc::clone(&renders);
+        let page = Arc::clone(&page);
         tokio::spawn(async move {
             // The handshake counts against the connection's time too.
             let _ = tokio::time::timeout(CONNECTION_TIMEOUT, async move {
                 match tls {
-                    None => serve_one(stream, ctx, None, renders).await,
+                    None => serve_one(stream, ctx, None, page).await,
                     Some(tls) => {
                         if let Ok(Ok(s)) =
                             tokio::time::timeout(HEADER_READ_TIMEOUT, tls.accept(stream)).await
@@ -590,7 +619,7 @@ pub async fn serve(
                                 .and_then(|certs| certs.first())
                                 .and_then(|c| crate::tls::client_name(c))
                                 .map(Principal);
-                            serve_one(s, ctx, certificate, renders).await;
+                            serve_one(s, ctx, certificate, page).await;
                         }
                     }
                 }
@@ -606,16 +635,15 @@ async fn serve_one<S>(
     stream: S,
     ctx: NodeContext,
     certificate: Option<Principal>,
-    renders: Arc<Semaphore>,
+    page: Arc<StatusPage>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let certificate = Arc::new(certificate);
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let (ctx, certificate, renders) =
-            (ctx.clone(), Arc::clone(&certificate), Arc::clone(&renders));
+        let (ctx, certificate, page) = (ctx.clone(), Arc::clone(&certificate), Arc::clone(&page));
         async move {
-            let resp = handle(&ctx, &req, certificate.as_ref().as_ref(), &renders).await;
+            let resp = handle(&ctx, &req, certificate.as_ref().as_ref(), &page).await;
             Ok::<_, Infallible>(resp)
         }
     });

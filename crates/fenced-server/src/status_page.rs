@@ -132,6 +132,35 @@ static SHELL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// Whether this node serves the status page on its metrics listener at
+/// `addr`: not when a bearer token would cross the network in clear (auth
+/// on, plaintext, an address other than loopback). The error says why and
+/// what to change.
+pub fn availability(
+    addr: Option<std::net::SocketAddr>,
+    tls: bool,
+    auth: bool,
+) -> Result<(), String> {
+    match addr {
+        Some(a) if auth && !tls && !a.ip().is_loopback() => Err(format!(
+            "the status page is off: the metrics listener {a} is plaintext on an address \
+             other than loopback, and an admin token would cross the network in clear; \
+             serve it over HTTPS with --metrics-tls"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What `/` says where the page is off: no script, so no token is sent.
+pub fn unavailable(why: &str) -> String {
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>fenced status</title><style>{STYLE}</style></head><body>\n\
+         <h1>fenced</h1>\n<p class=\"warn\">{}</p>\n</body></html>\n",
+        escape(why)
+    )
+}
+
 /// The shell: the same bytes for everyone, no data in it.
 pub fn shell() -> &'static str {
     &SHELL
@@ -513,6 +542,24 @@ mod tests {
         assert!(parse_query(Some("prefix=%FF"))
             .unwrap_err()
             .contains("prefix"));
+    }
+
+    #[test]
+    fn tokens_never_cross_the_network_in_clear() {
+        let at = |a: &str| Some(a.parse().unwrap());
+        let err = availability(at("10.0.0.1:9101"), false, true).unwrap_err();
+        assert!(
+            err.contains("--metrics-tls") && err.contains("10.0.0.1:9101"),
+            "{err}"
+        );
+        assert!(availability(at("0.0.0.0:9101"), false, true).is_err());
+        // Over HTTPS, on loopback, or with no token to send: served.
+        assert!(availability(at("10.0.0.1:9101"), true, true).is_ok());
+        assert!(availability(at("127.0.0.1:9101"), false, true).is_ok());
+        assert!(availability(at("[::1]:9101"), false, true).is_ok());
+        assert!(availability(at("10.0.0.1:9101"), false, false).is_ok());
+        let page = unavailable(&err);
+        assert!(!page.contains("<script") && page.contains("--metrics-tls"));
     }
 
     #[test]
