@@ -6,7 +6,6 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
     time::{Duration, Instant},
 };
 
@@ -245,9 +244,9 @@ fn chromium() -> Option<PathBuf> {
 
 /// The page's DOM after its script ran in headless Chromium; `url` carries
 /// the token in its fragment.
-fn load_in_browser(chromium: &Path, url: &str) -> String {
+async fn load_in_browser(chromium: &Path, url: &str) -> String {
     let profile = tempfile::tempdir().unwrap();
-    let out = Command::new(chromium)
+    let run = tokio::process::Command::new(chromium)
         .args([
             "--headless",
             "--no-sandbox",
@@ -261,7 +260,11 @@ fn load_in_browser(chromium: &Path, url: &str) -> String {
             "--dump-dom",
             url,
         ])
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(90), run)
+        .await
+        .expect("chromium dumps the page within 90 s")
         .unwrap();
     assert!(
         out.status.success(),
@@ -292,7 +295,7 @@ async fn a_browser_sees_leases_and_the_new_leader_after_the_old_one_dies() {
         s.metrics[(follower - 1) as usize]
     );
 
-    let dom = load_in_browser(&chromium, &url);
+    let dom = load_in_browser(&chromium, &url).await;
     assert!(
         dom.contains("id=\"leases\""),
         "the view did not load:\n{dom}"
@@ -312,14 +315,14 @@ async fn a_browser_sees_leases_and_the_new_leader_after_the_old_one_dies() {
     assert!(dom.contains("updated "), "{dom}");
 
     // Without the token the browser is told what is missing.
-    let bare = load_in_browser(&chromium, &format!("http://{}/", s.metrics[0]));
+    let bare = load_in_browser(&chromium, &format!("http://{}/", s.metrics[0])).await;
     assert!(bare.contains("401") && bare.contains("#token="), "{bare}");
     assert!(!bare.contains("page/"), "{bare}");
 
     s.cluster.kill(old);
     let deadline = Instant::now() + Duration::from_secs(30);
     let new = loop {
-        let dom = load_in_browser(&chromium, &url);
+        let dom = load_in_browser(&chromium, &url).await;
         match leader_shown(&dom) {
             Some(l) if l != old.to_string() && l != "none" => break (l, dom),
             shown => assert!(
