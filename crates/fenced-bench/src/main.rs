@@ -102,6 +102,16 @@ struct Args {
     /// latency percentiles per scenario); its path is printed.
     #[arg(long, default_value = "fenced-bench.svg")]
     chart: PathBuf,
+    /// Find each cluster's leader before measuring and put it first in the
+    /// clients' endpoint lists (fenced and etcd alike; PostgreSQL is one
+    /// server). Off: clients get every endpoint as configured and discover
+    /// nothing in advance, as users configure them.
+    #[arg(long, conflicts_with = "follower_first")]
+    find_leader: bool,
+    /// Put a follower first in the clients' endpoint lists (fenced and etcd
+    /// alike): what a client pays when its first endpoint is not the leader.
+    #[arg(long)]
+    follower_first: bool,
     /// Where the clusters keep their data (default: a temporary directory).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -441,6 +451,20 @@ async fn fenced_leader_first(endpoints: &[String]) -> Result<(Vec<String>, u64)>
     Ok((list.into_iter().map(|(e, _)| e).collect(), leader))
 }
 
+/// Whether the run looks for each cluster's leader before measuring.
+fn discovers(args: &Args) -> bool {
+    args.find_leader || args.follower_first
+}
+
+/// The clients' endpoint list from `leader_first` (every endpoint, the
+/// leader first): the leader first, or last with a follower first.
+fn arrange(args: &Args, mut leader_first: Vec<String>) -> Vec<String> {
+    if args.follower_first {
+        leader_first.rotate_left(1);
+    }
+    leader_first
+}
+
 async fn fenced_has_leader(endpoints: &[String]) -> bool {
     let Ok(client) = systems::fenced_client(endpoints) else {
         return false;
@@ -489,7 +513,12 @@ async fn start_system(args: &Args, kind: Kind, dir: &std::path::Path) -> Result<
             } else {
                 (args.fenced_endpoints.clone(), None)
             };
-            let (endpoints, _) = fenced_leader_first(&endpoints).await?;
+            let endpoints = if discovers(args) {
+                arrange(args, fenced_leader_first(&endpoints).await?.0)
+            } else {
+                endpoints
+            };
+            println!("fenced clients' endpoints: {}", endpoints.join(","));
             let pids = cluster.as_ref().map(LocalCluster::pids).unwrap_or_default();
             Ok(Sut {
                 probe: Probe {
@@ -518,7 +547,12 @@ async fn start_system(args: &Args, kind: Kind, dir: &std::path::Path) -> Result<
             } else {
                 (args.etcd_endpoints.clone(), None)
             };
-            let endpoints = systems::etcd_leader_first(&endpoints).await?;
+            let endpoints = if discovers(args) {
+                arrange(args, systems::etcd_leader_first(&endpoints).await?)
+            } else {
+                endpoints
+            };
+            println!("etcd clients' endpoints: {}", endpoints.join(","));
             let pids = cluster.as_ref().map(LocalCluster::pids).unwrap_or_default();
             Ok(Sut {
                 probe: Probe {
