@@ -106,18 +106,26 @@ impl NodeProc {
 
 /// One HTTP/1.1 request; returns the status code and body.
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let (status, _, body) = http_get_with(addr, path, &[]).await;
+    (status, body)
+}
+
+/// One HTTP/1.1 GET with extra header lines (`"Name: value"`); returns the
+/// status code, the head in lower case, and the body.
+pub async fn http_get_with(addr: &str, path: &str, headers: &[&str]) -> (u16, String, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra}\r\n");
     tokio::io::AsyncWriteExt::write_all(&mut stream, req.as_bytes())
         .await
         .unwrap();
     let mut raw = Vec::new();
     tokio::time::timeout(
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut raw),
     )
     .await
-    .expect("a reply within 5 s")
+    .expect("a reply within 10 s")
     .unwrap();
     let text = String::from_utf8(raw).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").expect("headers end");
@@ -126,7 +134,22 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("status code");
-    (status, body.to_string())
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+/// The SHA-256 of `token`, as `fenced auth hash-token` prints it.
+pub fn hash_token(token: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new(bin("fenced"))
+        .args(["auth", "hash-token"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// Certificates made by `fenced certs` in one directory: a CA, nodes by

@@ -31,6 +31,7 @@ pub mod services;
 // After `services`: uses its forwarding macro.
 pub mod kv_service;
 pub mod state_machine;
+pub mod status_page;
 pub mod time_floor;
 pub mod tls;
 pub mod types;

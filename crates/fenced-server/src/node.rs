@@ -351,10 +351,19 @@ impl RunningNode {
         )));
         if let Some(listener) = metrics_listener {
             let metrics_tls = tls.as_ref().filter(|_| cfg.metrics_tls);
+            let status_page = crate::status_page::availability(
+                listener.local_addr().ok(),
+                metrics_tls.is_some(),
+                auth.enabled(),
+            );
+            if let Err(why) = &status_page {
+                tracing::warn!(reason = %why, "status page off");
+            }
             tasks.push(tokio::spawn(metrics::serve(
                 listener,
                 ctx.clone(),
                 metrics_tls.map(|t| t.metrics.clone()),
+                status_page,
                 stop.clone(),
             )));
         }

@@ -203,7 +203,7 @@ impl NodeContext {
         }
     }
 
-    fn cluster_now(&self) -> ClusterTime {
+    pub(crate) fn cluster_now(&self) -> ClusterTime {
         let term = self.raft.metrics().borrow().current_term;
         self.time.now_or_floor(term, self.shared.now())
     }
@@ -767,6 +767,17 @@ impl lock_server::Lock for LockService {
 /// The body of a Watch answer.
 pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<v1::WatchResponse, Status>>;
 
+/// How Status and the status page name a node's Raft state.
+pub fn role_name(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    }
+}
+
 fn write_status<E: std::error::Error>(e: openraft::error::RaftError<NodeId, E>) -> Status {
     Status::failed_precondition(e.to_string())
 }
@@ -835,13 +846,7 @@ impl ClusterService {
         };
         let m = self.ctx.raft.metrics().borrow().clone();
         let leader = leader_of(&self.ctx.raft);
-        let role = match m.state {
-            ServerState::Leader => "leader",
-            ServerState::Follower => "follower",
-            ServerState::Candidate => "candidate",
-            ServerState::Learner => "learner",
-            ServerState::Shutdown => "shutdown",
-        };
+        let role = role_name(m.state);
         let c = &self.ctx.shared.counters;
         use std::sync::atomic::Ordering::Relaxed;
         Ok(Response::new(v1::StatusResponse {

@@ -264,6 +264,12 @@ impl Shared {
         self.read().table.live_leases()
     }
 
+    /// [`fenced_core::LeaseTable::leases`]: a pass over the records under
+    /// `prefix`, so call it off the runtime thread.
+    pub fn leases(&self, prefix: &str, now: ClusterTime, limit: usize) -> fenced_core::LeaseList {
+        self.read().table.leases(prefix, now, limit)
+    }
+
     pub fn last_token(&self) -> u64 {
         self.read().table.last_token()
     }
