@@ -7,6 +7,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 mod hold;
 mod resource;
+mod snapshot;
 mod supervise;
 
 use clap::{Parser, Subcommand};
@@ -116,6 +117,9 @@ enum Cmd {
     Describe { resource: String },
     /// Show the cluster as each endpoint sees it.
     Status,
+    /// Backups of the cluster's state.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCmd),
     /// Write to or read from a fenced-resource service.
     #[command(subcommand)]
     Resource(resource::ResourceCmd),
@@ -189,6 +193,14 @@ async fn execute(
 ) -> Result<Report, ClientError> {
     Ok(match command {
         Cmd::Resource(command) => return resource::execute(command, tls).await,
+        Cmd::Snapshot(command) => {
+            let (value, text) = snapshot::execute(client, command).await?;
+            Report {
+                value,
+                text,
+                code: 0,
+            }
+        }
         Cmd::Lock {
             resource,
             ttl,

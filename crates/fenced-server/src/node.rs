@@ -10,7 +10,9 @@ use std::{
 };
 
 use fenced_core::Limits;
-use fenced_proto::v1::{cluster_server::ClusterServer, lock_server::LockServer};
+use fenced_proto::v1::{
+    cluster_server::ClusterServer, lock_server::LockServer, maintenance_server::MaintenanceServer,
+};
 use openraft::{
     error::{Fatal, InitializeError, RaftError},
     AnyError, SnapshotPolicy, StorageError, StorageIOError,
@@ -26,6 +28,7 @@ use crate::{
     health,
     limits::{ConnectionLimit, Port, ServerLimits},
     log_store::LogStore,
+    maintenance::MaintenanceService,
     metrics,
     network::Network,
     parking::Parking,
@@ -41,8 +44,8 @@ use crate::{
 
 /// Where in the data directory the Raft log (entries, vote, commit mark)
 /// and the state machine's snapshot live.
-const LOG_DIR: &str = "raft-log";
-const STATE_DIR: &str = "state";
+pub(crate) const LOG_DIR: &str = "raft-log";
+pub(crate) const STATE_DIR: &str = "state";
 
 /// The largest client request accepted, in bytes (names are at most 200).
 const CLIENT_MESSAGE_MAX_BYTES: usize = 64 * 1024;
@@ -165,6 +168,13 @@ impl RunningNode {
             source,
         };
         private_dirs(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
+        // A layout this build does not know is refused before it is read.
+        if crate::data_format::check(&cfg.data_dir)
+            .map_err(|e| storage(Box::new(e)))?
+            .is_none()
+        {
+            crate::data_format::write(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
+        }
         let log = LogStore::open(&cfg.data_dir.join(LOG_DIR)).map_err(|e| storage(Box::new(e)))?;
         match log.give_up_restored_leadership(cfg.id).await {
             Ok(Some(term)) => tracing::info!(
@@ -345,6 +355,15 @@ impl RunningNode {
             ClusterServer::new(ClusterService::new(ctx.clone(), peer))
                 .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
         };
+        let saving = Arc::new(tokio::sync::Semaphore::new(1));
+        let maintenance = |peer| {
+            MaintenanceServer::new(MaintenanceService::new(
+                ctx.clone(),
+                peer,
+                Arc::clone(&saving),
+            ))
+            .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
+        };
         let limit_counters = Arc::clone(&ctx.shared.counters.limits);
         let connection_limit = |port| {
             ConnectionLimit::new(
@@ -360,7 +379,8 @@ impl RunningNode {
             .timeout(outer_timeout)
             .add_service(health_server.clone())
             .add_service(lock(false))
-            .add_service(cluster(false));
+            .add_service(cluster(false))
+            .add_service(maintenance(false));
         let client_server: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
             match &tls {
                 Some(t) => Box::pin(client_router.serve_with_incoming_shutdown(
@@ -413,6 +433,7 @@ impl RunningNode {
             .add_service(health_server)
             .add_service(lock(true))
             .add_service(cluster(true))
+            .add_service(maintenance(true))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::ReceiverStream::new(peer_grpc_rx),
                 stop.clone().cancelled_owned(),

@@ -110,7 +110,7 @@ impl NodeContext {
     }
 
     /// The leader, when it is known and is not this node.
-    fn other_leader(&self) -> Option<(NodeId, Node)> {
+    pub(crate) fn other_leader(&self) -> Option<(NodeId, Node)> {
         // Read in place: cloning the metrics (membership included) on every
         // request costs more than the check.
         if self.raft.metrics().borrow().state == ServerState::Leader {
@@ -185,7 +185,7 @@ fn forwarded<T>(
     Ok(req)
 }
 
-fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
+pub(crate) fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
     match leader {
         None => Status::unavailable("no leader is elected right now; retry with backoff"),
         Some((id, node)) => {
