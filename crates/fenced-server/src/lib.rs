@@ -18,6 +18,7 @@ pub mod data_format;
 pub mod deadline;
 pub mod early_replication;
 pub mod election;
+pub mod handoff;
 pub mod health;
 pub mod limits;
 pub mod log_store;

@@ -407,6 +407,11 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         }
     }
     tracing::info!("shutting down");
+    // A leader hands over first, so the cluster does not wait out an
+    // election timeout; a follower just stops.
+    for (node, ..) in &nodes {
+        node.hand_over_leadership().await;
+    }
     for (node, ..) in nodes {
         node.shutdown().await;
     }

@@ -147,6 +147,10 @@ pub struct RunningNode {
     pub ctx: NodeContext,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// The peer port's TLS, for the handover's call.
+    peer_tls: Option<Arc<tls::NodeTls>>,
+    /// How long a stopping leader tries to hand over.
+    handover_within: Duration,
 }
 
 impl RunningNode {
@@ -458,7 +462,26 @@ impl RunningNode {
             data_dir = %cfg.data_dir.display(),
             "node started"
         );
-        Ok(Self { ctx, stop, tasks })
+        Ok(Self {
+            ctx,
+            stop,
+            tasks,
+            peer_tls: tls,
+            // Catch-up, one round trip and an election; an election timeout
+            // and a lease would otherwise pass before a follower stands.
+            handover_within: Duration::from_millis(cfg.election_timeout_ms * 4),
+        })
+    }
+
+    /// When this node leads: stops proposing and hands leadership to a
+    /// caught-up follower (crate::handoff), within a bound; returns the new
+    /// leader. Call before [`RunningNode::shutdown`] on SIGTERM.
+    pub async fn hand_over_leadership(&self) -> Option<NodeId> {
+        if self.ctx.raft.metrics().borrow().state != openraft::ServerState::Leader {
+            return None;
+        }
+        self.ctx.proposer.stop_for_handover();
+        crate::handoff::hand_over(&self.ctx.raft, self.peer_tls.clone(), self.handover_within).await
     }
 
     /// Waits until a leader is known, up to `timeout`; returns its id.

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     codec,
     election::{Election, PreVoteRequest},
+    handoff,
     limits::{ConnectionLimit, LimitCounters},
     network::{
         check_snapshot_chunk, read_frame, write_frame, FrameTooLarge, MessageTime, RaftCall,
@@ -202,6 +203,11 @@ async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
             RaftCall::PreVote => {
                 let req: PreVoteRequest = decode(call, body)?;
                 encode(call, &election.answer(&raft, &req))?
+            }
+            RaftCall::TimeoutNow => {
+                let req: handoff::TimeoutNow = decode(call, body)?;
+                let sender = from.as_ref().map(|(id, _)| *id);
+                encode(call, &handoff::answer(&raft, sender, &req).await)?
             }
         };
         // Read after the call: a granted vote answers with every time this
