@@ -85,6 +85,17 @@ pub async fn accept(
                 Ok(Ok(_)) => {}
                 Ok(Err(_)) | Err(_) => return,
             }
+            if head[..PREFACE.len() - 1] == PREFACE[..PREFACE.len() - 1] && &head != PREFACE {
+                // Another version of the Raft protocol: say so, and close.
+                tracing::warn!(
+                    peer = %addr,
+                    version = %char::from(head[PREFACE.len() - 1]).escape_default(),
+                    supported = %char::from(PREFACE[PREFACE.len() - 1]),
+                    "a peer speaks a version of the Raft protocol this build does not; \
+                     connection closed"
+                );
+                return;
+            }
             if &head != PREFACE {
                 let stream = limit.wrap(stream, permit);
                 let _ = grpc.send(Ok(Routed::new(head.to_vec(), stream))).await;
