@@ -327,3 +327,72 @@ async fn a_survivor_recovers_as_a_one_node_cluster_above_every_old_token() {
         );
     }
 }
+
+/// The SHA-256 of `token`, as `fenced auth hash-token` prints it.
+fn hash(token: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new(bin("fenced"))
+        .args(["auth", "hash-token"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_save_needs_the_admin_role_and_a_refusal_writes_nothing() {
+    let files = tempfile::tempdir().unwrap();
+    let tokens = files.path().join("tokens.toml");
+    let policy = files.path().join("policy.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[token]]\nname = \"worker\"\nsha256 = \"{}\"\nroles = [\"orders\"]\n\n\
+             [[token]]\nname = \"root\"\nsha256 = \"{}\"\nroles = [\"ops\"]\n",
+            hash("worker-token"),
+            hash("root-token")
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &policy,
+        "[roles.orders]\nlock = [\"orders/\"]\nread = [\"orders/\"]\n\n\
+         [roles.ops]\nadmin = true\nread = [\"\"]\n",
+    )
+    .unwrap();
+    let cluster = Cluster::start_with(
+        3,
+        &[
+            ("FENCED_AUTH_TOKENS", tokens.to_str().unwrap()),
+            ("FENCED_AUTH_POLICY", policy.to_str().unwrap()),
+        ],
+    )
+    .await;
+    let file = files.path().join("backup.fncd");
+    let path = file.to_str().unwrap();
+    for (token, code) in [(None, 5), (Some("worker-token"), 5)] {
+        let mut args = Vec::new();
+        if let Some(t) = token {
+            args.extend(["--token", t]);
+        }
+        args.extend(["snapshot", "save", path]);
+        let out = cluster.fencectl(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{token:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!file.exists(), "{token:?}: a refused save wrote the file");
+    }
+    let out = cluster.fencectl(&["--token", "root-token", "snapshot", "save", path]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::metadata(&file).unwrap().len() > 0);
+}
