@@ -266,6 +266,24 @@ async fn a_survivor_recovers_as_a_one_node_cluster_above_every_old_token() {
         node.peer_port, node.client_port
     );
     let data = node.data_dir.to_str().unwrap().to_string();
+    // A directory without a node's data is refused, and left alone.
+    let empty = cluster.dir.path().join("not-a-node");
+    let out = fenced(&[
+        "recover",
+        "--force-new-cluster",
+        "--data-dir",
+        empty.to_str().unwrap(),
+        "--node-id",
+        "3",
+        "--initial-cluster",
+        &me,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no fenced node's data"),
+        "{err}"
+    );
+    assert!(!empty.exists());
     // Without --force-new-cluster nothing happens.
     let out = fenced(&[
         "recover",

@@ -371,6 +371,13 @@ pub async fn recover(
         let path = path.to_path_buf();
         move |source| BackupError::Io { path, source }
     };
+    if !data_dir.join(crate::node::LOG_DIR).is_dir() {
+        return Err(BackupError::Refused(format!(
+            "--data-dir {}: holds no fenced node's data (no {}/)",
+            data_dir.display(),
+            crate::node::LOG_DIR
+        )));
+    }
     data_format::check(data_dir).map_err(io(data_dir))?;
     let export = {
         let mut log = LogStore::open(&data_dir.join(crate::node::LOG_DIR)).map_err(io(data_dir))?;
