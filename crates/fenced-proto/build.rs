@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "lock.proto",
         "cluster.proto",
         "resource.proto",
+        "kv.proto",
         "maintenance.proto",
     ]
     .map(|f| root.join("fenced/v1").join(f));

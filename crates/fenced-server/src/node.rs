@@ -11,7 +11,8 @@ use std::{
 
 use fenced_core::Limits;
 use fenced_proto::v1::{
-    cluster_server::ClusterServer, lock_server::LockServer, maintenance_server::MaintenanceServer,
+    cluster_server::ClusterServer, kv_server::KvServer, lock_server::LockServer,
+    maintenance_server::MaintenanceServer,
 };
 use openraft::{
     error::{Fatal, InitializeError, RaftError},
@@ -26,6 +27,7 @@ use crate::{
     early_replication::{EarlyAnswers, EarlyReplication},
     election::Election,
     health,
+    kv_service::{KvService, KV_MESSAGE_MAX_BYTES},
     limits::{ConnectionLimit, Port, ServerLimits},
     log_store::LogStore,
     maintenance::MaintenanceService,
@@ -369,6 +371,10 @@ impl RunningNode {
             ))
             .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
         };
+        let kv = |peer| {
+            KvServer::new(KvService::new(ctx.clone(), peer))
+                .max_decoding_message_size(KV_MESSAGE_MAX_BYTES)
+        };
         let limit_counters = Arc::clone(&ctx.shared.counters.limits);
         let connection_limit = |port| {
             ConnectionLimit::new(
@@ -389,6 +395,7 @@ impl RunningNode {
             .add_service(health_server.clone())
             .add_service(lock(false))
             .add_service(cluster(false))
+            .add_service(kv(false))
             .add_service(maintenance(false));
         let client_server: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
             match &tls {
@@ -443,6 +450,7 @@ impl RunningNode {
             .add_service(health_server)
             .add_service(lock(true))
             .add_service(cluster(true))
+            .add_service(kv(true))
             .add_service(maintenance(true))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::ReceiverStream::new(peer_grpc_rx),
