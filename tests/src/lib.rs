@@ -341,6 +341,11 @@ impl Cluster {
         }
     }
 
+    /// The `--initial-cluster` every node is started with.
+    pub fn initial_cluster(&self) -> &str {
+        &self.initial_cluster
+    }
+
     fn node(&self, id: u64) -> &NodeProc {
         &self.nodes[(id - 1) as usize]
     }

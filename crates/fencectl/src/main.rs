@@ -10,6 +10,7 @@ mod hold;
 mod kv;
 mod observe;
 mod resource;
+mod snapshot;
 mod supervise;
 
 use clap::{Parser, Subcommand};
@@ -143,6 +144,9 @@ enum Cmd {
     /// Check that TOKEN is still the current lease of RESOURCE (exit 0), or
     /// say why not (exit 3).
     Validate { resource: String, token: u64 },
+    /// Backups of the cluster's state.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCmd),
     /// Write to or read from a fenced-resource service.
     #[command(subcommand)]
     Resource(resource::ResourceCmd),
@@ -219,6 +223,14 @@ async fn execute(
 ) -> Result<Report, ClientError> {
     Ok(match command {
         Cmd::Resource(command) => return resource::execute(command, tls).await,
+        Cmd::Snapshot(command) => {
+            let (value, text) = snapshot::execute(client, command).await?;
+            Report {
+                value,
+                text,
+                code: 0,
+            }
+        }
         Cmd::Kv(command) => return kv::execute(client, command, json_out).await,
         Cmd::Lock {
             resource,

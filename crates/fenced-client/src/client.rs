@@ -9,7 +9,7 @@ use std::{
 use fenced_core::OwnerId;
 use fenced_proto::v1::{
     self, acquire_response, cluster_client::ClusterClient, lock_client::LockClient,
-    release_response, renew_response,
+    maintenance_client::MaintenanceClient, release_response, renew_response,
 };
 use tonic::{
     metadata::{Ascii, MetadataValue},
@@ -658,6 +658,65 @@ impl Client {
             .with_retries(self.inner.call_timeout, |ch, left| {
                 let req = self.request(v1::StatusRequest::default(), left.min(ATTEMPT_TIMEOUT));
                 async move { ClusterClient::new(ch).status(req).await }
+            })
+            .await?
+            .0
+            .into_inner())
+    }
+
+    /// A backup of the cluster's state, streamed from the leader after a
+    /// linearizable read (admin role): its summary and the file's bytes,
+    /// checked against the summary's length. Followers are skipped like
+    /// any node that is not the leader. At most `max_bytes` are accepted.
+    pub async fn save_snapshot(
+        &self,
+        max_bytes: u64,
+    ) -> Result<(v1::SnapshotSummary, Vec<u8>), ClientError> {
+        Ok(self
+            .with_retries(self.inner.call_timeout, |ch, left| {
+                let req = self.request(v1::SaveSnapshotRequest {}, left);
+                async move {
+                    let (metadata, mut stream, extensions) = MaintenanceClient::new(ch)
+                        .save_snapshot(req)
+                        .await?
+                        .into_parts();
+                    let summary = stream
+                        .message()
+                        .await?
+                        .and_then(|c| c.summary)
+                        .ok_or_else(|| Status::internal("snapshot save: no summary"))?;
+                    if summary.total_bytes > max_bytes {
+                        return Err(Status::internal(format!(
+                            "snapshot save: {} bytes, more than the bound {max_bytes}",
+                            summary.total_bytes
+                        )));
+                    }
+                    let mut bytes = Vec::with_capacity(
+                        usize::try_from(summary.total_bytes).unwrap_or(usize::MAX),
+                    );
+                    while let Some(chunk) = stream.message().await? {
+                        if (bytes.len() + chunk.data.len()) as u64 > summary.total_bytes {
+                            return Err(Status::internal(
+                                "snapshot save: more bytes than the summary announced",
+                            ));
+                        }
+                        bytes.extend_from_slice(&chunk.data);
+                    }
+                    if bytes.len() as u64 != summary.total_bytes {
+                        // Cut short: worth another try.
+                        return Err(Status::unavailable(format!(
+                            "snapshot save: stream ended after {} of {} bytes",
+                            bytes.len(),
+                            summary.total_bytes
+                        )));
+                    }
+                    // The answer's metadata, so a leader it names is learnt.
+                    Ok(tonic::Response::from_parts(
+                        metadata,
+                        (summary, bytes),
+                        extensions,
+                    ))
+                }
             })
             .await?
             .0

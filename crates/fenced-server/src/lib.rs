@@ -10,15 +10,19 @@
 #![allow(clippy::result_large_err)]
 
 pub mod auth;
+pub mod backup;
 pub mod certs;
 pub mod codec;
 pub mod config;
+pub mod data_format;
 pub mod deadline;
 pub mod early_replication;
 pub mod election;
+pub mod handoff;
 pub mod health;
 pub mod limits;
 pub mod log_store;
+pub mod maintenance;
 pub mod metrics;
 pub mod network;
 pub mod node;

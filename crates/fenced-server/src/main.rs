@@ -4,8 +4,8 @@ use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, time::Duratio
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fenced_server::{
-    auth, certs,
-    config::RunSettings,
+    auth, backup, certs,
+    config::{self, RunSettings},
     health,
     node::{failed_path, NodeConfig, RunningNode},
     tls::TlsSettings,
@@ -108,6 +108,49 @@ enum Command {
     /// Make and hash bearer tokens for the `auth_tokens` file.
     #[command(subcommand)]
     Auth(AuthCommand),
+    /// Lay down the data directory of one node of a new cluster from a
+    /// backup (`fencectl snapshot save`). Run it for every node of the new
+    /// cluster with the same file and --initial-cluster, then start them
+    /// with `fenced run`. The checksum and version are checked first; a
+    /// non-empty data dir is refused; nothing is written unless all is.
+    /// Every token the new cluster grants is above --token-floor, or by
+    /// default above the backup's last token plus a gap (docs/OPERATIONS.md).
+    Restore {
+        /// The backup file.
+        #[arg(long)]
+        from: PathBuf,
+        /// The new node's data directory (missing or empty).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// This node's id in --initial-cluster.
+        #[arg(long, alias = "id")]
+        node_id: u64,
+        /// The new cluster, as for `fenced run`: ID=HOST:PEERPORT[/HOST:CLIENTPORT],...
+        #[arg(long)]
+        initial_cluster: String,
+        /// Every token granted after the restore is above this (at least
+        /// the backup's last token). Default: last token + the gap.
+        #[arg(long)]
+        token_floor: Option<u64>,
+    },
+    /// Last resort after losing a majority for good: make a one-node
+    /// cluster of this node from its own data directory (every entry in its
+    /// log applied, tokens raised as for a restore). The old directory is
+    /// kept beside it as DIR.before-recover-<ms>. The node must be stopped.
+    Recover {
+        /// Required: says you mean it (docs/OPERATIONS.md).
+        #[arg(long, required = true)]
+        force_new_cluster: bool,
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long, alias = "id")]
+        node_id: u64,
+        /// This node alone: ID=HOST:PEERPORT[/HOST:CLIENTPORT].
+        #[arg(long)]
+        initial_cluster: String,
+        #[arg(long)]
+        token_floor: Option<u64>,
+    },
     /// Run one node of a cluster.
     Run {
         /// A TOML file with the same settings; flags and FENCED_* win over it.
@@ -269,6 +312,58 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             return Ok(ExitCode::SUCCESS);
         }
         Command::Auth(command) => return auth_command(command),
+        Command::Restore {
+            from,
+            data_dir,
+            node_id,
+            initial_cluster,
+            token_floor,
+        } => {
+            let members = config::parse_initial_cluster(&initial_cluster)?;
+            let (body, laid) = backup::restore(&from, &data_dir, node_id, &members, token_floor)
+                .map_err(|e| e.to_string())?;
+            println!(
+                "restored {} into {} for node {node_id} of {:?}: backup applied index {},                  last token {}, {} live leases, cluster time {} ms; tokens from now on are above {}",
+                from.display(),
+                laid.data_dir.display(),
+                laid.members,
+                body.last_applied.map_or(0, |l| l.index),
+                body.last_token,
+                laid.state.live_leases,
+                laid.state.cluster_time.as_millis(),
+                laid.state.last_token,
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Recover {
+            force_new_cluster: _,
+            data_dir,
+            node_id,
+            initial_cluster,
+            token_floor,
+        } => {
+            let members = config::parse_initial_cluster(&initial_cluster)?;
+            let me = match (members.len(), members.get(&node_id)) {
+                (1, Some(me)) => me.clone(),
+                _ => {
+                    return Err(format!(
+                        "--initial-cluster: must name this node ({node_id}) and no other"
+                    ))
+                }
+            };
+            let (kept, export, laid) = backup::recover(&data_dir, node_id, me, token_floor)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!(
+                "recovered {} as a one-node cluster of node {node_id}: survivor's last token {},                  {} live leases; tokens from now on are above {}; the old data is in {}",
+                laid.data_dir.display(),
+                export.last_token,
+                laid.state.live_leases,
+                laid.state.last_token,
+                kept.display(),
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
         Command::Run { config, settings } => {
             let settings = match config {
                 Some(path) => settings.or_file(RunSettings::from_file(&path)?),
@@ -312,6 +407,11 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         }
     }
     tracing::info!("shutting down");
+    // A leader hands over first, so the cluster does not wait out an
+    // election timeout; a follower just stops.
+    for (node, ..) in &nodes {
+        node.hand_over_leadership().await;
+    }
     for (node, ..) in nodes {
         node.shutdown().await;
     }

@@ -123,6 +123,9 @@ pub enum RaftCall {
     InstallSnapshot = 3,
     /// fenced's own pre-vote ([`crate::election`]), not an openraft call.
     PreVote = 4,
+    /// A stopping leader asks a caught-up follower to stand at once
+    /// ([`crate::handoff`]), not an openraft call.
+    TimeoutNow = 5,
 }
 
 impl RaftCall {
@@ -132,6 +135,7 @@ impl RaftCall {
             2 => Some(Self::Vote),
             3 => Some(Self::InstallSnapshot),
             4 => Some(Self::PreVote),
+            5 => Some(Self::TimeoutNow),
             _ => None,
         }
     }
@@ -142,6 +146,7 @@ impl RaftCall {
             Self::Vote => "vote",
             Self::InstallSnapshot => "install_snapshot",
             Self::PreVote => "pre_vote",
+            Self::TimeoutNow => "timeout_now",
         }
     }
 }

@@ -12,6 +12,7 @@ use std::{
 use fenced_core::Limits;
 use fenced_proto::v1::{
     cluster_server::ClusterServer, kv_server::KvServer, lock_server::LockServer,
+    maintenance_server::MaintenanceServer,
 };
 use openraft::{
     error::{Fatal, InitializeError, RaftError},
@@ -29,6 +30,7 @@ use crate::{
     kv_service::{KvService, KV_MESSAGE_MAX_BYTES},
     limits::{ConnectionLimit, Port, ServerLimits},
     log_store::LogStore,
+    maintenance::MaintenanceService,
     metrics,
     network::Network,
     parking::Parking,
@@ -45,8 +47,8 @@ use crate::{
 
 /// Where in the data directory the Raft log (entries, vote, commit mark)
 /// and the state machine's snapshot live.
-const LOG_DIR: &str = "raft-log";
-const STATE_DIR: &str = "state";
+pub(crate) const LOG_DIR: &str = "raft-log";
+pub(crate) const STATE_DIR: &str = "state";
 
 /// The largest client request accepted, in bytes (names are at most 200).
 const CLIENT_MESSAGE_MAX_BYTES: usize = 64 * 1024;
@@ -159,6 +161,10 @@ pub struct RunningNode {
     pub ctx: NodeContext,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// The peer port's TLS, for the handover's call.
+    peer_tls: Option<Arc<tls::NodeTls>>,
+    /// How long a stopping leader tries to hand over.
+    handover_within: Duration,
 }
 
 impl RunningNode {
@@ -181,6 +187,13 @@ impl RunningNode {
             source,
         };
         private_dirs(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
+        // A layout this build does not know is refused before it is read.
+        if crate::data_format::check(&cfg.data_dir)
+            .map_err(|e| storage(Box::new(e)))?
+            .is_none()
+        {
+            crate::data_format::write(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
+        }
         let log = LogStore::open(&cfg.data_dir.join(LOG_DIR)).map_err(|e| storage(Box::new(e)))?;
         match log.give_up_restored_leadership(cfg.id).await {
             Ok(Some(term)) => tracing::info!(
@@ -380,6 +393,15 @@ impl RunningNode {
             ClusterServer::new(ClusterService::new(ctx.clone(), peer))
                 .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
         };
+        let saving = Arc::new(tokio::sync::Semaphore::new(1));
+        let maintenance = |peer| {
+            MaintenanceServer::new(MaintenanceService::new(
+                ctx.clone(),
+                peer,
+                Arc::clone(&saving),
+            ))
+            .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
+        };
         let kv = |peer| {
             KvServer::new(KvService::new(ctx.clone(), peer))
                 .max_decoding_message_size(KV_MESSAGE_MAX_BYTES)
@@ -404,7 +426,8 @@ impl RunningNode {
             .add_service(health_server.clone())
             .add_service(lock(false))
             .add_service(cluster(false))
-            .add_service(kv(false));
+            .add_service(kv(false))
+            .add_service(maintenance(false));
         let client_server: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
             match &tls {
                 Some(t) => Box::pin(client_router.serve_with_incoming_shutdown(
@@ -459,6 +482,7 @@ impl RunningNode {
             .add_service(lock(true))
             .add_service(cluster(true))
             .add_service(kv(true))
+            .add_service(maintenance(true))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::ReceiverStream::new(peer_grpc_rx),
                 stop.clone().cancelled_owned(),
@@ -483,7 +507,26 @@ impl RunningNode {
             data_dir = %cfg.data_dir.display(),
             "node started"
         );
-        Ok(Self { ctx, stop, tasks })
+        Ok(Self {
+            ctx,
+            stop,
+            tasks,
+            peer_tls: tls,
+            // Catch-up, one round trip and an election; an election timeout
+            // and a lease would otherwise pass before a follower stands.
+            handover_within: Duration::from_millis(cfg.election_timeout_ms * 4),
+        })
+    }
+
+    /// When this node leads: stops proposing and hands leadership to a
+    /// caught-up follower (crate::handoff), within a bound; returns the new
+    /// leader. Call before [`RunningNode::shutdown`] on SIGTERM.
+    pub async fn hand_over_leadership(&self) -> Option<NodeId> {
+        if self.ctx.raft.metrics().borrow().state != openraft::ServerState::Leader {
+            return None;
+        }
+        self.ctx.proposer.stop_for_handover();
+        crate::handoff::hand_over(&self.ctx.raft, self.peer_tls.clone(), self.handover_within).await
     }
 
     /// Waits until a leader is known, up to `timeout`; returns its id.
