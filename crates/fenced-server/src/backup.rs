@@ -385,8 +385,9 @@ pub async fn recover(
             &data_dir.join(crate::node::STATE_DIR),
             Parking::new(1),
             log.purge_horizon(),
-            // Recovery keeps every grant history the survivor has.
-            fenced_core::MAX_HISTORY_PER_RESOURCE,
+            // The table's own default: a snapshot holds at most that many
+            // grants per resource when it is loaded again.
+            fenced_core::DEFAULT_HISTORY_PER_RESOURCE,
         )
         .map_err(|e| BackupError::Refused(format!("{}: {e}", data_dir.display())))?;
         let from = sm.shared().last_applied().map_or(0, |l| l.index + 1);
