@@ -26,6 +26,7 @@ use crate::{
     auth::{Auth, Permission, FORWARDED_IDENTITY},
     deadline::deadline_of,
     log_store::LogStore,
+    network::Reachability,
     parking::WaitEnd,
     proposer::{leader_of, LeaderTime, ProposeError, Proposer},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
@@ -59,6 +60,9 @@ pub struct NodeContext {
     forward: Arc<Mutex<HashMap<String, Channel>>>,
     /// Forwarded calls go over mutual TLS when set.
     forward_tls: Option<Arc<NodeTls>>,
+    /// Which peers this node's Raft calls and pre-votes could not reach:
+    /// told to a client that finds no leader here.
+    reachability: Arc<Reachability>,
 }
 
 impl NodeContext {
@@ -89,6 +93,41 @@ impl NodeContext {
             )),
             forward: Arc::default(),
             forward_tls: None,
+            reachability: Arc::default(),
+        }
+    }
+
+    /// Reports peers' reachability from `reachability` in refusals.
+    pub fn with_reachability(self, reachability: Arc<Reachability>) -> Self {
+        Self {
+            reachability,
+            ..self
+        }
+    }
+
+    /// UNAVAILABLE naming the leader (with its client address in
+    /// [`LEADER_HEADER`]), or, when there is none, this node and how many
+    /// members it reaches, so that a client can say why.
+    fn not_leader(&self, leader: Option<&(NodeId, Node)>) -> Status {
+        if leader.is_some() {
+            return not_leader(leader);
+        }
+        let voters: Vec<NodeId> = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config.membership().voter_ids().collect()
+        };
+        let reachable = voters
+            .iter()
+            .filter(|id| **id == self.id || self.reachability.is_reachable(**id))
+            .count();
+        Status::unavailable(no_leader_message(self.id, reachable, voters.len()))
+    }
+
+    fn propose_status(&self, e: ProposeError) -> Status {
+        match e {
+            ProposeError::NotLeader { leader } => self.not_leader(leader.as_ref()),
+            e => propose_status(e),
         }
     }
 
@@ -183,6 +222,15 @@ fn forwarded<T>(
     }
     req.set_timeout(timeout);
     Ok(req)
+}
+
+/// What a node without a leader tells a client.
+fn no_leader_message(me: NodeId, reachable: usize, members: usize) -> String {
+    format!(
+        "node {me} has no leader: {reachable} of {members} members reachable; \
+         a majority ({}) must run and reach each other; retry with backoff",
+        members / 2 + 1
+    )
 }
 
 fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
@@ -375,7 +423,7 @@ impl lock_server::Lock for LockService {
         let (outcome, now) = self
             .propose(command, deadline)
             .await
-            .map_err(propose_status)?;
+            .map_err(|e| self.ctx.propose_status(e))?;
         let (Outcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
             return acquire_reply(&outcome, now).map(Response::new);
         };
@@ -422,7 +470,7 @@ impl lock_server::Lock for LockService {
         let (outcome, now) = self
             .propose(command, deadline)
             .await
-            .map_err(propose_status)?;
+            .map_err(|e| self.ctx.propose_status(e))?;
         renew_reply(&outcome, now).map(Response::new)
     }
 
@@ -437,7 +485,7 @@ impl lock_server::Lock for LockService {
         let (outcome, now) = self
             .propose(command, deadline)
             .await
-            .map_err(propose_status)?;
+            .map_err(|e| self.ctx.propose_status(e))?;
         release_reply(&outcome, now).map(Response::new)
     }
 
@@ -488,7 +536,7 @@ impl lock_server::Lock for LockService {
                 Status::unavailable("describe: no quorum confirmed leadership in time; retry")
             })?
             .map_err(|e| {
-                not_leader(
+                self.ctx.not_leader(
                     e.forward_to_leader()
                         .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
                         .as_ref(),
