@@ -313,7 +313,11 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             };
         }
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "fenced", &mut std::io::stdout());
+            // Into memory first: a closed stdout (`| head`) is an error, not a panic.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "fenced", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout(), &script)
+                .map_err(|e| format!("completions: {e}"))?;
             return Ok(ExitCode::SUCCESS);
         }
         Command::Healthcheck {
