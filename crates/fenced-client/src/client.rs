@@ -730,6 +730,62 @@ mod tests {
         }
     }
 
+    #[test]
+    fn an_unavailable_cluster_names_every_endpoint_and_the_next_step() {
+        let refused = || Some(Attempt::NoAnswer("connection refused".into()));
+        let none = unavailable_message(&[
+            ("127.0.0.1:7101".into(), refused()),
+            ("127.0.0.1:7102".into(), refused()),
+        ]);
+        assert_eq!(
+            none,
+            format!(
+                "no node answered at 127.0.0.1:7101, 127.0.0.1:7102 (connection refused): \
+                 {NO_CLUSTER_HINT}"
+            )
+        );
+        let some = unavailable_message(&[
+            (
+                "127.0.0.1:7101".into(),
+                Some(Attempt::Refused(
+                    "node 1 has no leader: 1 of 3 members reachable".into(),
+                )),
+            ),
+            ("127.0.0.1:7102".into(), refused()),
+            ("127.0.0.1:7103".into(), None),
+        ]);
+        assert!(
+            some.contains("127.0.0.1:7101: node 1 has no leader: 1 of 3 members reachable")
+                && some.contains("127.0.0.1:7102: no answer (connection refused)")
+                && some.contains("127.0.0.1:7103: not tried in time"),
+            "{some}"
+        );
+        assert_eq!(
+            short_cause("Connection refused (os error 111)"),
+            "connection refused"
+        );
+    }
+
+    #[test]
+    fn refusals_say_how_to_get_a_token_or_a_role() {
+        let e = classify(Status::unauthenticated(
+            "authentication failed: unknown or revoked token",
+        ))
+        .err();
+        assert!(
+            matches!(&e, Some(ClientError::Unauthenticated(m)) if m.starts_with("unknown or revoked token; ") && m.contains("fenced auth new-token")),
+            "{e:?}"
+        );
+        let e = classify(Status::permission_denied(
+            "permission denied: identity \"a\" may not acquire",
+        ))
+        .err();
+        assert!(
+            matches!(&e, Some(ClientError::PermissionDenied(m)) if m.contains("may not acquire") && m.contains("auth_policy")),
+            "{e:?}"
+        );
+    }
+
     #[tokio::test]
     async fn endpoints_are_host_port_or_http_urls() {
         assert_eq!(

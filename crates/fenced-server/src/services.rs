@@ -758,6 +758,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_node_without_a_leader_names_itself_and_the_majority_it_needs() {
+        assert_eq!(
+            no_leader_message(2, 1, 3),
+            "node 2 has no leader: 1 of 3 members reachable; a majority (2) must run and \
+             reach each other; retry with backoff"
+        );
+        assert!(no_leader_message(1, 2, 5).contains("2 of 5 members reachable; a majority (3)"));
+    }
+
+    #[test]
     fn a_forward_gets_only_what_is_left_of_the_deadline() {
         let budget = Duration::from_secs(15);
         assert_eq!(forward_timeout(None, budget), Some(budget));
