@@ -28,6 +28,7 @@ pub mod peer_listener;
 pub mod proposer;
 pub mod quota;
 pub mod raft_noise;
+pub mod rpc_metrics;
 pub mod services;
 pub mod state_machine;
 pub mod time_floor;

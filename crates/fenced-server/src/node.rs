@@ -201,6 +201,7 @@ impl RunningNode {
     /// Starts the node on listeners already bound: opens storage, writes the
     /// initial membership on a pristine data dir, starts Raft and serves.
     pub async fn start_on(cfg: NodeConfig, listeners: Listeners) -> Result<Self, NodeError> {
+        crate::metrics::process_start_unix_seconds();
         cfg.limits
             .validate()
             .map_err(|e| NodeError::Config(e.to_string()))?;
@@ -389,10 +390,14 @@ impl RunningNode {
                 Arc::clone(&limit_counters),
             )
         };
+        let rpc_metrics = |port| {
+            crate::rpc_metrics::RpcMetricsLayer::new(Arc::clone(&ctx.shared.counters.rpc), port)
+        };
         let client_router = cfg
             .server_limits
             .server()
             .timeout(outer_timeout)
+            .layer(rpc_metrics(Port::Client))
             .add_service(health_server.clone())
             .add_service(lock(false))
             .add_service(cluster(false));
@@ -445,6 +450,7 @@ impl RunningNode {
             .server_limits
             .server()
             .timeout(outer_timeout)
+            .layer(rpc_metrics(Port::Peer))
             .add_service(health_server)
             .add_service(lock(true))
             .add_service(cluster(true))
