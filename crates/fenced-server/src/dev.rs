@@ -357,8 +357,12 @@ pub async fn run(
                 ready_lines(layout, leader, term, started.elapsed(), default_ports)
             ),
             None => println!(
-                "\nno leader after {} s; the node logs say why (see above)",
-                READY_TIMEOUT.as_secs()
+                "\nno leader after {} s; the node logs say why ({})",
+                READY_TIMEOUT.as_secs(),
+                layout
+                    .first()
+                    .and_then(|n| n.data_dir.parent())
+                    .map_or_else(|| "--verbose".into(), |d| log_dir(d).display().to_string())
             ),
         },
         _ = &mut shutdown => {

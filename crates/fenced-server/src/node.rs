@@ -478,6 +478,23 @@ impl RunningNode {
             data_dir = %cfg.data_dir.display(),
             "node started"
         );
+        // One line once the node knows a leader: what an operator waits for.
+        tasks.push(tokio::spawn({
+            let (raft, stop) = (raft.clone(), stop.clone());
+            async move {
+                let wait = raft.wait(Some(Duration::from_secs(365 * 24 * 3600)));
+                let leader = wait.metrics(|m| m.current_leader.is_some(), "a leader is known");
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    Ok(m) = leader => tracing::info!(
+                        node = id,
+                        leader = m.current_leader,
+                        term = m.current_term,
+                        "ready to serve client requests"
+                    ),
+                }
+            }
+        }));
         Ok(Self { ctx, stop, tasks })
     }
 
