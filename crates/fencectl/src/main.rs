@@ -1,4 +1,5 @@
-//! `fencectl`: take, renew, release and inspect fenced leases from a shell.
+//! `fencectl`: take, renew, release and inspect fenced leases from a shell,
+//! and write to the cluster's fenced key-value store.
 //!
 //! Exit codes: 0 success, 3 an expected refusal (held, lost, not holder),
 //! 4 a lease lost under `lock` or `run`, 5 refused by authentication or
@@ -8,6 +9,7 @@
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 mod hold;
+mod kv;
 mod resource;
 mod supervise;
 
@@ -150,6 +152,14 @@ enum Cmd {
   fencectl resource get invoice-7"
     )]
     Resource(resource::ResourceCmd),
+    /// Fenced writes to the cluster's own key-value store.
+    #[command(
+        subcommand,
+        after_help = "Examples:
+  fencectl kv put config/active primary-b --resource failover --owner-id $OWNER --token 7
+  fencectl kv get config/active"
+    )]
+    Kv(kv::KvCmd),
     /// Take the lease and hold it, renewing, until Ctrl-C (release) or loss
     /// (exit 4).
     #[command(after_help = "Examples:
@@ -235,6 +245,7 @@ async fn execute(
 ) -> Result<Report, ClientError> {
     Ok(match command {
         Cmd::Resource(command) => return resource::execute(command, tls).await,
+        Cmd::Kv(command) => return kv::execute(client, command, json_out).await,
         Cmd::Lock {
             resource,
             ttl,

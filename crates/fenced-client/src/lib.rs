@@ -26,11 +26,13 @@
 
 mod client;
 mod clock;
+mod kv;
 mod leader;
 mod lease;
 mod tls;
 mod transport;
 
 pub use client::*;
+pub use kv::{KvRead, KvRefusal, KvWrite};
 pub use lease::{Acquired, Lease, LeaseHandle, LeaseOptions, LossReason};
 pub use tls::TlsOptions;

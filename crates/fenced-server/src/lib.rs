@@ -30,6 +30,8 @@ pub mod quota;
 pub mod raft_noise;
 pub mod rpc_metrics;
 pub mod services;
+// After `services`: uses its forwarding macro.
+pub mod kv_service;
 pub mod state_machine;
 pub mod time_floor;
 pub mod tls;

@@ -10,7 +10,9 @@ use std::{
 };
 
 use fenced_core::Limits;
-use fenced_proto::v1::{cluster_server::ClusterServer, lock_server::LockServer};
+use fenced_proto::v1::{
+    cluster_server::ClusterServer, kv_server::KvServer, lock_server::LockServer,
+};
 use openraft::{error::Fatal, AnyError, SnapshotPolicy, StorageError, StorageIOError};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -21,6 +23,7 @@ use crate::{
     early_replication::{EarlyAnswers, EarlyReplication},
     election::Election,
     health,
+    kv_service::{KvService, KV_MESSAGE_MAX_BYTES},
     limits::{ConnectionLimit, Port, ServerLimits},
     log_store::LogStore,
     metrics,
@@ -381,6 +384,10 @@ impl RunningNode {
             ClusterServer::new(ClusterService::new(ctx.clone(), peer))
                 .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
         };
+        let kv = |peer| {
+            KvServer::new(KvService::new(ctx.clone(), peer))
+                .max_decoding_message_size(KV_MESSAGE_MAX_BYTES)
+        };
         let limit_counters = Arc::clone(&ctx.shared.counters.limits);
         let connection_limit = |port| {
             ConnectionLimit::new(
@@ -400,7 +407,8 @@ impl RunningNode {
             .layer(rpc_metrics(Port::Client))
             .add_service(health_server.clone())
             .add_service(lock(false))
-            .add_service(cluster(false));
+            .add_service(cluster(false))
+            .add_service(kv(false));
         let client_server: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
             match &tls {
                 Some(t) => Box::pin(client_router.serve_with_incoming_shutdown(
@@ -454,6 +462,7 @@ impl RunningNode {
             .add_service(health_server)
             .add_service(lock(true))
             .add_service(cluster(true))
+            .add_service(kv(true))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::ReceiverStream::new(peer_grpc_rx),
                 stop.clone().cancelled_owned(),
