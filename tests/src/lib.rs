@@ -87,7 +87,8 @@ pub struct NodeProc {
     pub peer_port: u16,
     pub data_dir: PathBuf,
     child: Option<Child>,
-    log: PathBuf,
+    /// The node's stderr: its log.
+    pub log: PathBuf,
 }
 
 impl NodeProc {

@@ -16,6 +16,7 @@ pub mod codec;
 pub mod config;
 pub mod data_format;
 pub mod deadline;
+pub mod dev;
 pub mod early_replication;
 pub mod election;
 pub mod handoff;
@@ -30,6 +31,7 @@ pub mod parking;
 pub mod peer_listener;
 pub mod proposer;
 pub mod quota;
+pub mod raft_noise;
 pub mod rpc_metrics;
 pub mod services;
 // After `services`: uses its forwarding macro.

@@ -14,10 +14,7 @@ use fenced_proto::v1::{
     cluster_server::ClusterServer, kv_server::KvServer, lock_server::LockServer,
     maintenance_server::MaintenanceServer,
 };
-use openraft::{
-    error::{Fatal, InitializeError, RaftError},
-    AnyError, SnapshotPolicy, StorageError, StorageIOError,
-};
+use openraft::{error::Fatal, AnyError, SnapshotPolicy, StorageError, StorageIOError};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
@@ -167,10 +164,64 @@ pub struct RunningNode {
     handover_within: Duration,
 }
 
+/// A node's listening sockets, bound before it starts (and outside any
+/// runtime, so that a node may start in a runtime of its own). `fenced dev`
+/// binds every node's before starting any, so that no node's first messages
+/// find a peer port that is not listening yet (a connection to a bound port
+/// waits in its backlog until the node accepts).
+pub struct Listeners {
+    client: std::net::TcpListener,
+    peer: std::net::TcpListener,
+    metrics: Option<std::net::TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the client, peer and (if set) metrics addresses of `cfg`.
+    pub fn bind(cfg: &NodeConfig) -> Result<Self, NodeError> {
+        let bind =
+            |addr: SocketAddr| listen(addr).map_err(|source| NodeError::Listen { addr, source });
+        Ok(Self {
+            client: bind(cfg.listen)?,
+            peer: bind(cfg.peer_listen)?,
+            metrics: cfg.metrics_listen.map(bind).transpose()?,
+        })
+    }
+}
+
+/// A non-blocking listening socket on `addr`, as tokio's `TcpListener::bind`
+/// makes it (SO_REUSEADDR, a backlog of 1024: a burst of connections waits
+/// rather than being reset), but without a runtime.
+fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+/// Registers a bound listener with the current runtime.
+fn tokio_listener(l: std::net::TcpListener) -> Result<TcpListener, NodeError> {
+    let addr = l
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    TcpListener::from_std(l).map_err(|source| NodeError::Listen { addr, source })
+}
+
 impl RunningNode {
-    /// Starts the node: opens storage, binds both listeners, starts Raft and,
-    /// on a pristine data dir, proposes the initial membership.
+    /// Starts the node: binds its listeners, then as [`RunningNode::start_on`].
     pub async fn start(cfg: NodeConfig) -> Result<Self, NodeError> {
+        let listeners = Listeners::bind(&cfg)?;
+        Self::start_on(cfg, listeners).await
+    }
+
+    /// Starts the node on listeners already bound: opens storage, writes the
+    /// initial membership on a pristine data dir, starts Raft and serves.
+    pub async fn start_on(cfg: NodeConfig, listeners: Listeners) -> Result<Self, NodeError> {
         crate::metrics::process_start_unix_seconds();
         cfg.limits
             .validate()
@@ -218,28 +269,9 @@ impl RunningNode {
             Arc::clone(&floor),
         ));
 
-        let client_listener =
-            TcpListener::bind(cfg.listen)
-                .await
-                .map_err(|source| NodeError::Listen {
-                    addr: cfg.listen,
-                    source,
-                })?;
-        let peer_listener =
-            TcpListener::bind(cfg.peer_listen)
-                .await
-                .map_err(|source| NodeError::Listen {
-                    addr: cfg.peer_listen,
-                    source,
-                })?;
-        let metrics_listener = match cfg.metrics_listen {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| NodeError::Listen { addr, source })?,
-            ),
-            None => None,
-        };
+        let client_listener = tokio_listener(listeners.client)?;
+        let peer_listener = tokio_listener(listeners.peer)?;
+        let metrics_listener = listeners.metrics.map(tokio_listener).transpose()?;
 
         let raft_config = openraft::Config {
             cluster_name: "fenced".into(),
@@ -265,6 +297,22 @@ impl RunningNode {
         let early_answers = Arc::new(EarlyAnswers::default());
         let network =
             Network::new(Arc::clone(&early_answers), Arc::clone(&time)).with_tls(tls.clone());
+        // On a pristine data dir: the first membership, written before Raft
+        // starts so that it starts as a follower of a formed cluster and
+        // stands only after a pre-vote (LogStore::seed_membership says why
+        // not openraft's `initialize`).
+        if !cfg.initial_cluster.is_empty()
+            && log
+                .seed_membership(&cfg.initial_cluster)
+                .await
+                .map_err(|e| storage(Box::new(e)))?
+        {
+            tracing::info!(
+                members = cfg.initial_cluster.len(),
+                "initial membership written"
+            );
+        }
+        let reachability = network.reachability();
         let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
@@ -281,23 +329,9 @@ impl RunningNode {
                 Duration::from_millis(cfg.election_timeout_ms * 2),
                 log.clone(),
             )
-            .with_tls(tls.clone()),
+            .with_tls(tls.clone())
+            .with_reachability(Arc::clone(&reachability)),
         );
-
-        let initialized = raft
-            .is_initialized()
-            .await
-            .map_err(|e| NodeError::Raft(e.to_string()))?;
-        if !initialized && !cfg.initial_cluster.is_empty() {
-            match raft.initialize(cfg.initial_cluster.clone()).await {
-                Ok(()) => tracing::info!(
-                    members = cfg.initial_cluster.len(),
-                    "initial membership proposed"
-                ),
-                Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-                Err(e) => return Err(NodeError::Raft(e.to_string())),
-            }
-        }
 
         let proposer = Proposer::start(
             raft.clone(),
@@ -324,7 +358,8 @@ impl RunningNode {
             cfg.max_watchers,
             cfg.max_watchers_per_identity,
             cfg.watch_buffer,
-        ));
+        ))
+        .with_reachability(reachability);
 
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -507,6 +542,23 @@ impl RunningNode {
             data_dir = %cfg.data_dir.display(),
             "node started"
         );
+        // One line once the node knows a leader: what an operator waits for.
+        tasks.push(tokio::spawn({
+            let (raft, stop) = (raft.clone(), stop.clone());
+            async move {
+                let wait = raft.wait(Some(Duration::from_secs(365 * 24 * 3600)));
+                let leader = wait.metrics(|m| m.current_leader.is_some(), "a leader is known");
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    Ok(m) = leader => tracing::info!(
+                        node = id,
+                        leader = m.current_leader,
+                        term = m.current_term,
+                        "ready to serve client requests"
+                    ),
+                }
+            }
+        }));
         Ok(Self {
             ctx,
             stop,

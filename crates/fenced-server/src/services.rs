@@ -30,6 +30,7 @@ use crate::{
     auth::{Auth, Permission, FORWARDED_IDENTITY},
     deadline::deadline_of,
     log_store::LogStore,
+    network::Reachability,
     parking::WaitEnd,
     proposer::{leader_of, LeaderTime, ProposeError, Proposer},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
@@ -74,6 +75,9 @@ pub struct NodeContext {
     pub(crate) forwarded: Arc<AtomicU64>,
     /// Forwarded calls go over mutual TLS when set.
     forward_tls: Option<Arc<NodeTls>>,
+    /// Which peers this node's Raft calls and pre-votes could not reach:
+    /// told to a client that finds no leader here.
+    reachability: Arc<Reachability>,
 }
 
 impl NodeContext {
@@ -110,6 +114,7 @@ impl NodeContext {
                 crate::watch::DEFAULT_MAX_WATCHERS_PER_IDENTITY,
                 crate::watch::DEFAULT_WATCH_BUFFER,
             )),
+            reachability: Arc::default(),
         }
     }
 
@@ -118,6 +123,40 @@ impl NodeContext {
         Self {
             watchers: Arc::new(watchers),
             ..self
+        }
+    }
+
+    /// Reports peers' reachability from `reachability` in refusals.
+    pub fn with_reachability(self, reachability: Arc<Reachability>) -> Self {
+        Self {
+            reachability,
+            ..self
+        }
+    }
+
+    /// UNAVAILABLE naming the leader (with its client address in
+    /// [`LEADER_HEADER`]), or, when there is none, this node and how many
+    /// members it reaches, so that a client can say why.
+    fn not_leader(&self, leader: Option<&(NodeId, Node)>) -> Status {
+        if leader.is_some() {
+            return not_leader(leader);
+        }
+        let voters: Vec<NodeId> = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config.membership().voter_ids().collect()
+        };
+        let reachable = voters
+            .iter()
+            .filter(|id| **id == self.id || self.reachability.is_reachable(**id))
+            .count();
+        Status::unavailable(no_leader_message(self.id, reachable, voters.len()))
+    }
+
+    pub(crate) fn propose_status(&self, e: ProposeError) -> Status {
+        match e {
+            ProposeError::NotLeader { leader } => self.not_leader(leader.as_ref()),
+            e => propose_status(e),
         }
     }
 
@@ -256,7 +295,7 @@ impl NodeContext {
                 ))
             })?
             .map_err(|e| {
-                not_leader(
+                self.not_leader(
                     e.forward_to_leader()
                         .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
                         .as_ref(),
@@ -322,6 +361,15 @@ pub(crate) fn forwarded<T>(
     }
     req.set_timeout(timeout);
     Ok(req)
+}
+
+/// What a node without a leader tells a client.
+fn no_leader_message(me: NodeId, reachable: usize, members: usize) -> String {
+    format!(
+        "node {me} has no leader: {reachable} of {members} members reachable; \
+         a majority ({}) must run and reach each other; retry with backoff",
+        members / 2 + 1
+    )
 }
 
 pub(crate) fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
@@ -505,7 +553,7 @@ impl LockService {
         let (outcome, now) = self
             .propose(command, deadline)
             .await
-            .map_err(propose_status)?;
+            .map_err(|e| self.ctx.propose_status(e))?;
         let (Outcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
             return acquire_reply(&outcome, now).map(Response::new);
         };
@@ -552,7 +600,7 @@ impl LockService {
         let (outcome, now) = self
             .propose(command, deadline)
             .await
-            .map_err(propose_status)?;
+            .map_err(|e| self.ctx.propose_status(e))?;
         renew_reply(&outcome, now).map(Response::new)
     }
 
@@ -567,7 +615,7 @@ impl LockService {
         let (outcome, now) = self
             .propose(command, deadline)
             .await
-            .map_err(propose_status)?;
+            .map_err(|e| self.ctx.propose_status(e))?;
         release_reply(&outcome, now).map(Response::new)
     }
 
@@ -1005,6 +1053,16 @@ impl cluster_server::Cluster for ClusterService {
 mod tests {
     #![allow(clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_node_without_a_leader_names_itself_and_the_majority_it_needs() {
+        assert_eq!(
+            no_leader_message(2, 1, 3),
+            "node 2 has no leader: 1 of 3 members reachable; a majority (2) must run and \
+             reach each other; retry with backoff"
+        );
+        assert!(no_leader_message(1, 2, 5).contains("2 of 5 members reachable; a majority (3)"));
+    }
 
     #[test]
     fn a_forward_gets_only_what_is_left_of_the_deadline() {
