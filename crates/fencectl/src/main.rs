@@ -6,6 +6,7 @@
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 mod hold;
+mod member;
 mod resource;
 mod supervise;
 
@@ -116,6 +117,9 @@ enum Cmd {
     Describe { resource: String },
     /// Show the cluster as each endpoint sees it.
     Status,
+    /// List, add, promote and remove cluster members (admin).
+    #[command(subcommand)]
+    Member(member::MemberCmd),
     /// Write to or read from a fenced-resource service.
     #[command(subcommand)]
     Resource(resource::ResourceCmd),
@@ -189,6 +193,7 @@ async fn execute(
 ) -> Result<Report, ClientError> {
     Ok(match command {
         Cmd::Resource(command) => return resource::execute(command, tls).await,
+        Cmd::Member(command) => return member::execute(client, command).await,
         Cmd::Lock {
             resource,
             ttl,

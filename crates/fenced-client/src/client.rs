@@ -330,6 +330,10 @@ impl Client {
         })
     }
 
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.inner.call_timeout
+    }
+
     pub(crate) fn lease_options(&self) -> LeaseOptions {
         self.inner.lease_options
     }
@@ -575,7 +579,7 @@ pub(crate) fn millis(d: Duration) -> u64 {
 
 impl Client {
     /// A request with the call's timeout and this client's credentials.
-    fn request<T>(&self, msg: T, timeout: Duration) -> tonic::Request<T> {
+    pub(crate) fn request<T>(&self, msg: T, timeout: Duration) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
         req.set_timeout(timeout);
         if let Some(bearer) = &self.inner.bearer {

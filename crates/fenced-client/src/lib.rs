@@ -25,6 +25,7 @@
 mod client;
 mod clock;
 mod lease;
+mod members;
 mod tls;
 mod transport;
 

@@ -19,6 +19,7 @@ pub mod election;
 pub mod health;
 pub mod limits;
 pub mod log_store;
+pub mod membership;
 pub mod metrics;
 pub mod network;
 pub mod node;

@@ -285,7 +285,28 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             .map_err(|e| format!("node {id}: {e}"))?;
         nodes.push((node, id, listen, peer, dir));
     }
+    let mut refusals = tokio::task::JoinSet::new();
+    for (node, id, ..) in &mut nodes {
+        let (id, refused) = (*id, node.join_refused());
+        refusals.spawn(async move { (id, refused.await) });
+    }
     for (node, id, listen, peer, dir) in &nodes {
+        if node
+            .ctx
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(id)
+            .is_none()
+        {
+            println!(
+                "node {id} started: client {listen}, peer {peer}, data {}, not a member yet",
+                dir.display()
+            );
+            continue;
+        }
         let leader = node.wait_for_leader(Duration::from_secs(30)).await;
         println!(
             "node {id} ready: client {listen}, peer {peer}, data {}, leader {}",
@@ -302,6 +323,13 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
     }
     tokio::select! {
         _ = shutdown_signal() => {}
+        Some(Ok((id, reason))) = refusals.join_next() => {
+            tracing::error!(node = id, "{reason}; stopping");
+            for (node, ..) in nodes {
+                node.shutdown().await;
+            }
+            return Err(format!("node {id}: {reason}"));
+        }
         Some(Ok((id, dir, error))) = failures.join_next() => {
             tracing::error!(
                 node = id,

@@ -26,6 +26,7 @@ use crate::{
     health,
     limits::{ConnectionLimit, Port, ServerLimits},
     log_store::LogStore,
+    membership::{self, Join, JoinRefused},
     metrics,
     network::Network,
     parking::Parking,
@@ -58,6 +59,9 @@ pub struct NodeConfig {
     pub peer_listen: SocketAddr,
     /// The cluster's first membership, identical on every node.
     pub initial_cluster: BTreeMap<NodeId, Node>,
+    /// Join a running cluster as a learner instead (`--join`); ignored
+    /// when the data dir holds this node's state.
+    pub join: Option<Join>,
     pub limits: Limits,
     pub election_timeout_ms: u64,
     pub heartbeat_ms: u64,
@@ -95,6 +99,7 @@ impl NodeConfig {
             listen,
             peer_listen,
             initial_cluster,
+            join: None,
             limits: Limits::default(),
             election_timeout_ms: 500,
             heartbeat_ms: 100,
@@ -144,6 +149,8 @@ pub struct RunningNode {
     pub ctx: NodeContext,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// Resolves when the cluster refused this node's join for good.
+    join_refused: Option<tokio::sync::oneshot::Receiver<String>>,
 }
 
 impl RunningNode {
@@ -254,6 +261,17 @@ impl RunningNode {
             .is_initialized()
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
+        let join = match (&cfg.join, initialized) {
+            (Some(_), true) => {
+                tracing::info!(
+                    node = cfg.id,
+                    "the data dir holds this node's state: --join is ignored, the node \
+                     rejoins as itself"
+                );
+                None
+            }
+            (join, _) => join.clone(),
+        };
         if !initialized && !cfg.initial_cluster.is_empty() {
             match raft.initialize(cfg.initial_cluster.clone()).await {
                 Ok(()) => tracing::info!(
@@ -289,6 +307,7 @@ impl RunningNode {
 
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
+        let mut join_refused = None;
         tasks.push(tokio::spawn(run_leader_watch(
             raft.clone(),
             Arc::clone(&shared),
@@ -437,7 +456,39 @@ impl RunningNode {
             data_dir = %cfg.data_dir.display(),
             "node started"
         );
-        Ok(Self { ctx, stop, tasks })
+        if let Some(join) = join {
+            // Never `initialize`: the membership comes from the cluster.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            join_refused = Some(rx);
+            let (raft, tls, stop) = (raft.clone(), tls.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                if let Err(JoinRefused::Fatal(e)) = membership::join(raft, join, tls, stop).await {
+                    let _ = tx.send(e);
+                }
+            }));
+        }
+        Ok(Self {
+            ctx,
+            stop,
+            tasks,
+            join_refused,
+        })
+    }
+
+    /// Resolves with the reason when the cluster refused this node's
+    /// `--join` for good (its id is a voter's, an address is taken); never
+    /// otherwise.
+    pub fn join_refused(&mut self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let rx = self.join_refused.take();
+        async move {
+            match rx {
+                Some(rx) => match rx.await {
+                    Ok(e) => e,
+                    Err(_) => std::future::pending().await,
+                },
+                None => std::future::pending().await,
+            }
+        }
     }
 
     /// Waits until a leader is known, up to `timeout`; returns its id.
