@@ -9,6 +9,8 @@
 #     (kubernetes-validate ships them), strictly: unknown fields fail; and
 #     the Secret deploy/kubernetes/make-secret.sh prints: valid, holding the
 #     files the StatefulSet mounts for each of its ordinals, no CA key.
+#   - Prometheus: `promtool check` of the alert rules and config, and
+#     `promtool test rules` of alerts.test.yml; the Grafana dashboard parses.
 #   - compose: `docker compose config`.
 # Needs target/debug/fenced (`cargo build -p fenced-server`), or another
 # build of it in FENCED_BIN, and kubectl (client side only, no cluster).
@@ -94,6 +96,27 @@ for ordinal in range(start, start + sts["spec"]["replicas"]):
         assert name in names, f"node-{ordinal}.pem does not name {name}: {sorted(names)}"
 print("the Secret of make-secret.sh matches the StatefulSet: ok")
 PY
+
+echo "== Prometheus alert rules and Grafana dashboard"
+command -v promtool >/dev/null || {
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+}
+promtool check rules deploy/prometheus/alerts.yml
+promtool check config deploy/prometheus/prometheus.yml
+# Each alert fires on the series it is written for, and not on a healthy cluster.
+(cd deploy/prometheus && promtool test rules alerts.test.yml)
+python3 - deploy/grafana/fenced.json <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+targets = [t for p in d["panels"] for t in p.get("targets", [])]
+assert targets and all(t["expr"].strip() for t in targets), "every panel queries something"
+assert all(p["datasource"]["uid"] == "${datasource}" for p in d["panels"] if p["type"] != "row")
+print(f"deploy/grafana/fenced.json: {len(targets)} queries: ok")
+PY
+# That every metric these files name is one a node exports is checked
+# against a running cluster in tests/tests/health_metrics.rs.
 
 echo "== compose file"
 if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi

@@ -135,6 +135,27 @@ fn parse_exposition(body: &str) -> BTreeMap<String, f64> {
     samples
 }
 
+/// Every `fenced_...` metric name in a rules or dashboard file.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("fenced_") {
+        let preceded = rest[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        if !preceded {
+            names.insert(tail[..end].to_string());
+        }
+        rest = &tail[end..];
+    }
+    names
+}
+
 fn owner() -> Vec<u8> {
     OwnerId::random().as_bytes().to_vec()
 }
@@ -147,7 +168,14 @@ async fn metrics_count_what_the_cluster_did() {
     for id in 1..=3 {
         let addr = format!("127.0.0.1:{}", free_port());
         cluster.kill(id);
-        cluster.spawn_with_env(id, &[("FENCED_METRICS_LISTEN", &addr)]);
+        // Snapshots every 10 entries, so the snapshot metrics move.
+        cluster.spawn_with_env(
+            id,
+            &[
+                ("FENCED_METRICS_LISTEN", &addr),
+                ("FENCED_SNAPSHOT_LOGS", "10"),
+            ],
+        );
         metrics.insert(id, addr);
     }
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
@@ -314,6 +342,93 @@ async fn metrics_count_what_the_cluster_did() {
         answered >= 1.0 && answered <= l["fenced_raft_early_appends_total"],
         "{l:?}"
     );
+
+    // Every call this test made to the leader, by method and code; the
+    // followers answered none of them.
+    for (method, calls) in [("Acquire", 23.0), ("Renew", 2.0), ("Release", 2.0)] {
+        let ok = format!(
+            "fenced_rpc_requests_total{{port=\"client\",method=\"fenced.v1.Lock/{method}\",code=\"OK\"}}"
+        );
+        let timed = format!(
+            "fenced_rpc_duration_seconds_count{{port=\"client\",method=\"fenced.v1.Lock/{method}\"}}"
+        );
+        assert_eq!(l.get(&ok), Some(&calls), "{ok}");
+        assert_eq!(l.get(&timed), Some(&calls), "{timed}");
+        for (id, m) in &scraped {
+            if *id != leader {
+                assert_eq!(m.get(&ok), None, "node {id}: {ok}");
+            }
+        }
+    }
+    // The leader reports each follower's lag; a follower reports none.
+    for (id, m) in &scraped {
+        for follower in (1..=3).filter(|f| *f != leader) {
+            let lag = m.get(&format!(
+                "fenced_follower_lag_entries{{follower=\"{follower}\"}}"
+            ));
+            if *id == leader {
+                assert!(lag.is_some_and(|l| *l < 10.0), "lag of {follower}: {lag:?}");
+            } else {
+                assert_eq!(lag, None, "node {id} is not the leader");
+            }
+        }
+        // 27 commands in 10-entry snapshots: every node built at least one.
+        assert!(m["fenced_snapshots_built_total"] >= 1.0, "node {id}");
+        assert!(m["fenced_snapshot_bytes"] > 0.0, "node {id}");
+        assert_eq!(
+            m["fenced_snapshot_build_seconds_count"], m["fenced_snapshots_built_total"],
+            "node {id}"
+        );
+        assert!(m["fenced_start_time_seconds"] > 1.7e9, "node {id}");
+        assert_eq!(m["fenced_waiters"], 0.0, "node {id}");
+        assert_eq!(m["fenced_parked_requests"], 0.0, "node {id}");
+        assert_eq!(m["fenced_proposal_queue_depth"], 0.0, "node {id}");
+    }
+    // The alert rules and the dashboard use only metrics a node exports.
+    let families: std::collections::BTreeSet<&str> =
+        l.keys().map(|k| k.split('{').next().unwrap()).collect();
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    for file in ["prometheus/alerts.yml", "grafana/fenced.json"] {
+        let text = std::fs::read_to_string(deploy.join(file)).unwrap();
+        let used = metric_names(&text);
+        assert!(used.len() >= 8, "{file} names only {used:?}");
+        for name in used {
+            assert!(
+                families.contains(name.as_str()),
+                "{file} uses {name}, which no node exports"
+            );
+        }
+    }
+
+    // A caller waiting for a held resource: one waiter in every replica's
+    // table, one parked call on the leader (where it was sent).
+    let waiting = {
+        let mut lock = lock.clone();
+        let mut req = acquire("metrics-0", &owner(), 60_000);
+        req.wait_ms = 30_000;
+        tokio::spawn(async move { lock.acquire(req).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut seen = BTreeMap::new();
+        for (id, addr) in &metrics {
+            let (_, body) = http_get(addr, "/metrics").await;
+            let m = parse_exposition(&body);
+            seen.insert(*id, (m["fenced_waiters"], m["fenced_parked_requests"]));
+        }
+        let want: BTreeMap<u64, (f64, f64)> = (1..=3)
+            .map(|id| (id, (1.0, if id == leader { 1.0 } else { 0.0 })))
+            .collect();
+        if seen == want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waiters and parked calls: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    waiting.abort();
 
     let (status, _) = http_get(&metrics[&leader], "/").await;
     assert_eq!(status, 404);

@@ -23,7 +23,7 @@ use fenced_proto::v1::{
     PutRequest, RejectReason, RenewRequest,
 };
 use fenced_resource::{postgres::PgFenceStore, FenceStore, Mode, Write, WriteOutcome};
-use fenced_tests::{bin, free_port, Cluster};
+use fenced_tests::{bin, free_port, postgres_url, Cluster};
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
@@ -33,24 +33,6 @@ use tonic::{transport::Channel, Code};
 const LEASE_TTL: Duration = Duration::from_secs(2);
 
 // ---------------------------------------------------------------- helpers
-
-/// The PostgreSQL server `.ci/run` starts. In CI a missing server is a
-/// failure; elsewhere the PostgreSQL tests say so and skip.
-fn postgres_url() -> Option<String> {
-    match std::env::var("FENCED_TEST_POSTGRES_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "FENCED_TEST_POSTGRES_URL is not set: .ci/run starts PostgreSQL with .ci/postgres.sh"
-            );
-            eprintln!(
-                "NOTICE: skipping a PostgreSQL test: set FENCED_TEST_POSTGRES_URL (source .ci/postgres.sh)"
-            );
-            None
-        }
-    }
-}
 
 /// A `fenced-resource serve` process.
 struct ServiceProc {

@@ -184,6 +184,11 @@ impl LeaseTable {
         self.expiries.len()
     }
 
+    /// How many waiters are queued, over every resource.
+    pub fn waiters(&self) -> usize {
+        self.deadlines.len()
+    }
+
     /// How many resources the table remembers, held or idle.
     pub fn resources(&self) -> usize {
         self.records.len()

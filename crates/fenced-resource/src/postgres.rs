@@ -8,7 +8,9 @@
 //! update. If no row comes back, the write was refused; the row is then read
 //! to explain why, with the same rules as [`crate::FenceStore`]. An
 //! idempotency key is claimed in the same transaction, so a retry is applied
-//! once. Tokens, versions and sequence numbers are `bigint`: above
+//! once; a key remembers its newest [`IDEMPOTENCY_RECORDS_PER_KEY`] records,
+//! as the sled store does (tests/tests/fence_rule_differential.rs feeds both
+//! stores and a model the same writes). Tokens, versions and sequence numbers are `bigint`: above
 //! `i64::MAX` they are refused.
 //!
 //! ```no_run
@@ -29,7 +31,7 @@ use tracing::warn;
 
 use crate::{
     decide::{decide, Decision, KeyState},
-    limits::check_key,
+    limits::{check_key, IDEMPOTENCY_RECORDS_PER_KEY},
     Current, Mode, StoreError, Write, WriteOutcome,
 };
 
@@ -87,6 +89,16 @@ const RECALL: &str = "SELECT fingerprint, token, version FROM fenced_resource_id
 WHERE key = $1 AND idempotency_key = $2";
 const RECORD: &str = "UPDATE fenced_resource_idempotency SET token = $3, version = $4
 WHERE key = $1 AND idempotency_key = $2";
+/// Keeps the newest [`IDEMPOTENCY_RECORDS_PER_KEY`] records of a key (by the
+/// version their write produced), as the sled store does: an older retry is
+/// decided afresh against the fence. $1 key, $2 how many to keep less one.
+const TRIM: &str = "DELETE FROM fenced_resource_idempotency
+WHERE key = $1 AND version < (
+    SELECT version FROM fenced_resource_idempotency WHERE key = $1
+    ORDER BY version DESC OFFSET $2 LIMIT 1)";
+
+/// The offset of the oldest record [`TRIM`] keeps.
+const NEWEST_KEPT_OFFSET: i64 = IDEMPOTENCY_RECORDS_PER_KEY as i64 - 1;
 
 /// How often a write is decided again when the row changed between the
 /// refused statement and the read that explains it.
@@ -283,6 +295,9 @@ impl PgFenceStore {
                 let v: i64 = row.try_get(1).map_err(pg)?;
                 if let Some(ik) = &write.idempotency_key {
                     tx.execute(RECORD, &[&write.key, ik, &t, &v])
+                        .await
+                        .map_err(pg)?;
+                    tx.execute(TRIM, &[&write.key, &NEWEST_KEPT_OFFSET])
                         .await
                         .map_err(pg)?;
                 }

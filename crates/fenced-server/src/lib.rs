@@ -27,6 +27,7 @@ pub mod parking;
 pub mod peer_listener;
 pub mod proposer;
 pub mod quota;
+pub mod rpc_metrics;
 pub mod services;
 pub mod state_machine;
 pub mod time_floor;

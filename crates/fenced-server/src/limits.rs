@@ -77,7 +77,7 @@ pub enum Port {
 }
 
 impl Port {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Port::Client => "client",
             Port::Peer => "peer",

@@ -35,6 +35,12 @@ pub const LATENCY_US_BOUNDS: &[u64] = &[
     1_000_000,
 ];
 
+/// Bucket upper bounds for building a snapshot, in microseconds (1 ms … 60 s).
+pub const SNAPSHOT_US_BOUNDS: &[u64] = &[
+    1_000, 5_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000,
+    10_000_000, 30_000_000, 60_000_000,
+];
+
 /// Bucket upper bounds for commands per log entry (1 … `MAX_BATCH_COMMANDS`).
 pub const BATCH_BOUNDS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1_024, 2_048, 4_096];
 
@@ -87,6 +93,13 @@ impl Histogram {
     /// microseconds into the seconds Prometheus expects).
     fn render(&self, out: &mut String, name: &str, help: &str, scale: f64) {
         header(out, name, help, "histogram");
+        self.render_series(out, name, "", scale);
+    }
+
+    /// Writes one series of a histogram family whose header is already out;
+    /// `labels` (`a="x",b="y"`, or empty) go on every line.
+    pub fn render_series(&self, out: &mut String, name: &str, labels: &str, scale: f64) {
+        let sep = if labels.is_empty() { "" } else { "," };
         let mut cumulative = 0;
         for (i, bucket) in self.buckets.iter().enumerate() {
             cumulative += bucket.load(Relaxed);
@@ -94,17 +107,29 @@ impl Histogram {
                 Some(b) => {
                     let _ = writeln!(
                         out,
-                        "{name}_bucket{{le=\"{}\"}} {cumulative}",
+                        "{name}_bucket{{{labels}{sep}le=\"{}\"}} {cumulative}",
                         *b as f64 * scale
                     );
                 }
                 None => {
-                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+                    let _ = writeln!(
+                        out,
+                        "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
+                    );
                 }
             }
         }
-        let _ = writeln!(out, "{name}_sum {}", self.sum.load(Relaxed) as f64 * scale);
-        let _ = writeln!(out, "{name}_count {cumulative}");
+        let labels = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(
+            out,
+            "{name}_sum{labels} {}",
+            self.sum.load(Relaxed) as f64 * scale
+        );
+        let _ = writeln!(out, "{name}_count{labels} {cumulative}");
     }
 }
 
@@ -245,7 +270,79 @@ pub fn render(ctx: &NodeContext) -> String {
         ctx.log.early_heartbeats_answered(),
     );
 
+    c.rpc.render(&mut out);
+    for (name, help, value) in [
+        (
+            "fenced_waiters",
+            "Acquires waiting in the lease table for a held resource.",
+            ctx.shared.waiters() as u64,
+        ),
+        (
+            "fenced_parked_requests",
+            "Calls on this node waiting for a waiter's grant to be applied (or its wait to end).",
+            ctx.shared.parking.parked() as u64,
+        ),
+        (
+            "fenced_proposal_queue_depth",
+            "Commands queued for the proposer (this node as leader), not yet in a log entry.",
+            ctx.proposer.queued() as u64,
+        ),
+        (
+            "fenced_snapshot_bytes",
+            "Size of the snapshot on disk, bytes (0 before the first).",
+            c.snapshot_bytes.load(Relaxed),
+        ),
+    ] {
+        sample(&mut out, name, help, "gauge", value);
+    }
+    for (name, help, counter) in [
+        (
+            "fenced_snapshots_built_total",
+            "Snapshots this node built and made durable.",
+            &c.snapshots_built,
+        ),
+        (
+            "fenced_snapshots_installed_total",
+            "Snapshots this node installed from a leader.",
+            &c.snapshots_installed,
+        ),
+    ] {
+        sample(&mut out, name, help, "counter", counter.load(Relaxed));
+    }
+    c.snapshot_build_us.render(
+        &mut out,
+        "fenced_snapshot_build_seconds",
+        "Time to build one snapshot: encode, write, fsync and rename.",
+        1e-6,
+    );
+
     let m = ctx.raft.metrics().borrow().clone();
+    header(
+        &mut out,
+        "fenced_follower_lag_entries",
+        "On the leader: entries each follower (and learner) still lacks, from the leader's last log index to the follower's matched index.",
+        "gauge",
+    );
+    if let Some(replication) = &m.replication {
+        let last = m.last_log_index.unwrap_or(0);
+        for (follower, matched) in replication {
+            if *follower == ctx.id {
+                continue;
+            }
+            let lag = last.saturating_sub(matched.map_or(0, |l| l.index));
+            let _ = writeln!(
+                out,
+                "fenced_follower_lag_entries{{follower=\"{follower}\"}} {lag}"
+            );
+        }
+    }
+    sample(
+        &mut out,
+        "fenced_start_time_seconds",
+        "When this node's process started, Unix seconds.",
+        "gauge",
+        process_start_unix_seconds(),
+    );
     sample(
         &mut out,
         "fenced_current_term",
@@ -296,6 +393,17 @@ pub fn render(ctx: &NodeContext) -> String {
         ctx.shared.last_token(),
     );
     out
+}
+
+/// The start of this process in Unix seconds: [`crate::node::Node::start`]
+/// takes it; a restart changes it, which alerts count.
+pub fn process_start_unix_seconds() -> u64 {
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    })
 }
 
 fn response(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {

@@ -157,6 +157,7 @@ impl RunningNode {
     /// Starts the node: opens storage, binds both listeners, starts Raft and,
     /// on a pristine data dir, proposes the initial membership.
     pub async fn start(cfg: NodeConfig) -> Result<Self, NodeError> {
+        crate::metrics::process_start_unix_seconds();
         cfg.limits
             .validate()
             .map_err(|e| NodeError::Config(e.to_string()))?;
@@ -373,10 +374,14 @@ impl RunningNode {
                 Arc::clone(&limit_counters),
             )
         };
+        let rpc_metrics = |port| {
+            crate::rpc_metrics::RpcMetricsLayer::new(Arc::clone(&ctx.shared.counters.rpc), port)
+        };
         let client_router = cfg
             .server_limits
             .server()
             .timeout(outer_timeout)
+            .layer(rpc_metrics(Port::Client))
             .add_service(health_server.clone())
             .add_service(lock(false))
             .add_service(cluster(false));
@@ -429,6 +434,7 @@ impl RunningNode {
             .server_limits
             .server()
             .timeout(outer_timeout)
+            .layer(rpc_metrics(Port::Peer))
             .add_service(health_server)
             .add_service(lock(true))
             .add_service(cluster(true))

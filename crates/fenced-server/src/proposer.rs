@@ -242,6 +242,11 @@ impl Proposer {
         self.deadline_drops.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Proposals waiting in the queue for the proposer task.
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
     /// Commands dropped so far because their caller's deadline passed.
     pub fn deadline_drops(&self) -> u64 {
         self.deadline_drops.load(Ordering::Relaxed)

@@ -53,6 +53,16 @@ pub struct Counters {
     pub apply_us: Histogram,
     /// Refusals by a node-wide limit (connections, frames, capacity).
     pub limits: Arc<crate::limits::LimitCounters>,
+    /// Snapshots this node built and wrote (a discarded stale build not
+    /// counted), and snapshots it installed from a leader.
+    pub snapshots_built: AtomicU64,
+    pub snapshots_installed: AtomicU64,
+    /// Size in bytes of the snapshot on disk (0 before the first).
+    pub snapshot_bytes: AtomicU64,
+    /// Microseconds to build (encode and make durable) one snapshot.
+    pub snapshot_build_us: Histogram,
+    /// Latency and status code per RPC, filled by the servers' layer.
+    pub rpc: Arc<crate::rpc_metrics::RpcMetrics>,
 }
 
 impl Default for Counters {
@@ -70,6 +80,11 @@ impl Default for Counters {
             batch_commands: Histogram::new(metrics::BATCH_BOUNDS),
             apply_us: Histogram::new(metrics::LATENCY_US_BOUNDS),
             limits: Arc::default(),
+            snapshots_built: AtomicU64::new(0),
+            snapshots_installed: AtomicU64::new(0),
+            snapshot_bytes: AtomicU64::new(0),
+            snapshot_build_us: Histogram::new(metrics::SNAPSHOT_US_BOUNDS),
+            rpc: Arc::default(),
         }
     }
 }
@@ -164,6 +179,11 @@ impl Shared {
 
     pub fn last_token(&self) -> u64 {
         self.read().table.last_token()
+    }
+
+    /// Clients queued in the table for a held resource.
+    pub fn waiters(&self) -> usize {
+        self.read().table.waiters()
     }
 
     /// The last log id the snapshot on disk covers.
@@ -330,12 +350,16 @@ impl StateMachine {
     /// covers as much of the log.
     async fn install(&self, meta: &SnapshotMeta, body: Vec<u8>) -> Result<(), StorageError> {
         let data = decode_body(&body)?;
+        let bytes = body.len() as u64;
         let file = SnapshotFile {
             meta: meta.clone(),
             body,
         };
         match store(&self.shared, file, Some(data)).await? {
             Stored::Written => {
+                let c = &self.shared.counters;
+                c.snapshots_installed.fetch_add(1, Ordering::Relaxed);
+                c.snapshot_bytes.store(bytes, Ordering::Relaxed);
                 tracing::info!(snapshot_id = %meta.snapshot_id, "snapshot installed");
             }
             Stored::Stale { durable } => tracing::warn!(
@@ -402,6 +426,7 @@ fn persist(dir: &Path, file: &SnapshotFile, seq: u64) -> Result<(), StorageError
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let started = std::time::Instant::now();
         let (body, last_applied, membership) = {
             let data = self.shared.read();
             let body = SnapshotBody {
@@ -434,6 +459,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         };
         match store(&self.shared, file, None).await? {
             Stored::Written => {
+                let c = &self.shared.counters;
+                c.snapshots_built.fetch_add(1, Ordering::Relaxed);
+                c.snapshot_bytes
+                    .store(built.snapshot.get_ref().len() as u64, Ordering::Relaxed);
+                c.snapshot_build_us.observe_duration(started.elapsed());
                 tracing::info!(
                     snapshot_id = %built.meta.snapshot_id,
                     bytes = built.snapshot.get_ref().len(),
