@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_client::{AcquireOutcome, Client, ReleaseOutcome};
+use fenced_client::{AcquireOutcome, Client, LostReason, ReleaseOutcome};
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, cluster_client::ClusterClient};
 use fenced_tests::{bin, Cluster};
@@ -30,6 +30,8 @@ use tonic::{
 #[derive(Default)]
 struct Ledger {
     last: Mutex<HashMap<String, u64>>,
+    /// When each (resource, token) grant reached its worker.
+    seen: Mutex<HashMap<(String, u64), Instant>>,
     grants: AtomicU64,
 }
 
@@ -41,7 +43,20 @@ impl Ledger {
             token > prev,
             "{resource}: token {token} granted after token {prev}: not strictly increasing"
         );
+        self.seen
+            .lock()
+            .unwrap()
+            .insert((resource.to_string(), token), Instant::now());
         self.grants.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// When the grant of `token` on `resource` reached its worker, if yet.
+    fn seen_at(&self, resource: &str, token: u64) -> Option<Instant> {
+        self.seen
+            .lock()
+            .unwrap()
+            .get(&(resource.to_string(), token))
+            .copied()
     }
 }
 
@@ -69,11 +84,28 @@ fn start_load(
                         Ok(AcquireOutcome::Granted { token, .. }) => {
                             ledger.record(&resource, token);
                             // A lost release only leaves the lease to expire.
-                            let r = client.release(&resource, owner, token).await;
-                            assert!(
-                                !matches!(r, Ok(ReleaseOutcome::NotHolder(_))),
-                                "{resource}: the holder of token {token} could not release: {r:?}"
-                            );
+                            let sent = Instant::now();
+                            match client.release(&resource, owner, token).await {
+                                Ok(ReleaseOutcome::NotHolder(LostReason::Superseded {
+                                    current_token,
+                                })) => {
+                                    // A retry whose first attempt released
+                                    // (its answer lost in a leader change)
+                                    // finds the next owner. That owner's
+                                    // grant must not have reached it before
+                                    // this release was even sent.
+                                    let other = ledger.seen_at(&resource, current_token);
+                                    assert!(
+                                        other.is_none_or(|at| at > sent),
+                                        "{resource}: token {current_token} was granted while \
+                                         token {token} was held and not yet released"
+                                    );
+                                }
+                                r @ Ok(ReleaseOutcome::NotHolder(_)) => panic!(
+                                    "{resource}: the holder of token {token} could not release: {r:?}"
+                                ),
+                                _ => {}
+                            }
                         }
                         Ok(_) => {}
                         Err(e) => {
