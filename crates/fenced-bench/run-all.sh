@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs fenced, etcd (three members) and PostgreSQL (one node, the article's
-# lease table) side by side on this machine and prints one table.
+# lease table and stored procedure) side by side on this machine and prints
+# one table. Clients list every endpoint as configured and look for no
+# leader (pass --find-leader or --follower-first to change that).
 #
 #   bash crates/fenced-bench/run-all.sh [extra fenced-bench flags]
 #

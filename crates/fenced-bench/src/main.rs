@@ -4,6 +4,7 @@
 //! on every grant and fails (exit 1) on a violation or an exceeded budget.
 
 mod procs;
+mod rolling;
 mod scenarios;
 mod systems;
 
@@ -32,11 +33,11 @@ struct Args {
     /// Systems to measure, in order: fenced, etcd, postgres.
     #[arg(long, value_delimiter = ',', default_value = "fenced")]
     systems: Vec<String>,
-    /// Scenarios: s1 s2 s3 s4 s5 s6 budgets.
+    /// Scenarios: s1 s2 s3 s4 s5 s6 rolling budgets.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "s1,s2,s3,s4,s5,s6,budgets"
+        default_value = "s1,s2,s3,s4,s5,s6,rolling,budgets"
     )]
     scenarios: Vec<String>,
     /// Seconds each measured run lasts.
@@ -63,6 +64,9 @@ struct Args {
     /// TTL of S4's leases; each is renewed every TTL/3.
     #[arg(long, default_value_t = 6_000)]
     s4_ttl_ms: u64,
+    /// Clients taking leases during the rolling restart.
+    #[arg(long, default_value_t = 16)]
+    rolling_clients: usize,
     /// Live leases for the memory and restart budgets.
     #[arg(long, default_value_t = 100_000)]
     budget_leases: usize,
@@ -90,6 +94,16 @@ struct Args {
     /// costs, against a run without it.
     #[arg(long)]
     fenced_tls: bool,
+    /// Find each cluster's leader before measuring and put it first in the
+    /// clients' endpoint lists (fenced and etcd alike; PostgreSQL is one
+    /// server). Off: clients get every endpoint as configured and discover
+    /// nothing in advance, as users configure them.
+    #[arg(long, conflicts_with = "follower_first")]
+    find_leader: bool,
+    /// Put a follower first in the clients' endpoint lists (fenced and etcd
+    /// alike): what a client pays when its first endpoint is not the leader.
+    #[arg(long)]
+    follower_first: bool,
     /// Where the clusters keep their data (default: a temporary directory).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -360,6 +374,20 @@ async fn fenced_leader_first(endpoints: &[String]) -> Result<(Vec<String>, u64)>
     Ok((list.into_iter().map(|(e, _)| e).collect(), leader))
 }
 
+/// Whether the run looks for each cluster's leader before measuring.
+fn discovers(args: &Args) -> bool {
+    args.find_leader || args.follower_first
+}
+
+/// The clients' endpoint list from `leader_first` (every endpoint, the
+/// leader first): the leader first, or last with a follower first.
+fn arrange(args: &Args, mut leader_first: Vec<String>) -> Vec<String> {
+    if args.follower_first {
+        leader_first.rotate_left(1);
+    }
+    leader_first
+}
+
 async fn fenced_has_leader(endpoints: &[String]) -> bool {
     let Ok(client) = systems::fenced_client(endpoints) else {
         return false;
@@ -408,7 +436,12 @@ async fn start_system(args: &Args, kind: Kind, dir: &std::path::Path) -> Result<
             } else {
                 (args.fenced_endpoints.clone(), None)
             };
-            let (endpoints, _) = fenced_leader_first(&endpoints).await?;
+            let endpoints = if discovers(args) {
+                arrange(args, fenced_leader_first(&endpoints).await?.0)
+            } else {
+                endpoints
+            };
+            println!("fenced clients' endpoints: {}", endpoints.join(","));
             let pids = cluster.as_ref().map(LocalCluster::pids).unwrap_or_default();
             Ok(Sut {
                 probe: Probe {
@@ -437,7 +470,12 @@ async fn start_system(args: &Args, kind: Kind, dir: &std::path::Path) -> Result<
             } else {
                 (args.etcd_endpoints.clone(), None)
             };
-            let endpoints = systems::etcd_leader_first(&endpoints).await?;
+            let endpoints = if discovers(args) {
+                arrange(args, systems::etcd_leader_first(&endpoints).await?)
+            } else {
+                endpoints
+            };
+            println!("etcd clients' endpoints: {}", endpoints.join(","));
             let pids = cluster.as_ref().map(LocalCluster::pids).unwrap_or_default();
             Ok(Sut {
                 probe: Probe {
@@ -636,6 +674,12 @@ async fn run_system(
                     "S6: a grant took {recovery_s:.2} s after the leader died (budget: 3 x 1 s election timeout)"
                 ));
             }
+        }
+    }
+
+    if want("rolling") && kind == Kind::Fenced {
+        if let Some(cluster) = sut.cluster.as_mut() {
+            rolling_restart(args, cluster, &ledger, table, out).await?;
         }
     }
 
@@ -926,6 +970,57 @@ async fn s6(
     Ok((recovery_s, run))
 }
 
+/// Every node restarted in turn (SIGTERM, start, catch up) under load.
+async fn rolling_restart(
+    args: &Args,
+    cluster: &mut LocalCluster,
+    ledger: &Arc<TokenLedger>,
+    table: &mut Table,
+    out: &mut Outcome,
+) -> Result<()> {
+    let r = rolling::rolling_restart(
+        cluster,
+        args.rolling_clients,
+        Duration::from_secs(1),
+        ledger,
+    )
+    .await?;
+    for (id, stopped, back) in &r.restarts {
+        println!(
+            "[fenced] rolling restart: node {id} exited {:.0} ms after SIGTERM, caught up {:.0} ms after its start",
+            stopped.as_secs_f64() * 1e3,
+            back.as_secs_f64() * 1e3
+        );
+    }
+    let gap_ms = r.longest_gap.as_secs_f64() * 1e3;
+    println!(
+        "[fenced] rolling restart of {} nodes, {} clients listing every endpoint: {} grants, longest gap between grants {gap_ms:.0} ms (target under 1000 ms), {} calls failed after the client's retries (target 0)",
+        r.restarts.len(),
+        args.rolling_clients,
+        r.grants,
+        r.errors
+    );
+    table.put(
+        "Rolling restart: longest gap between grants (ms)",
+        Kind::Fenced,
+        gap_ms,
+        false,
+    );
+    table.put(
+        "Rolling restart: calls failed after retries",
+        Kind::Fenced,
+        r.errors as f64,
+        false,
+    );
+    if r.errors > 0 {
+        out.failures.push(format!(
+            "rolling restart: {} calls failed after the client's retries; first: {:?}",
+            r.errors, r.first_errors
+        ));
+    }
+    Ok(())
+}
+
 /// docs/DESIGN.md §8: memory with many live leases, start-up, restart.
 async fn budgets(
     args: &Args,
@@ -1144,6 +1239,15 @@ fn targets(table: &Table) {
     check(
         "S3 16 clients hand-offs/s >= 5x etcd",
         r("S3 16 clients: hand-offs/s", Kind::Etcd).map(|x| x >= 5.0),
+    );
+    check(
+        "rolling restart: longest gap between grants under 1 s",
+        table
+            .get(
+                "Rolling restart: longest gap between grants (ms)",
+                Kind::Fenced,
+            )
+            .map(|ms| ms < 1_000.0),
     );
 }
 

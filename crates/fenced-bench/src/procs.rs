@@ -6,6 +6,7 @@ use std::{
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
@@ -38,6 +39,26 @@ impl Proc {
 
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGTERM, then wait up to `grace` for the process to exit (SIGKILL
+    /// after that). Returns how it ended and how long it took.
+    pub fn terminate(&mut self, grace: Duration) -> Result<(std::process::ExitStatus, Duration)> {
+        let mut child = self.child.take().context("the process is not running")?;
+        let started = Instant::now();
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).context("pid")?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).context("SIGTERM")?;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok((status, started.elapsed()));
+            }
+            if started.elapsed() > grace {
+                child.kill()?;
+                let status = child.wait()?;
+                bail!("did not exit within {grace:?} of SIGTERM ({status}); killed");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// SIGKILL and reap.
@@ -335,6 +356,23 @@ impl LocalCluster {
                 p.kill();
             }
         }
+    }
+
+    /// SIGTERM to member `id`; see [`Proc::terminate`].
+    pub fn terminate(
+        &mut self,
+        id: u64,
+        grace: Duration,
+    ) -> Result<(std::process::ExitStatus, Duration)> {
+        let m = self
+            .members
+            .iter_mut()
+            .find(|m| m.id == id)
+            .with_context(|| format!("no member {id}"))?;
+        m.proc
+            .as_mut()
+            .with_context(|| format!("member {id} is not running"))?
+            .terminate(grace)
     }
 
     pub fn kill_all(&mut self) {

@@ -1,5 +1,6 @@
 //! The three lock services behind one interface: fenced, etcd's v3 lock and
-//! the article's lease table on PostgreSQL.
+//! the article's lease table on PostgreSQL (its stored procedure: one
+//! statement, one round trip per acquire).
 
 use std::time::{Duration, Instant};
 
@@ -68,11 +69,13 @@ where
 /// How to reach a system; cheap to clone.
 #[derive(Clone)]
 pub enum Target {
-    /// Endpoints with the leader first.
+    /// Every endpoint, in the order the run chose (as configured unless
+    /// `--find-leader` or `--follower-first`).
     Fenced {
         endpoints: Vec<String>,
     },
-    /// The member clients talk to (the leader) first, then the others.
+    /// Every member, the one clients talk to first (the first configured
+    /// unless `--find-leader` or `--follower-first`), then the others.
     Etcd {
         endpoints: Vec<String>,
     },
@@ -110,15 +113,30 @@ const PG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS resource_leases (
     CONSTRAINT pk_resource_leases PRIMARY KEY (resource_name)
 )";
 
-/// The article's TryAcquireResourceLease, step 1: create the row if missing.
-const PG_INSERT: &str =
-    "INSERT INTO resource_leases (resource_name, owner_id, expires_at_utc, fence)
-    VALUES ($1, NULL, NULL, 0) ON CONFLICT (resource_name) DO NOTHING";
-/// Step 2: take the lease and increment the fence if it is free or expired.
-const PG_UPDATE: &str = "UPDATE resource_leases
-    SET owner_id = $2, expires_at_utc = now() + make_interval(secs => $3), fence = fence + 1
-    WHERE resource_name = $1 AND (owner_id IS NULL OR expires_at_utc <= now())
-    RETURNING fence";
+/// The article's TryAcquireResourceLease as a stored procedure: create the
+/// row or take it over when it is free or expired, incrementing the fence,
+/// in one conditional upsert; returns the new fence, NULL while another
+/// owner's lease runs. Called with one statement, so an acquire is one
+/// round trip and one statement.
+const PG_ACQUIRE_FUNCTION: &str = "CREATE OR REPLACE FUNCTION try_acquire_resource_lease(
+    p_resource varchar, p_owner uuid, p_ttl_s double precision) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_fence bigint;
+BEGIN
+    INSERT INTO resource_leases AS l (resource_name, owner_id, expires_at_utc, fence)
+    VALUES (p_resource, p_owner, now() + make_interval(secs => p_ttl_s), 1)
+    ON CONFLICT (resource_name) DO UPDATE
+        SET owner_id = EXCLUDED.owner_id,
+            expires_at_utc = EXCLUDED.expires_at_utc,
+            fence = l.fence + 1
+        WHERE l.owner_id IS NULL OR l.expires_at_utc <= now()
+    RETURNING l.fence INTO v_fence;
+    RETURN v_fence;
+END
+$$";
+/// An acquire: one call of the procedure.
+const PG_ACQUIRE: &str = "SELECT try_acquire_resource_lease($1, $2, $3)";
 /// TryRenewResourceLease.
 const PG_RENEW: &str = "UPDATE resource_leases
     SET expires_at_utc = now() + make_interval(secs => $4)
@@ -157,8 +175,7 @@ pub struct EtcdSession {
 
 pub struct PgSession {
     client: tokio_postgres::Client,
-    insert: tokio_postgres::Statement,
-    update: tokio_postgres::Statement,
+    acquire: tokio_postgres::Statement,
     renew: tokio_postgres::Statement,
     release: tokio_postgres::Statement,
 }
@@ -193,7 +210,7 @@ impl Target {
         }
     }
 
-    /// Prepares the system (the PostgreSQL table).
+    /// Prepares the system (the PostgreSQL table and procedure).
     pub async fn prepare(&self) -> Result<()> {
         if let Target::Postgres { url } = self {
             let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
@@ -204,6 +221,10 @@ impl Target {
                 .batch_execute(PG_SCHEMA)
                 .await
                 .context("creating resource_leases")?;
+            client
+                .batch_execute(PG_ACQUIRE_FUNCTION)
+                .await
+                .context("creating try_acquire_resource_lease")?;
         }
         Ok(())
     }
@@ -237,14 +258,12 @@ impl Target {
                     .await
                     .context("connecting to PostgreSQL")?;
                 tokio::spawn(conn);
-                let insert = client.prepare(PG_INSERT).await?;
-                let update = client.prepare(PG_UPDATE).await?;
+                let acquire = client.prepare(PG_ACQUIRE).await?;
                 let renew = client.prepare(PG_RENEW).await?;
                 let release = client.prepare(PG_RELEASE).await?;
                 Ok(Session::Postgres(PgSession {
                     client,
-                    insert,
-                    update,
+                    acquire,
                     renew,
                     release,
                 }))
@@ -515,34 +534,20 @@ impl EtcdSession {
 }
 
 impl PgSession {
-    /// The article's acquire: insert-if-missing, then the conditional UPDATE
-    /// that increments the fence, in one transaction. The four statements
-    /// are pipelined on the connection (one round trip), which is the
-    /// fastest a client can run the procedure's body.
+    /// The article's acquire: one call of its stored procedure (the
+    /// conditional upsert that increments the fence), one round trip.
     async fn try_acquire(
         &self,
         resource: &str,
         owner: uuid::Uuid,
         ttl: Duration,
     ) -> Result<Option<u64>> {
-        let secs = secs_f64(ttl);
-        let c = &self.client;
-        let insert_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&resource];
-        let update_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&resource, &owner, &secs];
-        let (_, _, row, _) = tokio::try_join!(
-            c.batch_execute("BEGIN"),
-            c.execute(&self.insert, &insert_params),
-            c.query_opt(&self.update, &update_params),
-            c.batch_execute("COMMIT"),
-        )
-        .with_context(|| format!("PostgreSQL acquire {resource}"))?;
-        match row {
-            Some(row) => {
-                let fence: i64 = row.try_get(0)?;
-                Ok(Some(u64::try_from(fence)?))
-            }
-            None => Ok(None),
-        }
+        let row = self
+            .client
+            .query_one(&self.acquire, &[&resource, &owner, &secs_f64(ttl)])
+            .await
+            .with_context(|| format!("PostgreSQL acquire {resource}"))?;
+        let fence: Option<i64> = row.try_get(0)?;
+        fence.map(u64::try_from).transpose().map_err(Into::into)
     }
 }

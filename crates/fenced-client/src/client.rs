@@ -19,6 +19,7 @@ use tonic::{
 
 use crate::{
     clock::Moment,
+    leader::{Endpoint, Endpoints},
     tls::{self, TlsOptions},
     transport, LeaseOptions,
 };
@@ -205,7 +206,9 @@ pub struct Client {
 }
 
 struct Inner {
-    endpoints: Vec<(String, Channel)>,
+    /// Shared by clones made with the `with_*` builders too.
+    endpoints: Arc<Endpoints>,
+    /// Where the next call goes first: the leader, once an answer named it.
     next: AtomicUsize,
     call_timeout: Duration,
     lease_options: LeaseOptions,
@@ -269,7 +272,7 @@ impl Client {
                 })?
                 .connect_timeout(transport::CONNECT_TIMEOUT)
                 .connect_with_connector_lazy(connector.clone());
-            list.push((e, channel));
+            list.push(Endpoint::new(e, channel));
         }
         if list.is_empty() {
             return Err(ClientError::Endpoint {
@@ -279,7 +282,7 @@ impl Client {
         }
         Ok(Self {
             inner: Arc::new(Inner {
-                endpoints: list,
+                endpoints: Arc::new(Endpoints::new(list)),
                 next: AtomicUsize::new(0),
                 call_timeout: Duration::from_secs(10),
                 lease_options: LeaseOptions::default(),
@@ -292,7 +295,7 @@ impl Client {
     pub fn with_call_timeout(self, timeout: Duration) -> Self {
         Self {
             inner: Arc::new(Inner {
-                endpoints: self.inner.endpoints.clone(),
+                endpoints: Arc::clone(&self.inner.endpoints),
                 next: AtomicUsize::new(0),
                 call_timeout: timeout,
                 lease_options: self.inner.lease_options,
@@ -305,7 +308,7 @@ impl Client {
     pub fn with_lease_options(self, lease_options: LeaseOptions) -> Self {
         Self {
             inner: Arc::new(Inner {
-                endpoints: self.inner.endpoints.clone(),
+                endpoints: Arc::clone(&self.inner.endpoints),
                 next: AtomicUsize::new(0),
                 call_timeout: self.inner.call_timeout,
                 lease_options,
@@ -321,7 +324,7 @@ impl Client {
             .map_err(|_| ClientError::InvalidArgument("token: must be printable ASCII".into()))?;
         Ok(Self {
             inner: Arc::new(Inner {
-                endpoints: self.inner.endpoints.clone(),
+                endpoints: Arc::clone(&self.inner.endpoints),
                 next: AtomicUsize::new(0),
                 call_timeout: self.inner.call_timeout,
                 lease_options: self.inner.lease_options,
@@ -343,22 +346,25 @@ impl Client {
         self.inner
             .endpoints
             .iter()
-            .map(|(e, _)| e.clone())
+            .map(|e| e.name.clone())
             .collect()
     }
 
-    /// Calls `f` on endpoints in turn until one answers or `budget` runs out,
+    /// Calls `f` on endpoints until one answers or `budget` runs out,
     /// pausing 25 ms after the first failure, doubling to
     /// [`RETRY_BACKOFF_MAX`], each pause with up to a quarter more as jitter.
-    /// Returns the answer and the moment the answered attempt was sent.
+    /// The first attempt goes to the leader when an answer named it (see
+    /// `leader`), a retry to the leader an error named, else to the next
+    /// endpoint. Returns the answer and the moment the answered attempt was
+    /// sent.
     pub(crate) async fn with_retries<T, F, Fut>(
         &self,
         budget: Duration,
         mut f: F,
-    ) -> Result<(T, Moment), ClientError>
+    ) -> Result<(tonic::Response<T>, Moment), ClientError>
     where
         F: FnMut(Channel, Duration) -> Fut,
-        Fut: std::future::Future<Output = Result<T, Status>>,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let endpoints = &self.inner.endpoints;
         let deadline = Instant::now() + budget;
@@ -366,22 +372,39 @@ impl Client {
         let mut last = String::from("no attempt");
         loop {
             let i = self.inner.next.load(Ordering::Relaxed) % endpoints.len();
-            let (name, channel) = &endpoints[i];
+            let endpoint = endpoints.get(i);
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(ClientError::Unavailable(last));
             }
             let sent = Moment::now();
-            match f(channel.clone(), left).await {
-                Ok(v) => return Ok((v, sent)),
+            match f(endpoint.channel.clone(), left).await {
+                Ok(v) => {
+                    if let Some(leader) = endpoints.learn(i, v.metadata()) {
+                        self.follow(i, leader);
+                    }
+                    return Ok((v, sent));
+                }
                 Err(status) => {
                     if let Some(tls) = tls::failure(&status) {
                         return Err(ClientError::Tls(tls));
                     }
-                    let status = classify(status)?;
-                    last = format!("{name}: {}", status.message());
-                    tracing::debug!(endpoint = %name, error = %last, "retrying on the next endpoint");
-                    self.inner.next.store(i + 1, Ordering::Relaxed);
+                    let hinted = endpoints.learn(i, status.metadata());
+                    let status = match classify(status) {
+                        Ok(status) => status,
+                        Err(e) => {
+                            // The node answered: its hint is as good as ever.
+                            if let Some(leader) = hinted {
+                                self.follow(i, leader);
+                            }
+                            return Err(e);
+                        }
+                    };
+                    endpoints.failed(i);
+                    last = format!("{}: {}", endpoint.name, status.message());
+                    let next = hinted.filter(|j| *j != i).unwrap_or(i + 1);
+                    tracing::debug!(endpoint = %endpoint.name, error = %last, next = %endpoints.get(next).name, "retrying");
+                    self.inner.next.store(next, Ordering::Relaxed);
                 }
             }
             // Jitter keeps many clients from retrying in lockstep.
@@ -557,12 +580,17 @@ impl Client {
     /// The status of every endpoint, each on its own (no retries).
     pub async fn status_of_each(&self) -> Vec<(String, Result<v1::StatusResponse, ClientError>)> {
         let mut out = Vec::new();
-        for (name, ch) in &self.inner.endpoints {
+        for (i, e) in self.inner.endpoints.iter().enumerate() {
+            let name = &e.name;
             let req = self.request(v1::StatusRequest::default(), Duration::from_secs(2));
-            let r = ClusterClient::new(ch.clone())
+            let r = ClusterClient::new(e.channel.clone())
                 .status(req)
                 .await
-                .map(|r| r.into_inner())
+                .map(|r| {
+                    // Learns which node each endpoint is; follows no hint.
+                    let _ = self.inner.endpoints.learn(i, r.metadata());
+                    r.into_inner()
+                })
                 .map_err(|s| match tls::failure(&s) {
                     Some(tls) => ClientError::Tls(tls),
                     None => ClientError::Unavailable(format!("{name}: {}", s.message())),
@@ -578,6 +606,19 @@ pub(crate) fn millis(d: Duration) -> u64 {
 }
 
 impl Client {
+    /// Sends the next calls to endpoint `leader`, which the answer on
+    /// endpoint `answered` named as the leader.
+    fn follow(&self, answered: usize, leader: usize) {
+        let previous = self.inner.next.swap(leader, Ordering::Relaxed) % self.inner.endpoints.len();
+        if previous != leader {
+            tracing::debug!(
+                from = %self.inner.endpoints.get(answered).name,
+                leader = %self.inner.endpoints.get(leader).name,
+                "following the leader"
+            );
+        }
+    }
+
     /// A request with the call's timeout and this client's credentials.
     pub(crate) fn request<T>(&self, msg: T, timeout: Duration) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
@@ -592,6 +633,133 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fenced_proto::v1::cluster_server::{Cluster, ClusterServer};
+    use std::sync::atomic::AtomicU64;
+    use tonic::{Request, Response};
+
+    /// A node that answers Status only, naming itself and a leader.
+    struct FakeNode {
+        id: u64,
+        leader_hint: String,
+        calls: Arc<AtomicU64>,
+    }
+
+    #[tonic::async_trait]
+    impl Cluster for FakeNode {
+        async fn status(
+            &self,
+            _req: Request<v1::StatusRequest>,
+        ) -> Result<Response<v1::StatusResponse>, Status> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let mut resp = Response::new(v1::StatusResponse {
+                node_id: self.id,
+                ..Default::default()
+            });
+            let md = resp.metadata_mut();
+            md.insert(crate::leader::NODE_HEADER, MetadataValue::from(self.id));
+            let hint = MetadataValue::try_from(self.leader_hint.as_str())
+                .map_err(|_| Status::internal("hint"))?;
+            md.insert(crate::leader::LEADER_HEADER, hint);
+            Ok(resp)
+        }
+        async fn add_learner(
+            &self,
+            _req: Request<v1::AddLearnerRequest>,
+        ) -> Result<Response<v1::MembershipResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn change_membership(
+            &self,
+            _req: Request<v1::ChangeMembershipRequest>,
+        ) -> Result<Response<v1::MembershipResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn remove_node(
+            &self,
+            _req: Request<v1::RemoveNodeRequest>,
+        ) -> Result<Response<v1::MembershipResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+    }
+
+    /// Serves a fake node on a fresh loopback port; returns its address
+    /// and its call counter.
+    async fn fake_node(id: u64, leader_hint: String) -> std::io::Result<(String, Arc<AtomicU64>)> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let calls = Arc::new(AtomicU64::new(0));
+        let node = FakeNode {
+            id,
+            leader_hint,
+            calls: Arc::clone(&calls),
+        };
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(ClusterServer::new(node))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        Ok((addr, calls))
+    }
+
+    /// A loopback address nothing listens on.
+    async fn dead_address() -> std::io::Result<String> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        Ok(listener.local_addr()?.to_string())
+    }
+
+    fn next_of(client: &Client) -> usize {
+        client.inner.next.load(Ordering::Relaxed) % client.inner.endpoints.len()
+    }
+
+    #[tokio::test]
+    async fn the_client_moves_to_the_leader_an_answer_names(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let (leader, leader_calls) = fake_node(2, String::new()).await?;
+        let (follower, follower_calls) = fake_node(1, format!("2,{leader}")).await?;
+        let client = Client::new([follower.as_str(), leader.as_str()])?;
+        client.status().await?;
+        assert_eq!(next_of(&client), 1, "the hint named endpoint 1");
+        for _ in 0..3 {
+            client.status().await?;
+        }
+        assert_eq!(follower_calls.load(Ordering::SeqCst), 1);
+        assert_eq!(leader_calls.load(Ordering::SeqCst), 3);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_hint_naming_an_address_not_configured_is_ignored(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let elsewhere = dead_address().await?;
+        let (a, a_calls) = fake_node(1, format!("3,{elsewhere}")).await?;
+        let (b, _) = fake_node(2, format!("3,{elsewhere}")).await?;
+        let client = Client::new([a.as_str(), b.as_str()])?;
+        for _ in 0..3 {
+            client.status().await?;
+            assert_eq!(next_of(&client), 0, "stays on the endpoint that answers");
+        }
+        assert_eq!(a_calls.load(Ordering::SeqCst), 3);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_hint_to_a_node_that_does_not_answer_falls_back_to_the_list(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let dead = dead_address().await?;
+        let (a, a_calls) = fake_node(1, format!("2,{dead}")).await?;
+        let client = Client::new([a.as_str(), dead.as_str()])?;
+        client.status().await?;
+        assert_eq!(next_of(&client), 1, "the hint is followed once");
+        // The hinted node refuses: the call is answered by the list, and
+        // the same hint is not followed back to the dead node.
+        client.status().await?;
+        assert_eq!(a_calls.load(Ordering::SeqCst), 2);
+        assert_eq!(next_of(&client), 0, "the dead leader is held off");
+        client.status().await?;
+        assert_eq!(a_calls.load(Ordering::SeqCst), 3);
+        assert_eq!(next_of(&client), 0);
+        Ok(())
+    }
 
     fn endpoint_error(endpoints: &[&str]) -> Option<String> {
         match Client::new(endpoints) {

@@ -2,7 +2,9 @@
 //!
 //! [`Client`] talks to any node of the cluster (nodes forward to the leader)
 //! and retries transient failures on the next endpoint with backoff, within a
-//! per-call deadline. Expected refusals (held, lost, not holder) come back as
+//! per-call deadline. Every answer names the leader, and the client sends its
+//! next calls there (only ever to one of the endpoints it was given), so calls
+//! are not forwarded once the leader is known, across leader changes too. Expected refusals (held, lost, not holder) come back as
 //! values, not errors.
 //!
 //! ```no_run
@@ -24,6 +26,7 @@
 
 mod client;
 mod clock;
+mod leader;
 mod lease;
 mod members;
 mod tls;

@@ -3,10 +3,7 @@
 //! promoting a voter change nothing; a retried remove of a node already gone
 //! says it is not a member.
 
-use std::{
-    sync::atomic::{AtomicUsize, Ordering},
-    time::Duration,
-};
+use std::time::Duration;
 
 use fenced_proto::v1::{self, cluster_client::ClusterClient};
 
@@ -55,32 +52,11 @@ impl Client {
         .await
     }
 
-    /// Takes node `node_id` out of the voters and the membership. When an
-    /// attempt's outcome was unknown (its answer lost in a leader change)
-    /// and a retry finds the node gone, that attempt removed it: the answer
-    /// is the membership as it is now.
+    /// Takes node `node_id` out of the voters and the membership.
     pub async fn remove_node(&self, node_id: u64) -> Result<v1::MembershipResponse, ClientError> {
         let msg = v1::RemoveNodeRequest { node_id };
-        let attempts = AtomicUsize::new(0);
-        let r = self
-            .membership_call(msg, |mut c, req| {
-                attempts.fetch_add(1, Ordering::Relaxed);
-                async move { c.remove_node(req).await }
-            })
-            .await;
-        match r {
-            Err(ClientError::Server(m))
-                if attempts.load(Ordering::Relaxed) > 1
-                    && m.contains(&format!("node {node_id} is not a member")) =>
-            {
-                let now = self.list_members().await?;
-                Ok(v1::MembershipResponse {
-                    members: now.members.into_iter().filter_map(|p| p.member).collect(),
-                    log_index: 0,
-                })
-            }
-            r => r,
-        }
+        self.membership_call(msg, |mut c, req| async move { c.remove_node(req).await })
+            .await
     }
 
     async fn membership_call<M, R, F, Fut>(&self, msg: M, call: F) -> Result<R, ClientError>

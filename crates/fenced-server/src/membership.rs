@@ -341,10 +341,12 @@ pub async fn join(
                     )));
                 }
                 _ => {
+                    // The hint is `<id>,<client address>`.
                     if let Some(leader) = s
                         .metadata()
                         .get(LEADER_HEADER)
                         .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.split_once(',').map(|(_, addr)| addr))
                         .filter(|l| !l.is_empty())
                     {
                         if !targets.iter().any(|t| t == leader) {

@@ -198,6 +198,13 @@ pub fn render(ctx: &NodeContext) -> String {
         "counter",
         ctx.proposer.deadline_drops(),
     );
+    sample(
+        &mut out,
+        "fenced_forwarded_requests_total",
+        "Client calls this node sent on to the leader because it was not the leader.",
+        "counter",
+        ctx.forwarded_calls(),
+    );
     header(
         &mut out,
         "fenced_identity_limit_refusals_total",

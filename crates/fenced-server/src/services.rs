@@ -3,7 +3,10 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
     time::{Duration, Instant},
 };
 
@@ -17,7 +20,7 @@ use fenced_proto::{
 };
 use openraft::{ChangeMembers, ServerState};
 use tonic::{
-    metadata::MetadataValue,
+    metadata::{Ascii, MetadataMap, MetadataValue},
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
     Request, Response, Status,
 };
@@ -37,8 +40,14 @@ use crate::{
 
 /// Marks a request a follower forwarded, so it is never forwarded twice.
 const FORWARDED: &str = "x-fenced-forwarded";
-/// On UNAVAILABLE "not the leader": the leader's client address, if known.
+/// On every answer, success or error: `<leader id>,<leader client address>`
+/// as the answering node knows it, so a client can send its next call
+/// to the leader itself (docs/DECISIONS.md, "Every answer names the
+/// leader"). Absent while no leader is known.
 pub const LEADER_HEADER: &str = "x-fenced-leader";
+/// On every answer: the id of the node that answered, so a client learns
+/// which of its endpoints is which node.
+pub const NODE_HEADER: &str = "x-fenced-node";
 /// Extra time a parked acquire waits past its `wait_ms` for the answer.
 const WAIT_GRACE: Duration = Duration::from_secs(5);
 
@@ -58,6 +67,8 @@ pub struct NodeContext {
     /// Per-identity limits, checked where this node leads.
     pub quota: Arc<IdentityQuota>,
     forward: Arc<Mutex<HashMap<String, Channel>>>,
+    /// Calls this node sent on to the leader.
+    forwarded: Arc<AtomicU64>,
     /// Forwarded calls go over mutual TLS when set.
     forward_tls: Option<Arc<NodeTls>>,
 }
@@ -89,6 +100,7 @@ impl NodeContext {
                 DEFAULT_MAX_WAITERS_PER_IDENTITY,
             )),
             forward: Arc::default(),
+            forwarded: Arc::default(),
             forward_tls: None,
         }
     }
@@ -132,6 +144,46 @@ impl NodeContext {
         Ok(ch)
     }
 
+    /// Calls this node has forwarded to the leader since it started.
+    pub fn forwarded_calls(&self) -> u64 {
+        self.forwarded.load(Ordering::Relaxed)
+    }
+
+    /// The leader hint, `<id>,<client address>`, as this node knows it now.
+    fn leader_hint(&self) -> Option<MetadataValue<Ascii>> {
+        // Read in place, like `other_leader`: this runs on every answer.
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let id = m.current_leader?;
+        let node = m.membership_config.membership().get_node(&id)?;
+        leader_hint_value(id, &node.client_addr)
+    }
+
+    /// Puts this node's id and its leader hint on an answer. A hint already
+    /// there came from the leader itself (a forwarded call) and stays.
+    fn hinted<T>(&self, answer: Result<Response<T>, Status>) -> Result<Response<T>, Status> {
+        let node = MetadataValue::from(self.id);
+        match answer {
+            Ok(mut resp) => {
+                self.add_hint(resp.metadata_mut(), node);
+                Ok(resp)
+            }
+            Err(mut status) => {
+                self.add_hint(status.metadata_mut(), node);
+                Err(status)
+            }
+        }
+    }
+
+    fn add_hint(&self, md: &mut MetadataMap, node: MetadataValue<Ascii>) {
+        md.insert(NODE_HEADER, node);
+        if !md.contains_key(LEADER_HEADER) {
+            if let Some(hint) = self.leader_hint() {
+                md.insert(LEADER_HEADER, hint);
+            }
+        }
+    }
+
     fn cluster_now(&self) -> ClusterTime {
         let term = self.raft.metrics().borrow().current_term;
         self.time.now_or_floor(term, self.shared.now())
@@ -158,6 +210,15 @@ pub(crate) fn peer_channel(
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
         .connect_lazy())
+}
+
+/// `<id>,<client address>`; `None` when the address is unknown or cannot
+/// travel in metadata.
+fn leader_hint_value(id: NodeId, client_addr: &str) -> Option<MetadataValue<Ascii>> {
+    if client_addr.is_empty() {
+        return None;
+    }
+    MetadataValue::try_from(format!("{id},{client_addr}")).ok()
 }
 
 fn is_forwarded<T>(req: &Request<T>) -> bool {
@@ -201,7 +262,7 @@ fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
                     &node.client_addr
                 }
             ));
-            if let Ok(v) = node.client_addr.parse() {
+            if let Some(v) = leader_hint_value(*id, &node.client_addr) {
                 status.metadata_mut().insert(LEADER_HEADER, v);
             }
             status
@@ -271,6 +332,7 @@ macro_rules! forward_or {
                 ));
             };
             let ch = $ctx.channel_to(&leader)?;
+            $ctx.forwarded.fetch_add(1, Ordering::Relaxed);
             let authorization = $req.metadata().get("authorization").cloned();
             return $client::new(ch)
                 .$method(forwarded(
@@ -329,11 +391,8 @@ impl LockService {
             ))),
         }
     }
-}
 
-#[tonic::async_trait]
-impl lock_server::Lock for LockService {
-    async fn acquire(
+    async fn answer_acquire(
         &self,
         req: Request<v1::AcquireRequest>,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
@@ -414,7 +473,7 @@ impl lock_server::Lock for LockService {
         acquire_reply(&outcome, now).map(Response::new)
     }
 
-    async fn renew(
+    async fn answer_renew(
         &self,
         req: Request<v1::RenewRequest>,
     ) -> Result<Response<v1::RenewResponse>, Status> {
@@ -430,7 +489,7 @@ impl lock_server::Lock for LockService {
         renew_reply(&outcome, now).map(Response::new)
     }
 
-    async fn release(
+    async fn answer_release(
         &self,
         req: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
@@ -445,7 +504,7 @@ impl lock_server::Lock for LockService {
         release_reply(&outcome, now).map(Response::new)
     }
 
-    async fn describe(
+    async fn answer_describe(
         &self,
         req: Request<v1::DescribeRequest>,
     ) -> Result<Response<v1::DescribeResponse>, Status> {
@@ -507,6 +566,41 @@ impl lock_server::Lock for LockService {
     }
 }
 
+#[tonic::async_trait]
+impl lock_server::Lock for LockService {
+    async fn acquire(
+        &self,
+        req: Request<v1::AcquireRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        self.ctx.hinted(self.answer_acquire(req).await)
+    }
+
+    async fn renew(
+        &self,
+        req: Request<v1::RenewRequest>,
+    ) -> Result<Response<v1::RenewResponse>, Status> {
+        self.ctx.hinted(self.answer_renew(req).await)
+    }
+
+    async fn release(
+        &self,
+        req: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        self.ctx.hinted(self.answer_release(req).await)
+    }
+
+    async fn describe(
+        &self,
+        req: Request<v1::DescribeRequest>,
+    ) -> Result<Response<v1::DescribeResponse>, Status> {
+        self.ctx.hinted(self.answer_describe(req).await)
+    }
+}
+
+fn write_status<E: std::error::Error>(e: openraft::error::RaftError<NodeId, E>) -> Status {
+    Status::failed_precondition(e.to_string())
+}
+
 pub struct ClusterService {
     ctx: NodeContext,
     /// Served on the peer port, where forwarded identities are trusted.
@@ -546,15 +640,8 @@ impl ClusterService {
             log_index,
         }
     }
-}
 
-fn write_status<E: std::error::Error>(e: openraft::error::RaftError<NodeId, E>) -> Status {
-    Status::failed_precondition(e.to_string())
-}
-
-#[tonic::async_trait]
-impl cluster_server::Cluster for ClusterService {
-    async fn status(
+    async fn answer_status(
         &self,
         req: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusResponse>, Status> {
@@ -607,7 +694,7 @@ impl cluster_server::Cluster for ClusterService {
         }))
     }
 
-    async fn add_learner(
+    async fn answer_add_learner(
         &self,
         req: Request<v1::AddLearnerRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
@@ -665,7 +752,7 @@ impl cluster_server::Cluster for ClusterService {
         Ok(Response::new(self.membership_response(resp.log_id.index)))
     }
 
-    async fn change_membership(
+    async fn answer_change_membership(
         &self,
         req: Request<v1::ChangeMembershipRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
@@ -693,7 +780,7 @@ impl cluster_server::Cluster for ClusterService {
         Ok(Response::new(self.membership_response(resp.log_id.index)))
     }
 
-    async fn remove_node(
+    async fn answer_remove_node(
         &self,
         req: Request<v1::RemoveNodeRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
@@ -748,7 +835,7 @@ impl cluster_server::Cluster for ClusterService {
         Ok(Response::new(self.membership_response(resp.log_id.index)))
     }
 
-    async fn promote_learner(
+    async fn answer_promote_learner(
         &self,
         req: Request<v1::PromoteLearnerRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
@@ -787,7 +874,7 @@ impl cluster_server::Cluster for ClusterService {
         Ok(Response::new(self.membership_response(resp.log_id.index)))
     }
 
-    async fn list_members(
+    async fn answer_list_members(
         &self,
         req: Request<v1::ListMembersRequest>,
     ) -> Result<Response<v1::ListMembersResponse>, Status> {
@@ -935,6 +1022,51 @@ impl ClusterService {
     }
 }
 
+#[tonic::async_trait]
+impl cluster_server::Cluster for ClusterService {
+    async fn status(
+        &self,
+        req: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::StatusResponse>, Status> {
+        self.ctx.hinted(self.answer_status(req).await)
+    }
+
+    async fn add_learner(
+        &self,
+        req: Request<v1::AddLearnerRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        self.ctx.hinted(self.answer_add_learner(req).await)
+    }
+
+    async fn change_membership(
+        &self,
+        req: Request<v1::ChangeMembershipRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        self.ctx.hinted(self.answer_change_membership(req).await)
+    }
+
+    async fn remove_node(
+        &self,
+        req: Request<v1::RemoveNodeRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        self.ctx.hinted(self.answer_remove_node(req).await)
+    }
+
+    async fn promote_learner(
+        &self,
+        req: Request<v1::PromoteLearnerRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        self.ctx.hinted(self.answer_promote_learner(req).await)
+    }
+
+    async fn list_members(
+        &self,
+        req: Request<v1::ListMembersRequest>,
+    ) -> Result<Response<v1::ListMembersResponse>, Status> {
+        self.ctx.hinted(self.answer_list_members(req).await)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::expect_used)]
@@ -956,5 +1088,16 @@ mod tests {
             .checked_sub(Duration::from_millis(5))
             .expect("a monotonic clock well past its start");
         assert_eq!(forward_timeout(Some(past), budget), None);
+    }
+
+    #[test]
+    fn the_leader_hint_is_id_comma_address_or_nothing() {
+        let hint = leader_hint_value(2, "10.0.0.2:7101").expect("a hint");
+        assert_eq!(hint.to_str().ok(), Some("2,10.0.0.2:7101"));
+        assert!(leader_hint_value(2, "").is_none(), "no address, no hint");
+        assert!(
+            leader_hint_value(2, "bad\naddress").is_none(),
+            "an address that cannot travel in metadata is left out"
+        );
     }
 }
