@@ -1,4 +1,5 @@
-//! `fencectl`: take, renew, release and inspect fenced leases from a shell.
+//! `fencectl`: take, renew, release and inspect fenced leases from a shell,
+//! and write to the cluster's fenced key-value store.
 //!
 //! Exit codes: 0 success, 3 an expected refusal (held, lost, not holder),
 //! 4 refused by authentication or permission, 1 an error, 2 a usage error.
@@ -6,6 +7,7 @@
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 mod hold;
+mod kv;
 mod member;
 mod resource;
 mod supervise;
@@ -123,6 +125,9 @@ enum Cmd {
     /// Write to or read from a fenced-resource service.
     #[command(subcommand)]
     Resource(resource::ResourceCmd),
+    /// Fenced writes to the cluster's own key-value store.
+    #[command(subcommand)]
+    Kv(kv::KvCmd),
     /// Take the lease and hold it, renewing, until Ctrl-C (release) or loss
     /// (exit 4).
     Lock {
@@ -194,6 +199,7 @@ async fn execute(
     Ok(match command {
         Cmd::Resource(command) => return resource::execute(command, tls).await,
         Cmd::Member(command) => return member::execute(client, command).await,
+        Cmd::Kv(command) => return kv::execute(client, command, json_out).await,
         Cmd::Lock {
             resource,
             ttl,

@@ -27,7 +27,7 @@ use crate::{
 /// The longest one attempt may take (beyond a blocking acquire's wait)
 /// before the call is retried, on the next node: a node that lost touch with
 /// the cluster must not hold a caller for the whole call budget.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The default addresses of `fenced dev`.
 pub const DEV_ENDPOINTS: [&str; 3] = ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7103"];
@@ -333,10 +333,6 @@ impl Client {
         })
     }
 
-    pub(crate) fn call_timeout(&self) -> Duration {
-        self.inner.call_timeout
-    }
-
     pub(crate) fn lease_options(&self) -> LeaseOptions {
         self.inner.lease_options
     }
@@ -606,6 +602,10 @@ pub(crate) fn millis(d: Duration) -> u64 {
 }
 
 impl Client {
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.inner.call_timeout
+    }
+
     /// Sends the next calls to endpoint `leader`, which the answer on
     /// endpoint `answered` named as the leader.
     fn follow(&self, answered: usize, leader: usize) {

@@ -232,6 +232,10 @@ impl Lease {
         self.shared.token
     }
 
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     pub fn ttl(&self) -> Duration {
         self.shared.ttl
     }

@@ -26,6 +26,7 @@
 
 mod client;
 mod clock;
+mod kv;
 mod leader;
 mod lease;
 mod members;
@@ -33,5 +34,6 @@ mod tls;
 mod transport;
 
 pub use client::*;
+pub use kv::{KvRead, KvRefusal, KvWrite};
 pub use lease::{Acquired, Lease, LeaseHandle, LeaseOptions, LossReason};
 pub use tls::TlsOptions;

@@ -1,6 +1,9 @@
 use serde::{Deserialize, Serialize};
 
-use crate::{Capacity, ClusterTime, InvalidArgument, Limits, OwnerId, ResourceName, Token};
+use crate::{
+    Capacity, ClusterTime, InvalidArgument, KvBounds, KvKey, KvValue, Limits, OwnerId,
+    ResourceName, Token,
+};
 
 /// One client request, as replicated in the log.
 ///
@@ -41,6 +44,24 @@ pub enum Command {
         wait_ms: u64,
         capacity: Capacity,
     },
+    /// Write `value` under `key` if `owner` and `token` are the current,
+    /// unexpired holder of `resource` when the entry is applied, and the
+    /// key was never written with a higher token; within `bounds`.
+    KvPut {
+        key: KvKey,
+        value: KvValue,
+        resource: ResourceName,
+        owner: OwnerId,
+        token: Token,
+        bounds: KvBounds,
+    },
+    /// Remove `key`, under the same rule as [`Command::KvPut`].
+    KvDelete {
+        key: KvKey,
+        resource: ResourceName,
+        owner: OwnerId,
+        token: Token,
+    },
 }
 
 impl Command {
@@ -71,7 +92,8 @@ impl Command {
             Command::Renew { ttl_ms, .. } => {
                 limits.check_ttl_ms(*ttl_ms)?;
             }
-            Command::Release { .. } => {}
+            // Keys and values are bounded by their types.
+            Command::Release { .. } | Command::KvPut { .. } | Command::KvDelete { .. } => {}
         }
         Ok(())
     }
@@ -81,7 +103,9 @@ impl Command {
             Command::Acquire { resource, .. }
             | Command::AcquireBounded { resource, .. }
             | Command::Renew { resource, .. }
-            | Command::Release { resource, .. } => resource,
+            | Command::Release { resource, .. }
+            | Command::KvPut { resource, .. }
+            | Command::KvDelete { resource, .. } => resource,
         }
     }
 
@@ -90,7 +114,19 @@ impl Command {
             Command::Acquire { owner, .. }
             | Command::AcquireBounded { owner, .. }
             | Command::Renew { owner, .. }
-            | Command::Release { owner, .. } => *owner,
+            | Command::Release { owner, .. }
+            | Command::KvPut { owner, .. }
+            | Command::KvDelete { owner, .. } => *owner,
+        }
+    }
+
+    /// Bytes of key and value a command carries: what bounds how many puts
+    /// share one log entry.
+    pub fn kv_bytes(&self) -> usize {
+        match self {
+            Command::KvPut { key, value, .. } => key.as_str().len() + value.len(),
+            Command::KvDelete { key, .. } => key.as_str().len(),
+            _ => 0,
         }
     }
 }

@@ -10,10 +10,13 @@
 //! unexpired lease per resource; renewal keeps the token and never revives an
 //! ended lease; only owner id AND token renew or release; acquire is
 //! idempotent per owner id; expiry follows the stamped cluster time only.
+//! A fenced put ([`Command::KvPut`]) is applied only with the current
+//! holder's owner id and token, decided in the same log order ([`KvStore`]).
 
 mod command;
 mod error;
 mod ids;
+mod kv;
 mod limits;
 mod name;
 mod outcome;
@@ -23,6 +26,10 @@ mod time;
 pub use command::{Batch, Command};
 pub use error::InvalidArgument;
 pub use ids::{OwnerId, Token};
+pub use kv::{
+    KvBound, KvBounds, KvEntry, KvKey, KvRefusal, KvSnapshot, KvStore, KvValue, KV_KEY_MAX_BYTES,
+    KV_SNAPSHOT_FORMAT_VERSION, KV_VALUE_MAX_BYTES,
+};
 pub use limits::{
     Capacity, CapacityBound, Limits, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE,
 };

@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::InvalidArgument;
+use crate::{InvalidArgument, KvBounds};
 
 /// The most clients that may wait for one resource at once. Part of the
 /// replicated state machine's contract, so the same on every node.
@@ -69,6 +69,10 @@ pub struct Limits {
     pub max_live_leases: u64,
     /// Queued waiters in the whole table (see [`Capacity`]).
     pub max_waiters: u64,
+    /// Keys in the fenced store (see [`KvBounds`]).
+    pub kv_max_keys: u64,
+    /// Bytes of keys plus values in the fenced store (see [`KvBounds`]).
+    pub kv_max_total_bytes: u64,
 }
 
 impl Default for Limits {
@@ -79,6 +83,8 @@ impl Default for Limits {
             wait_max_ms: 3_600_000,
             max_live_leases: 100_000,
             max_waiters: 100_000,
+            kv_max_keys: 100_000,
+            kv_max_total_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -89,6 +95,14 @@ impl Limits {
         Capacity {
             max_live_leases: self.max_live_leases,
             max_waiters: self.max_waiters,
+        }
+    }
+
+    /// The fenced store's bounds every put carries.
+    pub fn kv_bounds(&self) -> KvBounds {
+        KvBounds {
+            max_keys: self.kv_max_keys,
+            max_total_bytes: self.kv_max_total_bytes,
         }
     }
 

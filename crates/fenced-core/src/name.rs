@@ -26,36 +26,51 @@ pub struct ResourceName(Arc<str>);
 impl ResourceName {
     /// Validates `name`; the error names the field `resource` and the bound.
     pub fn new(name: &str) -> Result<Self, InvalidArgument> {
-        let len = name.len();
-        if len == 0 || len > RESOURCE_NAME_MAX_BYTES {
-            return Err(InvalidArgument::new(
-                "resource",
-                format!("must be 1 to {RESOURCE_NAME_MAX_BYTES} bytes of UTF-8, got {len}"),
-            ));
-        }
-        if let Some(pos) = name.chars().position(char::is_control) {
-            return Err(InvalidArgument::new(
-                "resource",
-                format!("must not contain control characters, found one at character {pos}"),
-            ));
-        }
+        check_name("resource", name, RESOURCE_NAME_MAX_BYTES)?;
         Ok(Self(Arc::from(name)))
     }
 
     /// Validates raw bytes from the wire: they must also be UTF-8.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, InvalidArgument> {
-        let name = std::str::from_utf8(bytes).map_err(|e| {
-            InvalidArgument::new(
-                "resource",
-                format!("must be UTF-8, invalid byte at offset {}", e.valid_up_to()),
-            )
-        })?;
-        Self::new(name)
+        Self::new(utf8("resource", bytes)?)
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// The rule every name of the API follows: UTF-8 (checked by the type),
+/// 1 to `max` bytes, no control characters. Errors name `field`.
+pub(crate) fn check_name(
+    field: &'static str,
+    name: &str,
+    max: usize,
+) -> Result<(), InvalidArgument> {
+    let len = name.len();
+    if len == 0 || len > max {
+        return Err(InvalidArgument::new(
+            field,
+            format!("must be 1 to {max} bytes of UTF-8, got {len}"),
+        ));
+    }
+    if let Some(pos) = name.chars().position(char::is_control) {
+        return Err(InvalidArgument::new(
+            field,
+            format!("must not contain control characters, found one at character {pos}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Raw bytes from the wire as UTF-8; the error names `field` and the offset.
+pub(crate) fn utf8<'a>(field: &'static str, bytes: &'a [u8]) -> Result<&'a str, InvalidArgument> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        InvalidArgument::new(
+            field,
+            format!("must be UTF-8, invalid byte at offset {}", e.valid_up_to()),
+        )
+    })
 }
 
 impl Borrow<str> for ResourceName {

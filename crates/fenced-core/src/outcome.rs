@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::{CapacityBound, ClusterTime, OwnerId, ResourceName, Token};
+use crate::{CapacityBound, ClusterTime, KvRefusal, OwnerId, ResourceName, Token};
 
 /// A lease granted to an owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,6 +61,14 @@ pub enum Outcome {
         bound: CapacityBound,
         limit: u64,
     },
+    /// A fenced put or delete was applied. `revision` is the store's
+    /// revision after it; `existed` says whether the key had a value.
+    KvApplied {
+        revision: u64,
+        existed: bool,
+    },
+    /// A fenced put or delete was not applied; nothing changed.
+    KvRefused(KvRefusal),
 }
 
 /// Something that happened while applying an entry without being the direct

@@ -275,8 +275,11 @@ impl Model {
                 },
                 // Capacity bounds are proven in tests/capacity.rs; the model
                 // drives the unbounded acquire.
-                Command::AcquireBounded { .. } => {
-                    unreachable!("the model sends no bounded acquire")
+                // Fenced writes are proven in tests/kv.rs.
+                Command::AcquireBounded { .. }
+                | Command::KvPut { .. }
+                | Command::KvDelete { .. } => {
+                    unreachable!("the model sends no bounded acquire and no fenced write")
                 }
                 Command::Release { owner, token, .. } => match self.res.get_mut(&name) {
                     None => Outcome::NotHolder(LostReason::Unknown),

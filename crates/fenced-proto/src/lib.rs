@@ -11,5 +11,7 @@ pub mod v1 {
 }
 
 mod convert;
+mod kv;
 
 pub use convert::*;
+pub use kv::*;

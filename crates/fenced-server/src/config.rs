@@ -125,6 +125,13 @@ pub struct RunSettings {
     /// Largest snapshot received from a leader, bytes.
     #[arg(long, env = "FENCED_MAX_SNAPSHOT_BYTES")]
     pub max_snapshot_bytes: Option<u64>,
+    /// Most keys in the fenced store (the Kv service); puts beyond are refused.
+    #[arg(long, env = "FENCED_KV_MAX_KEYS")]
+    pub kv_max_keys: Option<u64>,
+    /// Most bytes of keys plus values in the fenced store; at most half of
+    /// max_snapshot_bytes, since every snapshot carries the whole store.
+    #[arg(long, env = "FENCED_KV_MAX_TOTAL_BYTES")]
+    pub kv_max_total_bytes: Option<u64>,
     /// Test-only: run the leader clock this many parts per million fast (or slow).
     #[arg(long, env = "FENCED_TEST_CLOCK_SKEW_PPM", hide = true)]
     pub test_clock_skew_ppm: Option<i64>,
@@ -190,6 +197,8 @@ impl RunSettings {
             max_live_leases: self.max_live_leases.or(file.max_live_leases),
             max_waiters: self.max_waiters.or(file.max_waiters),
             max_snapshot_bytes: self.max_snapshot_bytes.or(file.max_snapshot_bytes),
+            kv_max_keys: self.kv_max_keys.or(file.kv_max_keys),
+            kv_max_total_bytes: self.kv_max_total_bytes.or(file.kv_max_total_bytes),
             test_clock_skew_ppm: self.test_clock_skew_ppm.or(file.test_clock_skew_ppm),
             auth_tokens: self.auth_tokens.or(file.auth_tokens),
             auth_policy: self.auth_policy.or(file.auth_policy),
@@ -378,6 +387,20 @@ impl RunSettings {
             s.max_snapshot_bytes,
             1 << 20,
             1 << 30,
+        )?;
+        cfg.limits.kv_max_keys = bounded(
+            "kv_max_keys",
+            self.kv_max_keys,
+            cfg.limits.kv_max_keys,
+            1,
+            10_000_000,
+        )?;
+        cfg.limits.kv_max_total_bytes = bounded(
+            "kv_max_total_bytes",
+            self.kv_max_total_bytes,
+            cfg.limits.kv_max_total_bytes.min(s.max_snapshot_bytes / 2),
+            fenced_core::KV_VALUE_MAX_BYTES as u64,
+            s.max_snapshot_bytes / 2,
         )?;
         cfg.metrics_listen = self
             .metrics_listen

@@ -29,6 +29,8 @@ pub mod proposer;
 pub mod quota;
 pub mod rpc_metrics;
 pub mod services;
+// After `services`: uses its forwarding macro.
+pub mod kv_service;
 pub mod state_machine;
 pub mod time_floor;
 pub mod tls;

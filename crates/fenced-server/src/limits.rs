@@ -95,6 +95,8 @@ pub struct LimitCounters {
     pub idle_peer_connections: AtomicU64,
     pub live_leases: AtomicU64,
     pub waiters: AtomicU64,
+    pub kv_keys: AtomicU64,
+    pub kv_bytes: AtomicU64,
     pub peer_frames: AtomicU64,
     pub snapshot_chunks: AtomicU64,
 }
@@ -114,6 +116,8 @@ impl LimitCounters {
             ("idle_timeout_ms", "peer", &self.idle_peer_connections),
             ("max_live_leases", "client", &self.live_leases),
             ("max_waiters", "client", &self.waiters),
+            ("kv_max_keys", "client", &self.kv_keys),
+            ("kv_max_total_bytes", "client", &self.kv_bytes),
             ("peer_frame_max_bytes", "peer", &self.peer_frames),
             ("max_snapshot_bytes", "peer", &self.snapshot_chunks),
         ] {

@@ -174,6 +174,16 @@ pub fn render(ctx: &NodeContext) -> String {
             &c.expiries,
         ),
         (
+            "fenced_kv_applied_total",
+            "Fenced puts and deletes applied.",
+            &c.kv_applied,
+        ),
+        (
+            "fenced_kv_refused_total",
+            "Fenced puts and deletes refused because their token was not the resource's current holder's (or older than the key's).",
+            &c.kv_refused,
+        ),
+        (
             "fenced_applied_entries_total",
             "Log entries with commands applied to the lease table.",
             &c.entries,

@@ -10,7 +10,9 @@ use std::{
 };
 
 use fenced_core::Limits;
-use fenced_proto::v1::{cluster_server::ClusterServer, lock_server::LockServer};
+use fenced_proto::v1::{
+    cluster_server::ClusterServer, kv_server::KvServer, lock_server::LockServer,
+};
 use openraft::{
     error::{Fatal, InitializeError, RaftError},
     AnyError, SnapshotPolicy, StorageError, StorageIOError,
@@ -24,6 +26,7 @@ use crate::{
     early_replication::{EarlyAnswers, EarlyReplication},
     election::Election,
     health,
+    kv_service::{KvService, KV_MESSAGE_MAX_BYTES},
     limits::{ConnectionLimit, Port, ServerLimits},
     log_store::LogStore,
     membership::{self, Join, JoinRefused},
@@ -365,6 +368,10 @@ impl RunningNode {
             ClusterServer::new(ClusterService::new(ctx.clone(), peer))
                 .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
         };
+        let kv = |peer| {
+            KvServer::new(KvService::new(ctx.clone(), peer))
+                .max_decoding_message_size(KV_MESSAGE_MAX_BYTES)
+        };
         let limit_counters = Arc::clone(&ctx.shared.counters.limits);
         let connection_limit = |port| {
             ConnectionLimit::new(
@@ -384,7 +391,8 @@ impl RunningNode {
             .layer(rpc_metrics(Port::Client))
             .add_service(health_server.clone())
             .add_service(lock(false))
-            .add_service(cluster(false));
+            .add_service(cluster(false))
+            .add_service(kv(false));
         let client_server: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
             match &tls {
                 Some(t) => Box::pin(client_router.serve_with_incoming_shutdown(
@@ -438,6 +446,7 @@ impl RunningNode {
             .add_service(health_server)
             .add_service(lock(true))
             .add_service(cluster(true))
+            .add_service(kv(true))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::ReceiverStream::new(peer_grpc_rx),
                 stop.clone().cancelled_owned(),

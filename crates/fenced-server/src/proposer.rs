@@ -47,6 +47,18 @@ struct Proposal {
     deadline: Option<Instant>,
 }
 
+impl Proposal {
+    fn kv_bytes(&self) -> usize {
+        self.command.as_ref().map_or(0, Command::kv_bytes)
+    }
+}
+
+/// The most bytes of fenced-store keys and values in one log entry (one
+/// largest put always fits): openraft sends up to 300 entries in one
+/// AppendEntries, and that message must stay under the peer port's frame
+/// bound (`network::RAFT_MESSAGE_MAX_BYTES`, 64 MiB).
+pub const MAX_ENTRY_KV_BYTES: usize = 3 * fenced_core::KV_VALUE_MAX_BYTES;
+
 /// Tuning of the write path.
 #[derive(Debug, Clone, Copy)]
 pub struct ProposerConfig {
@@ -310,16 +322,34 @@ async fn run(
     deadline_drops: Arc<AtomicU64>,
 ) {
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
-    while let Some(first) = rx.recv().await {
+    // A proposal that would have taken its batch past MAX_ENTRY_KV_BYTES:
+    // it opens the next one.
+    let mut carried: Option<Proposal> = None;
+    loop {
+        let first = match carried.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => break,
+            },
+        };
         // While the previous entry is in flight, callers keep queueing: the
         // next batch grows with the load.
         let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
             break;
         };
+        let mut kv_bytes = first.kv_bytes();
         let mut proposals = vec![first];
         while proposals.len() < config.max_batch {
             match rx.try_recv() {
-                Ok(p) => proposals.push(p),
+                Ok(p) if kv_bytes + p.kv_bytes() > MAX_ENTRY_KV_BYTES => {
+                    carried = Some(p);
+                    break;
+                }
+                Ok(p) => {
+                    kv_bytes += p.kv_bytes();
+                    proposals.push(p);
+                }
                 Err(_) => break,
             }
         }

@@ -49,7 +49,7 @@ pub const LEADER_HEADER: &str = "x-fenced-leader";
 /// which of its endpoints is which node.
 pub const NODE_HEADER: &str = "x-fenced-node";
 /// Extra time a parked acquire waits past its `wait_ms` for the answer.
-const WAIT_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const WAIT_GRACE: Duration = Duration::from_secs(5);
 
 /// Everything the services of one node share.
 #[derive(Clone)]
@@ -68,7 +68,7 @@ pub struct NodeContext {
     pub quota: Arc<IdentityQuota>,
     forward: Arc<Mutex<HashMap<String, Channel>>>,
     /// Calls this node sent on to the leader.
-    forwarded: Arc<AtomicU64>,
+    pub(crate) forwarded: Arc<AtomicU64>,
     /// Forwarded calls go over mutual TLS when set.
     forward_tls: Option<Arc<NodeTls>>,
 }
@@ -132,7 +132,7 @@ impl NodeContext {
         leader_of(&self.raft)
     }
 
-    fn channel_to(&self, leader: &(NodeId, Node)) -> Result<Channel, Status> {
+    pub(crate) fn channel_to(&self, leader: &(NodeId, Node)) -> Result<Channel, Status> {
         let mut map = self.forward.lock().unwrap_or_else(PoisonError::into_inner);
         let addr = &leader.1.peer_addr;
         if let Some(ch) = map.get(addr) {
@@ -161,7 +161,10 @@ impl NodeContext {
 
     /// Puts this node's id and its leader hint on an answer. A hint already
     /// there came from the leader itself (a forwarded call) and stays.
-    fn hinted<T>(&self, answer: Result<Response<T>, Status>) -> Result<Response<T>, Status> {
+    pub(crate) fn hinted<T>(
+        &self,
+        answer: Result<Response<T>, Status>,
+    ) -> Result<Response<T>, Status> {
         let node = MetadataValue::from(self.id);
         match answer {
             Ok(mut resp) => {
@@ -187,6 +190,64 @@ impl NodeContext {
     fn cluster_now(&self) -> ClusterTime {
         let term = self.raft.metrics().borrow().current_term;
         self.time.now_or_floor(term, self.shared.now())
+    }
+
+    /// Proposes `command` and waits for its outcome, at most the request
+    /// timeout.
+    pub(crate) async fn propose(
+        &self,
+        command: fenced_core::Command,
+        deadline: Option<Instant>,
+    ) -> Result<(Outcome, ClusterTime), ProposeError> {
+        match tokio::time::timeout(
+            self.request_timeout,
+            self.proposer.propose(command, deadline),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(ProposeError::Unknown(format!(
+                "not committed within {} ms",
+                self.request_timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Makes this leader's state safe to read linearizably (`rpc` names
+    /// the call in errors) and returns the cluster time the read answers at.
+    ///
+    /// The time this read reveals is taken BEFORE leadership is confirmed:
+    /// the confirming heartbeats carry it (or later) to a quorum, which
+    /// makes it durable before answering, and this node makes it durable
+    /// too. Any later leader starts its clock at or above it, also after a
+    /// restart of the whole cluster.
+    pub(crate) async fn linearizable_read(&self, rpc: &str) -> Result<ClusterTime, Status> {
+        let revealed = self.cluster_now();
+        let (confirmed, durable) = tokio::join!(
+            tokio::time::timeout(self.request_timeout, self.raft.ensure_linearizable()),
+            self.time.floor().make_durable(revealed),
+        );
+        durable.map_err(|e| {
+            tracing::error!(error = %e, "cannot make the cluster time durable");
+            Status::unavailable(format!("{rpc}: cannot store the cluster time: {e}"))
+        })?;
+        // Read index: confirm leadership with a quorum and wait until the
+        // state machine has applied everything committed before the read.
+        confirmed
+            .map_err(|_| {
+                Status::unavailable(format!(
+                    "{rpc}: no quorum confirmed leadership in time; retry"
+                ))
+            })?
+            .map_err(|e| {
+                not_leader(
+                    e.forward_to_leader()
+                        .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
+                        .as_ref(),
+                )
+            })?;
+        // Entries applied since carry later stamps, durable in the log.
+        Ok(revealed.max(self.shared.now()))
     }
 }
 
@@ -221,7 +282,7 @@ fn leader_hint_value(id: NodeId, client_addr: &str) -> Option<MetadataValue<Asci
     MetadataValue::try_from(format!("{id},{client_addr}")).ok()
 }
 
-fn is_forwarded<T>(req: &Request<T>) -> bool {
+pub(crate) fn is_forwarded<T>(req: &Request<T>) -> bool {
     req.metadata().contains_key(FORWARDED)
 }
 
@@ -230,7 +291,7 @@ fn is_forwarded<T>(req: &Request<T>) -> bool {
 /// The forwarded request carries the caller's own bearer token when it had
 /// one, so the leader authenticates it itself; a certificate identity goes
 /// by name, believed only over the peer port's mutual TLS.
-fn forwarded<T>(
+pub(crate) fn forwarded<T>(
     msg: T,
     timeout: Duration,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
@@ -250,7 +311,7 @@ fn forwarded<T>(
     Ok(req)
 }
 
-fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
+pub(crate) fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
     match leader {
         None => Status::unavailable("no leader is elected right now; retry with backoff"),
         Some((id, node)) => {
@@ -270,7 +331,7 @@ fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
     }
 }
 
-fn propose_status(e: ProposeError) -> Status {
+pub(crate) fn propose_status(e: ProposeError) -> Status {
     match e {
         ProposeError::NotLeader { leader } => not_leader(leader.as_ref()),
         ProposeError::QueueFull(_) => Status::resource_exhausted(e.to_string()),
@@ -284,7 +345,7 @@ fn propose_status(e: ProposeError) -> Status {
 /// The timeout of a forwarded call: what is left of the caller's deadline
 /// (so the leader drops the command once the caller gave up), at most
 /// `budget`. `None` when the deadline has already passed.
-fn forward_timeout(deadline: Option<Instant>, budget: Duration) -> Option<Duration> {
+pub(crate) fn forward_timeout(deadline: Option<Instant>, budget: Duration) -> Option<Duration> {
     match deadline {
         None => Some(budget),
         Some(d) => {
@@ -300,42 +361,46 @@ fn forward_timeout(deadline: Option<Instant>, budget: Duration) -> Option<Durati
 /// DEADLINE_EXCEEDED unforwarded. It goes as `identity` (already authorized
 /// here; the leader checks it again). `extra` is added to the forwarded call's
 /// timeout budget (a blocking acquire's wait).
+#[macro_export]
+#[doc(hidden)]
 macro_rules! forward_or {
     ($ctx:expr, $req:expr, $deadline:expr, $identity:expr, $client:ident, $method:ident) => {
-        forward_or!(
+        $crate::forward_or!(
             $ctx,
             $req,
             $deadline,
             $identity,
             $client,
             $method,
-            Duration::ZERO
+            std::time::Duration::ZERO
         )
     };
     ($ctx:expr, $req:expr, $deadline:expr, $identity:expr, $client:ident, $method:ident, $extra:expr) => {
         if let Some(leader) = $ctx.other_leader() {
-            if is_forwarded(&$req) {
-                return Err(not_leader(Some(&leader)));
+            if $crate::services::is_forwarded(&$req) {
+                return Err($crate::services::not_leader(Some(&leader)));
             }
-            let Some(timeout) =
-                forward_timeout($deadline, $ctx.request_timeout + WAIT_GRACE + $extra)
-            else {
+            let Some(timeout) = $crate::services::forward_timeout(
+                $deadline,
+                $ctx.request_timeout + $crate::services::WAIT_GRACE + $extra,
+            ) else {
                 $ctx.proposer.note_deadline_drop();
                 tracing::info!(
                     rpc = stringify!($method),
                     leader = leader.0,
                     "request not forwarded: its caller's deadline passed"
                 );
-                return Err(Status::deadline_exceeded(
+                return Err(tonic::Status::deadline_exceeded(
                     "the caller's deadline passed before the request reached the leader; \
                      nothing was written",
                 ));
             };
             let ch = $ctx.channel_to(&leader)?;
-            $ctx.forwarded.fetch_add(1, Ordering::Relaxed);
+            $ctx.forwarded
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let authorization = $req.metadata().get("authorization").cloned();
             return $client::new(ch)
-                .$method(forwarded(
+                .$method($crate::services::forwarded(
                     $req.into_inner(),
                     timeout,
                     authorization,
@@ -378,18 +443,7 @@ impl LockService {
         command: fenced_core::Command,
         deadline: Option<Instant>,
     ) -> Result<(Outcome, ClusterTime), ProposeError> {
-        match tokio::time::timeout(
-            self.ctx.request_timeout,
-            self.ctx.proposer.propose(command, deadline),
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(ProposeError::Unknown(format!(
-                "not committed within {} ms",
-                self.ctx.request_timeout.as_millis()
-            ))),
-        }
+        self.ctx.propose(command, deadline).await
     }
 
     async fn answer_acquire(
@@ -527,38 +581,7 @@ impl LockService {
             LockClient,
             describe
         );
-        // The time this read reveals is taken BEFORE leadership is
-        // confirmed: the confirming heartbeats carry it (or later) to a
-        // quorum, which makes it durable before answering, and this node
-        // makes it durable too. Any later leader starts its clock at or
-        // above it, also after a restart of the whole cluster.
-        let revealed = self.ctx.cluster_now();
-        let (confirmed, durable) = tokio::join!(
-            tokio::time::timeout(
-                self.ctx.request_timeout,
-                self.ctx.raft.ensure_linearizable(),
-            ),
-            self.ctx.time.floor().make_durable(revealed),
-        );
-        durable.map_err(|e| {
-            tracing::error!(error = %e, "cannot make the cluster time durable");
-            Status::unavailable(format!("describe: cannot store the cluster time: {e}"))
-        })?;
-        // Read index: confirm leadership with a quorum and wait until the
-        // state machine has applied everything committed before the read.
-        confirmed
-            .map_err(|_| {
-                Status::unavailable("describe: no quorum confirmed leadership in time; retry")
-            })?
-            .map_err(|e| {
-                not_leader(
-                    e.forward_to_leader()
-                        .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
-                        .as_ref(),
-                )
-            })?;
-        // Entries applied since carry later stamps, durable in the log.
-        let now = revealed.max(self.ctx.shared.now());
+        let now = self.ctx.linearizable_read("describe").await?;
         Ok(Response::new(describe_reply(
             &self.ctx.shared.describe(resource.as_str(), now),
             now,

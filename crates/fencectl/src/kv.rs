@@ -1,0 +1,181 @@
+//! `fencectl kv`: fenced writes to the cluster's own key-value store.
+
+use std::{io::Read, path::PathBuf};
+
+use clap::Subcommand;
+use fenced_client::{Client, ClientError, KvRefusal, KvWrite};
+use fenced_core::KV_VALUE_MAX_BYTES;
+use serde_json::json;
+
+use crate::{owner_id, Report};
+
+#[derive(Subcommand)]
+pub enum KvCmd {
+    /// Write VALUE (or --value-file) under KEY, fenced by your lease: applied
+    /// only if (--resource, --owner-id, --token) is the resource's current
+    /// lease when the write is decided. Exit 3 if refused.
+    Put {
+        key: String,
+        #[arg(required_unless_present = "value_file")]
+        value: Option<String>,
+        /// Read the value from this file (`-`: standard input), at most 64 KiB.
+        #[arg(long, conflicts_with = "value")]
+        value_file: Option<PathBuf>,
+        #[arg(long)]
+        resource: String,
+        /// The owner id the lease was granted to.
+        #[arg(long = "owner-id", alias = "owner")]
+        owner_id: String,
+        /// The lease's fencing token.
+        #[arg(long)]
+        token: u64,
+    },
+    /// Print KEY's value (raw bytes; --json adds the writing lease's resource
+    /// and token). Exit 3 if the key has no value.
+    Get {
+        key: String,
+        /// Answer from any node, possibly behind the leader.
+        #[arg(long)]
+        allow_stale: bool,
+    },
+    /// Remove KEY, fenced like a put.
+    Delete {
+        key: String,
+        #[arg(long)]
+        resource: String,
+        #[arg(long = "owner-id", alias = "owner")]
+        owner_id: String,
+        #[arg(long)]
+        token: u64,
+    },
+}
+
+/// The value from a file or standard input, refused locally past its bound.
+fn read_value(path: &PathBuf) -> Result<Vec<u8>, ClientError> {
+    let fail = |e: std::io::Error| {
+        ClientError::InvalidArgument(format!("value file {}: {e}", path.display()))
+    };
+    let source: Box<dyn Read> = if path.as_os_str() == "-" {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(std::fs::File::open(path).map_err(fail)?)
+    };
+    let mut value = Vec::new();
+    source
+        .take(KV_VALUE_MAX_BYTES as u64 + 1)
+        .read_to_end(&mut value)
+        .map_err(fail)?;
+    if value.len() > KV_VALUE_MAX_BYTES {
+        return Err(ClientError::InvalidArgument(format!(
+            "value: must be at most {KV_VALUE_MAX_BYTES} bytes, {} holds more",
+            path.display()
+        )));
+    }
+    Ok(value)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn write_report(op: &str, key: &str, resource: &str, token: u64, outcome: KvWrite) -> Report {
+    match outcome {
+        KvWrite::Applied {
+            revision, existed, ..
+        } => Report {
+            value: json!({"status": "applied", "key": key, "resource": resource, "token": token,
+                "revision": revision, "existed": existed}),
+            text: format!("{op} {key}: applied at revision {revision} (token {token})"),
+            code: 0,
+        },
+        KvWrite::Refused(reason) => {
+            let mut value = json!({"status": "refused", "key": key, "resource": resource,
+                "token": token, "reason": reason.as_str()});
+            let mut text = format!("{op} {key}: refused, token {token} {}", reason.as_str());
+            match reason {
+                KvRefusal::Superseded { current_token } => {
+                    value["current_token"] = json!(current_token);
+                    text.push_str(&format!(" (current token {current_token})"));
+                }
+                KvRefusal::KeyHasNewerToken { key_token } => {
+                    value["key_token"] = json!(key_token);
+                    text.push_str(&format!(" (key written with token {key_token})"));
+                }
+                _ => {}
+            }
+            Report {
+                value,
+                text,
+                code: 3,
+            }
+        }
+    }
+}
+
+pub async fn execute(
+    client: &Client,
+    command: KvCmd,
+    json_out: bool,
+) -> Result<Report, ClientError> {
+    match command {
+        KvCmd::Put {
+            key,
+            value,
+            value_file,
+            resource,
+            owner_id: owner,
+            token,
+        } => {
+            let value = match (value, value_file) {
+                (_, Some(path)) => read_value(&path)?,
+                (Some(v), None) => v.into_bytes(),
+                (None, None) => {
+                    return Err(ClientError::InvalidArgument(
+                        "value: give VALUE or --value-file".into(),
+                    ))
+                }
+            };
+            let owner = owner_id(&owner)?;
+            let outcome = client.kv_put(&key, &value, &resource, owner, token).await?;
+            Ok(write_report("put", &key, &resource, token, outcome))
+        }
+        KvCmd::Delete {
+            key,
+            resource,
+            owner_id: owner,
+            token,
+        } => {
+            let owner = owner_id(&owner)?;
+            let outcome = client.kv_delete(&key, &resource, owner, token).await?;
+            Ok(write_report("delete", &key, &resource, token, outcome))
+        }
+        KvCmd::Get { key, allow_stale } => match client.kv_get_with(&key, allow_stale).await? {
+            None => Ok(Report {
+                value: json!({"status": "not_found", "key": key}),
+                text: format!("{key}: no value"),
+                code: 3,
+            }),
+            Some(read) if json_out => {
+                let mut value = json!({"status": "found", "key": key, "resource": read.resource,
+                    "token": read.token, "revision": read.revision, "value_hex": hex(&read.value)});
+                if let Ok(text) = std::str::from_utf8(&read.value) {
+                    value["value"] = json!(text);
+                }
+                Ok(Report {
+                    value,
+                    text: String::new(),
+                    code: 0,
+                })
+            }
+            Some(read) => {
+                // The value as it is, so `fencectl kv get k > file` round-trips.
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                out.write_all(&read.value)
+                    .and_then(|()| out.flush())
+                    .map_err(|e| ClientError::InvalidArgument(format!("stdout: {e}")))?;
+                Ok(Report::printed(0))
+            }
+        },
+    }
+}

@@ -1,0 +1,206 @@
+//! Fenced writes to the cluster's own key-value store (the `Kv` service):
+//! a put carries a lease (resource, owner id, token) and is applied only if
+//! that lease is the resource's current one when the write is decided.
+
+use fenced_core::OwnerId;
+use fenced_proto::v1::{self, kv_client::KvClient, kv_delete_response, kv_put_response};
+
+use crate::{client::ATTEMPT_TIMEOUT, Client, ClientError, Lease};
+
+/// Why a fenced write was not applied. Final for that token: never retry
+/// it with the same token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvRefusal {
+    Expired,
+    Released,
+    /// A newer owner holds (or held) the resource; its token.
+    Superseded {
+        current_token: u64,
+    },
+    /// No such lease: wrong owner id or token, or no longer remembered.
+    Unknown,
+    /// The key was last written with a higher token (under another resource).
+    KeyHasNewerToken {
+        key_token: u64,
+    },
+}
+
+impl KvRefusal {
+    fn from_wire(r: &v1::KvRefused) -> Self {
+        use v1::KvRefusalReason as R;
+        match R::try_from(r.reason) {
+            Ok(R::Expired) => KvRefusal::Expired,
+            Ok(R::Released) => KvRefusal::Released,
+            Ok(R::Superseded) => KvRefusal::Superseded {
+                current_token: r.current_token,
+            },
+            Ok(R::KeyHasNewerToken) => KvRefusal::KeyHasNewerToken {
+                key_token: r.current_token,
+            },
+            _ => KvRefusal::Unknown,
+        }
+    }
+
+    /// The reason as one word: `expired`, `released`, `superseded`,
+    /// `unknown`, `key_has_newer_token`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            KvRefusal::Expired => "expired",
+            KvRefusal::Released => "released",
+            KvRefusal::Superseded { .. } => "superseded",
+            KvRefusal::Unknown => "unknown",
+            KvRefusal::KeyHasNewerToken { .. } => "key_has_newer_token",
+        }
+    }
+}
+
+/// The result of a fenced put or delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvWrite {
+    /// Committed on a majority. `revision` is the store's revision after
+    /// it; `existed` says whether the key had a value before.
+    Applied {
+        revision: u64,
+        existed: bool,
+        cluster_time_ms: u64,
+    },
+    Refused(KvRefusal),
+}
+
+/// A key's value and the write that put it there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvRead {
+    pub value: Vec<u8>,
+    /// The resource and token of the lease that wrote it.
+    pub resource: String,
+    pub token: u64,
+    pub revision: u64,
+}
+
+fn written(
+    applied: Option<Result<v1::KvApplied, v1::KvRefused>>,
+    cluster_time_ms: u64,
+    rpc: &str,
+) -> Result<KvWrite, ClientError> {
+    match applied {
+        Some(Ok(a)) => Ok(KvWrite::Applied {
+            revision: a.revision,
+            existed: a.existed,
+            cluster_time_ms,
+        }),
+        Some(Err(r)) => Ok(KvWrite::Refused(KvRefusal::from_wire(&r))),
+        None => Err(ClientError::Server(format!("{rpc}: empty response"))),
+    }
+}
+
+impl Client {
+    /// Writes `value` under `key` if (`resource`, `owner`, `token`) is the
+    /// resource's current lease when the write is applied.
+    pub async fn kv_put(
+        &self,
+        key: &str,
+        value: &[u8],
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+    ) -> Result<KvWrite, ClientError> {
+        let req = v1::KvPutRequest {
+            key: key.as_bytes().to_vec(),
+            value: value.to_vec(),
+            resource: resource.as_bytes().to_vec(),
+            owner_id: owner.as_bytes().to_vec(),
+            token,
+        };
+        let resp = self
+            .with_retries(self.call_timeout(), |ch, left| {
+                let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
+                async move { KvClient::new(ch).put(req).await }
+            })
+            .await?
+            .0
+            .into_inner();
+        let outcome = resp.outcome.map(|o| match o {
+            kv_put_response::Outcome::Applied(a) => Ok(a),
+            kv_put_response::Outcome::Refused(r) => Err(r),
+        });
+        written(outcome, resp.cluster_time_ms, "put")
+    }
+
+    /// Removes `key` under the same rule as [`Client::kv_put`].
+    pub async fn kv_delete(
+        &self,
+        key: &str,
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+    ) -> Result<KvWrite, ClientError> {
+        let req = v1::KvDeleteRequest {
+            key: key.as_bytes().to_vec(),
+            resource: resource.as_bytes().to_vec(),
+            owner_id: owner.as_bytes().to_vec(),
+            token,
+        };
+        let resp = self
+            .with_retries(self.call_timeout(), |ch, left| {
+                let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
+                async move { KvClient::new(ch).delete(req).await }
+            })
+            .await?
+            .0
+            .into_inner();
+        let outcome = resp.outcome.map(|o| match o {
+            kv_delete_response::Outcome::Applied(a) => Ok(a),
+            kv_delete_response::Outcome::Refused(r) => Err(r),
+        });
+        written(outcome, resp.cluster_time_ms, "delete")
+    }
+
+    /// Reads `key`, linearizably (`allow_stale`: from whichever node
+    /// answers, possibly behind). `None`: the key has no value.
+    pub async fn kv_get_with(
+        &self,
+        key: &str,
+        allow_stale: bool,
+    ) -> Result<Option<KvRead>, ClientError> {
+        let req = v1::KvGetRequest {
+            key: key.as_bytes().to_vec(),
+            allow_stale,
+        };
+        let resp = self
+            .with_retries(self.call_timeout(), |ch, left| {
+                let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
+                async move { KvClient::new(ch).get(req).await }
+            })
+            .await?
+            .0
+            .into_inner();
+        Ok(resp.found.then_some(KvRead {
+            value: resp.value,
+            resource: resp.resource,
+            token: resp.token,
+            revision: resp.revision,
+        }))
+    }
+
+    /// Reads `key` linearizably.
+    pub async fn kv_get(&self, key: &str) -> Result<Option<KvRead>, ClientError> {
+        self.kv_get_with(key, false).await
+    }
+}
+
+impl Lease {
+    /// Writes `value` under `key`, fenced by this lease: applied only while
+    /// it is still the resource's current lease in the cluster.
+    pub async fn kv_put(&self, key: &str, value: &[u8]) -> Result<KvWrite, ClientError> {
+        self.client()
+            .kv_put(key, value, self.resource(), self.owner(), self.token())
+            .await
+    }
+
+    /// Removes `key`, fenced by this lease.
+    pub async fn kv_delete(&self, key: &str) -> Result<KvWrite, ClientError> {
+        self.client()
+            .kv_delete(key, self.resource(), self.owner(), self.token())
+            .await
+    }
+}
