@@ -39,7 +39,8 @@ const RPC_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Ctx {
     pub rec: Recorder,
     pub store: Arc<FenceStore>,
-    pub clients: Vec<(u64, LockClient<Channel>)>,
+    /// A client per member; the membership profile adds and removes them.
+    pub clients: std::sync::RwLock<Vec<(u64, LockClient<Channel>)>>,
     pub stop: AtomicBool,
     /// Held for writing while client workers are "paused".
     pub freeze: RwLock<()>,
@@ -57,21 +58,21 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn node(&self, rng: &mut fastrand::Rng) -> Option<&(u64, LockClient<Channel>)> {
+    fn node(&self, rng: &mut fastrand::Rng) -> Option<(u64, LockClient<Channel>)> {
         let down = self
             .down
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let up: Vec<&(u64, LockClient<Channel>)> = self
-            .clients
+        let clients = self.clients.read().unwrap_or_else(PoisonError::into_inner);
+        let up: Vec<&(u64, LockClient<Channel>)> = clients
             .iter()
             .filter(|(id, _)| !down.contains(id))
             .collect();
         if up.is_empty() {
-            return self.clients.get(rng.usize(..self.clients.len().max(1)));
+            return clients.get(rng.usize(..clients.len().max(1))).cloned();
         }
-        up.get(rng.usize(..up.len())).copied()
+        up.get(rng.usize(..up.len())).copied().cloned()
     }
 
     fn stopped(&self) -> bool {
@@ -125,7 +126,7 @@ impl Worker {
 
     fn begin(&mut self, mut e: Event) -> (Event, LockClient<Channel>) {
         let (node, client) = match self.ctx.node(&mut self.rng) {
-            Some((n, c)) => (Some(*n), Some(c.clone())),
+            Some((n, c)) => (Some(n), Some(c)),
             None => (None, None),
         };
         e.node = node;

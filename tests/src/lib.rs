@@ -89,6 +89,9 @@ pub struct NodeProc {
     child: Option<Child>,
     /// The node's stderr: its log.
     pub log: PathBuf,
+    /// Started with `--join` (the endpoints of the other nodes) instead of
+    /// `--initial-cluster`.
+    pub join: bool,
 }
 
 impl NodeProc {
@@ -318,6 +321,7 @@ impl Cluster {
                 data_dir: dir.path().join(format!("node{id}")),
                 child: None,
                 log: dir.path().join(format!("node{id}.log")),
+                join: false,
             })
             .collect();
         let initial_cluster = nodes
@@ -348,11 +352,17 @@ impl Cluster {
     }
 
     fn node(&self, id: u64) -> &NodeProc {
-        &self.nodes[(id - 1) as usize]
+        self.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id} in this cluster"))
     }
 
     fn node_mut(&mut self, id: u64) -> &mut NodeProc {
-        &mut self.nodes[(id - 1) as usize]
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id} in this cluster"))
     }
 
     /// Starts node `id` (again), with the same arguments as before.
@@ -369,8 +379,20 @@ impl Cluster {
                 env.insert(0, (k.to_string(), v.to_str().unwrap().to_string()));
             }
         }
+        let join = self
+            .nodes
+            .iter()
+            .filter(|n| n.id != id && n.is_running())
+            .map(NodeProc::client_addr)
+            .collect::<Vec<_>>()
+            .join(",");
         let node = self.node_mut(id);
         assert!(node.child.is_none(), "node {id} is already running");
+        let (membership_flag, membership) = if node.join {
+            ("--join", join)
+        } else {
+            ("--initial-cluster", initial)
+        };
         let log = File::options()
             .create(true)
             .append(true)
@@ -387,8 +409,8 @@ impl Cluster {
             &format!("127.0.0.1:{}", node.client_port),
             "--peer-listen",
             &format!("127.0.0.1:{}", node.peer_port),
-            "--initial-cluster",
-            &initial,
+            membership_flag,
+            &membership,
         ])
         .env("FENCED_LOG", "info,openraft=warn")
         .stdout(Stdio::null())
@@ -634,6 +656,41 @@ impl Cluster {
     /// The peer port's address of node `id`.
     pub fn peer_addr(&self, id: u64) -> String {
         format!("127.0.0.1:{}", self.node(id).peer_port)
+    }
+
+    /// A new node `id` with an empty data dir, started with `--join` (the
+    /// running nodes' client addresses); on fresh ports unless `ports`
+    /// (client, peer) are given (a replacement at a dead node's address).
+    pub fn join_node(&mut self, id: u64, ports: Option<(u16, u16)>) {
+        assert!(
+            self.nodes.iter().all(|n| n.id != id),
+            "node {id} exists already"
+        );
+        let (client_port, peer_port) = ports.unwrap_or_else(|| (free_port(), free_port()));
+        let dir = self.dir.path();
+        self.nodes.push(NodeProc {
+            id,
+            client_port,
+            peer_port,
+            data_dir: dir.join(format!("node{id}")),
+            child: None,
+            log: dir.join(format!("node{id}.log")),
+            join: true,
+        });
+        self.spawn(id);
+    }
+
+    /// Forgets node `id` (killed first if running): it is no longer one of
+    /// the cluster's endpoints.
+    pub fn forget(&mut self, id: u64) {
+        self.kill(id);
+        self.nodes.retain(|n| n.id != id);
+    }
+
+    /// The (client, peer) ports of node `id`.
+    pub fn ports(&self, id: u64) -> (u16, u16) {
+        let n = self.node(id);
+        (n.client_port, n.peer_port)
     }
 
     /// Starts node `id` (again) like [`Cluster::spawn`], with `env` added to

@@ -10,6 +10,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 mod hold;
 mod kv;
+mod member;
 mod observe;
 mod resource;
 mod snapshot;
@@ -170,6 +171,9 @@ enum Cmd {
     /// Check that TOKEN is still the current lease of RESOURCE (exit 0), or
     /// say why not (exit 3).
     Validate { resource: String, token: u64 },
+    /// List, add, promote and remove cluster members (admin).
+    #[command(subcommand)]
+    Member(member::MemberCmd),
     /// Backups of the cluster's state.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCmd),
@@ -282,6 +286,7 @@ async fn execute(
                 code: 0,
             }
         }
+        Cmd::Member(command) => return member::execute(client, command).await,
         Cmd::Kv(command) => return kv::execute(client, command, json_out).await,
         Cmd::Lock {
             resource,

@@ -961,6 +961,18 @@ mod tests {
         ) -> Result<Response<v1::MembershipResponse>, Status> {
             Err(Status::unimplemented("fake"))
         }
+        async fn promote_learner(
+            &self,
+            _req: Request<v1::PromoteLearnerRequest>,
+        ) -> Result<Response<v1::MembershipResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn list_members(
+            &self,
+            _req: Request<v1::ListMembersRequest>,
+        ) -> Result<Response<v1::ListMembersResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
     }
 
     /// Serves a fake node on a fresh loopback port; returns its address

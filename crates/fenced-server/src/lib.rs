@@ -24,6 +24,7 @@ pub mod health;
 pub mod limits;
 pub mod log_store;
 pub mod maintenance;
+pub mod membership;
 pub mod metrics;
 pub mod network;
 pub mod node;

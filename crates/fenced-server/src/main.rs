@@ -451,13 +451,20 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         }
     };
     let (id, dir) = (cfg.id, cfg.data_dir.clone());
-    let node = RunningNode::start(cfg)
+    let mut node = RunningNode::start(cfg)
         .await
         .map_err(|e| format!("node {id}: {e}"))?;
+    // Resolves only if the cluster refused this node's --join for good.
+    let join_refused = node.join_refused();
     // A node whose storage failed is of no use until restarted: exit so
     // that systemd, compose or Kubernetes restart it.
     tokio::select! {
         _ = shutdown_signal() => {}
+        reason = join_refused => {
+            tracing::error!(node = id, "{reason}; stopping");
+            node.shutdown().await;
+            return Err(format!("node {id}: {reason}"));
+        }
         error = node.failure() => {
             tracing::error!(
                 node = id,

@@ -28,6 +28,7 @@ use crate::{
     limits::{ConnectionLimit, Port, ServerLimits},
     log_store::LogStore,
     maintenance::MaintenanceService,
+    membership::{self, Join, JoinRefused},
     metrics,
     network::Network,
     parking::Parking,
@@ -61,6 +62,9 @@ pub struct NodeConfig {
     pub peer_listen: SocketAddr,
     /// The cluster's first membership, identical on every node.
     pub initial_cluster: BTreeMap<NodeId, Node>,
+    /// Join a running cluster as a learner instead (`--join`); ignored
+    /// when the data dir holds this node's state.
+    pub join: Option<Join>,
     pub limits: Limits,
     pub election_timeout_ms: u64,
     pub heartbeat_ms: u64,
@@ -105,6 +109,7 @@ impl NodeConfig {
             listen,
             peer_listen,
             initial_cluster,
+            join: None,
             limits: Limits::default(),
             election_timeout_ms: 500,
             heartbeat_ms: 100,
@@ -162,6 +167,8 @@ pub struct RunningNode {
     peer_tls: Option<Arc<tls::NodeTls>>,
     /// How long a stopping leader tries to hand over.
     handover_within: Duration,
+    /// Resolves when the cluster refused this node's join for good.
+    join_refused: Option<tokio::sync::oneshot::Receiver<String>>,
 }
 
 /// A node's listening sockets, bound before it starts (and outside any
@@ -333,6 +340,21 @@ impl RunningNode {
             .with_reachability(Arc::clone(&reachability)),
         );
 
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+        let join = match (&cfg.join, initialized) {
+            (Some(_), true) => {
+                tracing::info!(
+                    node = cfg.id,
+                    "the data dir holds this node's state: --join is ignored, the node \
+                     rejoins as itself"
+                );
+                None
+            }
+            (join, _) => join.clone(),
+        };
         let proposer = Proposer::start(
             raft.clone(),
             Arc::clone(&shared),
@@ -363,6 +385,7 @@ impl RunningNode {
 
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
+        let mut join_refused = None;
         tasks.push(tokio::spawn(run_leader_watch(
             raft.clone(),
             Arc::clone(&shared),
@@ -559,6 +582,17 @@ impl RunningNode {
                 }
             }
         }));
+        if let Some(join) = join {
+            // Never `initialize`: the membership comes from the cluster.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            join_refused = Some(rx);
+            let (raft, tls, stop) = (raft.clone(), tls.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                if let Err(JoinRefused::Fatal(e)) = membership::join(raft, join, tls, stop).await {
+                    let _ = tx.send(e);
+                }
+            }));
+        }
         Ok(Self {
             ctx,
             stop,
@@ -567,6 +601,7 @@ impl RunningNode {
             // Catch-up, one round trip and an election; an election timeout
             // and a lease would otherwise pass before a follower stands.
             handover_within: Duration::from_millis(cfg.election_timeout_ms * 4),
+            join_refused,
         })
     }
 
@@ -579,6 +614,22 @@ impl RunningNode {
         }
         self.ctx.proposer.stop_for_handover();
         crate::handoff::hand_over(&self.ctx.raft, self.peer_tls.clone(), self.handover_within).await
+    }
+
+    /// Resolves with the reason when the cluster refused this node's
+    /// `--join` for good (its id is a voter's, an address is taken); never
+    /// otherwise.
+    pub fn join_refused(&mut self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let rx = self.join_refused.take();
+        async move {
+            match rx {
+                Some(rx) => match rx.await {
+                    Ok(e) => e,
+                    Err(_) => std::future::pending().await,
+                },
+                None => std::future::pending().await,
+            }
+        }
     }
 
     /// Waits until a leader is known, up to `timeout`; returns its id.
