@@ -8,6 +8,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 mod hold;
 mod kv;
+mod observe;
 mod resource;
 mod supervise;
 
@@ -118,6 +119,30 @@ enum Cmd {
     Describe { resource: String },
     /// Show the cluster as each endpoint sees it.
     Status,
+    /// Print one line per ownership event (granted, released, expired) on
+    /// resources starting with PREFIX, resuming on another node if one goes
+    /// away. Needs the `read` role on PREFIX.
+    Watch {
+        /// Resource-name prefix; "" for every resource.
+        prefix: String,
+        /// Print events after this revision (0: from now). Pass the last
+        /// revision printed to resume without a gap.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Exit 0 after printing this many events.
+        #[arg(long)]
+        max_events: Option<u64>,
+    },
+    /// Show the last grants of RESOURCE, newest first, and how each ended.
+    History {
+        resource: String,
+        /// At most this many (0: all the cluster keeps).
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
+    },
+    /// Check that TOKEN is still the current lease of RESOURCE (exit 0), or
+    /// say why not (exit 3).
+    Validate { resource: String, token: u64 },
     /// Write to or read from a fenced-resource service.
     #[command(subcommand)]
     Resource(resource::ResourceCmd),
@@ -309,6 +334,26 @@ async fn execute(
                 },
                 code: 0,
             }
+        }
+        Cmd::Watch {
+            prefix,
+            from,
+            max_events,
+        } => {
+            let code = observe::watch(client, &prefix, from, max_events, json_out).await?;
+            return Ok(Report::printed(code));
+        }
+        Cmd::History { resource, limit } => {
+            let (value, text) = observe::history(client, &resource, limit).await?;
+            Report {
+                value,
+                text,
+                code: 0,
+            }
+        }
+        Cmd::Validate { resource, token } => {
+            let (value, text, code) = observe::validate(client, &resource, token).await?;
+            Report { value, text, code }
         }
         Cmd::Status => {
             let each = client.status_of_each().await;

@@ -33,7 +33,8 @@ struct Args {
     /// Systems to measure, in order: fenced, etcd, postgres.
     #[arg(long, value_delimiter = ',', default_value = "fenced")]
     systems: Vec<String>,
-    /// Scenarios: s1 s2 s3 s4 s5 s6 rolling budgets.
+    /// Scenarios: s1 s2 s3 s4 s5 s6 rolling budgets validate (validate:
+    /// fenced only, not run unless named).
     #[arg(
         long,
         value_delimiter = ',',
@@ -51,6 +52,13 @@ struct Args {
     /// Client counts for S2.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
     s2_clients: Vec<usize>,
+    /// Client counts for the validate scenario (ValidateToken, one pair per
+    /// call), then one run of ValidateTokens batches at the last count.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    validate_clients: Vec<usize>,
+    /// Pairs per ValidateTokens call in the validate scenario's batch run.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(2..=256))]
+    validate_batch: u64,
     /// Client counts for S3.
     #[arg(long, value_delimiter = ',', default_value = "2,16,64")]
     s3_clients: Vec<usize>,
@@ -564,6 +572,40 @@ async fn run_system(
             false,
         );
         table.put("S1 cycles/s", kind, run.ops_per_second(), true);
+    }
+
+    if let (true, systems::Target::Fenced { endpoints }) = (want("validate"), &sut.target) {
+        let batch = usize::try_from(args.validate_batch).unwrap_or(64);
+        let runs = args
+            .validate_clients
+            .iter()
+            .map(|&n| (n, 1))
+            .chain(args.validate_clients.last().map(|&n| (n, batch)));
+        for (n, batch) in runs {
+            let e = endpoints.clone();
+            let name = if batch > 1 {
+                format!("validate {n} clients, batches of {batch}")
+            } else {
+                format!("validate {n} clients")
+            };
+            let run = sut
+                .measure(&name, || async move {
+                    scenarios::validate(&e, n, batch, duration).await
+                })
+                .await?;
+            table.put(
+                &format!("{name}: checks/s"),
+                kind,
+                run.ops_per_second(),
+                true,
+            );
+            table.put(
+                &format!("{name}: call p99 (ms)"),
+                kind,
+                micros_ms(run.rec.quantile_micros("validate", 0.99)),
+                false,
+            );
+        }
     }
 
     let mut s2_max_64 = None;

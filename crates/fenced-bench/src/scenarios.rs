@@ -362,3 +362,84 @@ pub async fn renew_load(
         Ok(rec)
     }))
 }
+
+/// ValidateToken under load (fenced only): `clients` callers, each holding
+/// one lease, ask in a closed loop whether its token is still current
+/// (a linearizable read, no log entry). `batch` above 1 sends
+/// ValidateTokens of that many pairs per call; ops count pairs.
+pub async fn validate(
+    endpoints: &[String],
+    clients: usize,
+    batch: usize,
+    duration: Duration,
+) -> Result<Run> {
+    let prefix = format!("validate-{}", nonce());
+    let barrier = Arc::new(Barrier::new(clients + 1));
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let client =
+            crate::systems::fenced_client(endpoints)?.with_call_timeout(Duration::from_secs(15));
+        let barrier = Arc::clone(&barrier);
+        let resource = format!("{prefix}:{c}");
+        tasks.push(tokio::spawn(async move {
+            let mut rec = Recorder::new();
+            let owner = fenced_core::OwnerId::random();
+            let token = match client
+                .acquire_once(&resource, owner, Duration::from_secs(600), Duration::ZERO)
+                .await
+            {
+                Ok(fenced_client::AcquireOutcome::Granted { token, .. }) => token,
+                other => bail!("validate: {resource} not granted: {other:?}"),
+            };
+            let pairs: Vec<(&str, u64)> = (0..batch).map(|_| (resource.as_str(), token)).collect();
+            barrier.wait().await;
+            let end = Instant::now() + duration;
+            let mut ops = 0u64;
+            while Instant::now() < end {
+                let sent = Instant::now();
+                let current = if batch <= 1 {
+                    client
+                        .validate_token(&resource, token)
+                        .await
+                        .map(|v| vec![v.state])
+                } else {
+                    client
+                        .validate_tokens(&pairs)
+                        .await
+                        .map(|r| r.results.iter().map(|v| v.state).collect())
+                };
+                match current {
+                    Ok(states)
+                        if states
+                            .iter()
+                            .all(|s| *s == fenced_proto::v1::TokenState::Current as i32) =>
+                    {
+                        rec.record("validate", sent.elapsed());
+                        ops += states.len() as u64;
+                    }
+                    Ok(states) => {
+                        rec.error(|| format!("{resource}: token {token} not current: {states:?}"))
+                    }
+                    Err(e) => rec.error(|| format!("{resource}: {e}")),
+                }
+            }
+            let _ = client.release(&resource, owner, token).await;
+            Ok((ops, rec))
+        }));
+    }
+    barrier.wait().await;
+    let start = Instant::now();
+    let mut run = Run {
+        ops: 0,
+        elapsed: Duration::ZERO,
+        rec: Recorder::new(),
+        extra: BTreeMap::new(),
+    };
+    for t in tasks {
+        let (ops, rec) = t.await.context("validate task")??;
+        run.ops += ops;
+        run.rec.merge(&rec);
+    }
+    run.elapsed = start.elapsed();
+    Ok(run)
+}

@@ -561,6 +561,97 @@ impl Client {
             .into_inner())
     }
 
+    /// Whether `token` is still the current lease of `resource`
+    /// (linearizable).
+    pub async fn validate_token(
+        &self,
+        resource: &str,
+        token: u64,
+    ) -> Result<v1::ValidateTokenResponse, ClientError> {
+        let req = v1::ValidateTokenRequest {
+            resource: resource.as_bytes().to_vec(),
+            token,
+        };
+        Ok(self
+            .with_retries(self.inner.call_timeout, |ch, left| {
+                let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
+                async move { LockClient::new(ch).validate_token(req).await }
+            })
+            .await?
+            .0
+            .into_inner())
+    }
+
+    /// [`Client::validate_token`] for many pairs, answered at one point.
+    pub async fn validate_tokens(
+        &self,
+        checks: &[(&str, u64)],
+    ) -> Result<v1::ValidateTokensResponse, ClientError> {
+        let req = v1::ValidateTokensRequest {
+            checks: checks
+                .iter()
+                .map(|(r, t)| v1::ValidateTokenRequest {
+                    resource: r.as_bytes().to_vec(),
+                    token: *t,
+                })
+                .collect(),
+        };
+        Ok(self
+            .with_retries(self.inner.call_timeout, |ch, left| {
+                let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
+                async move { LockClient::new(ch).validate_tokens(req).await }
+            })
+            .await?
+            .0
+            .into_inner())
+    }
+
+    /// The last grants of `resource`, newest first (`limit` 0: all kept).
+    pub async fn history(
+        &self,
+        resource: &str,
+        limit: u32,
+    ) -> Result<v1::HistoryResponse, ClientError> {
+        let req = v1::HistoryRequest {
+            resource: resource.as_bytes().to_vec(),
+            limit,
+        };
+        Ok(self
+            .with_retries(self.inner.call_timeout, |ch, left| {
+                let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
+                async move { LockClient::new(ch).history(req).await }
+            })
+            .await?
+            .0
+            .into_inner())
+    }
+
+    /// Opens a watch stream on the first node that accepts it, starting
+    /// after `from_revision` (0: from now). The stream has no deadline; to
+    /// resume after it breaks, call again with the last revision received
+    /// (any node serves the same revisions).
+    pub async fn watch(
+        &self,
+        prefix: &str,
+        from_revision: u64,
+    ) -> Result<tonic::Streaming<v1::WatchResponse>, ClientError> {
+        let req = v1::WatchRequest {
+            prefix: prefix.as_bytes().to_vec(),
+            from_revision,
+        };
+        Ok(self
+            .with_retries(self.inner.call_timeout, |ch, _| {
+                let mut req = tonic::Request::new(req.clone());
+                if let Some(bearer) = &self.inner.bearer {
+                    req.metadata_mut().insert("authorization", bearer.clone());
+                }
+                async move { LockClient::new(ch).watch(req).await }
+            })
+            .await?
+            .0
+            .into_inner())
+    }
+
     /// The status of the first node that answers.
     pub async fn status(&self) -> Result<v1::StatusResponse, ClientError> {
         Ok(self

@@ -49,6 +49,31 @@ impl lock_server::Lock for Spent {
     ) -> Result<Response<v1::DescribeResponse>, Status> {
         Err(Status::unimplemented("not in this test"))
     }
+    async fn validate_token(
+        &self,
+        _: Request<v1::ValidateTokenRequest>,
+    ) -> Result<Response<v1::ValidateTokenResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn validate_tokens(
+        &self,
+        _: Request<v1::ValidateTokensRequest>,
+    ) -> Result<Response<v1::ValidateTokensResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    type WatchStream = tonic::codegen::BoxStream<v1::WatchResponse>;
+    async fn watch(
+        &self,
+        _: Request<v1::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn history(
+        &self,
+        _: Request<v1::HistoryRequest>,
+    ) -> Result<Response<v1::HistoryResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,7 @@ mod ids;
 mod kv;
 mod limits;
 mod name;
+mod observe;
 mod outcome;
 mod table;
 mod time;
@@ -34,6 +35,11 @@ pub use limits::{
     Capacity, CapacityBound, Limits, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE,
 };
 pub use name::{ResourceName, RESOURCE_NAME_MAX_BYTES};
+pub use observe::{
+    watch_prefix, Change, ChangeKind, ChangesAfter, Compacted, HistoryEntry, LeaseEnd, TokenState,
+    Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_VALIDATE_BATCH,
+    WATCH_WINDOW,
+};
 pub use outcome::{Applied, Description, Event, Grant, LostReason, Outcome};
 pub use table::{LeaseTable, SnapshotError, TableSnapshot, SNAPSHOT_FORMAT_VERSION};
 pub use time::{ClusterTime, LeaderClock};

@@ -3,13 +3,17 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Applied, Batch, Capacity, CapacityBound, ClusterTime, Command, Description, Event, Grant,
-    KvSnapshot, KvStore, LostReason, Outcome, OwnerId, ResourceName, Token, MAX_IDLE_RECORDS,
-    MAX_WAITERS_PER_RESOURCE,
+    observe::Window, Applied, Batch, Capacity, CapacityBound, Change, ChangeKind, ChangesAfter,
+    ClusterTime, Command, Compacted, Description, Event, Grant, HistoryEntry, KvSnapshot, KvStore,
+    LeaseEnd, LostReason, Outcome, OwnerId, ResourceName, Token, TokenState, Validation,
+    DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_IDLE_RECORDS,
+    MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
 };
 
 /// The version of [`TableSnapshot`]'s layout. Bump it when the layout changes.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+/// Version 2 added the change window and the grant history; version 1
+/// snapshots still load (with no history and no changes kept).
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Lease {
@@ -141,6 +145,11 @@ pub struct LeaseTable {
     max_idle: usize,
     /// Fenced writes, decided against the leases above (see [`KvStore`]).
     kv: KvStore,
+    /// Recent ownership changes, numbered, for watchers.
+    window: Window,
+    /// The last grants of each remembered resource, oldest first.
+    history: BTreeMap<ResourceName, VecDeque<HistoryEntry>>,
+    history_len: usize,
 }
 
 impl Default for LeaseTable {
@@ -161,6 +170,131 @@ impl LeaseTable {
             next_idle_seq: 0,
             max_idle: MAX_IDLE_RECORDS,
             kv: KvStore::new(),
+            window: Window::new(WATCH_WINDOW),
+            history: BTreeMap::new(),
+            history_len: DEFAULT_HISTORY_PER_RESOURCE,
+        }
+    }
+
+    /// The same table remembering at most `len` grants per resource (at
+    /// most [`MAX_HISTORY_PER_RESOURCE`]); older entries are dropped now.
+    /// Every node of a cluster must use the same value: it shapes the
+    /// replicated state.
+    pub fn with_history_len(mut self, len: usize) -> Self {
+        self.history_len = len.min(MAX_HISTORY_PER_RESOURCE);
+        for entries in self.history.values_mut() {
+            while entries.len() > self.history_len {
+                entries.pop_front();
+            }
+        }
+        self.history.retain(|_, e| !e.is_empty());
+        self
+    }
+
+    /// The same table keeping at most `len` recent changes (tests of the
+    /// window use a small one; servers always use [`WATCH_WINDOW`]).
+    pub fn with_watch_window(mut self, len: usize) -> Self {
+        self.window.capacity = len;
+        while self.window.changes.len() > len {
+            self.window.changes.pop_front();
+        }
+        self
+    }
+
+    /// The revision of the latest change (0 before the first).
+    pub fn revision(&self) -> u64 {
+        self.window.revision
+    }
+
+    /// The oldest revision still kept (one past [`LeaseTable::revision`]
+    /// when none is).
+    pub fn oldest_revision(&self) -> u64 {
+        self.window.oldest()
+    }
+
+    /// Up to `max` changes after revision `after` on resources starting with
+    /// `prefix`, or [`Compacted`] when some after it are no longer kept.
+    pub fn changes_after(
+        &self,
+        after: u64,
+        prefix: &str,
+        max: usize,
+    ) -> Result<ChangesAfter, Compacted> {
+        self.window.after(after, prefix, max)
+    }
+
+    /// The remembered grants of `resource`, newest first, at most `limit`.
+    pub fn history(&self, resource: &str, limit: usize) -> Vec<HistoryEntry> {
+        self.history
+            .get(resource)
+            .map(|e| e.iter().rev().take(limit).copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether `token` is still the current lease of `resource` at cluster
+    /// time `now` (a read; `now` never earlier than the table's).
+    pub fn validate(&self, resource: &str, token: Token, now: ClusterTime) -> Validation {
+        let now = now.max(self.now);
+        let Some(rec) = self.records.get(resource) else {
+            return Validation {
+                state: TokenState::Unknown,
+                current_token: 0,
+            };
+        };
+        let current_token = rec.last_token.get();
+        let state = if token < rec.last_token {
+            TokenState::Superseded
+        } else if token > rec.last_token {
+            TokenState::Unknown
+        } else {
+            match (&rec.holder, &rec.ended) {
+                (Some(l), _) if l.token == token && l.expires_at > now => TokenState::Current {
+                    remaining_ms: l.expires_at.millis_since(now),
+                },
+                // Ran out, not yet swept: the next entry ends it as expired.
+                (Some(l), _) if l.token == token => TokenState::Expired,
+                (None, Some(e)) if e.token == token => match e.reason {
+                    EndReason::Released => TokenState::Released,
+                    EndReason::Expired => TokenState::Expired,
+                },
+                _ => TokenState::Unknown,
+            }
+        };
+        Validation {
+            state,
+            current_token,
+        }
+    }
+
+    fn record_change(
+        &mut self,
+        name: &ResourceName,
+        kind: ChangeKind,
+        token: Token,
+        owner: OwnerId,
+        now: ClusterTime,
+    ) {
+        self.window.record(name, kind, token, owner, now);
+        if self.history_len == 0 {
+            return;
+        }
+        if kind == ChangeKind::Granted {
+            let entries = self.history.entry(name.clone()).or_default();
+            entries.push_back(HistoryEntry {
+                token,
+                owner,
+                granted_at: now,
+                end: None,
+            });
+            while entries.len() > self.history_len {
+                entries.pop_front();
+            }
+        } else if let Some(entry) = self
+            .history
+            .get_mut(name)
+            .and_then(|e| e.iter_mut().rev().find(|e| e.token == token))
+        {
+            entry.end = Some(LeaseEnd { at: now, how: kind });
         }
     }
 
@@ -288,6 +422,18 @@ impl LeaseTable {
         }
     }
 
+    /// The earliest cluster time at which an entry would change something
+    /// without a command: a wait ending, or any lease running out (so that
+    /// expiries are recorded, with a revision, soon after they happen).
+    pub fn next_sweep(&self) -> Option<ClusterTime> {
+        let first_deadline = self.deadlines.first().map(|(t, _, _)| *t);
+        let first_expiry = self.expiries.first().map(|(t, _)| *t);
+        match (first_deadline, first_expiry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Applies one log entry. Cluster time only moves forward: a stamp older
     /// than the table's time is treated as the table's time.
     pub fn apply(&mut self, batch: &Batch) -> Applied {
@@ -405,6 +551,7 @@ impl LeaseTable {
                     owner: lease.owner,
                     token: lease.token,
                 });
+                self.record_change(&name, ChangeKind::Expired, lease.token, lease.owner, now);
             }
             self.hand_off(&name, now, events);
             self.update_idle(&name);
@@ -551,6 +698,7 @@ impl LeaseTable {
                     token,
                     reason: EndReason::Released,
                 });
+                self.record_change(name, ChangeKind::Released, token, owner, now);
                 self.hand_off(name, now, events);
                 Outcome::Released
             }
@@ -599,6 +747,7 @@ impl LeaseTable {
             }
         }
         self.expiries.insert((expires_at, name.clone()));
+        self.record_change(name, ChangeKind::Granted, token, owner, now);
         Grant {
             token,
             expires_at,
@@ -650,6 +799,7 @@ impl LeaseTable {
         while self.idle.len() > self.max_idle {
             if let Some((_, name)) = self.idle.pop_first() {
                 self.records.remove(&name);
+                self.history.remove(&name);
             }
         }
     }
@@ -688,6 +838,32 @@ impl LeaseTable {
                 self.idle.len(),
                 self.max_idle
             ));
+        }
+        self.window.check()?;
+        for (name, entries) in &self.history {
+            let Some(rec) = self.records.get(name) else {
+                return Err(format!("history kept for {name}, which is not remembered"));
+            };
+            if entries.is_empty() || entries.len() > self.history_len {
+                return Err(format!(
+                    "resource {name}: {} history entries, bound {}",
+                    entries.len(),
+                    self.history_len
+                ));
+            }
+            if entries
+                .iter()
+                .zip(entries.iter().skip(1))
+                .any(|(a, b)| a.token >= b.token)
+            {
+                return Err(format!("resource {name}: history tokens out of order"));
+            }
+            if entries.iter().rev().skip(1).any(|e| e.end.is_none()) {
+                return Err(format!("resource {name}: an older grant never ended"));
+            }
+            if entries.back().is_some_and(|e| e.token > rec.last_token) {
+                return Err(format!("resource {name}: history ahead of its token"));
+            }
         }
         Ok(())
     }
@@ -734,13 +910,20 @@ impl LeaseTable {
                 .iter()
                 .map(|(n, r)| (n.clone(), r.clone()))
                 .collect(),
+            revision: self.window.revision,
+            changes: self.window.changes.iter().cloned().collect(),
+            history: self
+                .history
+                .iter()
+                .map(|(n, e)| (n.clone(), e.iter().copied().collect()))
+                .collect(),
         }
     }
 
     /// Rebuilds a table from a snapshot, refusing an unknown format or a
     /// snapshot whose contents break an invariant.
     pub fn from_snapshot(snapshot: TableSnapshot) -> Result<Self, SnapshotError> {
-        if snapshot.format_version != SNAPSHOT_FORMAT_VERSION {
+        if !(1..=SNAPSHOT_FORMAT_VERSION).contains(&snapshot.format_version) {
             return Err(SnapshotError::Version {
                 found: snapshot.format_version,
                 supported: SNAPSHOT_FORMAT_VERSION,
@@ -752,6 +935,13 @@ impl LeaseTable {
             next_idle_seq: snapshot.next_idle_seq,
             ..LeaseTable::new()
         };
+        table.window.revision = snapshot.revision;
+        table.window.changes = snapshot.changes.into();
+        table.history = snapshot
+            .history
+            .into_iter()
+            .map(|(n, e)| (n, e.into()))
+            .collect();
         for (name, rec) in snapshot.records {
             if let Some(l) = &rec.holder {
                 table.expiries.insert((l.expires_at, name.clone()));
@@ -788,13 +978,117 @@ fn position_u32(n: usize) -> u32 {
 
 /// The whole lease table in a form that serializes, tagged with its format
 /// version ([`SNAPSHOT_FORMAT_VERSION`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Fields are only ever appended, and a version 1 snapshot ends after
+/// `records`: it is read by a deserializer that stops there (see
+/// `snapshot_format`). It must stay the last value of whatever contains it,
+/// as in a sequential format the reader cannot skip what it did not read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TableSnapshot {
     format_version: u32,
     now: ClusterTime,
     last_token: u64,
     next_idle_seq: u64,
     records: Vec<(ResourceName, Record)>,
+    // Version 2:
+    revision: u64,
+    changes: Vec<Change>,
+    history: Vec<(ResourceName, Vec<HistoryEntry>)>,
+}
+
+mod snapshot_format {
+    use std::fmt;
+
+    use serde::{
+        de::{value::MapAccessDeserializer, Error, MapAccess, SeqAccess, Visitor},
+        Deserialize, Deserializer,
+    };
+
+    use super::{Record, TableSnapshot};
+    use crate::{Change, ClusterTime, HistoryEntry, ResourceName};
+
+    const FIELDS: &[&str] = &[
+        "format_version",
+        "now",
+        "last_token",
+        "next_idle_seq",
+        "records",
+        "revision",
+        "changes",
+        "history",
+    ];
+
+    struct SnapshotVisitor;
+
+    impl<'de> Visitor<'de> for SnapshotVisitor {
+        type Value = TableSnapshot;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a lease table snapshot")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TableSnapshot, A::Error> {
+            let missing = |i| A::Error::invalid_length(i, &"the fields of its format version");
+            let format_version: u32 = seq.next_element()?.ok_or_else(|| missing(0))?;
+            let now = seq.next_element()?.ok_or_else(|| missing(1))?;
+            let last_token = seq.next_element()?.ok_or_else(|| missing(2))?;
+            let next_idle_seq = seq.next_element()?.ok_or_else(|| missing(3))?;
+            let records = seq.next_element()?.ok_or_else(|| missing(4))?;
+            let mut snapshot = TableSnapshot {
+                format_version,
+                now,
+                last_token,
+                next_idle_seq,
+                records,
+                revision: 0,
+                changes: Vec::new(),
+                history: Vec::new(),
+            };
+            if format_version >= 2 {
+                snapshot.revision = seq.next_element()?.ok_or_else(|| missing(5))?;
+                snapshot.changes = seq.next_element()?.ok_or_else(|| missing(6))?;
+                snapshot.history = seq.next_element()?.ok_or_else(|| missing(7))?;
+            }
+            Ok(snapshot)
+        }
+
+        /// Self-describing formats name their fields; the ones a version 1
+        /// snapshot lacks default to empty.
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<TableSnapshot, A::Error> {
+            let n = Named::deserialize(MapAccessDeserializer::new(map))?;
+            Ok(TableSnapshot {
+                format_version: n.format_version,
+                now: n.now,
+                last_token: n.last_token,
+                next_idle_seq: n.next_idle_seq,
+                records: n.records,
+                revision: n.revision,
+                changes: n.changes,
+                history: n.history,
+            })
+        }
+    }
+
+    #[derive(Deserialize)]
+    struct Named {
+        format_version: u32,
+        now: ClusterTime,
+        last_token: u64,
+        next_idle_seq: u64,
+        records: Vec<(ResourceName, Record)>,
+        #[serde(default)]
+        revision: u64,
+        #[serde(default)]
+        changes: Vec<Change>,
+        #[serde(default)]
+        history: Vec<(ResourceName, Vec<HistoryEntry>)>,
+    }
+
+    impl<'de> Deserialize<'de> for TableSnapshot {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_struct("TableSnapshot", FIELDS, SnapshotVisitor)
+        }
+    }
 }
 
 impl TableSnapshot {

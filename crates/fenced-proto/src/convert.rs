@@ -1,6 +1,6 @@
 use fenced_core::{
-    CapacityBound, ClusterTime, Command, Description, InvalidArgument, Limits, LostReason, Outcome,
-    OwnerId, ResourceName, Token,
+    CapacityBound, ChangeKind, ClusterTime, Command, Description, HistoryEntry, InvalidArgument,
+    Limits, LostReason, Outcome, OwnerId, ResourceName, Token, TokenState, Validation,
 };
 use tonic::Status;
 
@@ -179,6 +179,107 @@ pub fn describe_reply(d: &Description, now: ClusterTime) -> v1::DescribeResponse
         held: d.held,
         remaining_ms: d.remaining_ms,
         waiters: d.waiters,
+        cluster_time_ms: now.as_millis(),
+    }
+}
+
+/// A validated (resource, token) pair to check.
+pub fn validate_check(
+    req: &v1::ValidateTokenRequest,
+) -> Result<(ResourceName, Token), InvalidArgument> {
+    Ok((
+        ResourceName::from_bytes(&req.resource)?,
+        Token::new(req.token)?,
+    ))
+}
+
+/// The validated pairs of a batch: 1 to [`fenced_core::MAX_VALIDATE_BATCH`].
+/// A bad pair is named by its index (`checks[3].token`).
+///
+/// ```
+/// use fenced_proto::{validate_checks, v1::ValidateTokensRequest};
+/// let err = validate_checks(&ValidateTokensRequest { checks: vec![] }).unwrap_err();
+/// assert_eq!(err.field(), "checks");
+/// ```
+pub fn validate_checks(
+    req: &v1::ValidateTokensRequest,
+) -> Result<Vec<(ResourceName, Token)>, InvalidArgument> {
+    let max = fenced_core::MAX_VALIDATE_BATCH;
+    let n = req.checks.len();
+    if n == 0 || n > max {
+        return Err(InvalidArgument::new(
+            "checks",
+            format!("must hold 1 to {max} pairs, got {n}"),
+        ));
+    }
+    req.checks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            validate_check(c)
+                .map_err(|e| InvalidArgument::new("checks", format!("checks[{i}].{e}")))
+        })
+        .collect()
+}
+
+/// The wire form of a token's state.
+pub fn validate_reply(v: &Validation, now: ClusterTime) -> v1::ValidateTokenResponse {
+    let (state, remaining_ms) = match v.state {
+        TokenState::Current { remaining_ms } => (v1::TokenState::Current, remaining_ms),
+        TokenState::Superseded => (v1::TokenState::Superseded, 0),
+        TokenState::Expired => (v1::TokenState::Expired, 0),
+        TokenState::Released => (v1::TokenState::Released, 0),
+        TokenState::Unknown => (v1::TokenState::Unknown, 0),
+    };
+    v1::ValidateTokenResponse {
+        state: state as i32,
+        current_token: v.current_token,
+        remaining_ms,
+        cluster_time_ms: now.as_millis(),
+    }
+}
+
+/// The validated resource of a history request and its limit: 0 means all
+/// kept, else 1 to [`fenced_core::MAX_HISTORY_PER_RESOURCE`].
+pub fn history_request(req: &v1::HistoryRequest) -> Result<(ResourceName, usize), InvalidArgument> {
+    let resource = ResourceName::from_bytes(&req.resource)?;
+    let max = fenced_core::MAX_HISTORY_PER_RESOURCE;
+    let limit = usize::try_from(req.limit).unwrap_or(usize::MAX);
+    if limit > max {
+        return Err(InvalidArgument::new(
+            "limit",
+            format!("must be 0 (all kept) to {max}, got {limit}"),
+        ));
+    }
+    Ok((resource, if limit == 0 { max } else { limit }))
+}
+
+/// The wire form of how a lease ended.
+pub fn event_kind(kind: ChangeKind) -> v1::EventKind {
+    match kind {
+        ChangeKind::Granted => v1::EventKind::Granted,
+        ChangeKind::Released => v1::EventKind::Released,
+        ChangeKind::Expired => v1::EventKind::Expired,
+        ChangeKind::Superseded => v1::EventKind::Superseded,
+    }
+}
+
+/// The wire form of a resource's remembered grants.
+pub fn history_reply(entries: &[HistoryEntry], now: ClusterTime) -> v1::HistoryResponse {
+    v1::HistoryResponse {
+        entries: entries
+            .iter()
+            .map(|e| v1::HistoryEntry {
+                token: e.token.get(),
+                owner_id: e.owner.as_bytes().to_vec(),
+                granted_at_ms: e.granted_at.as_millis(),
+                ended_at_ms: e.end.map_or(0, |end| end.at.as_millis()),
+                ended: e
+                    .end
+                    .map_or(v1::EventKind::Unspecified, |end| event_kind(end.how))
+                    as i32,
+            })
+            .collect(),
         cluster_time_ms: now.as_millis(),
     }
 }

@@ -34,6 +34,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod current;
 mod decide;
 mod limits;
 #[cfg(feature = "postgres")]

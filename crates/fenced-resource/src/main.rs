@@ -3,7 +3,11 @@
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use clap::{Parser, Subcommand};
-use fenced_resource::{service::ResourceService, FenceStore, Mode};
+use fenced_resource::{
+    current::{ClusterOptions, CurrentCheck},
+    service::ResourceService,
+    FenceStore, Mode,
+};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing_subscriber::EnvFilter;
 
@@ -38,7 +42,87 @@ enum Command {
         default_mode: Mode,
         #[command(flatten)]
         tls: TlsArgs,
+        #[command(flatten)]
+        current: CurrentArgs,
     },
+}
+
+/// "Still current" checks against the lock cluster.
+#[derive(clap::Args)]
+struct CurrentArgs {
+    /// Before applying a write, ask the lock cluster (ValidateToken) that
+    /// its token is still the current lease; refuse it otherwise, and when
+    /// the cluster cannot answer.
+    #[arg(long, env = "FENCED_RESOURCE_REQUIRE_CURRENT", requires = "cluster")]
+    require_current: bool,
+    /// Check only keys starting with this (repeatable; default every key).
+    #[arg(
+        long = "require-current-prefix",
+        env = "FENCED_RESOURCE_REQUIRE_CURRENT_PREFIX",
+        value_delimiter = ',',
+        requires = "require_current"
+    )]
+    require_current_prefix: Vec<String>,
+    /// Comma-separated host:port of the lock cluster's nodes.
+    #[arg(long, env = "FENCED_RESOURCE_CLUSTER", value_delimiter = ',')]
+    cluster: Vec<String>,
+    /// The CA (PEM) of the cluster's certificates: TLS to the cluster.
+    #[arg(long, env = "FENCED_RESOURCE_CLUSTER_CA")]
+    cluster_ca: Option<PathBuf>,
+    /// This service's certificate and key (PEM) for the cluster.
+    #[arg(long, env = "FENCED_RESOURCE_CLUSTER_CERT", requires_all = ["cluster_key", "cluster_ca"])]
+    cluster_cert: Option<PathBuf>,
+    #[arg(long, env = "FENCED_RESOURCE_CLUSTER_KEY", requires_all = ["cluster_cert", "cluster_ca"])]
+    cluster_key: Option<PathBuf>,
+    /// A file whose first line is a bearer token with the `read` role.
+    #[arg(long, env = "FENCED_RESOURCE_CLUSTER_TOKEN_FILE")]
+    cluster_token_file: Option<PathBuf>,
+    /// How long one check may take in all, ms (100 to 60000).
+    #[arg(long, env = "FENCED_RESOURCE_CURRENT_TIMEOUT_MS", default_value_t = 2_000,
+        value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    current_timeout_ms: u64,
+    /// The most checks in flight; beyond, writes are refused (1 to 100000).
+    #[arg(long, env = "FENCED_RESOURCE_CURRENT_CHECKS_IN_FLIGHT", default_value_t = 1_024,
+        value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    current_checks_in_flight: u64,
+}
+
+impl CurrentArgs {
+    fn check(&self) -> Result<Option<CurrentCheck>, String> {
+        if !self.require_current {
+            return Ok(None);
+        }
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+        let bearer = match &self.cluster_token_file {
+            None => None,
+            Some(p) => {
+                let text = String::from_utf8(read(p)?)
+                    .map_err(|_| format!("{}: not UTF-8", p.display()))?;
+                Some(
+                    text.lines()
+                        .next()
+                        .map(str::trim)
+                        .filter(|t| !t.is_empty())
+                        .ok_or_else(|| format!("cluster_token_file {}: empty", p.display()))?
+                        .to_string(),
+                )
+            }
+        };
+        let identity_pem = match (&self.cluster_cert, &self.cluster_key) {
+            (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+            _ => None,
+        };
+        CurrentCheck::new(ClusterOptions {
+            endpoints: self.cluster.clone(),
+            ca_pem: self.cluster_ca.as_ref().map(read).transpose()?,
+            identity_pem,
+            bearer,
+            key_prefixes: self.require_current_prefix.clone(),
+            timeout: std::time::Duration::from_millis(self.current_timeout_ms),
+            max_in_flight: usize::try_from(self.current_checks_in_flight).unwrap_or(usize::MAX),
+        })
+        .map(Some)
+    }
 }
 
 /// TLS on the gRPC port: all three files, or none (plaintext).
@@ -102,7 +186,9 @@ fn main() -> ExitCode {
         data_dir,
         default_mode,
         tls,
+        current,
     } = cli.command;
+
     let tls = match tls.config() {
         Ok(t) => t,
         Err(e) => {
@@ -127,14 +213,30 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // The cluster's channels need the runtime to exist.
+    let current = {
+        let _runtime = runtime.enter();
+        match current.check() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("fenced-resource: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    };
     let result = runtime.block_on(async {
         tracing::info!(%listen, data_dir = %data_dir.display(), %default_mode, tls = tls.is_some(), "fenced-resource serving");
         let mut server = tonic::transport::Server::builder();
         if let Some(tls) = tls {
             server = server.tls_config(tls)?;
         }
+        let mut service = ResourceService::new(store);
+        if let Some(check) = current {
+            tracing::info!("writes need a token still current on the lock cluster");
+            service = service.with_current_check(check);
+        }
         server
-            .add_service(ResourceService::new(store).into_server())
+            .add_service(service.into_server())
             .serve_with_shutdown(listen, shutdown_signal())
             .await
     });

@@ -16,7 +16,8 @@ use fenced_proto::v1::{
 use tonic::{metadata::MetadataMap, Request, Response, Status};
 
 use crate::{
-    limits::check_key, FenceStore, Mode, RejectReason, Rejection, StoreError, Write, WriteOutcome,
+    current::CurrentCheck, limits::check_key, FenceStore, Mode, RejectReason, Rejection,
+    StoreError, Write, WriteOutcome,
 };
 
 /// Metadata carrying the fencing token, as decimal text.
@@ -54,6 +55,9 @@ pub const OWNER_METADATA: &str = "x-fencing-owner";
 #[derive(Clone)]
 pub struct ResourceService {
     store: Arc<FenceStore>,
+    /// Set: writes to the keys it covers need a token still current on the
+    /// lock cluster.
+    current: Option<CurrentCheck>,
 }
 
 impl ResourceService {
@@ -66,7 +70,20 @@ impl ResourceService {
     /// # Ok::<(), fenced_resource::StoreError>(())
     /// ```
     pub fn new(store: Arc<FenceStore>) -> Self {
-        ResourceService { store }
+        ResourceService {
+            store,
+            current: None,
+        }
+    }
+
+    /// The same service requiring, for the keys `check` covers, that a
+    /// write's token is still the current lease (asked of the lock cluster
+    /// before the write is applied; refused when it cannot answer).
+    pub fn with_current_check(self, check: CurrentCheck) -> Self {
+        Self {
+            current: Some(check),
+            ..self
+        }
     }
 
     /// The tonic server to add to a router.
@@ -276,6 +293,9 @@ impl v1::fenced_resource_server::FencedResource for ResourceService {
             tracing::warn!(error = %e, "put refused as invalid");
             Status::invalid_argument(e.to_string())
         })?;
+        if let Some(check) = self.current.as_ref().filter(|c| c.applies_to(&write.key)) {
+            check.require(&write.resource, write.token).await?;
+        }
         let store = self.store.clone();
         let outcome = tokio::task::spawn_blocking(move || store.write(&write))
             .await

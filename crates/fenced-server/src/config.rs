@@ -85,6 +85,20 @@ pub struct RunSettings {
     /// Most blocking acquires one identity may have waiting (with auth on).
     #[arg(long, env = "FENCED_MAX_WAITERS_PER_IDENTITY")]
     pub max_waiters_per_identity: Option<u64>,
+    /// Grants remembered per resource for History (0 to 64). Shapes the
+    /// replicated state: give every node the same value.
+    #[arg(long, env = "FENCED_HISTORY_PER_RESOURCE")]
+    pub history_per_resource: Option<u64>,
+    /// Most open Watch streams on this node.
+    #[arg(long, env = "FENCED_MAX_WATCHERS")]
+    pub max_watchers: Option<u64>,
+    /// Most open Watch streams of one identity on this node (with auth on).
+    #[arg(long, env = "FENCED_MAX_WATCHERS_PER_IDENTITY")]
+    pub max_watchers_per_identity: Option<u64>,
+    /// Messages a Watch stream may have waiting for its client; a client
+    /// that leaves it full for 5 s is sent FellBehind.
+    #[arg(long, env = "FENCED_WATCH_BUFFER")]
+    pub watch_buffer: Option<u64>,
     /// Most open connections per listener (client port and peer port);
     /// beyond it a new connection is closed at once.
     #[arg(long, env = "FENCED_MAX_CONNECTIONS")]
@@ -190,6 +204,12 @@ impl RunSettings {
             max_waiters_per_identity: self
                 .max_waiters_per_identity
                 .or(file.max_waiters_per_identity),
+            history_per_resource: self.history_per_resource.or(file.history_per_resource),
+            max_watchers: self.max_watchers.or(file.max_watchers),
+            max_watchers_per_identity: self
+                .max_watchers_per_identity
+                .or(file.max_watchers_per_identity),
+            watch_buffer: self.watch_buffer.or(file.watch_buffer),
             tls_cert: self.tls_cert.or(file.tls_cert),
             tls_key: self.tls_key.or(file.tls_key),
             tls_ca: self.tls_ca.or(file.tls_ca),
@@ -384,6 +404,34 @@ impl RunSettings {
             1,
             10_000_000,
         )?;
+        cfg.history_per_resource = as_usize(bounded(
+            "history_per_resource",
+            self.history_per_resource,
+            cfg.history_per_resource as u64,
+            0,
+            fenced_core::MAX_HISTORY_PER_RESOURCE as u64,
+        )?);
+        cfg.max_watchers = as_usize(bounded(
+            "max_watchers",
+            self.max_watchers,
+            cfg.max_watchers as u64,
+            1,
+            100_000,
+        )?);
+        cfg.max_watchers_per_identity = as_usize(bounded(
+            "max_watchers_per_identity",
+            self.max_watchers_per_identity,
+            cfg.max_watchers_per_identity as u64,
+            1,
+            100_000,
+        )?);
+        cfg.watch_buffer = as_usize(bounded(
+            "watch_buffer",
+            self.watch_buffer,
+            cfg.watch_buffer as u64,
+            1,
+            65_536,
+        )?);
         cfg.tls = tls_settings(
             self.tls_cert,
             self.tls_key,
@@ -477,6 +525,10 @@ fn bounded(
         return Err(format!("{field}: must be between {min} and {max}, got {v}"));
     }
     Ok(v)
+}
+
+fn as_usize(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
 }
 
 fn resolve(field: &str, addr: &str) -> Result<SocketAddr, String> {

@@ -343,7 +343,12 @@ proptest! {
             let state = dir.path().join(format!("state-{i}"));
             std::fs::create_dir_all(&state).unwrap();
             std::fs::write(state.join("snapshot.bin"), bytes).unwrap();
-            StateMachine::open(&state, Parking::new(4), log.purge_horizon())
+            StateMachine::open(
+                &state,
+                Parking::new(4),
+                log.purge_horizon(),
+                fenced_core::DEFAULT_HISTORY_PER_RESOURCE,
+            )
         };
         // The valid file loads: the mutations below start from a real one.
         let sm = open(0, &file).expect("the valid snapshot file loads");

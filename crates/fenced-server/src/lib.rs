@@ -34,6 +34,9 @@ pub mod state_machine;
 pub mod time_floor;
 pub mod tls;
 pub mod types;
+pub mod watch;
 
 #[cfg(test)]
 mod decoder_props;
+#[cfg(test)]
+mod openraft_contract;

@@ -718,8 +718,13 @@ pub(crate) mod testing {
 
     /// The state machine of a node whose data directory is `dir`.
     pub fn open_state(dir: &Path, log: &LogStore) -> StateMachine {
-        StateMachine::open(&dir.join("state"), Parking::new(16), log.purge_horizon())
-            .expect("open state machine")
+        StateMachine::open(
+            &dir.join("state"),
+            Parking::new(16),
+            log.purge_horizon(),
+            fenced_core::DEFAULT_HISTORY_PER_RESOURCE,
+        )
+        .expect("open state machine")
     }
 
     /// Opens a node's log and state machine from `dir` and runs openraft's

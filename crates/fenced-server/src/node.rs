@@ -40,6 +40,7 @@ use crate::{
     time_floor::TimeFloor,
     tls::{self, Members, TlsSettings},
     types::{Node, NodeId, Raft},
+    watch::Watchers,
 };
 
 /// Where in the data directory the Raft log (entries, vote, commit mark)
@@ -75,6 +76,13 @@ pub struct NodeConfig {
     pub auth: AuthConfig,
     pub max_leases_per_identity: u64,
     pub max_waiters_per_identity: u64,
+    /// Grants remembered per resource (History); the same on every node.
+    pub history_per_resource: usize,
+    /// Watch streams on this node, in total and per identity.
+    pub max_watchers: usize,
+    pub max_watchers_per_identity: usize,
+    /// Messages one Watch stream may have waiting for its client.
+    pub watch_buffer: usize,
     /// Connections, streams, keep-alive, idle timeout, snapshot size.
     pub server_limits: ServerLimits,
     /// TLS on both ports (mutual between nodes); `None`: plaintext.
@@ -117,6 +125,10 @@ impl NodeConfig {
             auth: AuthConfig::default(),
             max_leases_per_identity: DEFAULT_MAX_LEASES_PER_IDENTITY,
             max_waiters_per_identity: DEFAULT_MAX_WAITERS_PER_IDENTITY,
+            history_per_resource: fenced_core::DEFAULT_HISTORY_PER_RESOURCE,
+            max_watchers: crate::watch::DEFAULT_MAX_WATCHERS,
+            max_watchers_per_identity: crate::watch::DEFAULT_MAX_WATCHERS_PER_IDENTITY,
+            watch_buffer: crate::watch::DEFAULT_WATCH_BUFFER,
             server_limits: ServerLimits::default(),
             tls: None,
             metrics_tls: false,
@@ -179,8 +191,13 @@ impl RunningNode {
             Err(e) => return Err(storage(Box::new(e))),
         }
         let parking = Parking::new(cfg.max_parked);
-        let sm = StateMachine::open(&cfg.data_dir.join(STATE_DIR), parking, log.purge_horizon())
-            .map_err(|e| storage(e.to_string().into()))?;
+        let sm = StateMachine::open(
+            &cfg.data_dir.join(STATE_DIR),
+            parking,
+            log.purge_horizon(),
+            cfg.history_per_resource,
+        )
+        .map_err(|e| storage(e.to_string().into()))?;
         let shared = sm.shared();
         let floor = Arc::new(TimeFloor::open(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?);
         let time = Arc::new(LeaderTime::new(
@@ -289,7 +306,12 @@ impl RunningNode {
             Arc::clone(&auth),
             IdentityQuota::new(cfg.max_leases_per_identity, cfg.max_waiters_per_identity),
         )
-        .with_forward_tls(tls.clone());
+        .with_forward_tls(tls.clone())
+        .with_watchers(Watchers::new(
+            cfg.max_watchers,
+            cfg.max_watchers_per_identity,
+            cfg.watch_buffer,
+        ));
 
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -485,6 +507,9 @@ impl RunningNode {
     /// Stops serving, then stops Raft; storage is closed when this returns.
     pub async fn shutdown(self) {
         self.stop.cancel();
+        // Watch streams never end by themselves: end them, so the listeners
+        // can finish.
+        self.ctx.watchers.close();
         let mut tasks = self.tasks.into_iter();
         // The leader watch and the ticker never end by themselves.
         for background in tasks.by_ref().take(2) {

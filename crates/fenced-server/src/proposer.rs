@@ -456,8 +456,10 @@ pub async fn run_leader_watch(raft: Raft, shared: Arc<Shared>, time: Arc<LeaderT
     }
 }
 
-/// Proposes ticks on the leader when a wait ends or a lease someone waits for
-/// expires, so parked callers are answered on time.
+/// Proposes ticks on the leader when a wait ends or any lease expires, so
+/// parked callers are answered on time and every expiry is recorded, with a
+/// revision, within a tick of its time (docs/DECISIONS.md, "Expiries are
+/// swept by the leader").
 pub async fn run_ticker(
     raft: Raft,
     shared: Arc<Shared>,
@@ -469,7 +471,7 @@ pub async fn run_ticker(
     loop {
         interval.tick().await;
         let term = raft.metrics().borrow().current_term;
-        let Some(wakeup) = shared.next_wakeup() else {
+        let Some(wakeup) = shared.next_sweep() else {
             continue;
         };
         if let Some(now) = time.now(term, shared.now()) {

@@ -12,11 +12,12 @@ use std::{
 
 use fenced_core::{ClusterTime, Limits, Outcome};
 use fenced_proto::{
-    acquire_command, acquire_reply, describe_reply, describe_resource, invalid_argument,
-    release_command, release_reply, renew_command, renew_reply,
+    acquire_command, acquire_reply, describe_reply, describe_resource, history_reply,
+    history_request, invalid_argument, release_command, release_reply, renew_command, renew_reply,
     v1::{
         self, cluster_client::ClusterClient, cluster_server, lock_client::LockClient, lock_server,
     },
+    validate_check, validate_checks, validate_reply,
 };
 use openraft::{ChangeMembers, ServerState};
 use tonic::{
@@ -35,6 +36,7 @@ use crate::{
     state_machine::{self, Shared},
     tls::NodeTls,
     types::{Node, NodeId, Raft},
+    watch::Watchers,
 };
 
 /// Marks a request a follower forwarded, so it is never forwarded twice.
@@ -65,6 +67,8 @@ pub struct NodeContext {
     pub auth: Arc<Auth>,
     /// Per-identity limits, checked where this node leads.
     pub quota: Arc<IdentityQuota>,
+    /// Watch streams served by this node, and their bounds.
+    pub watchers: Arc<Watchers>,
     forward: Arc<Mutex<HashMap<String, Channel>>>,
     /// Calls this node sent on to the leader.
     pub(crate) forwarded: Arc<AtomicU64>,
@@ -101,6 +105,19 @@ impl NodeContext {
             forward: Arc::default(),
             forwarded: Arc::default(),
             forward_tls: None,
+            watchers: Arc::new(Watchers::new(
+                crate::watch::DEFAULT_MAX_WATCHERS,
+                crate::watch::DEFAULT_MAX_WATCHERS_PER_IDENTITY,
+                crate::watch::DEFAULT_WATCH_BUFFER,
+            )),
+        }
+    }
+
+    /// The same context serving Watch under these bounds.
+    pub fn with_watchers(self, watchers: Watchers) -> Self {
+        Self {
+            watchers: Arc::new(watchers),
+            ..self
         }
     }
 
@@ -583,6 +600,110 @@ impl LockService {
             now,
         )))
     }
+
+    async fn answer_validate_token(
+        &self,
+        req: Request<v1::ValidateTokenRequest>,
+    ) -> Result<Response<v1::ValidateTokenResponse>, Status> {
+        let (resource, token) = validate_check(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Read, "validate_token", &resource)?;
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            LockClient,
+            validate_token
+        );
+        let now = self.ctx.linearizable_read("validate_token").await?;
+        let v = self.ctx.shared.validate(resource.as_str(), token, now);
+        Ok(Response::new(validate_reply(&v, now)))
+    }
+
+    async fn answer_validate_tokens(
+        &self,
+        req: Request<v1::ValidateTokensRequest>,
+    ) -> Result<Response<v1::ValidateTokensResponse>, Status> {
+        let checks = validate_checks(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        // Every resource of the batch must be readable by the caller.
+        let mut identity = None;
+        for (resource, _) in &checks {
+            identity = self.authorize(&req, Permission::Read, "validate_tokens", resource)?;
+        }
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            LockClient,
+            validate_tokens
+        );
+        let now = self.ctx.linearizable_read("validate_tokens").await?;
+        let results = self
+            .ctx
+            .shared
+            .validate_all(&checks, now)
+            .iter()
+            .map(|v| validate_reply(v, now))
+            .collect();
+        Ok(Response::new(v1::ValidateTokensResponse {
+            results,
+            cluster_time_ms: now.as_millis(),
+        }))
+    }
+
+    async fn answer_watch(
+        &self,
+        req: Request<v1::WatchRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let prefix =
+            fenced_core::watch_prefix(&req.get_ref().prefix).map_err(|e| invalid_argument(&e))?;
+        // The permission covers the prefix: every resource under it.
+        let identity = self.ctx.auth.authorize(
+            &req,
+            self.peer,
+            Permission::Read,
+            "watch",
+            Some(prefix.as_str()),
+        )?;
+        // Served from this node's applied state: revisions are the same on
+        // every node, so the stream may move between nodes.
+        let slot = self.ctx.watchers.admit(identity.as_deref())?;
+        tracing::debug!(
+            prefix,
+            from_revision = req.get_ref().from_revision,
+            identity = identity.as_deref().unwrap_or(""),
+            "watch started"
+        );
+        let rx = crate::watch::start(
+            Arc::clone(&self.ctx.shared),
+            slot,
+            prefix,
+            req.get_ref().from_revision,
+        );
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
+    async fn answer_history(
+        &self,
+        req: Request<v1::HistoryRequest>,
+    ) -> Result<Response<v1::HistoryResponse>, Status> {
+        let (resource, limit) = history_request(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Read, "history", &resource)?;
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            LockClient,
+            history
+        );
+        let now = self.ctx.linearizable_read("history").await?;
+        let entries = self.ctx.shared.history(resource.as_str(), limit);
+        Ok(Response::new(history_reply(&entries, now)))
+    }
 }
 
 #[tonic::async_trait]
@@ -614,7 +735,37 @@ impl lock_server::Lock for LockService {
     ) -> Result<Response<v1::DescribeResponse>, Status> {
         self.ctx.hinted(self.answer_describe(req).await)
     }
+
+    async fn validate_token(
+        &self,
+        req: Request<v1::ValidateTokenRequest>,
+    ) -> Result<Response<v1::ValidateTokenResponse>, Status> {
+        self.ctx.hinted(self.answer_validate_token(req).await)
+    }
+
+    async fn validate_tokens(
+        &self,
+        req: Request<v1::ValidateTokensRequest>,
+    ) -> Result<Response<v1::ValidateTokensResponse>, Status> {
+        self.ctx.hinted(self.answer_validate_tokens(req).await)
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<v1::WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        self.ctx.hinted(self.answer_watch(req).await)
+    }
+
+    async fn history(
+        &self,
+        req: Request<v1::HistoryRequest>,
+    ) -> Result<Response<v1::HistoryResponse>, Status> {
+        self.ctx.hinted(self.answer_history(req).await)
+    }
 }
+
+/// The body of a Watch answer.
+pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<v1::WatchResponse, Status>>;
 
 fn write_status<E: std::error::Error>(e: openraft::error::RaftError<NodeId, E>) -> Status {
     Status::failed_precondition(e.to_string())

@@ -14,8 +14,8 @@ use std::{
 };
 
 use fenced_core::{
-    CapacityBound, ClusterTime, Description, Event, KvBound, KvEntry, KvRefusal, KvSnapshot,
-    LeaseTable, Outcome, TableSnapshot,
+    CapacityBound, ChangesAfter, ClusterTime, Compacted, Description, Event, HistoryEntry, KvBound,
+    KvEntry, KvRefusal, KvSnapshot, LeaseTable, Outcome, TableSnapshot, Token, Validation,
 };
 use openraft::{
     storage::RaftStateMachine, AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder,
@@ -153,6 +153,10 @@ pub struct Shared {
     dir: PathBuf,
     /// Told when a snapshot is on disk: the log is purged only behind it.
     horizon: PurgeHorizon,
+    /// The grants remembered per resource (the same on every node).
+    history_len: usize,
+    /// The table's latest revision, for watchers waiting for changes.
+    revisions: tokio::sync::watch::Sender<u64>,
     /// Where a test stops a snapshot build after it read the table.
     #[cfg(test)]
     build_paused: pause::PausePoint,
@@ -183,6 +187,65 @@ impl Shared {
 
     pub fn next_wakeup(&self) -> Option<ClusterTime> {
         self.read().table.next_wakeup()
+    }
+
+    /// When the leader should propose an entry to end waits and record
+    /// expiries.
+    pub fn next_sweep(&self) -> Option<ClusterTime> {
+        self.read().table.next_sweep()
+    }
+
+    pub fn validate(&self, resource: &str, token: Token, now: ClusterTime) -> Validation {
+        self.read().table.validate(resource, token, now)
+    }
+
+    /// Validates every pair under one read of the table.
+    pub fn validate_all(
+        &self,
+        checks: &[(fenced_core::ResourceName, Token)],
+        now: ClusterTime,
+    ) -> Vec<Validation> {
+        let data = self.read();
+        checks
+            .iter()
+            .map(|(r, t)| data.table.validate(r.as_str(), *t, now))
+            .collect()
+    }
+
+    pub fn history(&self, resource: &str, limit: usize) -> Vec<HistoryEntry> {
+        self.read().table.history(resource, limit)
+    }
+
+    pub fn history_len(&self) -> usize {
+        self.history_len
+    }
+
+    /// The revision of the latest change applied here.
+    pub fn revision(&self) -> u64 {
+        self.read().table.revision()
+    }
+
+    pub fn changes_after(
+        &self,
+        after: u64,
+        prefix: &str,
+        max: usize,
+    ) -> Result<ChangesAfter, Compacted> {
+        self.read().table.changes_after(after, prefix, max)
+    }
+
+    /// Told the revision each time changes are applied or a snapshot is
+    /// installed.
+    pub fn subscribe_revisions(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.revisions.subscribe()
+    }
+
+    fn announce_revision(&self, revision: u64) {
+        self.revisions.send_if_modified(|r| {
+            let changed = *r != revision;
+            *r = revision;
+            changed
+        });
     }
 
     pub fn last_applied(&self) -> Option<LogId> {
@@ -251,7 +314,9 @@ impl Shared {
         let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
         persist(&self.dir, &file, seq)?;
         if let Some(data) = data {
+            let revision = data.table.revision();
             *self.write() = data;
+            self.announce_revision(revision);
         }
         let last = file.meta.last_log_id;
         *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some((file.meta, file.body));
@@ -327,15 +392,17 @@ fn remove_temporaries(dir: &Path) -> Result<(), StorageError> {
 impl StateMachine {
     /// Opens the state machine kept in `dir`, loading its last snapshot;
     /// tells `horizon` what that snapshot covers.
+    /// `history_len` grants are remembered per resource.
     pub fn open(
         dir: &Path,
         parking: Arc<Parking>,
         horizon: PurgeHorizon,
+        history_len: usize,
     ) -> Result<Self, StorageError> {
         std::fs::create_dir_all(dir).map_err(snapshot_write_err)?;
         remove_temporaries(dir)?;
         let mut data = Data {
-            table: LeaseTable::new(),
+            table: LeaseTable::new().with_history_len(history_len),
             last_applied: None,
             membership: StoredMembership::default(),
         };
@@ -344,7 +411,7 @@ impl StateMachine {
         if path.exists() {
             let bytes = std::fs::read(&path).map_err(sm_read_err)?;
             let file: SnapshotFile = codec::decode("snapshot file", &bytes).map_err(sm_read_err)?;
-            data = decode_body(&file.body)?;
+            data = decode_body(&file.body, history_len)?;
             tracing::info!(
                 last_applied = ?data.last_applied,
                 leases = data.table.live_leases(),
@@ -353,6 +420,7 @@ impl StateMachine {
             current = Some((file.meta, file.body));
         }
         horizon.snapshot_durable(data.last_applied);
+        let (revisions, _) = tokio::sync::watch::channel(data.table.revision());
         Ok(Self {
             shared: Arc::new(Shared {
                 data: RwLock::new(data),
@@ -364,6 +432,8 @@ impl StateMachine {
                 temp_seq: AtomicU64::new(0),
                 dir: dir.to_path_buf(),
                 horizon,
+                history_len,
+                revisions,
                 #[cfg(test)]
                 build_paused: pause::PausePoint::default(),
             }),
@@ -377,7 +447,7 @@ impl StateMachine {
     /// Installs a snapshot received from the leader, unless the one on disk
     /// covers as much of the log.
     async fn install(&self, meta: &SnapshotMeta, body: Vec<u8>) -> Result<(), StorageError> {
-        let data = decode_body(&body)?;
+        let data = decode_body(&body, self.shared.history_len)?;
         let bytes = body.len() as u64;
         let file = SnapshotFile {
             meta: meta.clone(),
@@ -442,9 +512,11 @@ fn decode_snapshot_body(bytes: &[u8]) -> Result<SnapshotBody, codec::CodecError>
     })
 }
 
-fn decode_body(bytes: &[u8]) -> Result<Data, StorageError> {
+fn decode_body(bytes: &[u8], history_len: usize) -> Result<Data, StorageError> {
     let body = decode_snapshot_body(bytes).map_err(sm_read_err)?;
-    let mut table = LeaseTable::from_snapshot(body.table).map_err(sm_read_err)?;
+    let mut table = LeaseTable::from_snapshot(body.table)
+        .map_err(sm_read_err)?
+        .with_history_len(history_len);
     table.restore_kv(body.kv).map_err(sm_read_err)?;
     Ok(Data {
         table,
@@ -553,6 +625,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let mut replies = Vec::new();
         let mut events: Vec<Event> = Vec::new();
+        let revision;
         {
             let mut data = self.shared.write();
             for entry in entries {
@@ -610,7 +683,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     }
                 }
             }
+            revision = data.table.revision();
         }
+        self.shared.announce_revision(revision);
         if !events.is_empty() {
             self.shared.parking.notify(&events);
         }
@@ -847,7 +922,11 @@ mod tests {
             membership: membership(),
             table: table.snapshot(),
         };
-        let data = decode_body(&codec::encode("snapshot", &old).unwrap()).unwrap();
+        let data = decode_body(
+            &codec::encode("snapshot", &old).unwrap(),
+            fenced_core::DEFAULT_HISTORY_PER_RESOURCE,
+        )
+        .unwrap();
         assert_eq!(data.last_applied, Some(log_id(7)));
         assert_eq!(data.table.snapshot(), table.snapshot());
         assert!(data.table.kv().is_empty());
@@ -863,7 +942,7 @@ mod tests {
             kv: table.kv_snapshot(),
         };
         let bytes = codec::encode("snapshot", &body).unwrap();
-        let data = decode_body(&bytes).unwrap();
+        let data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
         assert_eq!(data.table.kv(), table.kv());
         assert_eq!(
             data.table.kv().get("job/state").unwrap().value.as_bytes(),
@@ -872,7 +951,7 @@ mod tests {
         // Cut short inside the store, or with bytes after it: refused, not
         // misread as the older layout.
         for bad in [&bytes[..bytes.len() - 1], &[&bytes[..], &[0]].concat()[..]] {
-            assert!(decode_body(bad).is_err());
+            assert!(decode_body(bad, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).is_err());
         }
     }
 
@@ -989,5 +1068,54 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, [SNAPSHOT_FILE], "no temporary file is left");
+    }
+}
+
+/// Snapshot files written by earlier builds still load.
+#[cfg(test)]
+mod old_formats {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use fenced_core::{OwnerId, Token, TokenState};
+
+    use super::*;
+    use crate::log_store::LogStore;
+
+    /// The snapshot file of a build before format 2 (table format 1): a
+    /// lease on jobs/a (owner 01..01, token 1, granted at 1000 ms for 60 s)
+    /// with a waiter, jobs/b released (owner 02..02, token 2), applied up
+    /// to index 3.
+    const V1: &[u8] = include_bytes!("../testdata/snapshot-v1.bin");
+
+    #[tokio::test]
+    async fn a_table_format_1_snapshot_loads_and_carries_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join(SNAPSHOT_FILE), V1).unwrap();
+        let log = LogStore::open(&dir.path().join("raft-log")).unwrap();
+        let mut sm = StateMachine::open(&state, Parking::new(4), log.purge_horizon(), 16).unwrap();
+        let (applied, _) = sm.applied_state().await.unwrap();
+        assert_eq!(applied.map(|l| l.index), Some(3));
+        let shared = sm.shared();
+        let at = ClusterTime::from_millis(5_000);
+        let a = shared.validate("jobs/a", Token::new(1).unwrap(), at);
+        assert_eq!(
+            a.state,
+            TokenState::Current {
+                remaining_ms: 56_000
+            }
+        );
+        assert_eq!(shared.describe("jobs/a", at).waiters, 1);
+        let b = shared.validate("jobs/b", Token::new(2).unwrap(), at);
+        assert_eq!(b.state, TokenState::Released);
+        assert!(shared.holds("jobs/a", OwnerId::from_bytes(&[1; 16]).unwrap()));
+        assert_eq!(shared.revision(), 0, "format 1 kept no changes");
+        assert!(shared.history("jobs/a", 16).is_empty());
+        // Its next snapshot is format 2, and loads as such.
+        let (_, (table, _kv)) = shared.table_snapshot();
+        assert_eq!(table.format_version(), fenced_core::SNAPSHOT_FORMAT_VERSION);
+        let bytes = codec::encode("table", &table).unwrap();
+        let again: TableSnapshot = codec::decode("table", &bytes).unwrap();
+        assert!(LeaseTable::from_snapshot(again).is_ok());
     }
 }
