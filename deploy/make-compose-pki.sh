@@ -3,7 +3,7 @@
 #
 #   deploy/make-compose-pki.sh [DIR]      default DIR: deploy/pki
 #
-# DIR/ca.pem and ca-key.pem (made only if missing), node-1..3 (naming
+# DIR/ca.pem and ca-key.pem (made only if missing), node-1..4 (naming
 # fenced://node/<id>, the node's hostname fencedN, 127.0.0.1 and localhost)
 # and client-ops (the operator in deploy/compose-policy.toml). The image runs
 # as uid 10001: the node keys are given to that uid (as root) or made
@@ -16,7 +16,7 @@ fenced="${FENCED_BIN:-fenced}"
 image_uid=10001
 
 [[ -e "$dir/ca-key.pem" ]] || "$fenced" certs ca --dir "$dir" >/dev/null
-for id in 1 2 3; do
+for id in 1 2 3 4; do
     "$fenced" certs node --dir "$dir" --id "$id" \
         --host "fenced$id" --host 127.0.0.1 --host localhost >/dev/null
 done
@@ -24,8 +24,8 @@ done
 
 # Certificates are public. The directory stays 0700: the daemon's bind
 # mounts pass through it as root.
-keys=("$dir"/node-1-key.pem "$dir"/node-2-key.pem "$dir"/node-3-key.pem)
-chmod 0644 "$dir/ca.pem" "$dir"/node-1.pem "$dir"/node-2.pem "$dir"/node-3.pem
+keys=("$dir"/node-1-key.pem "$dir"/node-2-key.pem "$dir"/node-3-key.pem "$dir"/node-4-key.pem)
+chmod 0644 "$dir/ca.pem" "$dir"/node-1.pem "$dir"/node-2.pem "$dir"/node-3.pem "$dir"/node-4.pem
 if [[ $(id -u) -eq 0 ]]; then
     chown "$image_uid:$image_uid" "${keys[@]}"
     chmod 0600 "${keys[@]}"
@@ -34,4 +34,4 @@ else
         "for uid $image_uid; as root they are chowned to $image_uid instead" >&2
     chmod 0644 "${keys[@]}"
 fi
-echo "certificates in $dir: ca.pem, node-1..3, client-ops"
+echo "certificates in $dir: ca.pem, node-1..4, client-ops"

@@ -6,7 +6,9 @@
 # policy does not know refused, take a lease from the host with fencectl
 # over TLS as the operator, stop the leader's container and take another
 # lease (a higher token), restart the container and see it rejoin, then
-# `down` and `up` again on the same volumes and see tokens keep rising.
+# add a fourth node as a learner (it joins by itself), promote it, take a
+# lease, remove it, then `down` and `up` again on the same volumes and see
+# tokens keep rising.
 # Everything it starts is removed on exit (`down -v`), failed or not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -143,12 +145,31 @@ while :; do
 done
 log "fenced$leader rejoined: follows node $new_leader, last token $t2"
 
+log "membership: fenced4 joins as a learner, is promoted, then removed"
+"${compose[@]}" --profile grow up -d fenced4
+# Role of node $1 in `member list`, or "none".
+role_of() { ctl member list | jq -r --argjson id "$1" '[.members[] | select(.id == $id) | .role][0] // "none"'; }
+deadline=$((SECONDS + 60))
+until [[ "$(role_of 4)" == learner ]]; do
+    ((SECONDS < deadline)) || fail "fenced4 did not join as a learner: $(ctl member list)"
+    sleep 1
+done
+log "fenced4 joined as a learner by itself (its node certificate)"
+ctl member promote 4 --wait 25s >/dev/null || fail "promote 4: $(ctl member list)"
+[[ "$(role_of 4)" == voter ]] || fail "fenced4 is not a voter: $(ctl member list)"
+t4="$(acquire deploy:four)"
+((t4 > t2)) || fail "token $t4 with four voters is not above $t2"
+ctl member remove 4 >/dev/null || fail "remove 4: $(ctl member list)"
+[[ "$(role_of 4)" == none ]] || fail "fenced4 still a member: $(ctl member list)"
+"${compose[@]}" --profile grow rm -sfv fenced4 >/dev/null
+log "fenced4 promoted (token $t4 granted with four voters), removed and deleted"
+
 log "whole cluster down and up again on the same volumes"
 "${compose[@]}" down
 "${compose[@]}" up -d
 wait_healthy
 t3="$(acquire deploy:third)"
-((t3 > t2)) || fail "token $t3 after the restart is not above $t2"
+((t3 > t4)) || fail "token $t3 after the restart is not above $t4"
 expect_held deploy:first "$t1"
 expect_held deploy:second "$t2"
 log "granted deploy:third after the restart, token $t3; earlier leases still held"

@@ -3,9 +3,10 @@
 # partitions, pauses, crashes and clock faults, checked histories.
 #
 #   jepsen/run.sh                 the short campaign (CI): partition, pause,
-#                                 kill and clock profiles, 45 s each
+#                                 kill and clock profiles, 45 s each, and
+#                                 membership, 60 s
 #   jepsen/run.sh full [SEEDS]    the full campaign: every profile plus
-#                                 "snapshots" and "all", 180 s each, for each
+#                                 "snapshots", "membership" and "all", 180 s each, for each
 #                                 seed (default 1,2,3)
 #   jepsen/run.sh canary NAME...  builds fenced with feature canary-NAME and
 #                                 expects the harness to FAIL it; NAME is one of
@@ -40,9 +41,10 @@ mode=${1:-quick}
 case "$mode" in
 quick)
     "$JEPSEN" run --profiles partition,pause,kill,clock --duration-s 45 --seeds 1
+    "$JEPSEN" run --profiles membership --duration-s 60 --seeds 1
     ;;
 full)
-    "$JEPSEN" run --profiles partition,pause,kill,clock,snapshots,all --duration-s 180 --seeds "${2:-1,2,3}"
+    "$JEPSEN" run --profiles partition,pause,kill,clock,snapshots,membership,all --duration-s 180 --seeds "${2:-1,2,3}"
     ;;
 canary)
     shift

@@ -5,8 +5,14 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let files = ["lock.proto", "cluster.proto", "resource.proto", "kv.proto"]
-        .map(|f| root.join("fenced/v1").join(f));
+    let files = [
+        "lock.proto",
+        "cluster.proto",
+        "resource.proto",
+        "kv.proto",
+        "maintenance.proto",
+    ]
+    .map(|f| root.join("fenced/v1").join(f));
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }

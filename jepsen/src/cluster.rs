@@ -48,10 +48,14 @@ pub struct Node {
     data: PathBuf,
     /// The libfaketime offset file of this node, if under libfaketime.
     pub faketime_file: Option<PathBuf>,
+    /// Started with `--join` (the other nodes' client addresses) instead
+    /// of the initial cluster.
+    join: bool,
 }
 
 pub struct Cluster {
     bin: PathBuf,
+    dir: PathBuf,
     pub nodes: Vec<Node>,
     initial: String,
     settings: NodeSettings,
@@ -88,10 +92,12 @@ impl Cluster {
                 log: dir.join(format!("n{id}.log")),
                 data: dir.join(format!("n{id}-data")),
                 faketime_file,
+                join: false,
             });
         }
         Ok(Cluster {
             bin: bin.to_path_buf(),
+            dir: dir.to_path_buf(),
             nodes,
             initial,
             settings,
@@ -121,7 +127,19 @@ impl Cluster {
         let bin = self.bin.clone();
         let initial = self.initial.clone();
         let settings = self.settings.clone();
+        let others = self
+            .nodes
+            .iter()
+            .filter(|n| n.id != id && n.child.is_some())
+            .map(|n| client_addr(n.id))
+            .collect::<Vec<_>>()
+            .join(",");
         let node = self.node_mut(id)?;
+        let (membership_flag, membership) = if node.join {
+            ("--join", others)
+        } else {
+            ("--initial-cluster", initial)
+        };
         if node.child.is_some() {
             return Ok(());
         }
@@ -149,8 +167,8 @@ impl Cluster {
                 &client_addr(id),
                 "--peer-listen",
                 &format!("{}:{PEER_PORT}", node_addr(id)),
-                "--initial-cluster",
-                &initial,
+                membership_flag,
+                &membership,
             ])
             .envs(settings.pki.node_env(id))
             // TLS only: never plaintext, whatever the harness inherited.
@@ -171,6 +189,33 @@ impl Cluster {
             .with_context(|| format!("starting node {id} ({})", bin.display()))?;
         node.child = Some(child);
         tracing::info!(node = id, "started");
+        Ok(())
+    }
+
+    /// A new node `id` with an empty data dir, started with `--join`.
+    pub fn add_joining(&mut self, id: u64) -> Result<()> {
+        if self.nodes.iter().any(|n| n.id == id) {
+            anyhow::bail!("node {id} exists already");
+        }
+        self.nodes.push(Node {
+            id,
+            child: None,
+            log: self.dir.join(format!("n{id}.log")),
+            data: self.dir.join(format!("n{id}-data")),
+            faketime_file: None,
+            join: true,
+        });
+        self.start(id)
+    }
+
+    /// Kills node `id` (removed from the cluster) and deletes its data:
+    /// it never comes back.
+    pub fn forget(&mut self, id: u64) -> Result<()> {
+        self.kill9(id)?;
+        if let Some(n) = self.nodes.iter().find(|n| n.id == id) {
+            let _ = std::fs::remove_dir_all(&n.data);
+        }
+        self.nodes.retain(|n| n.id != id);
         Ok(())
     }
 

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod check;
 pub mod cluster;
 pub mod history;
+pub mod membership;
 pub mod nemesis;
 pub mod net;
 pub mod run;

@@ -20,8 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run one or more profiles (partition, pause, kill, clock, snapshots, all,
-    /// none).
+    /// Run one or more profiles (partition, pause, kill, clock, snapshots,
+    /// membership, all, none).
     Run(RunArgs),
     /// Remove namespaces and interfaces left by an interrupted run.
     Cleanup,
@@ -101,7 +101,7 @@ fn real_main() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Cleanup => {
-            fenced_jepsen::net::teardown(3);
+            fenced_jepsen::net::teardown(fenced_jepsen::membership::MEMBER_SLOTS);
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Run(a) => {
@@ -146,7 +146,7 @@ async fn campaign(a: RunArgs) -> Result<ExitCode> {
             let summary = tokio::select! {
                 s = run::run(&cfg) => s.with_context(|| format!("profile {profile}, seed {seed}"))?,
                 _ = tokio::signal::ctrl_c() => {
-                    fenced_jepsen::net::teardown(3);
+                    fenced_jepsen::net::teardown(fenced_jepsen::membership::MEMBER_SLOTS);
                     anyhow::bail!("interrupted");
                 }
             };

@@ -11,9 +11,12 @@ use anyhow::Result;
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
+use fenced_proto::v1::{kv_client::KvClient, lock_client::LockClient};
+
 use crate::{
     cluster::{self, Cluster, LIBFAKETIME},
     history::Recorder,
+    membership,
     net::{node_addr, node_ns, Net, HARNESS_ADDR},
     workload::Ctx,
 };
@@ -51,6 +54,17 @@ pub enum Fault {
     },
     /// Every node's wall clock swings back and forth.
     WallStrobe,
+    /// A new node (a new id) joins with `--join` as a learner and is
+    /// promoted (a follower is removed first when there are five voters).
+    AddNode,
+    /// The leader is removed; the voters left elect another (a node is
+    /// added first when there are three voters).
+    RemoveLeader,
+    /// A follower is removed (a node is added first at three voters).
+    RemoveFollower,
+    /// A follower is killed, removed, and a new node with a new id joins
+    /// and is promoted in its place.
+    ReplaceNode,
 }
 
 impl Fault {
@@ -69,6 +83,10 @@ impl Fault {
             Fault::KillRandom => "kill-random".into(),
             Fault::WallJump { secs } => format!("wall-jump-{secs:+}s"),
             Fault::WallStrobe => "wall-strobe".into(),
+            Fault::AddNode => "add-node".into(),
+            Fault::RemoveLeader => "remove-leader".into(),
+            Fault::RemoveFollower => "remove-follower".into(),
+            Fault::ReplaceNode => "replace-node".into(),
         }
     }
 
@@ -81,7 +99,8 @@ impl Fault {
             Fault::IsolateLeader
             | Fault::LeaderMinority
             | Fault::KillLeader
-            | Fault::KillRandom => true,
+            | Fault::KillRandom
+            | Fault::RemoveLeader => true,
             Fault::PauseLeader { ms } => *ms >= 4500,
             _ => false,
         }
@@ -174,6 +193,8 @@ pub struct Nemesis<'a> {
     pub idle: Duration,
     /// Lets the writers go at the end of an idle period.
     pub idle_release: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The id the next node that joins gets (ids are never reused).
+    pub next_id: u64,
 }
 
 impl Nemesis<'_> {
@@ -189,6 +210,151 @@ impl Nemesis<'_> {
 
     fn others(&self, id: u64) -> Vec<u64> {
         self.ids.iter().copied().filter(|&n| n != id).collect()
+    }
+
+    /// A new node joins as a learner and is promoted; it becomes a member
+    /// the workload and the other faults use.
+    async fn grow(&mut self) -> Result<String> {
+        let id = self.next_id;
+        if id > membership::MEMBER_SLOTS {
+            anyhow::bail!(
+                "no unused node id left (ids up to {})",
+                membership::MEMBER_SLOTS
+            );
+        }
+        self.next_id += 1;
+        self.cluster.lock().await.add_joining(id)?;
+        let joined = membership::wait_joined(&self.ids, id, Duration::from_secs(20)).await?;
+        let started = std::time::Instant::now();
+        membership::promote(&self.ids, id, Duration::from_secs(30)).await?;
+        let channel = cluster::channel(&cluster::client_addr(id))?;
+        self.ctx
+            .kv_clients
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((id, KvClient::new(channel.clone())));
+        self.ctx
+            .clients
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((id, LockClient::new(channel)));
+        self.ids.push(id);
+        Ok(format!(
+            "n{id} joined as a learner after {} ms, promoted after {} ms more",
+            joined.as_millis(),
+            started.elapsed().as_millis()
+        ))
+    }
+
+    /// Removes member `id` and stops it for good.
+    async fn shrink(&mut self, id: u64) -> Result<String> {
+        membership::remove(&self.ids, id, Duration::from_secs(20)).await?;
+        self.ids.retain(|&n| n != id);
+        self.ctx
+            .clients
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(n, _)| *n != id);
+        self.ctx
+            .kv_clients
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(n, _)| *n != id);
+        self.cluster.lock().await.forget(id)?;
+        Ok(format!("n{id} removed"))
+    }
+
+    /// Keeps three to five voters around a change of one: grows before a
+    /// removal at three, shrinks before an addition at five.
+    async fn make_room(&mut self, adding: bool) -> Result<String> {
+        if adding && self.ids.len() >= 5 {
+            let (l, _) = self.require_leader().await?;
+            let o = self.others(l);
+            let f = o[self.rng.usize(..o.len())];
+            return Ok(format!("{}; ", self.shrink(f).await?));
+        }
+        if !adding && self.ids.len() <= 3 {
+            return Ok(format!("{}; ", self.grow().await?));
+        }
+        Ok(String::new())
+    }
+
+    async fn membership_fault(&mut self, fault: Fault, r: &mut FaultRecord) -> Result<()> {
+        // A replacement keeps the count: it needs no room.
+        let mut evidence = if fault == Fault::ReplaceNode {
+            String::new()
+        } else {
+            self.make_room(fault == Fault::AddNode).await?
+        };
+        match fault {
+            Fault::AddNode => {
+                r.installed_ns = self.rec.now_ns();
+                evidence.push_str(&self.grow().await?);
+                r.target = format!("n{}", self.next_id - 1);
+                r.took_effect = true;
+            }
+            Fault::RemoveLeader => {
+                let (l, term) = self.require_leader().await?;
+                r.target = format!("n{l}");
+                r.installed_ns = self.rec.now_ns();
+                evidence.push_str(&self.shrink(l).await?);
+                self.end_idle(r);
+                let mut moved = None;
+                for _ in 0..50 {
+                    if let Some((n, t)) = find_leader(&self.ids).await {
+                        if n != l && t > term {
+                            moved = Some((n, t));
+                            break;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                evidence.push_str(&format!("; leader after it: {moved:?}"));
+                r.took_effect = moved.is_some();
+            }
+            Fault::RemoveFollower => {
+                let (l, _) = self.require_leader().await?;
+                let o = self.others(l);
+                let f = o[self.rng.usize(..o.len())];
+                r.target = format!("n{f}");
+                r.installed_ns = self.rec.now_ns();
+                evidence.push_str(&self.shrink(f).await?);
+                r.took_effect = true;
+            }
+            Fault::ReplaceNode => {
+                let (l, _) = self.require_leader().await?;
+                let o = self.others(l);
+                let dead = o[self.rng.usize(..o.len())];
+                r.target = format!("n{dead}");
+                r.installed_ns = self.rec.now_ns();
+                let killed = self.cluster.lock().await.kill9(dead)?;
+                self.ctx
+                    .down
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(dead);
+                evidence.push_str(&format!("n{dead} killed: {killed}; "));
+                evidence.push_str(&self.shrink(dead).await?);
+                self.ctx
+                    .down
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .retain(|&n| n != dead);
+                evidence.push_str("; ");
+                evidence.push_str(&self.grow().await?);
+                r.took_effect = killed;
+            }
+            _ => {}
+        }
+        let voters = membership::members(&self.ids).await.map(|m| {
+            m.iter()
+                .filter(|(_, v)| *v)
+                .map(|(id, _)| *id)
+                .collect::<Vec<_>>()
+        });
+        evidence.push_str(&format!("; voters now {voters:?}"));
+        r.evidence = evidence;
+        Ok(())
     }
 
     /// Cuts `a` and `b` apart in both directions.
@@ -280,6 +446,9 @@ impl Nemesis<'_> {
 
     async fn apply(&mut self, fault: Fault, tag: &str, r: &mut FaultRecord) -> Result<()> {
         match fault {
+            Fault::AddNode | Fault::RemoveLeader | Fault::RemoveFollower | Fault::ReplaceNode => {
+                self.membership_fault(fault, r).await?;
+            }
             Fault::IsolateLeader | Fault::LeaderMinority | Fault::OneWayLeader => {
                 let (l, term) = self.require_leader().await?;
                 r.target = format!("n{l}");
@@ -576,8 +745,21 @@ pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
         Fault::KillLeader,
         Fault::WallJump { secs: -3600 },
     ];
+    // Membership changes between partitions and kills; the node count
+    // stays between three and five voters.
+    // Seven, so a one-minute run sees nearly all of them.
+    let membership = vec![
+        Fault::AddNode,
+        Fault::IsolateLeader,
+        Fault::ReplaceNode,
+        Fault::KillLeader,
+        Fault::RemoveLeader,
+        Fault::LeaderMinority,
+        Fault::RemoveFollower,
+    ];
     Some(match profile {
         "none" => Vec::new(),
+        "membership" => membership,
         "partition" => partition,
         "pause" => pause,
         "kill" => kill,

@@ -170,6 +170,16 @@ async fn converge(ids: &[u64], within: Duration) -> Result<Vec<(u64, u64, u64)>>
     }
 }
 
+/// Node slots (ids and addresses) a profile's network has: three, or room
+/// for the nodes the membership profile adds.
+fn slots_of(profile: &str) -> u64 {
+    if profile == "membership" {
+        crate::membership::MEMBER_SLOTS
+    } else {
+        3
+    }
+}
+
 pub async fn run(cfg: &RunConfig) -> Result<Summary> {
     let faults = nemesis::profile_faults(&cfg.profile)
         .with_context(|| format!("unknown profile {:?}", cfg.profile))?;
@@ -196,8 +206,12 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
     env.extend(crate::auth::node_settings(&dir)?);
     // TLS on: certificates from the binary under test, for the addresses
     // the nodes listen on.
-    let node_hosts: Vec<(u64, String)> =
-        (1..=3).map(|id| (id, crate::net::node_addr(id))).collect();
+    // The membership profile adds nodes with new ids, each in a slot of
+    // its own on the test network.
+    let slots = slots_of(&cfg.profile);
+    let node_hosts: Vec<(u64, String)> = (1..=slots)
+        .map(|id| (id, crate::net::node_addr(id)))
+        .collect();
     let pki = crate::tls::Pki::make(&cfg.fenced_bin, &dir.join("pki"), &node_hosts)
         .context("making the run's certificates")?;
     crate::tls::install(pki.client()?);
@@ -212,7 +226,7 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
         faketime: clocks,
     };
     tracing::info!(profile = cfg.profile, seed = cfg.seed, dir = %dir.display(), "run starting");
-    let net = Net::create(3).context("creating the test network (needs root, ip and nft)")?;
+    let net = Net::create(slots).context("creating the test network (needs root, ip and nft)")?;
     let cluster = Cluster::new(&cfg.fenced_bin, &dir, 3, settings)?;
     let ids = cluster.ids();
     let cluster = Arc::new(tokio::sync::Mutex::new(cluster));
@@ -232,8 +246,9 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
     )
     .context("writing summary.json")?;
     if summary.verdict == Verdict::Pass {
-        for f in ["history.jsonl", "n1.log", "n2.log", "n3.log"] {
-            let _ = std::fs::remove_file(dir.join(f));
+        let _ = std::fs::remove_file(dir.join("history.jsonl"));
+        for id in 1..=slots {
+            let _ = std::fs::remove_file(dir.join(format!("n{id}.log")));
         }
         for d in ["resource", "pki"] {
             let _ = std::fs::remove_dir_all(dir.join(d));
@@ -251,6 +266,7 @@ async fn run_in(
     faults: Vec<Fault>,
     long_ttl_ms: u64,
 ) -> Result<Summary> {
+    let slots = slots_of(&cfg.profile);
     wait_for_leader(ids, Duration::from_secs(30))
         .await
         .with_context(|| format!("cluster did not elect a leader; see {}", dir.display()))?;
@@ -279,8 +295,8 @@ async fn run_in(
     let ctx = Arc::new(Ctx {
         rec: rec.clone(),
         store,
-        clients,
-        kv_clients,
+        clients: std::sync::RwLock::new(clients),
+        kv_clients: std::sync::RwLock::new(kv_clients),
         stop: Default::default(),
         freeze: Default::default(),
         idle: Default::default(),
@@ -292,8 +308,9 @@ async fn run_in(
     });
     let leaders = Arc::new(LeaderLog::default());
     let stop_monitor = Arc::new(tokio::sync::Notify::new());
+    // Every slot: nodes that join become leaders too.
     let monitor = tokio::spawn(nemesis::monitor(
-        ids.to_vec(),
+        (1..=slots).collect(),
         leaders.clone(),
         rec.clone(),
         stop_monitor.clone(),
@@ -313,6 +330,7 @@ async fn run_in(
         ids: ids.to_vec(),
         idle: cfg.idle,
         idle_release: None,
+        next_id: ids.iter().max().copied().unwrap_or(0) + 1,
     };
     let mut records = Vec::new();
     let mut nemesis_log = String::new();
@@ -334,6 +352,9 @@ async fn run_in(
         tokio::time::sleep(cfg.quiet).await;
     }
     let faults_end_ns = rec.now_ns();
+    // The members at the end: the membership profile changed them.
+    let members = nem.ids.clone();
+    let ids = members.as_slice();
     let remaining = cfg.duration.saturating_sub(start.elapsed());
     tokio::time::sleep(remaining.max(Duration::from_secs(2))).await;
 

@@ -40,9 +40,10 @@ const RPC_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Ctx {
     pub rec: Recorder,
     pub store: Arc<FenceStore>,
-    pub clients: Vec<(u64, LockClient<Channel>)>,
-    /// Kv service clients over the same channels, in the same order.
-    pub kv_clients: Vec<(u64, KvClient<Channel>)>,
+    /// A client per member; the membership profile adds and removes them.
+    pub clients: std::sync::RwLock<Vec<(u64, LockClient<Channel>)>>,
+    /// Kv service clients over the same channels (kept with `clients`).
+    pub kv_clients: std::sync::RwLock<Vec<(u64, KvClient<Channel>)>>,
     pub stop: AtomicBool,
     /// Held for writing while client workers are "paused".
     pub freeze: RwLock<()>,
@@ -60,21 +61,21 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn node(&self, rng: &mut fastrand::Rng) -> Option<&(u64, LockClient<Channel>)> {
+    fn node(&self, rng: &mut fastrand::Rng) -> Option<(u64, LockClient<Channel>)> {
         let down = self
             .down
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let up: Vec<&(u64, LockClient<Channel>)> = self
-            .clients
+        let clients = self.clients.read().unwrap_or_else(PoisonError::into_inner);
+        let up: Vec<&(u64, LockClient<Channel>)> = clients
             .iter()
             .filter(|(id, _)| !down.contains(id))
             .collect();
         if up.is_empty() {
-            return self.clients.get(rng.usize(..self.clients.len().max(1)));
+            return clients.get(rng.usize(..clients.len().max(1))).cloned();
         }
-        up.get(rng.usize(..up.len())).copied()
+        up.get(rng.usize(..up.len())).copied().cloned()
     }
 
     fn stopped(&self) -> bool {
@@ -157,7 +158,7 @@ impl Worker {
 
     fn begin(&mut self, mut e: Event) -> (Event, LockClient<Channel>) {
         let (node, client) = match self.ctx.node(&mut self.rng) {
-            Some((n, c)) => (Some(*n), Some(c.clone())),
+            Some((n, c)) => (Some(n), Some(c)),
             None => (None, None),
         };
         e.node = node;
@@ -171,10 +172,12 @@ impl Worker {
 
     /// Records the invocation and picks a kv client on a node that is up.
     fn begin_kv(&mut self, mut e: Event) -> (Event, KvClient<Channel>) {
-        let node = self.ctx.node(&mut self.rng).map(|(n, _)| *n);
+        let node = self.ctx.node(&mut self.rng).map(|(n, _)| n);
         let client = node.and_then(|n| {
             self.ctx
                 .kv_clients
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
                 .iter()
                 .find(|(id, _)| *id == n)
                 .map(|(_, c)| c.clone())

@@ -87,7 +87,11 @@ pub struct NodeProc {
     pub peer_port: u16,
     pub data_dir: PathBuf,
     child: Option<Child>,
-    log: PathBuf,
+    /// The node's stderr: its log.
+    pub log: PathBuf,
+    /// Started with `--join` (the endpoints of the other nodes) instead of
+    /// `--initial-cluster`.
+    pub join: bool,
 }
 
 impl NodeProc {
@@ -106,18 +110,26 @@ impl NodeProc {
 
 /// One HTTP/1.1 request; returns the status code and body.
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let (status, _, body) = http_get_with(addr, path, &[]).await;
+    (status, body)
+}
+
+/// One HTTP/1.1 GET with extra header lines (`"Name: value"`); returns the
+/// status code, the head in lower case, and the body.
+pub async fn http_get_with(addr: &str, path: &str, headers: &[&str]) -> (u16, String, String) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra}\r\n");
     tokio::io::AsyncWriteExt::write_all(&mut stream, req.as_bytes())
         .await
         .unwrap();
     let mut raw = Vec::new();
     tokio::time::timeout(
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut raw),
     )
     .await
-    .expect("a reply within 5 s")
+    .expect("a reply within 10 s")
     .unwrap();
     let text = String::from_utf8(raw).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").expect("headers end");
@@ -126,7 +138,22 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("status code");
-    (status, body.to_string())
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+/// The SHA-256 of `token`, as `fenced auth hash-token` prints it.
+pub fn hash_token(token: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new(bin("fenced"))
+        .args(["auth", "hash-token"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// Certificates made by `fenced certs` in one directory: a CA, nodes by
@@ -294,6 +321,7 @@ impl Cluster {
                 data_dir: dir.path().join(format!("node{id}")),
                 child: None,
                 log: dir.path().join(format!("node{id}.log")),
+                join: false,
             })
             .collect();
         let initial_cluster = nodes
@@ -318,12 +346,23 @@ impl Cluster {
         }
     }
 
+    /// The `--initial-cluster` every node is started with.
+    pub fn initial_cluster(&self) -> &str {
+        &self.initial_cluster
+    }
+
     fn node(&self, id: u64) -> &NodeProc {
-        &self.nodes[(id - 1) as usize]
+        self.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id} in this cluster"))
     }
 
     fn node_mut(&mut self, id: u64) -> &mut NodeProc {
-        &mut self.nodes[(id - 1) as usize]
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id} in this cluster"))
     }
 
     /// Starts node `id` (again), with the same arguments as before.
@@ -340,8 +379,20 @@ impl Cluster {
                 env.insert(0, (k.to_string(), v.to_str().unwrap().to_string()));
             }
         }
+        let join = self
+            .nodes
+            .iter()
+            .filter(|n| n.id != id && n.is_running())
+            .map(NodeProc::client_addr)
+            .collect::<Vec<_>>()
+            .join(",");
         let node = self.node_mut(id);
         assert!(node.child.is_none(), "node {id} is already running");
+        let (membership_flag, membership) = if node.join {
+            ("--join", join)
+        } else {
+            ("--initial-cluster", initial)
+        };
         let log = File::options()
             .create(true)
             .append(true)
@@ -358,8 +409,8 @@ impl Cluster {
             &format!("127.0.0.1:{}", node.client_port),
             "--peer-listen",
             &format!("127.0.0.1:{}", node.peer_port),
-            "--initial-cluster",
-            &initial,
+            membership_flag,
+            &membership,
         ])
         .env("FENCED_LOG", "info,openraft=warn")
         .stdout(Stdio::null())
@@ -605,6 +656,41 @@ impl Cluster {
     /// The peer port's address of node `id`.
     pub fn peer_addr(&self, id: u64) -> String {
         format!("127.0.0.1:{}", self.node(id).peer_port)
+    }
+
+    /// A new node `id` with an empty data dir, started with `--join` (the
+    /// running nodes' client addresses); on fresh ports unless `ports`
+    /// (client, peer) are given (a replacement at a dead node's address).
+    pub fn join_node(&mut self, id: u64, ports: Option<(u16, u16)>) {
+        assert!(
+            self.nodes.iter().all(|n| n.id != id),
+            "node {id} exists already"
+        );
+        let (client_port, peer_port) = ports.unwrap_or_else(|| (free_port(), free_port()));
+        let dir = self.dir.path();
+        self.nodes.push(NodeProc {
+            id,
+            client_port,
+            peer_port,
+            data_dir: dir.join(format!("node{id}")),
+            child: None,
+            log: dir.join(format!("node{id}.log")),
+            join: true,
+        });
+        self.spawn(id);
+    }
+
+    /// Forgets node `id` (killed first if running): it is no longer one of
+    /// the cluster's endpoints.
+    pub fn forget(&mut self, id: u64) {
+        self.kill(id);
+        self.nodes.retain(|n| n.id != id);
+    }
+
+    /// The (client, peer) ports of node `id`.
+    pub fn ports(&self, id: u64) -> (u16, u16) {
+        let n = self.node(id);
+        (n.client_port, n.peer_port)
     }
 
     /// Starts node `id` (again) like [`Cluster::spawn`], with `env` added to

@@ -11,7 +11,7 @@ use std::{
 use fenced_client::{AcquireOutcome, Client, ClientError};
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, cluster_client::ClusterClient};
-use fenced_tests::{bin, free_port, http_get, Cluster};
+use fenced_tests::{bin, free_port, hash_token as hash, http_get, Cluster};
 use nix::sys::signal::Signal;
 use tonic::{metadata::MetadataValue, Code};
 
@@ -26,21 +26,6 @@ read = ["orders/"]
 admin = true
 read = [""]
 "#;
-
-/// The SHA-256 of `token`, as `fenced auth hash-token` prints it.
-fn hash(token: &str) -> String {
-    use std::io::Write;
-    let mut child = std::process::Command::new(bin("fenced"))
-        .args(["auth", "hash-token"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
 
 /// A tokens file naming `(name, token, role)` entries.
 fn write_tokens(path: &Path, entries: &[(&str, &str, &str)]) {

@@ -430,7 +430,7 @@ async fn metrics_count_what_the_cluster_did() {
     }
     waiting.abort();
 
-    let (status, _) = http_get(&metrics[&leader], "/").await;
+    let (status, _) = http_get(&metrics[&leader], "/nothing-here").await;
     assert_eq!(status, 404);
 }
 

@@ -643,3 +643,54 @@ async fn a_client_certificate_is_an_identity_the_policy_grants_by_prefix() {
         }
     }
 }
+
+/// On the HTTPS metrics port, a client certificate's name is an identity
+/// for the status page: granted admin it sees the view, otherwise 403.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_takes_a_client_certificate_as_its_identity() {
+    let files = tempfile::tempdir().unwrap();
+    let policy = files.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[roles.ops]\nadmin = true\n[roles.orders]\nread = [\"orders/\"]\n\
+             [roles.harness]\nlock = [\"\"]\nread = [\"\"]\n\
+             [identities]\nops-laptop = [\"ops\"]\nalice = [\"orders\"]\n{harness} = [\"harness\"]\n",
+            harness = fenced_tests::HARNESS_CLIENT
+        ),
+    )
+    .unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let cluster = Cluster::start_tls(
+        1,
+        &[
+            ("FENCED_METRICS_LISTEN", &listen),
+            ("FENCED_METRICS_TLS", "true"),
+            ("FENCED_AUTH_POLICY", policy.to_str().unwrap()),
+        ],
+    )
+    .await;
+    let pki = cluster.pki.clone().unwrap();
+    let get_status = |name: &'static str| {
+        let (pki, listen) = (pki.clone(), listen.clone());
+        async move {
+            let (cert, key) = pki.client(name);
+            let mut conn = tls_connect(&listen, &pki.ca(), &cert, &key).await.unwrap();
+            conn.write_all(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut body = Vec::new();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut body)).await;
+            String::from_utf8_lossy(&body).into_owned()
+        }
+    };
+    let ops = get_status("ops-laptop").await;
+    assert!(
+        ops.starts_with("HTTP/1.1 200") && ops.contains("id=\"leases\""),
+        "{ops}"
+    );
+    let alice = get_status("alice").await;
+    assert!(alice.starts_with("HTTP/1.1 403"), "{alice}");
+    assert!(!alice.contains("id=\"leases\""), "{alice}");
+}

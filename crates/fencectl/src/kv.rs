@@ -14,6 +14,9 @@ pub enum KvCmd {
     /// Write VALUE (or --value-file) under KEY, fenced by your lease: applied
     /// only if (--resource, --owner-id, --token) is the resource's current
     /// lease when the write is decided. Exit 3 if refused.
+    #[command(after_help = "Examples:
+  fencectl kv put config/active primary-b --resource failover --owner-id $OWNER --token 7
+  fencectl kv put report --value-file report.json --resource reports --owner-id $OWNER --token 3")]
     Put {
         key: String,
         #[arg(required_unless_present = "value_file")]
@@ -32,6 +35,9 @@ pub enum KvCmd {
     },
     /// Print KEY's value (raw bytes; --json adds the writing lease's resource
     /// and token). Exit 3 if the key has no value.
+    #[command(after_help = "Examples:
+  fencectl kv get config/active
+  fencectl --json kv get config/active --allow-stale")]
     Get {
         key: String,
         /// Answer from any node, possibly behind the leader.
@@ -39,6 +45,8 @@ pub enum KvCmd {
         allow_stale: bool,
     },
     /// Remove KEY, fenced like a put.
+    #[command(after_help = "Examples:
+  fencectl kv delete config/active --resource failover --owner-id $OWNER --token 7")]
     Delete {
         key: String,
         #[arg(long)]

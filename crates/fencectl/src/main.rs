@@ -2,17 +2,21 @@
 //! and write to the cluster's fenced key-value store.
 //!
 //! Exit codes: 0 success, 3 an expected refusal (held, lost, not holder),
-//! 4 refused by authentication or permission, 1 an error, 2 a usage error.
+//! 4 a lease lost under `lock` or `run`, 5 refused by authentication or
+//! permission, 6 no node answered or none could serve the call within
+//! --timeout (worth retrying later), 1 another error, 2 a usage error.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 mod hold;
 mod kv;
+mod member;
 mod observe;
 mod resource;
+mod snapshot;
 mod supervise;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use fenced_client::{
     AcquireOutcome, Client, ClientError, ReleaseOutcome, RenewOutcome, TlsOptions, DEV_ENDPOINTS,
 };
@@ -23,7 +27,17 @@ use serde_json::{json, Value};
 #[command(
     name = "fencectl",
     version,
-    about = "Leases with fencing tokens, from the command line"
+    about = "Leases with fencing tokens, from the command line",
+    after_help = "Examples:
+  fencectl acquire demo --ttl 30s          take a lease (talks to `fenced dev` by default)
+  fencectl status                          the cluster as each node sees it
+  fencectl --endpoints 10.0.0.1:7101,10.0.0.2:7101 --cacert ca.pem describe demo
+  fencectl run demo --ttl 30s -- ./nightly-job.sh
+
+Exit codes: 0 success, 3 an expected refusal (held, ended, lost, not holder),
+4 a lease lost under lock or run, 5 refused by authentication or permission,
+6 no node answered or none could serve within --timeout, 1 another error,
+2 a usage error or a request out of bounds."
 )]
 struct Cli {
     /// Comma-separated host:port of cluster nodes (any node will do).
@@ -84,6 +98,10 @@ fn bearer_token(cli: &Cli) -> Result<Option<String>, ClientError> {
 #[derive(Subcommand)]
 enum Cmd {
     /// Take the lease on RESOURCE and a new fencing token.
+    #[command(after_help = "Examples:
+  fencectl acquire demo --ttl 30s
+  fencectl acquire statement:2026-07 --ttl 2m --wait 10s
+  fencectl --json acquire demo --ttl 30s --owner 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21")]
     Acquire {
         resource: String,
         /// Lease length, e.g. 30s, 2m.
@@ -98,6 +116,8 @@ enum Cmd {
         wait: Duration,
     },
     /// Extend a lease you hold; the token stays the same.
+    #[command(after_help = "Examples:
+  fencectl renew demo --owner 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21 --token 1 --ttl 30s")]
     Renew {
         resource: String,
         #[arg(long)]
@@ -108,6 +128,8 @@ enum Cmd {
         ttl: Duration,
     },
     /// End a lease you hold.
+    #[command(after_help = "Examples:
+  fencectl release demo --owner 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21 --token 1")]
     Release {
         resource: String,
         #[arg(long)]
@@ -116,8 +138,14 @@ enum Cmd {
         token: u64,
     },
     /// Show a resource's newest token and whether it is held.
+    #[command(after_help = "Examples:
+  fencectl describe demo
+  fencectl --json describe demo")]
     Describe { resource: String },
     /// Show the cluster as each endpoint sees it.
+    #[command(after_help = "Examples:
+  fencectl status
+  fencectl --endpoints 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103 --json status")]
     Status,
     /// Print one line per ownership event (granted, released, expired) on
     /// resources starting with PREFIX, resuming on another node if one goes
@@ -143,14 +171,33 @@ enum Cmd {
     /// Check that TOKEN is still the current lease of RESOURCE (exit 0), or
     /// say why not (exit 3).
     Validate { resource: String, token: u64 },
-    /// Write to or read from a fenced-resource service.
+    /// List, add, promote and remove cluster members (admin).
     #[command(subcommand)]
+    Member(member::MemberCmd),
+    /// Backups of the cluster's state.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCmd),
+    /// Write to or read from a fenced-resource service.
+    #[command(
+        subcommand,
+        after_help = "Examples:
+  fencectl resource put invoice-7 --token 4 --owner $OWNER --value paid
+  fencectl resource get invoice-7"
+    )]
     Resource(resource::ResourceCmd),
     /// Fenced writes to the cluster's own key-value store.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:
+  fencectl kv put config/active primary-b --resource failover --owner-id $OWNER --token 7
+  fencectl kv get config/active"
+    )]
     Kv(kv::KvCmd),
     /// Take the lease and hold it, renewing, until Ctrl-C (release) or loss
     /// (exit 4).
+    #[command(after_help = "Examples:
+  fencectl lock demo --ttl 30s
+  fencectl lock demo --ttl 30s --wait 1m")]
     Lock {
         resource: String,
         #[arg(long, value_parser = humantime::parse_duration)]
@@ -164,6 +211,9 @@ enum Cmd {
     /// command exits, and if fencectl dies, that whole group gets SIGTERM,
     /// then SIGKILL after --grace. Exit: the command's code (127 if it could
     /// not start), 4 if the lease was lost, 3 if not granted within --wait.
+    #[command(after_help = "Examples:
+  fencectl run demo --ttl 30s -- ./nightly-job.sh
+  fencectl run billing-batch --ttl 1m --wait 5m --grace 10s -- python batch.py --month 2026-07")]
     Run {
         resource: String,
         #[arg(long, value_parser = humantime::parse_duration)]
@@ -175,6 +225,15 @@ enum Cmd {
         grace: Option<Duration>,
         #[arg(last = true, required = true)]
         command: Vec<String>,
+    },
+    /// Print a shell completion script for fencectl.
+    #[command(after_help = "Examples:
+  fencectl completions bash > ~/.local/share/bash-completion/completions/fencectl
+  fencectl completions zsh > \"${fpath[1]}/_fencectl\"
+  fencectl completions fish > ~/.config/fish/completions/fencectl.fish")]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
     /// The supervisor `run` starts between itself and the command.
     #[command(name = "__supervise", hide = true)]
@@ -219,6 +278,15 @@ async fn execute(
 ) -> Result<Report, ClientError> {
     Ok(match command {
         Cmd::Resource(command) => return resource::execute(command, tls).await,
+        Cmd::Snapshot(command) => {
+            let (value, text) = snapshot::execute(client, command).await?;
+            Report {
+                value,
+                text,
+                code: 0,
+            }
+        }
+        Cmd::Member(command) => return member::execute(client, command).await,
         Cmd::Kv(command) => return kv::execute(client, command, json_out).await,
         Cmd::Lock {
             resource,
@@ -237,6 +305,11 @@ async fn execute(
         } => {
             let code = hold::run(client, &resource, ttl, wait, grace, &command, json_out).await?;
             return Ok(Report::printed(code));
+        }
+        Cmd::Completions { .. } => {
+            return Err(ClientError::InvalidArgument(
+                "completions are printed before any connection".into(),
+            ))
         }
         Cmd::Supervise { .. } => {
             return Err(ClientError::InvalidArgument(
@@ -356,7 +429,7 @@ async fn execute(
             Report { value, text, code }
         }
         Cmd::Status => {
-            let each = client.status_of_each().await;
+            let each = client.status_of_each_answered().await?;
             let mut nodes = Vec::new();
             let mut lines = Vec::new();
             let mut summary = None;
@@ -383,13 +456,13 @@ async fn execute(
                         nodes.push(node);
                     }
                     Err(e) => {
-                        lines.push(format!("{endpoint}: unreachable ({e})"));
+                        lines.push(format!("{endpoint}: {e}"));
                         nodes.push(json!({"endpoint": endpoint, "error": e.to_string()}));
                     }
                 }
             }
             let Some(summary) = summary else {
-                return Err(ClientError::Unavailable(lines.join("; ")));
+                return Err(ClientError::Server(lines.join("; ")));
             };
             Report {
                 value: json!({"leader_id": summary["leader_id"], "term": summary["term"],
@@ -437,6 +510,10 @@ fn refusal_report(mut value: Value, mut text: String, reason: fenced_client::Los
     }
 }
 
+/// Exit code when no node answered, or none could serve the call, within
+/// --timeout: the one error worth retrying as it is.
+const EXIT_UNAVAILABLE: u8 = 6;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The supervisor runs before and without the client's runtime.
@@ -451,6 +528,18 @@ fn main() -> ExitCode {
             Duration::from_millis(*grace_ms),
             command,
         ));
+    }
+    if let Cmd::Completions { shell } = &cli.command {
+        // Into memory first: a closed stdout (`| head`) is an error, not a panic.
+        let mut script = Vec::new();
+        clap_complete::generate(*shell, &mut Cli::command(), "fencectl", &mut script);
+        return match std::io::Write::write_all(&mut std::io::stdout(), &script) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fencectl completions: {e}");
+                ExitCode::from(1)
+            }
+        };
     }
     let endpoints: Vec<String> = if cli.endpoints.is_empty() {
         DEV_ENDPOINTS.iter().map(|s| s.to_string()).collect()
@@ -503,6 +592,7 @@ fn main() -> ExitCode {
                 ClientError::NotGranted { .. } | ClientError::AttemptEnded { .. } => 3,
                 // Not 4: `lock` and `run` exit 4 when the lease is lost.
                 ClientError::Unauthenticated(_) | ClientError::PermissionDenied(_) => 5,
+                ClientError::Unavailable(_) => EXIT_UNAVAILABLE,
                 _ => 1,
             })
         }

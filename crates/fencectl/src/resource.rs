@@ -30,6 +30,10 @@ pub(crate) enum ModeArg {
 pub(crate) enum ResourceCmd {
     /// Write VALUE to KEY if TOKEN is not older than the highest token the
     /// service accepted for it. Exit 3 if the write is rejected (final).
+    #[command(after_help = "Examples:
+  fencectl resource put invoice-7 --token 4 --owner $OWNER --value paid
+  fencectl resource put report --resource reports --token 4 --owner $OWNER \\
+    --value v2 --expected-version 3 --endpoint 127.0.0.1:7300")]
     Put {
         key: String,
         /// The fencing token of your lease.
@@ -68,6 +72,9 @@ pub(crate) enum ResourceCmd {
         endpoint: String,
     },
     /// Show KEY's value, highest accepted token and version.
+    #[command(after_help = "Examples:
+  fencectl resource get invoice-7
+  fencectl resource get invoice-7 --endpoint 127.0.0.1:7300 --json")]
     Get {
         key: String,
         /// The service, host:port or http://host:port.

@@ -20,7 +20,11 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use fenced_bench::{check::TokenLedger, stats::Recorder};
+use fenced_bench::{
+    chart::{self, ChartData, LatencyRow, Series},
+    check::TokenLedger,
+    stats::Recorder,
+};
 use fenced_client::Client;
 
 use procs::{LocalCluster, LocalPostgres};
@@ -102,6 +106,10 @@ struct Args {
     /// costs, against a run without it.
     #[arg(long)]
     fenced_tls: bool,
+    /// Where the SVG chart of the run goes (throughput by client count,
+    /// latency percentiles per scenario); its path is printed.
+    #[arg(long, default_value = "fenced-bench.svg")]
+    chart: PathBuf,
     /// Find each cluster's leader before measuring and put it first in the
     /// clients' endpoint lists (fenced and etcd alike; PostgreSQL is one
     /// server). Off: clients get every endpoint as configured and discover
@@ -141,6 +149,9 @@ impl Figure {
 struct Table {
     /// row label -> system -> figure, in insertion order of labels.
     rows: Vec<(String, BTreeMap<Kind, Figure>)>,
+    /// For the chart: scenario -> system -> p50, p99, p999 (ms), in
+    /// insertion order of scenarios.
+    percentiles: Vec<(String, BTreeMap<Kind, [Figure; 3]>)>,
 }
 
 impl Table {
@@ -160,6 +171,72 @@ impl Table {
             })
             .values
             .push(value);
+    }
+
+    /// Notes `op`'s p50, p99 and p999 in `run` for the chart.
+    fn put_percentiles(&mut self, scenario: &str, kind: Kind, run: &Run, op: &str) {
+        let i = match self.percentiles.iter().position(|(s, _)| s == scenario) {
+            Some(i) => i,
+            None => {
+                self.percentiles
+                    .push((scenario.to_string(), BTreeMap::new()));
+                self.percentiles.len() - 1
+            }
+        };
+        let figures = self.percentiles[i].1.entry(kind).or_insert_with(|| {
+            std::array::from_fn(|_| Figure {
+                values: Vec::new(),
+                higher_is_better: false,
+            })
+        });
+        for (figure, q) in figures.iter_mut().zip([0.5, 0.99, 0.999]) {
+            figure
+                .values
+                .push(micros_ms(run.rec.quantile_micros(op, q)));
+        }
+    }
+
+    /// The chart's data: S2 throughput by client count, and every noted
+    /// scenario's percentiles (medians over the rounds).
+    fn chart(&self, title: String, s2_clients: &[usize]) -> ChartData {
+        let mut kinds: Vec<Kind> = self
+            .rows
+            .iter()
+            .flat_map(|(_, r)| r.keys().copied())
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        let throughput = kinds
+            .iter()
+            .map(|&kind| Series {
+                system: kind.name().to_string(),
+                points: s2_clients
+                    .iter()
+                    .filter_map(|&n| {
+                        Some((n, self.get(&format!("S2 {n} clients: cycles/s"), kind)?))
+                    })
+                    .collect(),
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect();
+        let latency = self
+            .percentiles
+            .iter()
+            .flat_map(|(scenario, by_kind)| {
+                by_kind.iter().map(|(kind, [p50, p99, p999])| LatencyRow {
+                    scenario: scenario.clone(),
+                    system: kind.name().to_string(),
+                    p50: p50.value(),
+                    p99: p99.value(),
+                    p999: p999.value(),
+                })
+            })
+            .collect();
+        ChartData {
+            title,
+            throughput,
+            latency,
+        }
     }
 
     fn get(&self, label: &str, kind: Kind) -> Option<f64> {
@@ -572,6 +649,7 @@ async fn run_system(
             false,
         );
         table.put("S1 cycles/s", kind, run.ops_per_second(), true);
+        table.put_percentiles("S1 1 client, cycle", kind, &run, "cycle");
     }
 
     if let (true, systems::Target::Fenced { endpoints }) = (want("validate"), &sut.target) {
@@ -637,6 +715,7 @@ async fn run_system(
                 micros_ms(run.rec.quantile_micros("cycle", 0.99)),
                 false,
             );
+            table.put_percentiles(&format!("S2 {n} clients, cycle"), kind, &run, "cycle");
             if n == 64 {
                 s2_max_64 = Some(run.ops_per_second());
                 let _ = run.rec.count("cycle");
@@ -665,6 +744,7 @@ async fn run_system(
                 micros_ms(run.rec.quantile_micros("wait", 0.99)),
                 false,
             );
+            table.put_percentiles(&format!("S3 {n} clients, wait"), kind, &run, "wait");
             if let Some(f) = run.extra.get("fairness_max_over_min") {
                 table.put(
                     &format!("S3 {n} clients: max/min grants per client"),
@@ -1293,6 +1373,30 @@ fn targets(table: &Table) {
     );
 }
 
+/// Writes the chart where `--chart` says and prints its path.
+fn write_chart(args: &Args, table: &Table) -> Result<()> {
+    let title = format!(
+        "fenced-bench: {} s per run, {} round{}{}{}",
+        args.duration_s,
+        args.rounds,
+        if args.rounds == 1 { "" } else { "s (medians)" },
+        if args.fenced_tls {
+            ", fenced with TLS"
+        } else {
+            ""
+        },
+        if cfg!(debug_assertions) {
+            ", DEBUG build: the figures mean nothing"
+        } else {
+            ""
+        },
+    );
+    let svg = chart::render(&table.chart(title, &args.s2_clients));
+    std::fs::write(&args.chart, svg).with_context(|| format!("chart {}", args.chart.display()))?;
+    println!("chart: {}", args.chart.display());
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
@@ -1378,6 +1482,7 @@ async fn run(args: Args) -> Result<bool> {
     if args.rounds > 1 {
         println!("(each figure: the median of {} rounds)", args.rounds);
     }
+    write_chart(&args, &table)?;
     println!();
     targets(&table);
     for f in &out.failures {
@@ -1408,5 +1513,44 @@ mod tests {
         assert_eq!(t.get("cycles/s", Kind::Fenced), Some(20.0));
         assert_eq!(t.ratio("cycles/s", Kind::Postgres), Some(0.5));
         assert_eq!(t.get("cycles/s", Kind::Etcd), None);
+    }
+
+    #[test]
+    fn the_chart_takes_s2_throughput_by_clients_and_median_percentiles() {
+        let mut t = Table::default();
+        for (kind, scale) in [(Kind::Fenced, 2.0), (Kind::Etcd, 1.0)] {
+            for n in [1, 16] {
+                t.put(
+                    &format!("S2 {n} clients: cycles/s"),
+                    kind,
+                    scale * n as f64,
+                    true,
+                );
+            }
+        }
+        for micros in [1_000, 3_000, 2_000] {
+            let mut rec = Recorder::new();
+            rec.record("cycle", Duration::from_micros(micros));
+            let run = Run {
+                ops: 1,
+                elapsed: Duration::from_secs(1),
+                rec,
+                extra: BTreeMap::new(),
+            };
+            t.put_percentiles("S1 1 client, cycle", Kind::Fenced, &run, "cycle");
+        }
+        let data = t.chart("title".into(), &[1, 16, 64]);
+        assert_eq!(data.throughput.len(), 2);
+        assert_eq!(data.throughput[0].system, "fenced");
+        assert_eq!(data.throughput[0].points, vec![(1, 2.0), (16, 32.0)]);
+        assert_eq!(data.throughput[1].points, vec![(1, 1.0), (16, 16.0)]);
+        assert_eq!(data.latency.len(), 1);
+        let row = &data.latency[0];
+        assert_eq!(
+            (row.scenario.as_str(), row.system.as_str()),
+            ("S1 1 client, cycle", "fenced")
+        );
+        // The median of the three rounds, within the histogram's precision.
+        assert!((row.p50 - 2.0).abs() < 0.01, "{row:?}");
     }
 }

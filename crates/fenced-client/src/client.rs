@@ -9,7 +9,7 @@ use std::{
 use fenced_core::OwnerId;
 use fenced_proto::v1::{
     self, acquire_response, cluster_client::ClusterClient, lock_client::LockClient,
-    release_response, renew_response,
+    maintenance_client::MaintenanceClient, release_response, renew_response,
 };
 use tonic::{
     metadata::{Ascii, MetadataValue},
@@ -105,16 +105,30 @@ impl ClientError {
     }
 }
 
+/// What to do after an authentication refusal.
+pub const TOKEN_HINT: &str = "pass a bearer token (fencectl --token, --token-file or \
+    FENCED_TOKEN; the Rust client's Client::with_token); an operator makes one with \
+    `fenced auth new-token` and adds its sha256 to the nodes' auth_tokens file";
+/// What to do after a permission refusal.
+pub const PERMISSION_HINT: &str = "an operator grants roles (lock, read, admin) on resource \
+    prefixes in the nodes' auth_policy file";
+/// What to do when no node answered at all.
+pub const NO_CLUSTER_HINT: &str = "is a cluster running? start one with `fenced dev`, or \
+    point --endpoints (FENCED_ENDPOINTS) at its nodes";
+
 fn classify(status: Status) -> Result<Status, ClientError> {
     match status.code() {
         Code::InvalidArgument => Err(ClientError::InvalidArgument(status.message().to_string())),
-        Code::Unauthenticated => Err(ClientError::Unauthenticated(
+        Code::Unauthenticated => Err(ClientError::Unauthenticated(format!(
+            "{}; {TOKEN_HINT}",
             status
                 .message()
                 .trim_start_matches("authentication failed: ")
-                .to_string(),
-        )),
-        Code::PermissionDenied => Err(ClientError::PermissionDenied(status.message().to_string())),
+        ))),
+        Code::PermissionDenied => Err(ClientError::PermissionDenied(format!(
+            "{}; {PERMISSION_HINT}",
+            status.message()
+        ))),
         Code::ResourceExhausted => {
             Err(ClientError::ResourceExhausted(status.message().to_string()))
         }
@@ -130,6 +144,80 @@ fn classify(status: Status) -> Result<Status, ClientError> {
             status.message()
         ))),
     }
+}
+
+/// How a call to one endpoint failed, for the error that names them all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Nothing answered: the connection failed or broke (the text says how).
+    NoAnswer(String),
+    /// The node answered, but could not serve the call (no leader, say).
+    Refused(String),
+}
+
+impl Attempt {
+    /// Tells apart a status the node sent from one the client made because
+    /// the connection failed (it carries the transport error as source).
+    pub(crate) fn of(status: &Status) -> Attempt {
+        match std::error::Error::source(status) {
+            None => Attempt::Refused(status.message().to_string()),
+            Some(source) => {
+                // The innermost cause says it best ("Connection refused").
+                let mut cause: &dyn std::error::Error = source;
+                while let Some(next) = cause.source() {
+                    cause = next;
+                }
+                Attempt::NoAnswer(short_cause(&cause.to_string()))
+            }
+        }
+    }
+}
+
+/// "Connection refused (os error 111)" as "connection refused".
+fn short_cause(text: &str) -> String {
+    let text = text.split(" (os error").next().unwrap_or(text).trim();
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => "no answer".into(),
+    }
+}
+
+/// The message of an [`ClientError::Unavailable`] after every endpoint
+/// failed: which endpoints were tried, what each said, and what to do.
+pub(crate) fn unavailable_message(attempts: &[(String, Option<Attempt>)]) -> String {
+    let tried: Vec<&str> = attempts.iter().map(|(e, _)| e.as_str()).collect();
+    let no_answer: Vec<&String> = attempts
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Some(Attempt::NoAnswer(why)) => Some(why),
+            _ => None,
+        })
+        .collect();
+    if no_answer.len() == attempts.len() {
+        let mut causes = no_answer.clone();
+        causes.sort();
+        causes.dedup();
+        let causes: Vec<&str> = causes.iter().map(|c| c.as_str()).collect();
+        return format!(
+            "no node answered at {} ({}): {NO_CLUSTER_HINT}",
+            tried.join(", "),
+            causes.join("; ")
+        );
+    }
+    let each: Vec<String> = attempts
+        .iter()
+        .map(|(endpoint, a)| match a {
+            Some(Attempt::Refused(why)) => format!("{endpoint}: {why}"),
+            Some(Attempt::NoAnswer(why)) => format!("{endpoint}: no answer ({why})"),
+            None => format!("{endpoint}: not tried in time"),
+        })
+        .collect();
+    format!(
+        "no node could serve the call ({}); it may succeed once a majority of the \
+         members runs and has elected a leader",
+        each.join("; ")
+    )
 }
 
 /// The result of an acquire.
@@ -365,13 +453,15 @@ impl Client {
         let endpoints = &self.inner.endpoints;
         let deadline = Instant::now() + budget;
         let mut backoff = Duration::from_millis(25);
-        let mut last = String::from("no attempt");
+        // Each endpoint's last failure, for the error if none answers.
+        let mut attempts: Vec<(String, Option<Attempt>)> =
+            endpoints.iter().map(|e| (e.name.clone(), None)).collect();
         loop {
             let i = self.inner.next.load(Ordering::Relaxed) % endpoints.len();
             let endpoint = endpoints.get(i);
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(ClientError::Unavailable(last));
+                return Err(ClientError::Unavailable(unavailable_message(&attempts)));
             }
             let sent = Moment::now();
             match f(endpoint.channel.clone(), left).await {
@@ -397,9 +487,10 @@ impl Client {
                         }
                     };
                     endpoints.failed(i);
-                    last = format!("{}: {}", endpoint.name, status.message());
+                    let attempt = Attempt::of(&status);
                     let next = hinted.filter(|j| *j != i).unwrap_or(i + 1);
-                    tracing::debug!(endpoint = %endpoint.name, error = %last, next = %endpoints.get(next).name, "retrying");
+                    tracing::debug!(endpoint = %endpoint.name, error = ?attempt, next = %endpoints.get(next).name, "retrying");
+                    attempts[i].1 = Some(attempt);
                     self.inner.next.store(next, Ordering::Relaxed);
                 }
             }
@@ -664,12 +755,102 @@ impl Client {
             .into_inner())
     }
 
+    /// A backup of the cluster's state, streamed from the leader after a
+    /// linearizable read (admin role): its summary and the file's bytes,
+    /// checked against the summary's length. Followers are skipped like
+    /// any node that is not the leader. At most `max_bytes` are accepted.
+    pub async fn save_snapshot(
+        &self,
+        max_bytes: u64,
+    ) -> Result<(v1::SnapshotSummary, Vec<u8>), ClientError> {
+        Ok(self
+            .with_retries(self.inner.call_timeout, |ch, left| {
+                let req = self.request(v1::SaveSnapshotRequest {}, left);
+                async move {
+                    let (metadata, mut stream, extensions) = MaintenanceClient::new(ch)
+                        .save_snapshot(req)
+                        .await?
+                        .into_parts();
+                    let summary = stream
+                        .message()
+                        .await?
+                        .and_then(|c| c.summary)
+                        .ok_or_else(|| Status::internal("snapshot save: no summary"))?;
+                    if summary.total_bytes > max_bytes {
+                        return Err(Status::internal(format!(
+                            "snapshot save: {} bytes, more than the bound {max_bytes}",
+                            summary.total_bytes
+                        )));
+                    }
+                    let mut bytes = Vec::with_capacity(
+                        usize::try_from(summary.total_bytes).unwrap_or(usize::MAX),
+                    );
+                    while let Some(chunk) = stream.message().await? {
+                        if (bytes.len() + chunk.data.len()) as u64 > summary.total_bytes {
+                            return Err(Status::internal(
+                                "snapshot save: more bytes than the summary announced",
+                            ));
+                        }
+                        bytes.extend_from_slice(&chunk.data);
+                    }
+                    if bytes.len() as u64 != summary.total_bytes {
+                        // Cut short: worth another try.
+                        return Err(Status::unavailable(format!(
+                            "snapshot save: stream ended after {} of {} bytes",
+                            bytes.len(),
+                            summary.total_bytes
+                        )));
+                    }
+                    // The answer's metadata, so a leader it names is learnt.
+                    Ok(tonic::Response::from_parts(
+                        metadata,
+                        (summary, bytes),
+                        extensions,
+                    ))
+                }
+            })
+            .await?
+            .0
+            .into_inner())
+    }
+
     /// The status of every endpoint, each on its own (no retries).
     pub async fn status_of_each(&self) -> Vec<(String, Result<v1::StatusResponse, ClientError>)> {
+        self.status_each().await.0
+    }
+
+    /// [`Client::status_of_each`], or the error when no endpoint answered:
+    /// a refusal (TLS, authentication) as it is, otherwise
+    /// [`ClientError::Unavailable`] naming every endpoint tried.
+    pub async fn status_of_each_answered(
+        &self,
+    ) -> Result<Vec<(String, Result<v1::StatusResponse, ClientError>)>, ClientError> {
+        let (mut each, attempts) = self.status_each().await;
+        if each.iter().any(|(_, r)| r.is_ok()) {
+            return Ok(each);
+        }
+        // A refusal (TLS, authentication, ...) says more than "no answer".
+        let refusal = each
+            .iter()
+            .position(|(_, r)| !matches!(r, Err(ClientError::Unavailable(_))));
+        match refusal.map(|i| each.swap_remove(i).1) {
+            Some(Err(e)) => Err(e),
+            _ => Err(ClientError::Unavailable(unavailable_message(&attempts))),
+        }
+    }
+
+    async fn status_each(
+        &self,
+    ) -> (
+        Vec<(String, Result<v1::StatusResponse, ClientError>)>,
+        Vec<(String, Option<Attempt>)>,
+    ) {
         let mut out = Vec::new();
+        let mut attempts = Vec::new();
         for (i, e) in self.inner.endpoints.iter().enumerate() {
             let name = &e.name;
             let req = self.request(v1::StatusRequest::default(), Duration::from_secs(2));
+            let mut attempt = None;
             let r = ClusterClient::new(e.channel.clone())
                 .status(req)
                 .await
@@ -680,11 +861,20 @@ impl Client {
                 })
                 .map_err(|s| match tls::failure(&s) {
                     Some(tls) => ClientError::Tls(tls),
-                    None => ClientError::Unavailable(format!("{name}: {}", s.message())),
+                    None => match classify(s) {
+                        Err(refused) => refused,
+                        Ok(s) => {
+                            let a = Attempt::of(&s);
+                            let e = unavailable_message(&[(name.clone(), Some(a.clone()))]);
+                            attempt = Some(a);
+                            ClientError::Unavailable(e)
+                        }
+                    },
                 });
+            attempts.push((name.clone(), attempt));
             out.push((name.clone(), r));
         }
-        out
+        (out, attempts)
     }
 }
 
@@ -769,6 +959,18 @@ mod tests {
             &self,
             _req: Request<v1::RemoveNodeRequest>,
         ) -> Result<Response<v1::MembershipResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn promote_learner(
+            &self,
+            _req: Request<v1::PromoteLearnerRequest>,
+        ) -> Result<Response<v1::MembershipResponse>, Status> {
+            Err(Status::unimplemented("fake"))
+        }
+        async fn list_members(
+            &self,
+            _req: Request<v1::ListMembersRequest>,
+        ) -> Result<Response<v1::ListMembersResponse>, Status> {
             Err(Status::unimplemented("fake"))
         }
     }
@@ -860,6 +1062,62 @@ mod tests {
             Err(other) => Some(format!("unexpected error {other}")),
             Ok(_) => None,
         }
+    }
+
+    #[test]
+    fn an_unavailable_cluster_names_every_endpoint_and_the_next_step() {
+        let refused = || Some(Attempt::NoAnswer("connection refused".into()));
+        let none = unavailable_message(&[
+            ("127.0.0.1:7101".into(), refused()),
+            ("127.0.0.1:7102".into(), refused()),
+        ]);
+        assert_eq!(
+            none,
+            format!(
+                "no node answered at 127.0.0.1:7101, 127.0.0.1:7102 (connection refused): \
+                 {NO_CLUSTER_HINT}"
+            )
+        );
+        let some = unavailable_message(&[
+            (
+                "127.0.0.1:7101".into(),
+                Some(Attempt::Refused(
+                    "node 1 has no leader: 1 of 3 members reachable".into(),
+                )),
+            ),
+            ("127.0.0.1:7102".into(), refused()),
+            ("127.0.0.1:7103".into(), None),
+        ]);
+        assert!(
+            some.contains("127.0.0.1:7101: node 1 has no leader: 1 of 3 members reachable")
+                && some.contains("127.0.0.1:7102: no answer (connection refused)")
+                && some.contains("127.0.0.1:7103: not tried in time"),
+            "{some}"
+        );
+        assert_eq!(
+            short_cause("Connection refused (os error 111)"),
+            "connection refused"
+        );
+    }
+
+    #[test]
+    fn refusals_say_how_to_get_a_token_or_a_role() {
+        let e = classify(Status::unauthenticated(
+            "authentication failed: unknown or revoked token",
+        ))
+        .err();
+        assert!(
+            matches!(&e, Some(ClientError::Unauthenticated(m)) if m.starts_with("unknown or revoked token; ") && m.contains("fenced auth new-token")),
+            "{e:?}"
+        );
+        let e = classify(Status::permission_denied(
+            "permission denied: identity \"a\" may not acquire",
+        ))
+        .err();
+        assert!(
+            matches!(&e, Some(ClientError::PermissionDenied(m)) if m.contains("may not acquire") && m.contains("auth_policy")),
+            "{e:?}"
+        );
     }
 
     #[tokio::test]

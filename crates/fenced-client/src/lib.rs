@@ -29,6 +29,7 @@ mod clock;
 mod kv;
 mod leader;
 mod lease;
+mod members;
 mod tls;
 mod transport;
 

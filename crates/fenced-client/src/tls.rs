@@ -162,7 +162,9 @@ pub(crate) async fn handshake(
 
 /// A connection to a node, plain or TLS.
 pub(crate) enum ClientStream {
-    Plain(TcpStream),
+    /// With the address until the first bytes from the node were checked
+    /// for TLS (see [`answered_in_tls`]).
+    Plain(TcpStream, Option<String>),
     /// With the address, for errors.
     Tls(Box<TlsStream<TcpStream>>, String),
 }
@@ -174,7 +176,27 @@ impl AsyncRead for ClientStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ClientStream::Plain(s, unchecked) => {
+                let start = buf.filled().len();
+                let read = Pin::new(s).poll_read(cx, buf);
+                if let (Poll::Ready(Ok(())), Some(addr)) = (&read, unchecked.as_ref()) {
+                    let first = &buf.filled()[start..];
+                    if !first.is_empty() {
+                        if answered_in_tls(first) {
+                            return Poll::Ready(Err(io::Error::new(
+                                io::ErrorKind::PermissionDenied,
+                                format!(
+                                    "TLS needed: the node at {addr} answered in TLS; pass \
+                                     --cacert (FENCED_CACERT) with the CA that signed its \
+                                     certificate"
+                                ),
+                            )));
+                        }
+                        *unchecked = None;
+                    }
+                }
+                read
+            }
             // In TLS 1.3 the node refuses a client certificate after the
             // client's side of the handshake is done: the first read says so.
             ClientStream::Tls(s, addr) => Pin::new(&mut **s)
@@ -187,24 +209,32 @@ impl AsyncRead for ClientStream {
 impl AsyncWrite for ClientStream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_write(cx, b),
+            ClientStream::Plain(s, _) => Pin::new(s).poll_write(cx, b),
             ClientStream::Tls(s, _) => Pin::new(&mut **s).poll_write(cx, b),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientStream::Plain(s, _) => Pin::new(s).poll_flush(cx),
             ClientStream::Tls(s, _) => Pin::new(&mut **s).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ClientStream::Plain(s, _) => Pin::new(s).poll_shutdown(cx),
             ClientStream::Tls(s, _) => Pin::new(&mut **s).poll_shutdown(cx),
         }
     }
+}
+
+/// Whether the first bytes a node sent on a plaintext connection are a TLS
+/// record (an alert or a handshake, version 3.x): the node serves TLS. An
+/// HTTP/2 server starts with a SETTINGS frame, whose length's first byte is
+/// 0 for any frame a server sends first.
+pub(crate) fn answered_in_tls(first: &[u8]) -> bool {
+    matches!(first, [0x15 | 0x16] | [0x15 | 0x16, 0x03, ..])
 }
 
 /// The TLS part of a failed call's causes, if TLS is what failed.
@@ -225,6 +255,18 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn a_tls_record_is_told_from_an_http2_preface() {
+        // A TLS alert (decode_error) and a ServerHello.
+        assert!(answered_in_tls(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]));
+        assert!(answered_in_tls(&[0x16, 0x03, 0x01, 0x00, 0x40]));
+        assert!(answered_in_tls(&[0x15]));
+        // An HTTP/2 SETTINGS frame, and HTTP/1.
+        assert!(!answered_in_tls(&[0x00, 0x00, 0x12, 0x04, 0x00]));
+        assert!(!answered_in_tls(b"HTTP/1.1 400 Bad Request"));
+        assert!(!answered_in_tls(&[0x15, 0x00]));
+    }
 
     #[test]
     fn options_without_a_usable_ca_are_refused_by_name() {

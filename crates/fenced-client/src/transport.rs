@@ -187,7 +187,7 @@ impl tower_service::Service<Uri> for Connector {
             let stream = TcpStream::connect((host, port)).await?;
             stream.set_nodelay(true)?;
             let stream = match tls {
-                None => ClientStream::Plain(stream),
+                None => ClientStream::Plain(stream, Some(format!("{host}:{port}"))),
                 Some(tls) => tls::handshake(&tls, host, format!("{host}:{port}"), stream).await?,
             };
             Ok(TokioIo::new(Coalescing::new(stream)))

@@ -40,6 +40,6 @@ pub use observe::{
     Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_VALIDATE_BATCH,
     WATCH_WINDOW,
 };
-pub use outcome::{Applied, Description, Event, Grant, LostReason, Outcome};
+pub use outcome::{Applied, Description, Event, Grant, LeaseList, LeaseView, LostReason, Outcome};
 pub use table::{LeaseTable, SnapshotError, TableSnapshot, SNAPSHOT_FORMAT_VERSION};
 pub use time::{ClusterTime, LeaderClock};

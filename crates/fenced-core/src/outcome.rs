@@ -114,3 +114,25 @@ pub struct Description {
     pub remaining_ms: u64,
     pub waiters: u32,
 }
+
+/// One live lease as [`crate::LeaseTable::leases`] lists it. The owner id is
+/// left out on purpose: with the token it is the capability to renew or
+/// release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    pub resource: crate::ResourceName,
+    pub token: u64,
+    /// Milliseconds left at the `now` the list was made for.
+    pub remaining_ms: u64,
+    pub ttl_ms: u64,
+    pub waiters: u32,
+}
+
+/// Live leases under a name prefix, in name order: the first rows, and how
+/// many more match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseList {
+    pub rows: Vec<LeaseView>,
+    /// Live leases under the prefix beyond `rows`.
+    pub more: usize,
+}

@@ -1,12 +1,15 @@
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    ops::Bound,
+};
 
 use serde::{Deserialize, Serialize};
 
 use crate::{
     observe::Window, Applied, Batch, Capacity, CapacityBound, Change, ChangeKind, ChangesAfter,
     ClusterTime, Command, Compacted, Description, Event, Grant, HistoryEntry, KvSnapshot, KvStore,
-    LeaseEnd, LostReason, Outcome, OwnerId, ResourceName, Token, TokenState, Validation,
-    DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_IDLE_RECORDS,
+    LeaseEnd, LeaseList, LeaseView, LostReason, Outcome, OwnerId, ResourceName, Token, TokenState,
+    Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_IDLE_RECORDS,
     MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
 };
 
@@ -404,6 +407,36 @@ impl LeaseTable {
             remaining_ms: live.map_or(0, |l| l.expires_at.millis_since(now)),
             waiters: u32::try_from(rec.waiters.len()).unwrap_or(u32::MAX),
         }
+    }
+
+    /// The leases live at `now` on resources whose names start with
+    /// `prefix`, in name order: at most `limit` rows, and a count of the
+    /// rest. Reads every record under the prefix (the table bounds how many
+    /// there are); owner ids are not shown.
+    pub fn leases(&self, prefix: &str, now: ClusterTime, limit: usize) -> LeaseList {
+        let now = now.max(self.now);
+        let mut list = LeaseList::default();
+        let under_prefix = self
+            .records
+            .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(name, _)| name.as_str().starts_with(prefix));
+        for (name, rec) in under_prefix {
+            let Some(lease) = rec.holder.as_ref().filter(|l| l.expires_at > now) else {
+                continue;
+            };
+            if list.rows.len() < limit {
+                list.rows.push(LeaseView {
+                    resource: name.clone(),
+                    token: lease.token.get(),
+                    remaining_ms: lease.expires_at.millis_since(now),
+                    ttl_ms: lease.ttl_ms,
+                    waiters: u32::try_from(rec.waiters.len()).unwrap_or(u32::MAX),
+                });
+            } else {
+                list.more += 1;
+            }
+        }
+        list
     }
 
     /// The earliest cluster time at which a tick would answer a waiter: the end
@@ -1104,4 +1137,49 @@ pub enum SnapshotError {
     Version { found: u32, supported: u32 },
     #[error("snapshot breaks an invariant: {0}")]
     Invariant(String),
+}
+
+impl LeaseTable {
+    /// Makes every token granted from now on greater than `floor`, for
+    /// every resource, remembered or new (the counter is the table's own).
+    /// Never lowers it. A cluster restored from a backup raises its floor
+    /// above anything the old cluster may have issued after the backup.
+    pub fn raise_token_floor(&mut self, floor: u64) {
+        self.last_token = self.last_token.max(floor);
+    }
+}
+
+#[cfg(test)]
+mod token_floor_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn acquire(table: &mut LeaseTable, resource: &str, at: u64) -> u64 {
+        let applied = table.apply(&Batch {
+            stamp: ClusterTime::from_millis(at),
+            commands: vec![Command::Acquire {
+                resource: ResourceName::new(resource).unwrap(),
+                owner: OwnerId::random(),
+                ttl_ms: 1_000,
+                wait_ms: 0,
+            }],
+        });
+        match &applied.outcomes[0] {
+            Outcome::Granted(g) => g.token.get(),
+            other => panic!("not granted: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_raised_floor_applies_to_known_and_new_resources_and_never_lowers() {
+        let mut table = LeaseTable::new();
+        let first = acquire(&mut table, "a", 1);
+        table.raise_token_floor(1_000);
+        assert!(acquire(&mut table, "b", 2) > 1_000);
+        assert!(acquire(&mut table, "a", 5_000) > 1_000);
+        let before = table.last_token();
+        table.raise_token_floor(first);
+        assert_eq!(table.last_token(), before);
+        table.check_invariants().unwrap();
+    }
 }

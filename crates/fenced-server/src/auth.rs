@@ -383,6 +383,39 @@ impl Auth {
                 .get::<crate::tls::PeerConnectInfo>()
                 .is_some_and(|info| info.certs.is_some());
         let identity = identify(&policy, req.metadata(), principal, trusted_forward)?;
+        Self::check_grant(&policy, identity, permission, operation, resource)
+    }
+
+    /// [`Auth::authorize`] for an HTTP request (the status page): the
+    /// `Authorization: Bearer` header, else the verified client
+    /// certificate's name. A forwarded identity is never believed here.
+    pub fn authorize_http(
+        &self,
+        headers: &hyper::HeaderMap,
+        certificate: Option<&Principal>,
+        permission: Permission,
+        operation: &str,
+    ) -> Result<Option<String>, Status> {
+        let Some(policy) = self.current() else {
+            return Ok(None);
+        };
+        // Only the header `identify` reads, so nothing else can pose as one.
+        let mut only_authorization = hyper::HeaderMap::new();
+        if let Some(value) = headers.get(hyper::header::AUTHORIZATION) {
+            only_authorization.insert(hyper::header::AUTHORIZATION, value.clone());
+        }
+        let metadata = MetadataMap::from_headers(only_authorization);
+        let identity = identify(&policy, &metadata, certificate, false)?;
+        Self::check_grant(&policy, identity, permission, operation, None)
+    }
+
+    fn check_grant(
+        policy: &Policy,
+        identity: String,
+        permission: Permission,
+        operation: &str,
+        resource: Option<&str>,
+    ) -> Result<Option<String>, Status> {
         policy
             .check(&identity, permission, operation, resource)
             .inspect_err(|_| {

@@ -28,6 +28,8 @@ pub const CA_KEY: &str = "ca-key.pem";
 pub enum CertsCommand {
     /// Make a CA: DIR/ca.pem and DIR/ca-key.pem (ECDSA P-256, valid 10
     /// years). Refuses to overwrite an existing CA.
+    #[command(after_help = "Examples:
+  fenced certs ca --dir ./pki")]
     Ca {
         #[arg(long)]
         dir: PathBuf,
@@ -36,6 +38,9 @@ pub enum CertsCommand {
     /// DIR/node-ID-key.pem (ECDSA P-256, valid --days). It names
     /// fenced://node/ID and every --host (DNS name or IP address) the node
     /// is reached by; it serves both ports and connects to peers.
+    #[command(after_help = "Examples:
+  fenced certs node --dir ./pki --id 1
+  fenced certs node --dir ./pki --id 2 --host node2.internal --host 10.0.0.2 --days 90")]
     Node {
         #[arg(long)]
         dir: PathBuf,
@@ -52,6 +57,8 @@ pub enum CertsCommand {
     /// signed by DIR's CA: DIR/server-NAME.pem and DIR/server-NAME-key.pem
     /// (ECDSA P-256, valid --days), naming fenced://server/NAME and every
     /// --host. It serves TLS only: a node's peer port refuses it.
+    #[command(after_help = "Examples:
+  fenced certs server --dir ./pki --name resource --host resource.internal")]
     Server {
         #[arg(long)]
         dir: PathBuf,
@@ -67,6 +74,8 @@ pub enum CertsCommand {
     /// Make client NAME's certificate, signed by DIR's CA: DIR/client-NAME.pem
     /// and DIR/client-NAME-key.pem (ECDSA P-256, valid --days), naming
     /// fenced://client/NAME. It is refused on the peer port.
+    #[command(after_help = "Examples:
+  fenced certs client --dir ./pki --name billing")]
     Client {
         #[arg(long)]
         dir: PathBuf,

@@ -12,6 +12,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::{
+    membership::Join,
     node::NodeConfig,
     tls::TlsSettings,
     types::{Node, NodeId},
@@ -38,6 +39,20 @@ pub struct RunSettings {
     /// `1=HOST:PEERPORT[/HOST:CLIENTPORT],2=...,3=...`.
     #[arg(long, env = "FENCED_INITIAL_CLUSTER")]
     pub initial_cluster: Option<String>,
+    /// Join a running cluster instead (a new node with an empty data dir):
+    /// comma-separated client addresses of its members. The node starts as
+    /// a learner and asks to be added (with its node certificate); an
+    /// operator promotes it. With existing data it is ignored.
+    #[arg(long, env = "FENCED_JOIN", conflicts_with = "initial_cluster")]
+    pub join: Option<String>,
+    /// The peer address other nodes reach this one at, for --join (default
+    /// --peer-listen).
+    #[arg(long, env = "FENCED_ADVERTISE_PEER")]
+    pub advertise_peer: Option<String>,
+    /// The client address clients reach this one at, for --join (default
+    /// --listen).
+    #[arg(long, env = "FENCED_ADVERTISE_CLIENT")]
+    pub advertise_client: Option<String>,
     /// Shortest lease a client may ask for, ms.
     #[arg(long, env = "FENCED_TTL_MIN_MS")]
     pub ttl_min_ms: Option<u64>,
@@ -170,6 +185,9 @@ impl RunSettings {
             listen: self.listen.or(file.listen),
             peer_listen: self.peer_listen.or(file.peer_listen),
             initial_cluster: self.initial_cluster.or(file.initial_cluster),
+            join: self.join.or(file.join),
+            advertise_peer: self.advertise_peer.or(file.advertise_peer),
+            advertise_client: self.advertise_client.or(file.advertise_client),
             ttl_min_ms: self.ttl_min_ms.or(file.ttl_min_ms),
             ttl_max_ms: self.ttl_max_ms.or(file.ttl_max_ms),
             wait_max_ms: self.wait_max_ms.or(file.wait_max_ms),
@@ -247,11 +265,34 @@ impl RunSettings {
                 .peer_listen
                 .ok_or("peer_listen: required (--peer-listen or FENCED_PEER_LISTEN)")?,
         )?;
-        let initial_cluster =
-            parse_initial_cluster(&self.initial_cluster.ok_or(
-                "initial_cluster: required (--initial-cluster or FENCED_INITIAL_CLUSTER)",
-            )?)?;
+        let (initial_cluster, join) = match (self.initial_cluster, self.join) {
+            (Some(_), Some(_)) => {
+                return Err(
+                    "join: conflicts with initial_cluster: a node either starts a new \
+                            cluster or joins a running one"
+                        .into(),
+                )
+            }
+            (Some(spec), None) => (parse_initial_cluster(&spec)?, None),
+            (None, Some(endpoints)) => (
+                BTreeMap::new(),
+                Some(join_settings(
+                    id,
+                    &endpoints,
+                    self.advertise_peer.as_deref(),
+                    self.advertise_client.as_deref(),
+                    listen,
+                    peer_listen,
+                )?),
+            ),
+            (None, None) => {
+                return Err("initial_cluster: required (--initial-cluster or \
+                            FENCED_INITIAL_CLUSTER), or --join to join a running cluster"
+                    .into())
+            }
+        };
         let mut cfg = NodeConfig::new(id, data_dir, listen, peer_listen, initial_cluster);
+        cfg.join = join;
         let l = &mut cfg.limits;
         l.ttl_min_ms = self.ttl_min_ms.unwrap_or(l.ttl_min_ms);
         l.ttl_max_ms = self.ttl_max_ms.unwrap_or(l.ttl_max_ms);
@@ -538,6 +579,63 @@ fn resolve(field: &str, addr: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{field}: {addr} resolves to no address"))
 }
 
+/// What `--join` asks for: the endpoints, and this node's advertised
+/// addresses (the listen addresses unless given; a wildcard listen address
+/// cannot be reached, so it needs the advertised one).
+fn join_settings(
+    id: NodeId,
+    endpoints: &str,
+    advertise_peer: Option<&str>,
+    advertise_client: Option<&str>,
+    listen: SocketAddr,
+    peer_listen: SocketAddr,
+) -> Result<Join, String> {
+    let endpoints: Vec<String> = endpoints
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_string)
+        .collect();
+    if endpoints.is_empty() {
+        return Err("join: names no endpoint (HOST:CLIENTPORT,...)".into());
+    }
+    if endpoints.len() > 16 {
+        return Err(format!(
+            "join: at most 16 endpoints, got {}",
+            endpoints.len()
+        ));
+    }
+    for e in &endpoints {
+        if e.rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            return Err(format!("join: endpoint {e:?} is not HOST:PORT"));
+        }
+    }
+    let advertised = |field: &str, given: Option<&str>, listen: SocketAddr| match given {
+        Some(a)
+            if a.rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) =>
+        {
+            Ok(a.to_string())
+        }
+        Some(a) => Err(format!("{field}: {a:?} is not HOST:PORT")),
+        None if listen.ip().is_unspecified() => Err(format!(
+            "{field}: required with --join when listening on {listen} (the address other \
+             nodes and clients reach this node at)"
+        )),
+        None => Ok(listen.to_string()),
+    };
+    Ok(Join {
+        endpoints,
+        id,
+        node: Node {
+            peer_addr: advertised("advertise_peer", advertise_peer, peer_listen)?,
+            client_addr: advertised("advertise_client", advertise_client, listen)?,
+        },
+    })
+}
+
 /// Parses `1=HOST:PEERPORT[/HOST:CLIENTPORT],2=...`.
 pub fn parse_initial_cluster(spec: &str) -> Result<BTreeMap<NodeId, Node>, String> {
     let mut members = BTreeMap::new();
@@ -642,6 +740,60 @@ mod tests {
             initial_cluster: Some(format!("1={peer}")),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn join_replaces_the_initial_cluster_and_needs_reachable_addresses() {
+        let both = RunSettings {
+            join: Some("127.0.0.1:7101".into()),
+            ..on("127.0.0.1:7104", "127.0.0.1:7204")
+        };
+        let err = both.into_node_config().unwrap_err();
+        assert!(
+            err.contains("join: conflicts with initial_cluster"),
+            "{err}"
+        );
+        let join = |listen: &str, peer: &str, endpoints: &str| RunSettings {
+            initial_cluster: None,
+            join: Some(endpoints.into()),
+            insecure: true,
+            ..on(listen, peer)
+        };
+        let cfg = join("127.0.0.1:7104", "127.0.0.1:7204", "a:7101, b:7102")
+            .into_node_config()
+            .unwrap();
+        assert!(cfg.initial_cluster.is_empty());
+        let j = cfg.join.unwrap();
+        assert_eq!(j.endpoints, ["a:7101", "b:7102"]);
+        assert_eq!(j.node.peer_addr, "127.0.0.1:7204");
+        assert_eq!(j.node.client_addr, "127.0.0.1:7104");
+        let err = join("0.0.0.0:7104", "0.0.0.0:7204", "a:7101")
+            .into_node_config()
+            .unwrap_err();
+        assert!(
+            err.starts_with("advertise_peer: required with --join"),
+            "{err}"
+        );
+        let advertised = RunSettings {
+            advertise_peer: Some("fenced-4:7204".into()),
+            advertise_client: Some("fenced-4:7104".into()),
+            ..join("0.0.0.0:7104", "0.0.0.0:7204", "a:7101")
+        };
+        let j = advertised.into_node_config().unwrap().join.unwrap();
+        assert_eq!(j.node.peer_addr, "fenced-4:7204");
+        for bad in ["", " , ", "nohost", "a:b"] {
+            let err = join("127.0.0.1:7104", "127.0.0.1:7204", bad)
+                .into_node_config()
+                .unwrap_err();
+            assert!(err.starts_with("join:"), "{bad:?}: {err}");
+        }
+        let err = RunSettings {
+            initial_cluster: None,
+            ..on("127.0.0.1:7104", "127.0.0.1:7204")
+        }
+        .into_node_config()
+        .unwrap_err();
+        assert!(err.contains("or --join"), "{err}");
     }
 
     #[test]

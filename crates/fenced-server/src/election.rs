@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     codec,
     log_store::LogStore,
-    network::{Peer, RaftCall},
+    network::{Peer, RaftCall, Reachability},
     tls::NodeTls,
     types::{NodeId, Raft},
 };
@@ -102,6 +102,9 @@ pub struct Election {
     log: LogStore,
     /// Pre-votes go over mutual TLS when set.
     tls: Option<Arc<NodeTls>>,
+    /// Where a voter that cannot be reached is told (and logged, once per
+    /// outage); a voter that is slow to answer is not counted there.
+    reachability: Option<Arc<Reachability>>,
 }
 
 impl Election {
@@ -120,6 +123,15 @@ impl Election {
             jitter: RandomState::new(),
             log,
             tls: None,
+            reachability: None,
+        }
+    }
+
+    /// Tells `reachability` which voters a pre-vote reached.
+    pub fn with_reachability(self, reachability: Arc<Reachability>) -> Self {
+        Self {
+            reachability: Some(reachability),
+            ..self
         }
     }
 
@@ -240,7 +252,9 @@ impl Election {
         };
         let mut asks = JoinSet::new();
         for (id, addr) in voters.iter().filter(|(id, _)| *id != self.me) {
-            let mut peer = Peer::new(*id, addr.clone()).with_tls(self.tls.clone());
+            let mut peer = Peer::new(*id, addr.clone())
+                .with_tls(self.tls.clone())
+                .with_reachability(self.reachability.clone());
             let payload = payload.clone();
             let timeout = self.check_min;
             asks.spawn(async move {

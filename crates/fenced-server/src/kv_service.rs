@@ -11,11 +11,7 @@ use fenced_proto::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::{
-    auth::Permission,
-    deadline::deadline_of,
-    services::{propose_status, NodeContext},
-};
+use crate::{auth::Permission, deadline::deadline_of, services::NodeContext};
 
 /// The largest Kv request accepted, in bytes: room for a value one byte
 /// past its bound and a long key, so that an oversized value is answered
@@ -77,7 +73,7 @@ impl KvService {
             .ctx
             .propose(command, deadline)
             .await
-            .map_err(propose_status)?;
+            .map_err(|e| self.ctx.propose_status(e))?;
         kv_put_reply(&outcome, now).map(Response::new)
     }
 
@@ -93,7 +89,7 @@ impl KvService {
             .ctx
             .propose(command, deadline)
             .await
-            .map_err(propose_status)?;
+            .map_err(|e| self.ctx.propose_status(e))?;
         kv_delete_reply(&outcome, now).map(Response::new)
     }
 

@@ -10,15 +10,21 @@
 #![allow(clippy::result_large_err)]
 
 pub mod auth;
+pub mod backup;
 pub mod certs;
 pub mod codec;
 pub mod config;
+pub mod data_format;
 pub mod deadline;
+pub mod dev;
 pub mod early_replication;
 pub mod election;
+pub mod handoff;
 pub mod health;
 pub mod limits;
 pub mod log_store;
+pub mod maintenance;
+pub mod membership;
 pub mod metrics;
 pub mod network;
 pub mod node;
@@ -26,11 +32,13 @@ pub mod parking;
 pub mod peer_listener;
 pub mod proposer;
 pub mod quota;
+pub mod raft_noise;
 pub mod rpc_metrics;
 pub mod services;
 // After `services`: uses its forwarding macro.
 pub mod kv_service;
 pub mod state_machine;
+pub mod status_page;
 pub mod time_floor;
 pub mod tls;
 pub mod types;

@@ -3,6 +3,7 @@
 //! is done, so nothing is acknowledged that a crash could take back.
 
 use std::{
+    collections::BTreeMap,
     fmt::Debug,
     io,
     ops::{Bound, RangeBounds},
@@ -13,7 +14,8 @@ use std::{
 use openraft::{
     raft::AppendEntriesRequest,
     storage::{LogFlushed, LogState, RaftLogStorage},
-    AnyError, CommittedLeaderId, EntryPayload, OptionalSend, RaftLogReader, StorageIOError, Vote,
+    AnyError, CommittedLeaderId, EntryPayload, Membership, OptionalSend, RaftLogReader,
+    StorageIOError, Vote,
 };
 use raft_log::{
     api::raft_log_writer::RaftLogWriter,
@@ -24,7 +26,7 @@ use tokio::sync::watch;
 use crate::{
     codec,
     early_replication::EarlyReplication,
-    types::{Entry, LogId, NodeId, StorageError, TypeConfig},
+    types::{Entry, LogId, Node, NodeId, StorageError, TypeConfig},
 };
 
 /// A log id in raft-log's encoding (openraft's own type has none).
@@ -372,6 +374,32 @@ impl LogStore {
         };
         self.sync().await?;
         Ok(Some(term))
+    }
+
+    /// Writes the cluster's first membership as entry 0 of an empty log, the
+    /// entry openraft's `initialize` writes, but without the election
+    /// `initialize` starts at once: a node started before its peers listen
+    /// would ask them for votes and fail, and nodes started together would
+    /// stand against each other. Elections then start only from fenced's
+    /// pre-vote ([`crate::election`]). Every node writes the same entry at
+    /// the same log id, as with `initialize`. Returns whether it wrote it
+    /// (nothing is written on a log that has entries or a vote).
+    pub async fn seed_membership(&self, members: &BTreeMap<NodeId, Node>) -> io::Result<bool> {
+        {
+            let mut wal = self.wal();
+            if last_log_id(&wal).is_some() || wal.log_state().vote().is_some() {
+                return Ok(false);
+            }
+            let voters = members.keys().copied().collect();
+            let entry = EntryPayload::<TypeConfig>::Membership(Membership::new(
+                vec![voters],
+                members.clone(),
+            ));
+            let bytes = codec::encode("log entry", &entry).map_err(io::Error::other)?;
+            wal.append(vec![(WalLogId(LogId::default()), bytes)])?;
+        }
+        self.sync().await?;
+        Ok(true)
     }
 
     /// Flushes with fdatasync and waits for it.

@@ -1,17 +1,20 @@
 //! `fenced`: run a node of a cluster, or a local three-node cluster.
 
-use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, time::Duration};
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use fenced_server::{
-    auth, certs,
-    config::RunSettings,
+    auth, backup, certs,
+    config::{self, RunSettings},
+    dev::{self, DevEnd, NodeLogFiles},
     health,
-    node::{failed_path, NodeConfig, RunningNode},
+    node::{failed_path, RunningNode},
+    raft_noise::QuietRaftNoise,
     tls::TlsSettings,
-    types::Node,
 };
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::{
+    fmt::MakeWriter, layer::SubscriberExt, util::SubscriberInitExt, EnvFilter,
+};
 
 // glibc's malloc and free were a sixth of a loaded leader's CPU (HTTP/2
 // frames, headers and futures are many small, short-lived allocations);
@@ -28,7 +31,13 @@ const EXIT_STORAGE_FAILED: u8 = 74;
 #[command(
     name = "fenced",
     version,
-    about = "A lock service whose every grant carries a fencing token"
+    about = "A lock service whose every grant carries a fencing token",
+    after_help = "Examples:
+  fenced dev                         a local three-node cluster on 127.0.0.1:7101-7103
+  fenced dev --fresh --nodes 5       five nodes, starting from empty data
+  fenced run --config /etc/fenced/fenced.toml
+  fenced healthcheck --endpoint 127.0.0.1:7101
+  fenced completions bash > ~/.local/share/bash-completion/completions/fenced"
 )]
 struct Cli {
     /// Log format on stderr.
@@ -64,15 +73,48 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start a local three-node cluster with zero configuration (client ports
-    /// 7101, 7102, 7103 and metrics ports 9101, 9102, 9103 on 127.0.0.1).
+    /// Start a local cluster (three nodes unless --nodes) in this process, with
+    /// zero configuration: plaintext on 127.0.0.1, client ports 7101.., peer
+    /// ports 7201.., metrics ports 9101.. (from --base-port). Prints every
+    /// node's addresses, then one line when a leader serves; node logs go to
+    /// files under the data dir. Ctrl-C stops it.
+    #[command(after_help = "Examples:
+  fenced dev                              three nodes, data kept across runs
+  fenced dev --fresh                      start from empty data
+  fenced dev --nodes 5 --base-port 8100   five nodes on 127.0.0.1:8101-8105
+  fenced dev --verbose                    node logs in this terminal")]
     Dev {
-        /// Where the three nodes keep their data (kept across runs).
+        /// Where the nodes keep their data and logs (kept across runs);
+        /// default: fenced-dev in the temporary directory.
         #[arg(long, env = "FENCED_DEV_DATA_DIR")]
         data_dir: Option<PathBuf>,
+        /// How many nodes: 1, 3 or 5.
+        #[arg(long, default_value = "3", value_parser = dev::parse_node_count)]
+        nodes: u8,
+        /// Node i listens for clients on BASE+i, for peers on BASE+100+i and
+        /// for metrics on BASE+2000+i (1024-63000).
+        #[arg(
+            long,
+            env = "FENCED_DEV_BASE_PORT",
+            default_value_t = dev::DEFAULT_BASE_PORT,
+            value_parser = clap::value_parser!(u16).range(1024..=i64::from(dev::MAX_BASE_PORT))
+        )]
+        base_port: u16,
+        /// Start from empty data: remove the data dir first. Only a
+        /// directory `fenced dev` made (it holds a .fenced-dev file) is
+        /// removed; any other is refused.
+        #[arg(long)]
+        fresh: bool,
+        /// Node logs to this terminal (stderr) instead of files.
+        #[arg(long, short)]
+        verbose: bool,
     },
     /// Ask a node whether it is serving (grpc.health.v1); exits 0 when it
     /// is, 1 when it is not or does not answer. For container health checks.
+    #[command(after_help = "Examples:
+  fenced healthcheck --endpoint 127.0.0.1:7101
+  fenced healthcheck --endpoint 127.0.0.1:7101 --service liveness
+  fenced healthcheck --endpoint node1:7101 --tls-cert node-1.pem --tls-key node-1-key.pem --tls-ca ca.pem")]
     Healthcheck {
         /// The node's client (or peer) address, host:port.
         #[arg(
@@ -101,14 +143,71 @@ enum Command {
     /// Make a CA, node and client certificates for TLS (tests and small
     /// deployments): ECDSA P-256 keys, the CA valid 10 years, the others
     /// --days (365 unless given); keys and certificates 0600, DIR 0700.
+    #[command(after_help = "Examples:
+  fenced certs ca --dir ./pki
+  fenced certs node --dir ./pki --id 1 --host node1.internal --host 10.0.0.1
+  fenced certs client --dir ./pki --name billing")]
     Certs {
         #[command(subcommand)]
         what: certs::CertsCommand,
     },
     /// Make and hash bearer tokens for the `auth_tokens` file.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:
+  fenced auth new-token
+  printf %s \"$TOKEN\" | fenced auth hash-token"
+    )]
     Auth(AuthCommand),
+    /// Lay down the data directory of one node of a new cluster from a
+    /// backup (`fencectl snapshot save`). Run it for every node of the new
+    /// cluster with the same file and --initial-cluster, then start them
+    /// with `fenced run`. The checksum and version are checked first; a
+    /// non-empty data dir is refused; nothing is written unless all is.
+    /// Every token the new cluster grants is above --token-floor, or by
+    /// default above the backup's last token plus a gap (docs/OPERATIONS.md).
+    Restore {
+        /// The backup file.
+        #[arg(long)]
+        from: PathBuf,
+        /// The new node's data directory (missing or empty).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// This node's id in --initial-cluster.
+        #[arg(long, alias = "id")]
+        node_id: u64,
+        /// The new cluster, as for `fenced run`: ID=HOST:PEERPORT[/HOST:CLIENTPORT],...
+        #[arg(long)]
+        initial_cluster: String,
+        /// Every token granted after the restore is above this (at least
+        /// the backup's last token). Default: last token + the gap.
+        #[arg(long)]
+        token_floor: Option<u64>,
+    },
+    /// Last resort after losing a majority for good: make a one-node
+    /// cluster of this node from its own data directory (every entry in its
+    /// log applied, tokens raised as for a restore). The old directory is
+    /// kept beside it as DIR.before-recover-<ms>. The node must be stopped.
+    Recover {
+        /// Required: says you mean it (docs/OPERATIONS.md).
+        #[arg(long, required = true)]
+        force_new_cluster: bool,
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long, alias = "id")]
+        node_id: u64,
+        /// This node alone: ID=HOST:PEERPORT[/HOST:CLIENTPORT].
+        #[arg(long)]
+        initial_cluster: String,
+        #[arg(long)]
+        token_floor: Option<u64>,
+    },
     /// Run one node of a cluster.
+    #[command(after_help = "Examples:
+  fenced run --config /etc/fenced/fenced.toml
+  fenced run --id 1 --data-dir /var/lib/fenced --listen 0.0.0.0:7101 --peer-listen 0.0.0.0:7201 \\
+    --initial-cluster 1=10.0.0.1:7201/10.0.0.1:7101,2=10.0.0.2:7201/10.0.0.2:7101,3=10.0.0.3:7201/10.0.0.3:7101 \\
+    --tls-cert /etc/fenced/node-1.pem --tls-key /etc/fenced/node-1-key.pem --tls-ca /etc/fenced/ca.pem")]
     Run {
         /// A TOML file with the same settings; flags and FENCED_* win over it.
         #[arg(long, env = "FENCED_CONFIG")]
@@ -116,14 +215,27 @@ enum Command {
         #[command(flatten)]
         settings: Box<RunSettings>,
     },
+    /// Print a shell completion script for fenced.
+    #[command(after_help = "Examples:
+  fenced completions bash > ~/.local/share/bash-completion/completions/fenced
+  fenced completions zsh > \"${fpath[1]}/_fenced\"
+  fenced completions fish > ~/.config/fish/completions/fenced.fish")]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
 enum AuthCommand {
     /// Print the SHA-256 (hex) of the token read from stdin, for `sha256`.
+    #[command(after_help = "Examples:
+  printf %s \"$TOKEN\" | fenced auth hash-token")]
     HashToken,
     /// Print a new random token and its SHA-256; give the token to the
     /// client, put the hash in the tokens file.
+    #[command(after_help = "Examples:
+  fenced auth new-token")]
     NewToken,
 }
 
@@ -152,15 +264,21 @@ fn auth_command(command: AuthCommand) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs to `writer`, without openraft's noise about unreachable peers and
+/// stale votes (fenced_server::raft_noise says why that is no loss).
+fn init_logging<W>(format: LogFormat, writer: W, ansi: bool)
+where
+    W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
+{
     let filter = EnvFilter::try_from_env("FENCED_LOG")
         .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_ansi(ansi)
+        .with_writer(writer);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.finish().with(QuietRaftNoise).init(),
+        LogFormat::Json => builder.json().finish().with(QuietRaftNoise).init(),
     }
 }
 
@@ -208,39 +326,42 @@ async fn healthcheck(
     }
 }
 
-fn dev_configs(data_dir: PathBuf) -> Vec<NodeConfig> {
-    let members: BTreeMap<u64, Node> = (1..=3)
-        .map(|i| {
-            (
-                i,
-                Node {
-                    peer_addr: format!("127.0.0.1:{}", 7200 + i),
-                    client_addr: format!("127.0.0.1:{}", 7100 + i),
-                },
-            )
-        })
-        .collect();
-    (1..=3u64)
-        .map(|i| {
-            let mut cfg = NodeConfig::new(
-                i,
-                data_dir.join(format!("node{i}")),
-                ([127, 0, 0, 1], 7100 + i as u16).into(),
-                ([127, 0, 0, 1], 7200 + i as u16).into(),
-                members.clone(),
-            );
-            cfg.metrics_listen = Some(([127, 0, 0, 1], 9100 + i as u16).into());
-            cfg
-        })
-        .collect()
-}
-
 async fn run(cli: Cli) -> Result<ExitCode, String> {
-    let configs = match cli.command {
-        Command::Dev { data_dir } => {
-            let dir = data_dir.unwrap_or_else(|| std::env::temp_dir().join("fenced-dev"));
-            println!("fenced dev: three nodes, data under {}", dir.display());
-            dev_configs(dir)
+    let cfg = match cli.command {
+        Command::Dev {
+            data_dir,
+            nodes,
+            base_port,
+            ..
+        } => {
+            let dir = dev_dir(data_dir);
+            let layout = dev::layout(&dir, nodes, base_port);
+            let default_ports = base_port == dev::DEFAULT_BASE_PORT;
+            return match dev::run(&layout, default_ports, shutdown_signal()).await? {
+                DevEnd::Stopped => {
+                    println!(
+                        "\nfenced dev: stopped {nodes} node{}; data kept in {} (--fresh starts empty)",
+                        if nodes == 1 { "" } else { "s" },
+                        dir.display()
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                DevEnd::StorageFailed(id, path, error) => {
+                    eprintln!(
+                        "fenced dev: node {id}'s storage failed at {}: {error}; stopped",
+                        path.display()
+                    );
+                    Ok(ExitCode::from(EXIT_STORAGE_FAILED))
+                }
+            };
+        }
+        Command::Completions { shell } => {
+            // Into memory first: a closed stdout (`| head`) is an error, not a panic.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "fenced", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout(), &script)
+                .map_err(|e| format!("completions: {e}"))?;
+            return Ok(ExitCode::SUCCESS);
         }
         Command::Healthcheck {
             endpoint,
@@ -269,40 +390,82 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             return Ok(ExitCode::SUCCESS);
         }
         Command::Auth(command) => return auth_command(command),
+        Command::Restore {
+            from,
+            data_dir,
+            node_id,
+            initial_cluster,
+            token_floor,
+        } => {
+            let members = config::parse_initial_cluster(&initial_cluster)?;
+            let (body, laid) = backup::restore(&from, &data_dir, node_id, &members, token_floor)
+                .map_err(|e| e.to_string())?;
+            println!(
+                "restored {} into {} for node {node_id} of {:?}: backup applied index {},                  last token {}, {} live leases, cluster time {} ms; tokens from now on are above {}",
+                from.display(),
+                laid.data_dir.display(),
+                laid.members,
+                body.last_applied.map_or(0, |l| l.index),
+                body.last_token,
+                laid.state.live_leases,
+                laid.state.cluster_time.as_millis(),
+                laid.state.last_token,
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Recover {
+            force_new_cluster: _,
+            data_dir,
+            node_id,
+            initial_cluster,
+            token_floor,
+        } => {
+            let members = config::parse_initial_cluster(&initial_cluster)?;
+            let me = match (members.len(), members.get(&node_id)) {
+                (1, Some(me)) => me.clone(),
+                _ => {
+                    return Err(format!(
+                        "--initial-cluster: must name this node ({node_id}) and no other"
+                    ))
+                }
+            };
+            let (kept, export, laid) = backup::recover(&data_dir, node_id, me, token_floor)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!(
+                "recovered {} as a one-node cluster of node {node_id}: survivor's last token {},                  {} live leases; tokens from now on are above {}; the old data is in {}",
+                laid.data_dir.display(),
+                export.last_token,
+                laid.state.live_leases,
+                laid.state.last_token,
+                kept.display(),
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
         Command::Run { config, settings } => {
             let settings = match config {
                 Some(path) => settings.or_file(RunSettings::from_file(&path)?),
                 None => *settings,
             };
-            vec![settings.into_node_config()?]
+            settings.into_node_config()?
         }
     };
-    let mut nodes = Vec::new();
-    for cfg in configs {
-        let (id, listen, peer, dir) = (cfg.id, cfg.listen, cfg.peer_listen, cfg.data_dir.clone());
-        let node = RunningNode::start(cfg)
-            .await
-            .map_err(|e| format!("node {id}: {e}"))?;
-        nodes.push((node, id, listen, peer, dir));
-    }
-    for (node, id, listen, peer, dir) in &nodes {
-        let leader = node.wait_for_leader(Duration::from_secs(30)).await;
-        println!(
-            "node {id} ready: client {listen}, peer {peer}, data {}, leader {}",
-            dir.display(),
-            leader.map_or("none yet".to_string(), |l| l.to_string())
-        );
-    }
+    let (id, dir) = (cfg.id, cfg.data_dir.clone());
+    let mut node = RunningNode::start(cfg)
+        .await
+        .map_err(|e| format!("node {id}: {e}"))?;
+    // Resolves only if the cluster refused this node's --join for good.
+    let join_refused = node.join_refused();
     // A node whose storage failed is of no use until restarted: exit so
     // that systemd, compose or Kubernetes restart it.
-    let mut failures = tokio::task::JoinSet::new();
-    for (node, id, _, _, dir) in &nodes {
-        let (id, dir, failure) = (*id, dir.clone(), node.failure());
-        failures.spawn(async move { (id, dir, failure.await) });
-    }
     tokio::select! {
         _ = shutdown_signal() => {}
-        Some(Ok((id, dir, error))) = failures.join_next() => {
+        reason = join_refused => {
+            tracing::error!(node = id, "{reason}; stopping");
+            node.shutdown().await;
+            return Err(format!("node {id}: {reason}"));
+        }
+        error = node.failure() => {
             tracing::error!(
                 node = id,
                 path = %failed_path(&dir, &error).display(),
@@ -312,19 +475,55 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         }
     }
     tracing::info!("shutting down");
-    for (node, ..) in nodes {
-        node.shutdown().await;
-    }
+    // A leader hands over first, so the cluster does not wait out an
+    // election timeout; a follower just stops.
+    node.hand_over_leadership().await;
+    node.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `fenced dev`'s data directory: the one given, or fenced-dev in the
+/// temporary directory.
+fn dev_dir(data_dir: Option<PathBuf>) -> PathBuf {
+    data_dir.unwrap_or_else(|| std::env::temp_dir().join("fenced-dev"))
+}
+
+/// Before anything else of `fenced dev`: the data dir (emptied with
+/// --fresh), the banner, and where the logs go.
+fn prepare_dev(cli: &Cli) -> Result<(), String> {
+    let Command::Dev {
+        data_dir,
+        nodes,
+        base_port,
+        fresh,
+        verbose,
+    } = &cli.command
+    else {
+        init_logging(cli.log_format, std::io::stderr, true);
+        return Ok(());
+    };
+    let dir = dev_dir(data_dir.clone());
+    dev::prepare_dir(&dir, *fresh)?;
+    let layout = dev::layout(&dir, *nodes, *base_port);
+    if *verbose {
+        init_logging(cli.log_format, std::io::stderr, true);
+    } else {
+        init_logging(cli.log_format, NodeLogFiles::open(&dir, &layout)?, false);
+    }
+    print!("{}", dev::banner(&dir, &layout, *verbose));
+    Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
     // Everything the node writes (the Raft log's chunk files, snapshots,
     // the cluster-time file, certificates) is its owner's alone: files 0600,
     // directories 0700, also where a library creates them.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    if let Err(e) = prepare_dev(&cli) {
+        eprintln!("fenced dev: {e}");
+        return ExitCode::from(2);
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = match cli.worker_threads {
         0 if cores <= 2 => 1,

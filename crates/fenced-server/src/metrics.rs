@@ -1,5 +1,6 @@
 //! Prometheus metrics: a hand-written text exposition of the node's counters,
-//! served at `/metrics` on a listener of its own (`metrics_listen`).
+//! served at `/metrics` on a listener of its own (`metrics_listen`), beside
+//! the status page ([`crate::status_page`]).
 //!
 //! Every value is read at scrape time from where it already lives (the
 //! state machine's [`Counters`](crate::state_machine::Counters), openraft's
@@ -27,7 +28,11 @@ use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::services::NodeContext;
+use crate::{
+    auth::{Permission, Principal},
+    services::NodeContext,
+    status_page,
+};
 
 /// Bucket upper bounds for latencies, in microseconds (10 µs … 1 s).
 pub const LATENCY_US_BOUNDS: &[u64] = &[
@@ -48,6 +53,9 @@ pub const BATCH_BOUNDS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1_024,
 const MAX_CONNECTIONS: usize = 16;
 /// A scrape connection that has not sent its headers within this is closed.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest request head read (request line and headers: a bearer
+/// token, a prefix of at most 200 bytes percent-encoded).
+const MAX_REQUEST_HEAD_BYTES: usize = 16 * 1024;
 /// A scrape connection is closed after this, whatever it is doing.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -432,36 +440,163 @@ fn response(status: StatusCode, content_type: &str, body: String) -> Response<Fu
     resp
 }
 
-fn handle(ctx: &NodeContext, req: &Request<Incoming>) -> Response<Full<Bytes>> {
-    const TEXT: &str = "text/plain; charset=utf-8";
-    match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => response(
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// A page of the status UI (or its refusal): never cached, never framed,
+/// never sniffed, no referrer, under `csp`.
+fn page(status: StatusCode, content_type: &str, body: String, csp: &str) -> Response<Full<Bytes>> {
+    let mut resp = response(status, content_type, body);
+    let headers = resp.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_SECURITY_POLICY, csp),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CACHE_CONTROL, "no-store"),
+    ] {
+        if let Ok(v) = header::HeaderValue::from_str(value) {
+            headers.insert(name, v);
+        }
+    }
+    resp
+}
+
+/// `/status`: admin only, then the rendered view.
+async fn status(
+    ctx: &NodeContext,
+    req: &Request<Incoming>,
+    certificate: Option<&Principal>,
+    renders: &Semaphore,
+) -> Response<Full<Bytes>> {
+    let refuse = |code, text: String| page(code, TEXT, text + "\n", &status_page::STATUS_CSP);
+    if let Err(e) =
+        ctx.auth
+            .authorize_http(req.headers(), certificate, Permission::Admin, "status page")
+    {
+        let code = match e.code() {
+            tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            _ => StatusCode::FORBIDDEN,
+        };
+        tracing::info!(
+            status = code.as_u16(),
+            reason = e.message(),
+            "status page refused"
+        );
+        let mut resp = refuse(code, e.message().to_string());
+        if code == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"fenced\""),
+            );
+        }
+        return resp;
+    }
+    let query = match status_page::parse_query(req.uri().query()) {
+        Ok(q) => q,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("status page: {e}")),
+    };
+    let Ok(_turn) = renders.acquire().await else {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into());
+    };
+    match status_page::gather(ctx, query).await {
+        Ok(view) => page(
+            StatusCode::OK,
+            HTML,
+            status_page::render(&view),
+            &status_page::STATUS_CSP,
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "status page not served");
+            refuse(StatusCode::SERVICE_UNAVAILABLE, format!("status page: {e}"))
+        }
+    }
+}
+
+const HTML: &str = "text/html; charset=utf-8";
+
+/// The status page's state on one listener.
+struct StatusPage {
+    /// One view is read at a time: each is a pass over the records under
+    /// its prefix.
+    renders: Semaphore,
+    /// Why the page is off on this listener, if it is.
+    off: Option<String>,
+}
+
+async fn handle(
+    ctx: &NodeContext,
+    req: &Request<Incoming>,
+    certificate: Option<&Principal>,
+    page_state: &StatusPage,
+) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    if req.method() != Method::GET {
+        return match path {
+            "/metrics" | status_page::SHELL_PATH | status_page::STATUS_PATH => response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                TEXT,
+                format!("only GET {path}\n"),
+            ),
+            _ => not_found(),
+        };
+    }
+    match path {
+        "/metrics" => response(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
             render(ctx),
         ),
-        (_, "/metrics") => response(
-            StatusCode::METHOD_NOT_ALLOWED,
-            TEXT,
-            "only GET /metrics\n".into(),
+        status_page::SHELL_PATH | status_page::STATUS_PATH if page_state.off.is_some() => {
+            let why = page_state.off.clone().unwrap_or_default();
+            if path == status_page::SHELL_PATH {
+                page(
+                    StatusCode::FORBIDDEN,
+                    HTML,
+                    status_page::unavailable(&why),
+                    &status_page::STATUS_CSP,
+                )
+            } else {
+                page(
+                    StatusCode::FORBIDDEN,
+                    TEXT,
+                    why + "\n",
+                    &status_page::STATUS_CSP,
+                )
+            }
+        }
+        status_page::SHELL_PATH => page(
+            StatusCode::OK,
+            HTML,
+            status_page::shell().to_string(),
+            &status_page::SHELL_CSP,
         ),
-        _ => response(
-            StatusCode::NOT_FOUND,
-            TEXT,
-            "not found; metrics are at /metrics\n".into(),
-        ),
+        status_page::STATUS_PATH => status(ctx, req, certificate, &page_state.renders).await,
+        _ => not_found(),
     }
 }
 
-/// Serves `/metrics` on `listener` until `stop` is cancelled; over TLS with
-/// `tls`.
+fn not_found() -> Response<Full<Bytes>> {
+    response(
+        StatusCode::NOT_FOUND,
+        TEXT,
+        "not found; metrics are at /metrics, the status page at /\n".into(),
+    )
+}
+
+/// Serves `/metrics` and the status page on `listener` until `stop` is
+/// cancelled; over TLS with `tls`.
 pub async fn serve(
     listener: TcpListener,
     ctx: NodeContext,
     tls: Option<TlsAcceptor>,
+    status_page: Result<(), String>,
     stop: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let page = Arc::new(StatusPage {
+        renders: Semaphore::new(1),
+        off: status_page.err(),
+    });
     loop {
         let stream = tokio::select! {
             _ = stop.cancelled() => return,
@@ -483,16 +618,25 @@ pub async fn serve(
         };
         let ctx = ctx.clone();
         let tls = tls.clone();
+        let page = Arc::clone(&page);
         tokio::spawn(async move {
             // The handshake counts against the connection's time too.
             let _ = tokio::time::timeout(CONNECTION_TIMEOUT, async move {
                 match tls {
-                    None => serve_one(stream, ctx).await,
+                    None => serve_one(stream, ctx, None, page).await,
                     Some(tls) => {
                         if let Ok(Ok(s)) =
                             tokio::time::timeout(HEADER_READ_TIMEOUT, tls.accept(stream)).await
                         {
-                            serve_one(s, ctx).await;
+                            // A certificate the CA signed is an identity.
+                            let certificate = s
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|certs| certs.first())
+                                .and_then(|c| crate::tls::client_name(c))
+                                .map(Principal);
+                            serve_one(s, ctx, certificate, page).await;
                         }
                     }
                 }
@@ -503,18 +647,27 @@ pub async fn serve(
     }
 }
 
-/// Serves one scrape connection, plain or TLS.
-async fn serve_one<S>(stream: S, ctx: NodeContext)
-where
+/// Serves one connection, plain or TLS.
+async fn serve_one<S>(
+    stream: S,
+    ctx: NodeContext,
+    certificate: Option<Principal>,
+    page: Arc<StatusPage>,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let certificate = Arc::new(certificate);
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let resp = handle(&ctx, &req);
-        async move { Ok::<_, Infallible>(resp) }
+        let (ctx, certificate, page) = (ctx.clone(), Arc::clone(&certificate), Arc::clone(&page));
+        async move {
+            let resp = handle(&ctx, &req, certificate.as_ref().as_ref(), &page).await;
+            Ok::<_, Infallible>(resp)
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_REQUEST_HEAD_BYTES)
         .serve_connection(TokioIo::new(stream), service);
     if let Err(e) = conn.await {
         tracing::debug!(error = %e, "metrics connection");

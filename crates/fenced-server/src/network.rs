@@ -21,7 +21,15 @@
 //! where the last one's left off (DECISIONS.md, "Cluster time rides on every
 //! Raft message").
 
-use std::{io, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    io,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::{Duration, Instant},
+};
 
 use openraft::{
     error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable},
@@ -123,6 +131,9 @@ pub enum RaftCall {
     InstallSnapshot = 3,
     /// fenced's own pre-vote ([`crate::election`]), not an openraft call.
     PreVote = 4,
+    /// A stopping leader asks a caught-up follower to stand at once
+    /// ([`crate::handoff`]), not an openraft call.
+    TimeoutNow = 5,
 }
 
 impl RaftCall {
@@ -132,6 +143,7 @@ impl RaftCall {
             2 => Some(Self::Vote),
             3 => Some(Self::InstallSnapshot),
             4 => Some(Self::PreVote),
+            5 => Some(Self::TimeoutNow),
             _ => None,
         }
     }
@@ -142,6 +154,7 @@ impl RaftCall {
             Self::Vote => "vote",
             Self::InstallSnapshot => "install_snapshot",
             Self::PreVote => "pre_vote",
+            Self::TimeoutNow => "timeout_now",
         }
     }
 }
@@ -243,6 +256,110 @@ pub async fn read_frame_within<R: AsyncRead + Unpin>(
     Ok(Some(body))
 }
 
+/// How often a peer that stays unreachable is logged again.
+pub const REACHABILITY_REPEAT: Duration = Duration::from_secs(30);
+/// A peer unreachable for this long is no longer one still starting: it is
+/// logged as a warning from then on.
+pub const UNREACHABLE_WARN_AFTER: Duration = Duration::from_secs(60);
+
+/// Which peers this node could not reach, and since when: a peer not
+/// listening yet (the cluster is starting) or down is logged once, then at
+/// most every [`REACHABILITY_REPEAT`], and once more when it answers again,
+/// where openraft would log an error for every retry (see
+/// [`crate::raft_noise`]).
+#[derive(Default)]
+pub struct Reachability {
+    /// How many peers are in `outages`: a call that succeeds checks this
+    /// and takes no lock while every peer answers.
+    down: AtomicUsize,
+    outages: Mutex<HashMap<NodeId, Outage>>,
+}
+
+struct Outage {
+    since: Instant,
+    logged: Instant,
+    failures: u64,
+}
+
+impl Reachability {
+    /// A call to `target` at `addr` failed to connect or lost its connection.
+    pub fn failed(&self, target: NodeId, addr: &str, error: &str) {
+        let now = Instant::now();
+        let mut outages = self.outages.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(outage) = outages.get_mut(&target) else {
+            outages.insert(
+                target,
+                Outage {
+                    since: now,
+                    logged: now,
+                    failures: 1,
+                },
+            );
+            self.down.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                peer = target,
+                addr,
+                error,
+                "peer not reachable (not listening yet, or down); retrying"
+            );
+            return;
+        };
+        outage.failures += 1;
+        if now.duration_since(outage.logged) < REACHABILITY_REPEAT {
+            return;
+        }
+        outage.logged = now;
+        let down_s = now.duration_since(outage.since).as_secs();
+        let failures = outage.failures;
+        macro_rules! still {
+            ($level:ident) => {
+                tracing::$level!(
+                    peer = target,
+                    addr,
+                    error,
+                    down_s,
+                    failures,
+                    "peer still unreachable"
+                )
+            };
+        }
+        if now.duration_since(outage.since) >= UNREACHABLE_WARN_AFTER {
+            still!(warn);
+        } else {
+            still!(info);
+        }
+    }
+
+    /// A call to `target` got its answer.
+    pub fn reached(&self, target: NodeId, addr: &str) {
+        if self.down.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut outages = self.outages.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(outage) = outages.remove(&target) {
+            self.down.fetch_sub(1, Ordering::Relaxed);
+            tracing::info!(
+                peer = target,
+                addr,
+                down_ms = outage.since.elapsed().as_millis() as u64,
+                failures = outage.failures,
+                "peer reachable"
+            );
+        }
+    }
+
+    /// Whether `target` is reachable as far as this node knows (no call to
+    /// it failed since its last answer).
+    pub fn is_reachable(&self, target: NodeId) -> bool {
+        self.down.load(Ordering::Relaxed) == 0
+            || !self
+                .outages
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(&target)
+    }
+}
+
 /// Makes one Raft client per replication stream, each with its own
 /// connection.
 #[derive(Clone)]
@@ -251,6 +368,7 @@ pub struct Network {
     early: Arc<EarlyAnswers>,
     time: Arc<LeaderTime>,
     tls: Option<Arc<NodeTls>>,
+    reachability: Arc<Reachability>,
 }
 
 impl Network {
@@ -259,7 +377,13 @@ impl Network {
             early,
             time,
             tls: None,
+            reachability: Arc::default(),
         }
+    }
+
+    /// Which peers this node's Raft calls could not reach.
+    pub fn reachability(&self) -> Arc<Reachability> {
+        Arc::clone(&self.reachability)
     }
 
     /// Connects to peers over mutual TLS.
@@ -277,6 +401,9 @@ pub struct Peer {
     early: Option<Arc<EarlyAnswers>>,
     /// This node's clock: stamps requests, takes the floors voters send.
     time: Option<Arc<LeaderTime>>,
+    /// Where this client's failures and recoveries are told; `None`: not
+    /// logged (pre-votes, which count a silent voter as a refusal).
+    reachability: Option<Arc<Reachability>>,
     /// This connection has carried entries: it is a replication stream's,
     /// not one of the single-use clients openraft makes for a leadership
     /// check, which must reach the follower.
@@ -293,6 +420,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
         let mut peer = Peer::with_early(target, node.peer_addr.clone(), Arc::clone(&self.early));
         peer.time = Some(Arc::clone(&self.time));
+        peer.reachability = Some(Arc::clone(&self.reachability));
         peer.with_tls(self.tls.clone())
     }
 }
@@ -313,6 +441,7 @@ impl Peer {
             tls: None,
             early: None,
             time: None,
+            reachability: None,
             replicates: false,
             owes_commit: false,
         }
@@ -330,6 +459,14 @@ impl Peer {
     /// Connects over mutual TLS when `tls` is set.
     pub(crate) fn with_tls(self, tls: Option<Arc<NodeTls>>) -> Self {
         Self { tls, ..self }
+    }
+
+    /// Tells `reachability` when an exchange fails or succeeds.
+    pub(crate) fn with_reachability(self, reachability: Option<Arc<Reachability>>) -> Self {
+        Self {
+            reachability,
+            ..self
+        }
     }
 
     async fn connect(&self) -> io::Result<BufStream<PeerStream>> {
@@ -362,6 +499,22 @@ impl Peer {
     /// [`Peer::exchange`] with a time on the request; returns the
     /// answerer's floor beside its reply.
     pub(crate) async fn exchange_timed(
+        &mut self,
+        call: RaftCall,
+        time: MessageTime,
+        payload: &[u8],
+    ) -> io::Result<(ClusterTime, Vec<u8>)> {
+        let result = self.exchange_once(call, time, payload).await;
+        if let Some(r) = &self.reachability {
+            match &result {
+                Ok(_) => r.reached(self.target, &self.addr),
+                Err(e) => r.failed(self.target, &self.addr, &e.to_string()),
+            }
+        }
+        result
+    }
+
+    async fn exchange_once(
         &mut self,
         call: RaftCall,
         time: MessageTime,
@@ -432,6 +585,8 @@ impl Peer {
         {
             Ok(Ok(reply)) => reply,
             Ok(Err(e)) => {
+                // Logged by exchange_timed, once per outage; openraft's own
+                // error line for an Unreachable is dropped (crate::raft_noise).
                 return Err(RPCError::Unreachable(Unreachable::new(
                     &self.failed(call, e.to_string()),
                 )));

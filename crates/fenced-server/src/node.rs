@@ -12,11 +12,9 @@ use std::{
 use fenced_core::Limits;
 use fenced_proto::v1::{
     cluster_server::ClusterServer, kv_server::KvServer, lock_server::LockServer,
+    maintenance_server::MaintenanceServer,
 };
-use openraft::{
-    error::{Fatal, InitializeError, RaftError},
-    AnyError, SnapshotPolicy, StorageError, StorageIOError,
-};
+use openraft::{error::Fatal, AnyError, SnapshotPolicy, StorageError, StorageIOError};
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
@@ -29,6 +27,8 @@ use crate::{
     kv_service::{KvService, KV_MESSAGE_MAX_BYTES},
     limits::{ConnectionLimit, Port, ServerLimits},
     log_store::LogStore,
+    maintenance::MaintenanceService,
+    membership::{self, Join, JoinRefused},
     metrics,
     network::Network,
     parking::Parking,
@@ -45,8 +45,8 @@ use crate::{
 
 /// Where in the data directory the Raft log (entries, vote, commit mark)
 /// and the state machine's snapshot live.
-const LOG_DIR: &str = "raft-log";
-const STATE_DIR: &str = "state";
+pub(crate) const LOG_DIR: &str = "raft-log";
+pub(crate) const STATE_DIR: &str = "state";
 
 /// The largest client request accepted, in bytes (names are at most 200).
 const CLIENT_MESSAGE_MAX_BYTES: usize = 64 * 1024;
@@ -62,6 +62,9 @@ pub struct NodeConfig {
     pub peer_listen: SocketAddr,
     /// The cluster's first membership, identical on every node.
     pub initial_cluster: BTreeMap<NodeId, Node>,
+    /// Join a running cluster as a learner instead (`--join`); ignored
+    /// when the data dir holds this node's state.
+    pub join: Option<Join>,
     pub limits: Limits,
     pub election_timeout_ms: u64,
     pub heartbeat_ms: u64,
@@ -106,6 +109,7 @@ impl NodeConfig {
             listen,
             peer_listen,
             initial_cluster,
+            join: None,
             limits: Limits::default(),
             election_timeout_ms: 500,
             heartbeat_ms: 100,
@@ -159,12 +163,72 @@ pub struct RunningNode {
     pub ctx: NodeContext,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// The peer port's TLS, for the handover's call.
+    peer_tls: Option<Arc<tls::NodeTls>>,
+    /// How long a stopping leader tries to hand over.
+    handover_within: Duration,
+    /// Resolves when the cluster refused this node's join for good.
+    join_refused: Option<tokio::sync::oneshot::Receiver<String>>,
+}
+
+/// A node's listening sockets, bound before it starts (and outside any
+/// runtime, so that a node may start in a runtime of its own). `fenced dev`
+/// binds every node's before starting any, so that no node's first messages
+/// find a peer port that is not listening yet (a connection to a bound port
+/// waits in its backlog until the node accepts).
+pub struct Listeners {
+    client: std::net::TcpListener,
+    peer: std::net::TcpListener,
+    metrics: Option<std::net::TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the client, peer and (if set) metrics addresses of `cfg`.
+    pub fn bind(cfg: &NodeConfig) -> Result<Self, NodeError> {
+        let bind =
+            |addr: SocketAddr| listen(addr).map_err(|source| NodeError::Listen { addr, source });
+        Ok(Self {
+            client: bind(cfg.listen)?,
+            peer: bind(cfg.peer_listen)?,
+            metrics: cfg.metrics_listen.map(bind).transpose()?,
+        })
+    }
+}
+
+/// A non-blocking listening socket on `addr`, as tokio's `TcpListener::bind`
+/// makes it (SO_REUSEADDR, a backlog of 1024: a burst of connections waits
+/// rather than being reset), but without a runtime.
+fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+/// Registers a bound listener with the current runtime.
+fn tokio_listener(l: std::net::TcpListener) -> Result<TcpListener, NodeError> {
+    let addr = l
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    TcpListener::from_std(l).map_err(|source| NodeError::Listen { addr, source })
 }
 
 impl RunningNode {
-    /// Starts the node: opens storage, binds both listeners, starts Raft and,
-    /// on a pristine data dir, proposes the initial membership.
+    /// Starts the node: binds its listeners, then as [`RunningNode::start_on`].
     pub async fn start(cfg: NodeConfig) -> Result<Self, NodeError> {
+        let listeners = Listeners::bind(&cfg)?;
+        Self::start_on(cfg, listeners).await
+    }
+
+    /// Starts the node on listeners already bound: opens storage, writes the
+    /// initial membership on a pristine data dir, starts Raft and serves.
+    pub async fn start_on(cfg: NodeConfig, listeners: Listeners) -> Result<Self, NodeError> {
         crate::metrics::process_start_unix_seconds();
         cfg.limits
             .validate()
@@ -181,6 +245,13 @@ impl RunningNode {
             source,
         };
         private_dirs(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
+        // A layout this build does not know is refused before it is read.
+        if crate::data_format::check(&cfg.data_dir)
+            .map_err(|e| storage(Box::new(e)))?
+            .is_none()
+        {
+            crate::data_format::write(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
+        }
         let log = LogStore::open(&cfg.data_dir.join(LOG_DIR)).map_err(|e| storage(Box::new(e)))?;
         match log.give_up_restored_leadership(cfg.id).await {
             Ok(Some(term)) => tracing::info!(
@@ -205,28 +276,9 @@ impl RunningNode {
             Arc::clone(&floor),
         ));
 
-        let client_listener =
-            TcpListener::bind(cfg.listen)
-                .await
-                .map_err(|source| NodeError::Listen {
-                    addr: cfg.listen,
-                    source,
-                })?;
-        let peer_listener =
-            TcpListener::bind(cfg.peer_listen)
-                .await
-                .map_err(|source| NodeError::Listen {
-                    addr: cfg.peer_listen,
-                    source,
-                })?;
-        let metrics_listener = match cfg.metrics_listen {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| NodeError::Listen { addr, source })?,
-            ),
-            None => None,
-        };
+        let client_listener = tokio_listener(listeners.client)?;
+        let peer_listener = tokio_listener(listeners.peer)?;
+        let metrics_listener = listeners.metrics.map(tokio_listener).transpose()?;
 
         let raft_config = openraft::Config {
             cluster_name: "fenced".into(),
@@ -252,6 +304,22 @@ impl RunningNode {
         let early_answers = Arc::new(EarlyAnswers::default());
         let network =
             Network::new(Arc::clone(&early_answers), Arc::clone(&time)).with_tls(tls.clone());
+        // On a pristine data dir: the first membership, written before Raft
+        // starts so that it starts as a follower of a formed cluster and
+        // stands only after a pre-vote (LogStore::seed_membership says why
+        // not openraft's `initialize`).
+        if !cfg.initial_cluster.is_empty()
+            && log
+                .seed_membership(&cfg.initial_cluster)
+                .await
+                .map_err(|e| storage(Box::new(e)))?
+        {
+            tracing::info!(
+                members = cfg.initial_cluster.len(),
+                "initial membership written"
+            );
+        }
+        let reachability = network.reachability();
         let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
@@ -268,24 +336,25 @@ impl RunningNode {
                 Duration::from_millis(cfg.election_timeout_ms * 2),
                 log.clone(),
             )
-            .with_tls(tls.clone()),
+            .with_tls(tls.clone())
+            .with_reachability(Arc::clone(&reachability)),
         );
 
         let initialized = raft
             .is_initialized()
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
-        if !initialized && !cfg.initial_cluster.is_empty() {
-            match raft.initialize(cfg.initial_cluster.clone()).await {
-                Ok(()) => tracing::info!(
-                    members = cfg.initial_cluster.len(),
-                    "initial membership proposed"
-                ),
-                Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-                Err(e) => return Err(NodeError::Raft(e.to_string())),
+        let join = match (&cfg.join, initialized) {
+            (Some(_), true) => {
+                tracing::info!(
+                    node = cfg.id,
+                    "the data dir holds this node's state: --join is ignored, the node \
+                     rejoins as itself"
+                );
+                None
             }
-        }
-
+            (join, _) => join.clone(),
+        };
         let proposer = Proposer::start(
             raft.clone(),
             Arc::clone(&shared),
@@ -311,10 +380,12 @@ impl RunningNode {
             cfg.max_watchers,
             cfg.max_watchers_per_identity,
             cfg.watch_buffer,
-        ));
+        ))
+        .with_reachability(reachability);
 
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
+        let mut join_refused = None;
         tasks.push(tokio::spawn(run_leader_watch(
             raft.clone(),
             Arc::clone(&shared),
@@ -351,10 +422,19 @@ impl RunningNode {
         )));
         if let Some(listener) = metrics_listener {
             let metrics_tls = tls.as_ref().filter(|_| cfg.metrics_tls);
+            let status_page = crate::status_page::availability(
+                listener.local_addr().ok(),
+                metrics_tls.is_some(),
+                auth.enabled(),
+            );
+            if let Err(why) = &status_page {
+                tracing::warn!(reason = %why, "status page off");
+            }
             tasks.push(tokio::spawn(metrics::serve(
                 listener,
                 ctx.clone(),
                 metrics_tls.map(|t| t.metrics.clone()),
+                status_page,
                 stop.clone(),
             )));
         }
@@ -370,6 +450,15 @@ impl RunningNode {
         let cluster = |peer| {
             ClusterServer::new(ClusterService::new(ctx.clone(), peer))
                 .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
+        };
+        let saving = Arc::new(tokio::sync::Semaphore::new(1));
+        let maintenance = |peer| {
+            MaintenanceServer::new(MaintenanceService::new(
+                ctx.clone(),
+                peer,
+                Arc::clone(&saving),
+            ))
+            .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
         };
         let kv = |peer| {
             KvServer::new(KvService::new(ctx.clone(), peer))
@@ -395,7 +484,8 @@ impl RunningNode {
             .add_service(health_server.clone())
             .add_service(lock(false))
             .add_service(cluster(false))
-            .add_service(kv(false));
+            .add_service(kv(false))
+            .add_service(maintenance(false));
         let client_server: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
             match &tls {
                 Some(t) => Box::pin(client_router.serve_with_incoming_shutdown(
@@ -450,6 +540,7 @@ impl RunningNode {
             .add_service(lock(true))
             .add_service(cluster(true))
             .add_service(kv(true))
+            .add_service(maintenance(true))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::ReceiverStream::new(peer_grpc_rx),
                 stop.clone().cancelled_owned(),
@@ -474,7 +565,71 @@ impl RunningNode {
             data_dir = %cfg.data_dir.display(),
             "node started"
         );
-        Ok(Self { ctx, stop, tasks })
+        // One line once the node knows a leader: what an operator waits for.
+        tasks.push(tokio::spawn({
+            let (raft, stop) = (raft.clone(), stop.clone());
+            async move {
+                let wait = raft.wait(Some(Duration::from_secs(365 * 24 * 3600)));
+                let leader = wait.metrics(|m| m.current_leader.is_some(), "a leader is known");
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    Ok(m) = leader => tracing::info!(
+                        node = id,
+                        leader = m.current_leader,
+                        term = m.current_term,
+                        "ready to serve client requests"
+                    ),
+                }
+            }
+        }));
+        if let Some(join) = join {
+            // Never `initialize`: the membership comes from the cluster.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            join_refused = Some(rx);
+            let (raft, tls, stop) = (raft.clone(), tls.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                if let Err(JoinRefused::Fatal(e)) = membership::join(raft, join, tls, stop).await {
+                    let _ = tx.send(e);
+                }
+            }));
+        }
+        Ok(Self {
+            ctx,
+            stop,
+            tasks,
+            peer_tls: tls,
+            // Catch-up, one round trip and an election; an election timeout
+            // and a lease would otherwise pass before a follower stands.
+            handover_within: Duration::from_millis(cfg.election_timeout_ms * 4),
+            join_refused,
+        })
+    }
+
+    /// When this node leads: stops proposing and hands leadership to a
+    /// caught-up follower (crate::handoff), within a bound; returns the new
+    /// leader. Call before [`RunningNode::shutdown`] on SIGTERM.
+    pub async fn hand_over_leadership(&self) -> Option<NodeId> {
+        if self.ctx.raft.metrics().borrow().state != openraft::ServerState::Leader {
+            return None;
+        }
+        self.ctx.proposer.stop_for_handover();
+        crate::handoff::hand_over(&self.ctx.raft, self.peer_tls.clone(), self.handover_within).await
+    }
+
+    /// Resolves with the reason when the cluster refused this node's
+    /// `--join` for good (its id is a voter's, an address is taken); never
+    /// otherwise.
+    pub fn join_refused(&mut self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let rx = self.join_refused.take();
+        async move {
+            match rx {
+                Some(rx) => match rx.await {
+                    Ok(e) => e,
+                    Err(_) => std::future::pending().await,
+                },
+                None => std::future::pending().await,
+            }
+        }
     }
 
     /// Waits until a leader is known, up to `timeout`; returns its id.

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     codec,
     election::{Election, PreVoteRequest},
+    handoff,
     limits::{ConnectionLimit, LimitCounters},
     network::{
         check_snapshot_chunk, read_frame, write_frame, FrameTooLarge, MessageTime, RaftCall,
@@ -83,6 +84,17 @@ pub async fn accept(
             match tokio::time::timeout(ROUTE_TIMEOUT, stream.read_exact(&mut head)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(_)) | Err(_) => return,
+            }
+            if head[..PREFACE.len() - 1] == PREFACE[..PREFACE.len() - 1] && &head != PREFACE {
+                // Another version of the Raft protocol: say so, and close.
+                tracing::warn!(
+                    peer = %addr,
+                    version = %char::from(head[PREFACE.len() - 1]).escape_default(),
+                    supported = %char::from(PREFACE[PREFACE.len() - 1]),
+                    "a peer speaks a version of the Raft protocol this build does not; \
+                     connection closed"
+                );
+                return;
             }
             if &head != PREFACE {
                 let stream = limit.wrap(stream, permit);
@@ -202,6 +214,11 @@ async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
             RaftCall::PreVote => {
                 let req: PreVoteRequest = decode(call, body)?;
                 encode(call, &election.answer(&raft, &req))?
+            }
+            RaftCall::TimeoutNow => {
+                let req: handoff::TimeoutNow = decode(call, body)?;
+                let sender = from.as_ref().map(|(id, _)| *id);
+                encode(call, &handoff::answer(&raft, sender, &req).await)?
             }
         };
         // Read after the call: a granted vote answers with every time this

@@ -4,7 +4,7 @@
 
 use std::{
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
     },
     time::{Duration, Instant},
@@ -186,6 +186,8 @@ pub struct Proposer {
     tx: mpsc::Sender<Proposal>,
     max_pending: usize,
     deadline_drops: Arc<AtomicU64>,
+    /// Set while leadership is handed over: nothing more is proposed.
+    handing_over: Arc<AtomicBool>,
 }
 
 impl Proposer {
@@ -198,6 +200,7 @@ impl Proposer {
     ) -> Self {
         let (tx, rx) = mpsc::channel(config.max_pending.max(1));
         let deadline_drops = Arc::new(AtomicU64::new(0));
+        let handing_over = Arc::new(AtomicBool::new(false));
         tokio::spawn(run(
             raft,
             shared,
@@ -205,12 +208,21 @@ impl Proposer {
             config,
             rx,
             Arc::clone(&deadline_drops),
+            Arc::clone(&handing_over),
         ));
         Self {
             tx,
             max_pending: config.max_pending,
             deadline_drops,
+            handing_over,
         }
+    }
+
+    /// Stops proposing for good (the node is stopping and hands its
+    /// leadership over): the log stops growing so a follower can catch up
+    /// and win. Callers are told there is no leader right now and retry.
+    pub fn stop_for_handover(&self) {
+        self.handing_over.store(true, Ordering::SeqCst);
     }
 
     /// Proposes one command and waits for its applied outcome. A command
@@ -320,6 +332,7 @@ async fn run(
     config: ProposerConfig,
     mut rx: mpsc::Receiver<Proposal>,
     deadline_drops: Arc<AtomicU64>,
+    handing_over: Arc<AtomicBool>,
 ) {
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
     // A proposal that would have taken its batch past MAX_ENTRY_KV_BYTES:
@@ -352,6 +365,10 @@ async fn run(
                 }
                 Err(_) => break,
             }
+        }
+        if handing_over.load(Ordering::SeqCst) {
+            answer_all(proposals, &ProposeError::NotLeader { leader: None });
+            continue;
         }
         let term = match ensure_clock(&raft, &shared, &time).await {
             Ok(term) => term,

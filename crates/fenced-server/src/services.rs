@@ -2,7 +2,7 @@
 //! this node is not it, propose, answer. No decisions are made here.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
@@ -30,6 +30,8 @@ use crate::{
     auth::{Auth, Permission, FORWARDED_IDENTITY},
     deadline::deadline_of,
     log_store::LogStore,
+    membership,
+    network::Reachability,
     parking::WaitEnd,
     proposer::{leader_of, LeaderTime, ProposeError, Proposer},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
@@ -74,6 +76,9 @@ pub struct NodeContext {
     pub(crate) forwarded: Arc<AtomicU64>,
     /// Forwarded calls go over mutual TLS when set.
     forward_tls: Option<Arc<NodeTls>>,
+    /// Which peers this node's Raft calls and pre-votes could not reach:
+    /// told to a client that finds no leader here.
+    reachability: Arc<Reachability>,
 }
 
 impl NodeContext {
@@ -110,6 +115,7 @@ impl NodeContext {
                 crate::watch::DEFAULT_MAX_WATCHERS_PER_IDENTITY,
                 crate::watch::DEFAULT_WATCH_BUFFER,
             )),
+            reachability: Arc::default(),
         }
     }
 
@@ -118,6 +124,40 @@ impl NodeContext {
         Self {
             watchers: Arc::new(watchers),
             ..self
+        }
+    }
+
+    /// Reports peers' reachability from `reachability` in refusals.
+    pub fn with_reachability(self, reachability: Arc<Reachability>) -> Self {
+        Self {
+            reachability,
+            ..self
+        }
+    }
+
+    /// UNAVAILABLE naming the leader (with its client address in
+    /// [`LEADER_HEADER`]), or, when there is none, this node and how many
+    /// members it reaches, so that a client can say why.
+    fn not_leader(&self, leader: Option<&(NodeId, Node)>) -> Status {
+        if leader.is_some() {
+            return not_leader(leader);
+        }
+        let voters: Vec<NodeId> = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config.membership().voter_ids().collect()
+        };
+        let reachable = voters
+            .iter()
+            .filter(|id| **id == self.id || self.reachability.is_reachable(**id))
+            .count();
+        Status::unavailable(no_leader_message(self.id, reachable, voters.len()))
+    }
+
+    pub(crate) fn propose_status(&self, e: ProposeError) -> Status {
+        match e {
+            ProposeError::NotLeader { leader } => self.not_leader(leader.as_ref()),
+            e => propose_status(e),
         }
     }
 
@@ -203,7 +243,7 @@ impl NodeContext {
         }
     }
 
-    fn cluster_now(&self) -> ClusterTime {
+    pub(crate) fn cluster_now(&self) -> ClusterTime {
         let term = self.raft.metrics().borrow().current_term;
         self.time.now_or_floor(term, self.shared.now())
     }
@@ -256,7 +296,7 @@ impl NodeContext {
                 ))
             })?
             .map_err(|e| {
-                not_leader(
+                self.not_leader(
                     e.forward_to_leader()
                         .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
                         .as_ref(),
@@ -269,7 +309,10 @@ impl NodeContext {
 
 /// A lazily connecting gRPC channel to a peer's port, for forwarded calls;
 /// with `tls`, this node's certificate opens it.
-fn peer_channel(addr: &str, tls: Option<&NodeTls>) -> Result<Channel, tonic::transport::Error> {
+pub(crate) fn peer_channel(
+    addr: &str,
+    tls: Option<&NodeTls>,
+) -> Result<Channel, tonic::transport::Error> {
     let endpoint = match tls {
         None => Endpoint::from_shared(format!("http://{addr}"))?,
         Some(t) => Endpoint::from_shared(format!("https://{addr}"))?.tls_config(
@@ -322,6 +365,15 @@ pub(crate) fn forwarded<T>(
     }
     req.set_timeout(timeout);
     Ok(req)
+}
+
+/// What a node without a leader tells a client.
+fn no_leader_message(me: NodeId, reachable: usize, members: usize) -> String {
+    format!(
+        "node {me} has no leader: {reachable} of {members} members reachable; \
+         a majority ({}) must run and reach each other; retry with backoff",
+        members / 2 + 1
+    )
 }
 
 pub(crate) fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
@@ -505,7 +557,7 @@ impl LockService {
         let (outcome, now) = self
             .propose(command, deadline)
             .await
-            .map_err(propose_status)?;
+            .map_err(|e| self.ctx.propose_status(e))?;
         let (Outcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
             return acquire_reply(&outcome, now).map(Response::new);
         };
@@ -552,7 +604,7 @@ impl LockService {
         let (outcome, now) = self
             .propose(command, deadline)
             .await
-            .map_err(propose_status)?;
+            .map_err(|e| self.ctx.propose_status(e))?;
         renew_reply(&outcome, now).map(Response::new)
     }
 
@@ -567,7 +619,7 @@ impl LockService {
         let (outcome, now) = self
             .propose(command, deadline)
             .await
-            .map_err(propose_status)?;
+            .map_err(|e| self.ctx.propose_status(e))?;
         release_reply(&outcome, now).map(Response::new)
     }
 
@@ -767,6 +819,17 @@ impl lock_server::Lock for LockService {
 /// The body of a Watch answer.
 pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<v1::WatchResponse, Status>>;
 
+/// How Status and the status page name a node's Raft state.
+pub fn role_name(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    }
+}
+
 fn write_status<E: std::error::Error>(e: openraft::error::RaftError<NodeId, E>) -> Status {
     Status::failed_precondition(e.to_string())
 }
@@ -835,13 +898,7 @@ impl ClusterService {
         };
         let m = self.ctx.raft.metrics().borrow().clone();
         let leader = leader_of(&self.ctx.raft);
-        let role = match m.state {
-            ServerState::Leader => "leader",
-            ServerState::Follower => "follower",
-            ServerState::Candidate => "candidate",
-            ServerState::Learner => "learner",
-            ServerState::Shutdown => "shutdown",
-        };
+        let role = role_name(m.state);
         let c = &self.ctx.shared.counters;
         use std::sync::atomic::Ordering::Relaxed;
         Ok(Response::new(v1::StatusResponse {
@@ -868,31 +925,55 @@ impl ClusterService {
         &self,
         req: Request<v1::AddLearnerRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
-        let identity = self.admin(&req, "AddLearner")?;
-        let r = req.get_ref();
-        if r.node_id == 0 {
-            return Err(Status::invalid_argument("node_id: must be at least 1"));
-        }
-        if r.peer_addr.is_empty() {
-            return Err(Status::invalid_argument("peer_addr: must be host:port"));
-        }
-        forward_or!(
-            self.ctx,
-            req,
-            deadline_of(&req),
-            identity,
-            ClusterClient,
-            add_learner
-        );
-        let r = req.into_inner();
-        let node = Node {
-            peer_addr: r.peer_addr,
-            client_addr: r.client_addr,
+        let node_id = req.get_ref().node_id;
+        let joining = self.joining_node(&req, node_id)?;
+        let identity = match joining {
+            Some(_) => None,
+            None => self.admin(&req, "AddLearner")?,
         };
+        let node = Node {
+            peer_addr: req.get_ref().peer_addr.clone(),
+            client_addr: req.get_ref().client_addr.clone(),
+        };
+        // The addresses are checked here too, so bad input is refused
+        // before anything is forwarded.
+        membership::check_add(&BTreeMap::new(), node_id, &node)?;
+        if joining.is_some() {
+            // A node's own join is not forwarded (its identity is not a
+            // grant the leader could check again): it asks the leader
+            // itself, named in the refusal.
+            if let Some(leader) = self.ctx.other_leader() {
+                return Err(not_leader(Some(&leader)));
+            }
+        } else {
+            forward_or!(
+                self.ctx,
+                req,
+                deadline_of(&req),
+                identity,
+                ClusterClient,
+                add_learner
+            );
+        }
+        let members = membership::members_of(&self.ctx.raft);
+        if membership::check_add(&members, node_id, &node)? == membership::AddPlan::AlreadyLearner {
+            return Ok(Response::new(
+                self.membership_response(self.membership_index()),
+            ));
+        }
+        tracing::info!(
+            node = node_id,
+            peer = %node.peer_addr,
+            client = %node.client_addr,
+            by = identity.as_deref().or(joining.map(|_| "the node itself")).unwrap_or("anyone (auth off)"),
+            "adding a learner"
+        );
+        // Not blocking: the node may not run yet (an operator adds it before
+        // starting it), and it catches up on its own once it does.
         let resp = self
             .ctx
             .raft
-            .add_learner(r.node_id, node, true)
+            .add_learner(node_id, node, false)
             .await
             .map_err(write_status)?;
         Ok(Response::new(self.membership_response(resp.log_id.index)))
@@ -940,28 +1021,231 @@ impl ClusterService {
             ClusterClient,
             remove_node
         );
-        let m = self.ctx.raft.metrics().borrow().clone();
-        let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
-        if voters.contains(&id) {
-            let rest: BTreeSet<NodeId> = voters.into_iter().filter(|v| *v != id).collect();
-            if rest.is_empty() {
-                return Err(Status::failed_precondition(
-                    "node_id: cannot remove the last voter",
-                ));
-            }
-            self.ctx
+        let members = membership::members_of(&self.ctx.raft);
+        let voter = members.get(&id).is_some_and(|m| m.voter);
+        let in_contact = if voter {
+            self.voters_in_contact().await
+        } else {
+            BTreeSet::new()
+        };
+        membership::check_remove(&members, id, &in_contact)?;
+        tracing::info!(
+            node = id,
+            voter,
+            by = identity.as_deref().unwrap_or("anyone (auth off)"),
+            "removing a member"
+        );
+        // A voter leaves the voters and the membership in one change (joint
+        // consensus, then the new set). A leader that removes itself keeps
+        // leading until the change commits, then steps down, and the voters
+        // left elect one of themselves.
+        let change = if voter {
+            ChangeMembers::RemoveVoters([id].into())
+        } else {
+            ChangeMembers::RemoveNodes([id].into())
+        };
+        let mut resp = self
+            .ctx
+            .raft
+            .change_membership(change, false)
+            .await
+            .map_err(write_status)?;
+        if voter && membership::members_of(&self.ctx.raft).contains_key(&id) {
+            // openraft keeps a removed voter as a learner: take it out.
+            resp = self
+                .ctx
                 .raft
-                .change_membership(rest, false)
+                .change_membership(ChangeMembers::RemoveNodes([id].into()), false)
                 .await
                 .map_err(write_status)?;
         }
+        Ok(Response::new(self.membership_response(resp.log_id.index)))
+    }
+
+    async fn answer_promote_learner(
+        &self,
+        req: Request<v1::PromoteLearnerRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        let identity = self.admin(&req, "PromoteLearner")?;
+        let id = req.get_ref().node_id;
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            ClusterClient,
+            promote_learner
+        );
+        let members = membership::members_of(&self.ctx.raft);
+        let (matched, last) = self.progress_of(id);
+        if membership::check_promote(&members, id, matched, last)?
+            == membership::PromotePlan::AlreadyVoter
+        {
+            return Ok(Response::new(
+                self.membership_response(self.membership_index()),
+            ));
+        }
+        tracing::info!(
+            node = id,
+            matched,
+            last_log_index = last,
+            by = identity.as_deref().unwrap_or("anyone (auth off)"),
+            "promoting a learner to voter"
+        );
         let resp = self
             .ctx
             .raft
-            .change_membership(ChangeMembers::RemoveNodes([id].into()), false)
+            .change_membership(ChangeMembers::AddVoterIds([id].into()), false)
             .await
             .map_err(write_status)?;
         Ok(Response::new(self.membership_response(resp.log_id.index)))
+    }
+
+    async fn answer_list_members(
+        &self,
+        req: Request<v1::ListMembersRequest>,
+    ) -> Result<Response<v1::ListMembersResponse>, Status> {
+        let identity = self.admin(&req, "ListMembers")?;
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            ClusterClient,
+            list_members
+        );
+        let m = self.ctx.raft.metrics().borrow().clone();
+        if m.state != ServerState::Leader {
+            return Err(not_leader(leader_of(&self.ctx.raft).as_ref()));
+        }
+        let last = m.last_log_index.unwrap_or(0);
+        let members = self
+            .members()
+            .into_iter()
+            .map(|member| {
+                let (matched, _) = self.progress_of(member.id);
+                v1::MemberProgress {
+                    leader: member.id == self.ctx.id,
+                    matched: matched.is_some(),
+                    match_index: matched.unwrap_or(0),
+                    lag: last.saturating_sub(matched.unwrap_or(0)),
+                    member: Some(member),
+                }
+            })
+            .collect();
+        Ok(Response::new(v1::ListMembersResponse {
+            leader_id: self.ctx.id,
+            term: m.current_term,
+            last_log_index: last,
+            members,
+            promote_max_lag: membership::PROMOTE_MAX_LAG,
+        }))
+    }
+}
+
+impl ClusterService {
+    /// The node id of a caller that asks to add ITSELF: with auth on, one
+    /// whose verified certificate (client port) names `fenced://node/<id>`
+    /// for exactly this id and that sends no bearer token. A node
+    /// certificate naming another id is refused here (docs/DECISIONS.md,
+    /// "A joining node adds itself with its own certificate").
+    fn joining_node<T>(&self, req: &Request<T>, node_id: NodeId) -> Result<Option<NodeId>, Status> {
+        if !self.ctx.auth.enabled() || self.peer || req.metadata().contains_key("authorization") {
+            return Ok(None);
+        }
+        let Some(named) = req
+            .peer_certs()
+            .and_then(|certs| certs.first().and_then(|c| crate::tls::node_id_of(c)))
+        else {
+            return Ok(None);
+        };
+        if named != node_id {
+            tracing::info!(
+                certificate_node = named,
+                node = node_id,
+                "join refused: a node certificate may add only its own id"
+            );
+            return Err(Status::permission_denied(format!(
+                "permission denied: the certificate names node {named}; a node may add only \
+                 itself as a learner (node_id {node_id}), other changes need admin"
+            )));
+        }
+        Ok(Some(named))
+    }
+
+    /// The index of the membership in force.
+    fn membership_index(&self) -> u64 {
+        self.ctx
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .log_id()
+            .map_or(0, |l| l.index)
+    }
+
+    /// The last index the leader knows matches on node `id` (its own last
+    /// index for itself), and the leader's last log index.
+    fn progress_of(&self, id: NodeId) -> (Option<u64>, u64) {
+        let m = self.ctx.raft.metrics();
+        let m = m.borrow();
+        let last = m.last_log_index.unwrap_or(0);
+        if id == self.ctx.id {
+            return (Some(last), last);
+        }
+        let matched = m
+            .replication
+            .as_ref()
+            .and_then(|r| r.get(&id).copied().flatten())
+            .map(|l| l.index);
+        (matched, last)
+    }
+
+    /// The voters that answered the leader just now: a fresh entry (a tick)
+    /// is appended and each voter that has it within a second counts, the
+    /// leader always.
+    async fn voters_in_contact(&self) -> BTreeSet<NodeId> {
+        let before = self.ctx.raft.metrics().borrow().last_log_index.unwrap_or(0);
+        self.ctx.proposer.tick();
+        let target = self
+            .ctx
+            .raft
+            .wait(Some(Duration::from_millis(500)))
+            .metrics(
+                |m| m.last_log_index.unwrap_or(0) > before,
+                "a fresh entry to probe the voters",
+            )
+            .await
+            .map_or(before, |m| m.last_log_index.unwrap_or(before));
+        let voters: BTreeSet<NodeId> = membership::members_of(&self.ctx.raft)
+            .into_iter()
+            .filter(|(_, m)| m.voter)
+            .map(|(id, _)| id)
+            .collect();
+        let reached = |m: &openraft::RaftMetrics<NodeId, Node>| -> BTreeSet<NodeId> {
+            let r = m.replication.clone().unwrap_or_default();
+            voters
+                .iter()
+                .copied()
+                .filter(|v| {
+                    *v == self.ctx.id
+                        || r.get(v)
+                            .copied()
+                            .flatten()
+                            .is_some_and(|l| l.index >= target)
+                })
+                .collect()
+        };
+        let _ = self
+            .ctx
+            .raft
+            .wait(Some(Duration::from_secs(1)))
+            .metrics(
+                |m| reached(m).len() == voters.len(),
+                "every voter has the probe",
+            )
+            .await;
+        reached(&self.ctx.raft.metrics().borrow())
     }
 }
 
@@ -994,12 +1278,36 @@ impl cluster_server::Cluster for ClusterService {
     ) -> Result<Response<v1::MembershipResponse>, Status> {
         self.ctx.hinted(self.answer_remove_node(req).await)
     }
+
+    async fn promote_learner(
+        &self,
+        req: Request<v1::PromoteLearnerRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        self.ctx.hinted(self.answer_promote_learner(req).await)
+    }
+
+    async fn list_members(
+        &self,
+        req: Request<v1::ListMembersRequest>,
+    ) -> Result<Response<v1::ListMembersResponse>, Status> {
+        self.ctx.hinted(self.answer_list_members(req).await)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_node_without_a_leader_names_itself_and_the_majority_it_needs() {
+        assert_eq!(
+            no_leader_message(2, 1, 3),
+            "node 2 has no leader: 1 of 3 members reachable; a majority (2) must run and \
+             reach each other; retry with backoff"
+        );
+        assert!(no_leader_message(1, 2, 5).contains("2 of 5 members reachable; a majority (3)"));
+    }
 
     #[test]
     fn a_forward_gets_only_what_is_left_of_the_deadline() {

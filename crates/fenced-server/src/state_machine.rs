@@ -264,6 +264,12 @@ impl Shared {
         self.read().table.live_leases()
     }
 
+    /// [`fenced_core::LeaseTable::leases`]: a pass over the records under
+    /// `prefix`, so call it off the runtime thread.
+    pub fn leases(&self, prefix: &str, now: ClusterTime, limit: usize) -> fenced_core::LeaseList {
+        self.read().table.leases(prefix, now, limit)
+    }
+
     pub fn last_token(&self) -> u64 {
         self.read().table.last_token()
     }
@@ -409,9 +415,15 @@ impl StateMachine {
         let mut current = None;
         let path = dir.join(SNAPSHOT_FILE);
         if path.exists() {
-            let bytes = std::fs::read(&path).map_err(sm_read_err)?;
-            let file: SnapshotFile = codec::decode("snapshot file", &bytes).map_err(sm_read_err)?;
-            data = decode_body(&file.body, history_len)?;
+            // A file this build cannot read (a newer format, say) is named
+            // in the error, with what was wrong with it.
+            let unreadable = |e: &dyn std::fmt::Display| {
+                sm_read_err(std::io::Error::other(format!("{}: {e}", path.display())))
+            };
+            let bytes = std::fs::read(&path).map_err(|e| unreadable(&e))?;
+            let file: SnapshotFile =
+                codec::decode("snapshot file", &bytes).map_err(|e| unreadable(&e))?;
+            data = decode_body(&file.body, history_len).map_err(|e| unreadable(&e))?;
             tracing::info!(
                 last_applied = ?data.last_applied,
                 leases = data.table.live_leases(),
@@ -719,6 +731,102 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 }
 
 /// A point where a test holds a task until it lets it go.
+/// Everything the state machine holds, encoded as a snapshot body, with
+/// the facts a backup shows about it.
+pub struct StateExport {
+    pub last_applied: Option<LogId>,
+    /// The stamp of the last applied entry: where the table's clock stands.
+    pub cluster_time: ClusterTime,
+    pub last_token: u64,
+    pub live_leases: u64,
+    pub body: Vec<u8>,
+}
+
+/// What a restored state holds.
+#[derive(Debug, Clone, Copy)]
+pub struct RestoredState {
+    pub cluster_time: ClusterTime,
+    /// Every token granted from now on is above it.
+    pub last_token: u64,
+    pub live_leases: u64,
+}
+
+impl Shared {
+    /// The whole state, read at once (for a backup).
+    pub fn export(&self) -> Result<StateExport, codec::CodecError> {
+        let (body, now, last_token, live) = {
+            let data = self.read();
+            let body = SnapshotBody {
+                last_applied: data.last_applied,
+                membership: data.membership.clone(),
+                table: data.table.snapshot(),
+                kv: data.table.kv_snapshot(),
+            };
+            (
+                body,
+                data.table.now(),
+                data.table.last_token(),
+                data.table.live_leases(),
+            )
+        };
+        Ok(StateExport {
+            last_applied: body.last_applied,
+            cluster_time: now,
+            last_token,
+            live_leases: u64::try_from(live).unwrap_or(u64::MAX),
+            body: codec::encode("snapshot", &body)?,
+        })
+    }
+}
+
+/// What an exported body holds, checked as a load would check it.
+pub fn inspect_export(body: &[u8]) -> Result<RestoredState, StorageError> {
+    let data = decode_body(body, fenced_core::MAX_HISTORY_PER_RESOURCE)?;
+    Ok(RestoredState {
+        cluster_time: data.table.now(),
+        last_token: data.table.last_token(),
+        live_leases: u64::try_from(data.table.live_leases()).unwrap_or(u64::MAX),
+    })
+}
+
+/// Writes, in `dir`, the snapshot a new cluster starts from: the state of
+/// an exported `body` with every token from now on above `token_floor`, as
+/// if applied up to `at` and with `membership` (a new cluster's). Leases
+/// keep their expiry in cluster time, which the new cluster's clock starts
+/// from (the last entry's stamp), so each keeps the time it had left.
+pub fn write_restored_state(
+    dir: &Path,
+    body: &[u8],
+    at: LogId,
+    membership: StoredMembership,
+    token_floor: u64,
+) -> Result<RestoredState, StorageError> {
+    let mut data = decode_body(body, fenced_core::MAX_HISTORY_PER_RESOURCE)?;
+    data.table.raise_token_floor(token_floor);
+    let restored = RestoredState {
+        cluster_time: data.table.now(),
+        last_token: data.table.last_token(),
+        live_leases: u64::try_from(data.table.live_leases()).unwrap_or(u64::MAX),
+    };
+    let body = SnapshotBody {
+        last_applied: Some(at),
+        membership: membership.clone(),
+        table: data.table.snapshot(),
+        kv: data.table.kv_snapshot(),
+    };
+    let file = SnapshotFile {
+        meta: SnapshotMeta {
+            last_log_id: Some(at),
+            last_membership: membership,
+            snapshot_id: format!("restored-{}", at.index),
+        },
+        body: codec::encode("snapshot", &body).map_err(snapshot_write_err)?,
+    };
+    std::fs::create_dir_all(dir).map_err(snapshot_write_err)?;
+    persist(dir, &file, 0)?;
+    Ok(restored)
+}
+
 #[cfg(test)]
 pub(crate) mod pause {
     use std::sync::{Mutex, PoisonError};

@@ -80,6 +80,15 @@ impl TimeFloor {
             if file.read_exact_at(&mut buf, *offset).is_err() {
                 continue;
             }
+            // A whole slot of another version is not a torn write: refuse
+            // it rather than start the clock below what it may hold.
+            if let Some(v) = slot_version(&buf).filter(|v| *v != FORMAT_VERSION) {
+                return Err(io::Error::other(format!(
+                    "{}: cluster-time format version {v} is not supported (this build reads \
+                     {FORMAT_VERSION})",
+                    dir.join(FILE_NAME).display()
+                )));
+            }
             if let Some(t) = decode_slot(&buf) {
                 if best.is_none_or(|(b, _)| t > b) {
                     best = Some((t, slot));
@@ -181,6 +190,12 @@ pub(crate) fn encode_slot(t: u64) -> [u8; SLOT_LEN] {
     buf
 }
 
+/// The version of a whole slot (magic and checksum right), any version.
+fn slot_version(buf: &[u8; SLOT_LEN]) -> Option<u8> {
+    let crc = u32::from_be_bytes([buf[12], buf[13], buf[14], buf[15]]);
+    (buf[..3] == MAGIC && crc32fast::hash(&buf[..12]) == crc).then_some(buf[3])
+}
+
 pub(crate) fn decode_slot(buf: &[u8; SLOT_LEN]) -> Option<u64> {
     if buf[..3] != MAGIC || buf[3] != FORMAT_VERSION {
         return None;
@@ -198,6 +213,24 @@ pub(crate) fn decode_slot(buf: &[u8; SLOT_LEN]) -> Option<u64> {
 #[allow(clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slot_of_a_newer_version_is_refused_by_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut slot = encode_slot(42);
+        slot[3] = FORMAT_VERSION + 1;
+        let crc = crc32fast::hash(&slot[..12]);
+        slot[12..].copy_from_slice(&crc.to_be_bytes());
+        std::fs::write(dir.path().join(FILE_NAME), slot).expect("write");
+        let e = TimeFloor::open(dir.path())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.contains("cluster-time") && e.contains(&format!("version {}", FORMAT_VERSION + 1)),
+            "{e}"
+        );
+    }
 
     fn t(ms: u64) -> ClusterTime {
         ClusterTime::from_millis(ms)

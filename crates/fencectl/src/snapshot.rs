@@ -1,0 +1,89 @@
+//! `fencectl snapshot save FILE`: a backup of the cluster's state, from the
+//! leader, written atomically (temporary file, fsync, rename, fsync of the
+//! directory) once its length and SHA-256 match what the leader announced.
+
+use std::{
+    io::Write,
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
+};
+
+use clap::Subcommand;
+use fenced_client::{Client, ClientError};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+/// The largest backup accepted (the servers' own bound).
+const MAX_BACKUP_BYTES: u64 = 1 << 31;
+
+#[derive(Subcommand)]
+pub enum SnapshotCmd {
+    /// Save a consistent backup of the whole state to FILE (admin role);
+    /// restore it with `fenced restore --from FILE`.
+    Save { file: PathBuf },
+}
+
+pub async fn execute(
+    client: &Client,
+    command: SnapshotCmd,
+) -> Result<(serde_json::Value, String), ClientError> {
+    match command {
+        SnapshotCmd::Save { file } => {
+            let (summary, bytes) = client.save_snapshot(MAX_BACKUP_BYTES).await?;
+            if Sha256::digest(&bytes).as_slice() != summary.sha256.as_slice() {
+                return Err(ClientError::Server(
+                    "snapshot save: the bytes received do not match the leader's SHA-256; \
+                     nothing was written"
+                        .into(),
+                ));
+            }
+            write_atomically(&file, &bytes).map_err(|e| {
+                ClientError::InvalidArgument(format!("FILE {}: {e}", file.display()))
+            })?;
+            Ok((
+                json!({"file": file, "bytes": summary.total_bytes,
+                    "applied_index": summary.applied_index, "last_token": summary.last_token,
+                    "live_leases": summary.live_leases, "cluster_time_ms": summary.cluster_time_ms,
+                    "format_version": summary.format_version}),
+                format!(
+                    "saved {} ({} bytes): applied index {}, last token {}, {} live leases",
+                    file.display(),
+                    summary.total_bytes,
+                    summary.applied_index,
+                    summary.last_token,
+                    summary.live_leases
+                ),
+            ))
+        }
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("names no file"))?
+        .to_string_lossy()
+        .to_string();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        // 0600: the state holds every live owner id.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}

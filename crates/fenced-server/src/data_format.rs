@@ -1,0 +1,74 @@
+//! The version of a data directory's layout, in `DATA_DIR/format`.
+//!
+//! The Raft log's chunks and its vote and log-id records are raft-log's
+//! own encoding, which carries no version of fenced's; this file does, for
+//! the whole directory. A directory without it was written before the file
+//! existed, in layout 1, and is accepted (the node then writes the file).
+//! A newer version is refused by name before anything in the directory is
+//! read.
+
+use std::{io, path::Path};
+
+pub const FILE_NAME: &str = "format";
+/// The layout this build writes. 1: `raft-log/` (raft-log 0.4 chunks,
+/// entries in codec version 1), `state/snapshot.bin` (codec version 1,
+/// table snapshot version 1), `cluster-time` (slot version 1).
+pub const VERSION: u32 = 1;
+const PREFIX: &str = "fenced-data-format ";
+
+/// The version `dir` was written in: `None` for a directory without the
+/// file (layout 1, or nothing yet); an error for a version this build does
+/// not read, naming the file.
+pub fn check(dir: &Path) -> io::Result<Option<u32>> {
+    let path = dir.join(FILE_NAME);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+    };
+    let version = text
+        .trim()
+        .strip_prefix(PREFIX)
+        .and_then(|v| v.parse::<u32>().ok())
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "{}: not a fenced data format file (expected \"{PREFIX}N\")",
+                path.display()
+            ))
+        })?;
+    if version > VERSION {
+        return Err(io::Error::other(format!(
+            "{}: data format version {version} is newer than this build reads ({VERSION}); \
+             run the release that wrote it, or a newer one",
+            path.display()
+        )));
+    }
+    Ok(Some(version))
+}
+
+/// Writes the file for the current version (atomically, synced).
+pub fn write(dir: &Path) -> io::Result<()> {
+    crate::backup::write_atomically(
+        &dir.join(FILE_NAME),
+        format!("{PREFIX}{VERSION}\n").as_bytes(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_current_version_and_none_are_read_and_a_newer_one_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(check(dir.path()).unwrap(), None);
+        write(dir.path()).unwrap();
+        assert_eq!(check(dir.path()).unwrap(), Some(VERSION));
+        std::fs::write(dir.path().join(FILE_NAME), "fenced-data-format 9\n").unwrap();
+        let e = check(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("format") && e.contains("version 9"), "{e}");
+        std::fs::write(dir.path().join(FILE_NAME), "junk").unwrap();
+        assert!(check(dir.path()).is_err());
+    }
+}

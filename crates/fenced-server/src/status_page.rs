@@ -1,0 +1,575 @@
+//! The node's status page, on the metrics listener: `/` is a static shell
+//! for browsers, `/status` the view rendered here, for admins only.
+//!
+//! Browser authentication (docs/DECISIONS.md, "The status page: a static
+//! shell, a rendered view, and the token in the URL fragment"): the shell
+//! holds no data and needs no credential. Its script reads a token from the
+//! URL fragment (`#token=…`, which a browser never sends), keeps it in
+//! `sessionStorage`, removes it from the address bar, and fetches
+//! `/status` with `Authorization: Bearer`. curl and scripts call `/status`
+//! with the header themselves; a client certificate on the HTTPS metrics
+//! port is an identity too. Everything rendered from state passes through
+//! [`escape`]; a Content-Security-Policy admits only the page's own script
+//! and style, by hash.
+
+use std::{fmt::Write, sync::LazyLock};
+
+use base64::Engine;
+use fenced_core::{LeaseList, RESOURCE_NAME_MAX_BYTES};
+use sha2::{Digest, Sha256};
+
+use crate::{
+    services::{role_name, NodeContext},
+    types::NodeId,
+};
+
+/// The shell's path.
+pub const SHELL_PATH: &str = "/";
+/// The rendered view's path.
+pub const STATUS_PATH: &str = "/status";
+/// Lease rows shown when the request does not say.
+pub const DEFAULT_ROWS: usize = 100;
+/// The most lease rows one view shows; the rest are counted.
+pub const MAX_ROWS: usize = 1_000;
+
+const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}\
+table{border-collapse:collapse;margin:.5em 0 1.5em}\
+th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left}\
+td.n{text-align:right;font-variant-numeric:tabular-nums}\
+th{background:#f3f3f3}.warn{color:#a40}.note{color:#666}\
+code{background:#f3f3f3;padding:0 .2em}";
+
+const SCRIPT: &str = r#""use strict";
+(function () {
+  var KEY = "fenced-status-token";
+  var fragment = new URLSearchParams(location.hash.slice(1));
+  if (fragment.has("token")) {
+    sessionStorage.setItem(KEY, fragment.get("token"));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  var prefix = document.getElementById("prefix");
+  var state = document.getElementById("state");
+  prefix.value = new URLSearchParams(location.search).get("prefix") || "";
+  function refresh() {
+    var query = new URLSearchParams();
+    if (prefix.value) query.set("prefix", prefix.value);
+    var headers = {};
+    var token = sessionStorage.getItem(KEY);
+    if (token) headers.Authorization = "Bearer " + token;
+    fetch("/status?" + query, { headers: headers, cache: "no-store" })
+      .then(function (r) {
+        return r.text().then(function (text) {
+          if (!r.ok) {
+            var hint = r.status === 401
+              ? " (open this page as /#token=<admin token>, or present a client certificate)"
+              : "";
+            state.textContent = r.status + " " + text.trim() + hint;
+            state.className = "warn";
+            return;
+          }
+          var view = new DOMParser().parseFromString(text, "text/html").getElementById("status");
+          if (view) document.getElementById("status").replaceWith(document.adoptNode(view));
+          state.textContent = "updated " + new Date().toLocaleTimeString();
+          state.className = "note";
+        });
+      })
+      .catch(function (e) {
+        state.textContent = "this node does not answer: " + e;
+        state.className = "warn";
+      });
+  }
+  document.getElementById("filter").addEventListener("submit", function (e) {
+    e.preventDefault();
+    var query = new URLSearchParams();
+    if (prefix.value) query.set("prefix", prefix.value);
+    var search = query.toString();
+    history.replaceState(null, "", location.pathname + (search ? "?" + search : ""));
+    refresh();
+  });
+  refresh();
+  setInterval(function () { if (!document.hidden) refresh(); }, 2000);
+})();
+"#;
+
+fn sha256_source(text: &str) -> String {
+    format!(
+        "'sha256-{}'",
+        base64::engine::general_purpose::STANDARD.encode(Sha256::digest(text.as_bytes()))
+    )
+}
+
+/// The shell's policy: its one script and one style, fetches to this
+/// origin, nothing else (no frames, no forms sent, no base, no plugins).
+pub static SHELL_CSP: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; \
+         base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        sha256_source(SCRIPT),
+        sha256_source(STYLE)
+    )
+});
+
+/// The view's policy: no script at all, its one style.
+pub static STATUS_CSP: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "default-src 'none'; style-src {}; base-uri 'none'; form-action 'none'; \
+         frame-ancestors 'none'",
+        sha256_source(STYLE)
+    )
+});
+
+static SHELL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width\">\
+         <title>fenced status</title><style>{STYLE}</style></head><body>\n\
+         <h1>fenced</h1>\n\
+         <form id=\"filter\"><label>Resource prefix <input id=\"prefix\" maxlength=\"{RESOURCE_NAME_MAX_BYTES}\" \
+         autocomplete=\"off\"></label> <button>Filter</button></form>\n\
+         <p id=\"state\" class=\"note\" role=\"status\">loading</p>\n\
+         <main id=\"status\"></main>\n\
+         <script>{SCRIPT}</script>\n</body></html>\n"
+    )
+});
+
+/// Whether this node serves the status page on its metrics listener at
+/// `addr`: not when a bearer token would cross the network in clear (auth
+/// on, plaintext, an address other than loopback). The error says why and
+/// what to change.
+pub fn availability(
+    addr: Option<std::net::SocketAddr>,
+    tls: bool,
+    auth: bool,
+) -> Result<(), String> {
+    match addr {
+        Some(a) if auth && !tls && !a.ip().is_loopback() => Err(format!(
+            "the status page is off: the metrics listener {a} is plaintext on an address \
+             other than loopback, and an admin token would cross the network in clear; \
+             serve it over HTTPS with --metrics-tls"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What `/` says where the page is off: no script, so no token is sent.
+pub fn unavailable(why: &str) -> String {
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>fenced status</title><style>{STYLE}</style></head><body>\n\
+         <h1>fenced</h1>\n<p class=\"warn\">{}</p>\n</body></html>\n",
+        escape(why)
+    )
+}
+
+/// The shell: the same bytes for everyone, no data in it.
+pub fn shell() -> &'static str {
+    &SHELL
+}
+
+/// Makes `text` safe as HTML element content and as a quoted attribute.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// What a `/status` request asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Query {
+    /// Only resources whose names start with this.
+    pub prefix: String,
+    /// At most this many lease rows.
+    pub rows: usize,
+}
+
+impl Default for Query {
+    fn default() -> Self {
+        Self {
+            prefix: String::new(),
+            rows: DEFAULT_ROWS,
+        }
+    }
+}
+
+/// Reads `prefix` and `rows` from a query string (form encoding, as a
+/// browser's `URLSearchParams` writes it); the error names the field and
+/// its bound.
+pub fn parse_query(query: Option<&str>) -> Result<Query, String> {
+    let mut parsed = Query::default();
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = decode(value).ok_or_else(|| format!("{key}: not UTF-8 once decoded"))?;
+        match key {
+            "prefix" => {
+                if value.len() > RESOURCE_NAME_MAX_BYTES {
+                    return Err(format!(
+                        "prefix: {} bytes, at most {RESOURCE_NAME_MAX_BYTES} (a resource name's bound)",
+                        value.len()
+                    ));
+                }
+                parsed.prefix = value;
+            }
+            "rows" => {
+                parsed.rows = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_ROWS).contains(n))
+                    .ok_or_else(|| {
+                        format!("rows: {value:?} is not a number from 1 to {MAX_ROWS}")
+                    })?;
+            }
+            other => {
+                let other = decode(other).unwrap_or_default();
+                return Err(format!(
+                    "unknown parameter {other:?}: only `prefix` and `rows` are read"
+                ));
+            }
+        }
+    }
+    Ok(parsed)
+}
+
+fn decode(text: &str) -> Option<String> {
+    let plus_as_space = text.replace('+', " ");
+    percent_encoding::percent_decode_str(&plus_as_space)
+        .decode_utf8()
+        .ok()
+        .map(|s| s.into_owned())
+}
+
+/// One member as this node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberRow {
+    pub id: NodeId,
+    pub voter: bool,
+    pub client_addr: String,
+    pub peer_addr: String,
+    /// The last log index known to be on that member: this node's applied
+    /// index for itself; for the others, only a leader knows it.
+    pub index: Option<u64>,
+    /// How many entries of the leader's log that member lacks.
+    pub lag: Option<u64>,
+}
+
+/// Everything the view shows, read at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusView {
+    pub node_id: NodeId,
+    pub state: &'static str,
+    pub term: u64,
+    pub leader: Option<(NodeId, String)>,
+    pub last_log_index: u64,
+    pub applied_index: u64,
+    pub cluster_time_ms: u64,
+    pub members: Vec<MemberRow>,
+    pub query: Query,
+    pub leases: LeaseList,
+}
+
+/// `1234` ms as `1.2 s`, longer spans in minutes and hours.
+fn duration(ms: u64) -> String {
+    let s = ms / 1_000;
+    match s {
+        0..60 => format!("{:.1} s", ms as f64 / 1_000.0),
+        60..3_600 => format!("{} min {:02} s", s / 60, s % 60),
+        _ => format!("{} h {:02} min", s / 3_600, (s % 3_600) / 60),
+    }
+}
+
+fn or_dash(v: Option<u64>) -> String {
+    v.map_or_else(|| "–".to_string(), |v| v.to_string())
+}
+
+/// The view as a whole HTML document; the shell takes its `<main>`.
+pub fn render(v: &StatusView) -> String {
+    let mut out = String::with_capacity(4 * 1024 + 200 * v.leases.rows.len());
+    let _ = write!(
+        out,
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>fenced node {id} status</title><style>{STYLE}</style></head><body>\n\
+         <main id=\"status\">\n<h2>Node {id}: {state}, term {term}</h2>\n",
+        id = v.node_id,
+        state = v.state,
+        term = v.term,
+    );
+    match &v.leader {
+        Some((id, addr)) => {
+            let _ = writeln!(
+                out,
+                "<p>Leader: <strong id=\"leader\" data-leader=\"{id}\">node {id}</strong> \
+                 (client address <code>{}</code>)</p>",
+                escape(addr)
+            );
+        }
+        None => out.push_str(
+            "<p class=\"warn\">Leader: <strong id=\"leader\" data-leader=\"none\">none known</strong></p>\n",
+        ),
+    }
+    let _ = writeln!(
+        out,
+        "<p>Applied index {}, last log index {}, cluster time {} ms.</p>",
+        v.applied_index, v.last_log_index, v.cluster_time_ms
+    );
+    out.push_str(
+        "<h3>Members</h3>\n<table id=\"members\"><thead><tr><th>node</th><th>role</th>\
+         <th>client address</th><th>peer address</th><th>log index</th><th>lag</th>\
+         </tr></thead><tbody>\n",
+    );
+    let leader_id = v.leader.as_ref().map(|(id, _)| *id);
+    for m in &v.members {
+        let mut role = String::from(if m.voter { "voter" } else { "learner" });
+        if leader_id == Some(m.id) {
+            role.push_str(", leader");
+        }
+        if m.id == v.node_id {
+            role.push_str(", this node");
+        }
+        let _ = writeln!(
+            out,
+            "<tr data-node=\"{id}\"><td class=\"n\">{id}</td><td>{role}</td><td><code>{}</code></td>\
+             <td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            escape(&m.client_addr),
+            escape(&m.peer_addr),
+            or_dash(m.index),
+            or_dash(m.lag),
+            id = m.id,
+        );
+    }
+    out.push_str("</tbody></table>\n");
+    if v.state != "leader" {
+        out.push_str(
+            "<p class=\"note\">The other members' log index and lag are known to the leader; \
+             its page shows them.</p>\n",
+        );
+    }
+    let shown = v.leases.rows.len();
+    let which = if v.query.prefix.is_empty() {
+        "All resources".to_string()
+    } else {
+        format!(
+            "Resources starting with <code>{}</code>",
+            escape(&v.query.prefix)
+        )
+    };
+    let _ = writeln!(
+        out,
+        "<h3>Live leases</h3>\n<p>{which}: {} live, {shown} shown, as applied on this node.</p>",
+        shown + v.leases.more,
+    );
+    out.push_str(
+        "<table id=\"leases\"><thead><tr><th>resource</th><th>token</th><th>remaining</th>\
+         <th>ttl</th><th>waiters</th></tr></thead><tbody>\n",
+    );
+    for l in &v.leases.rows {
+        let _ = writeln!(
+            out,
+            "<tr><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            escape(l.resource.as_str()),
+            l.token,
+            duration(l.remaining_ms),
+            duration(l.ttl_ms),
+            l.waiters,
+        );
+    }
+    if v.leases.more > 0 {
+        let _ = writeln!(
+            out,
+            "<tr class=\"more\"><td colspan=\"5\">and {} more (narrow the prefix)</td></tr>",
+            v.leases.more
+        );
+    }
+    out.push_str("</tbody></table>\n</main>\n</body></html>\n");
+    out
+}
+
+/// Reads the view from the node. The cluster time it shows (and counts
+/// remaining time from) is made durable first, as for a Describe: no later
+/// leader's clock starts below a time a page revealed.
+pub async fn gather(ctx: &NodeContext, query: Query) -> Result<StatusView, String> {
+    let now = ctx.cluster_now();
+    ctx.time
+        .floor()
+        .make_durable(now)
+        .await
+        .map_err(|e| format!("cannot store the cluster time: {e}"))?;
+    let shared = std::sync::Arc::clone(&ctx.shared);
+    let (prefix, rows) = (query.prefix.clone(), query.rows);
+    // A pass over the records under the prefix: off the runtime thread.
+    let leases = tokio::task::spawn_blocking(move || shared.leases(&prefix, now, rows))
+        .await
+        .map_err(|e| format!("listing leases: {e}"))?;
+    let m = ctx.raft.metrics().borrow().clone();
+    let leader = m.current_leader.map(|id| {
+        let addr = m
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|n| n.client_addr.clone())
+            .unwrap_or_default();
+        (id, addr)
+    });
+    let last_log_index = m.last_log_index.unwrap_or(0);
+    let applied_index = ctx.shared.last_applied().map_or(0, |l| l.index);
+    let membership = m.membership_config.membership();
+    let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+    let members = membership
+        .nodes()
+        .map(|(id, node)| {
+            let replicated = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(id))
+                .map(|matched| matched.map_or(0, |l| l.index));
+            let index = if *id == ctx.id {
+                Some(applied_index)
+            } else {
+                replicated
+            };
+            MemberRow {
+                id: *id,
+                voter: voters.contains(id),
+                client_addr: node.client_addr.clone(),
+                peer_addr: node.peer_addr.clone(),
+                index,
+                lag: replicated.map(|i| last_log_index.saturating_sub(i)),
+            }
+        })
+        .collect();
+    Ok(StatusView {
+        node_id: ctx.id,
+        state: role_name(m.state),
+        term: m.current_term,
+        leader,
+        last_log_index,
+        applied_index,
+        cluster_time_ms: now.as_millis(),
+        members,
+        query,
+        leases,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use fenced_core::{LeaseView, ResourceName};
+
+    fn view(resource: &str, more: usize) -> StatusView {
+        StatusView {
+            node_id: 2,
+            state: "follower",
+            term: 7,
+            leader: Some((1, "127.0.0.1:7001".into())),
+            last_log_index: 10,
+            applied_index: 9,
+            cluster_time_ms: 5_000,
+            members: vec![MemberRow {
+                id: 1,
+                voter: true,
+                client_addr: "a<b".into(),
+                peer_addr: "p".into(),
+                index: None,
+                lag: None,
+            }],
+            query: Query {
+                prefix: "\"><img src=x>".into(),
+                rows: 1,
+            },
+            leases: LeaseList {
+                rows: vec![LeaseView {
+                    resource: ResourceName::new(resource).unwrap(),
+                    token: 42,
+                    remaining_ms: 1_500,
+                    ttl_ms: 90_000,
+                    waiters: 3,
+                }],
+                more,
+            },
+        }
+    }
+
+    #[test]
+    fn user_text_is_escaped_everywhere_it_appears() {
+        let html = render(&view("<script>alert(1)</script>&'\"", 0));
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(
+            html.contains("&lt;script&gt;alert(1)&lt;/script&gt;&amp;&#39;&quot;"),
+            "{html}"
+        );
+        assert!(!html.contains("<img"), "{html}");
+        assert!(html.contains("a&lt;b"), "{html}");
+    }
+
+    #[test]
+    fn the_view_shows_leader_members_leases_and_what_is_left_out() {
+        let html = render(&view("orders/1", 12));
+        assert!(html.contains("data-leader=\"1\""), "{html}");
+        assert!(html.contains("<h2>Node 2: follower, term 7</h2>"), "{html}");
+        assert!(html.contains("<td class=\"n\">42</td>"), "{html}");
+        assert!(
+            html.contains("1.5 s") && html.contains("1 min 30 s"),
+            "{html}"
+        );
+        assert!(html.contains("13 live, 1 shown"), "{html}");
+        assert!(html.contains("and 12 more"), "{html}");
+        assert!(!render(&view("orders/1", 0)).contains("more"));
+    }
+
+    #[test]
+    fn queries_are_decoded_and_bounded() {
+        assert_eq!(parse_query(None).unwrap(), Query::default());
+        let q = parse_query(Some("prefix=a%2Fb+c%2B&rows=5")).unwrap();
+        assert_eq!((q.prefix.as_str(), q.rows), ("a/b c+", 5));
+        let long = "x".repeat(RESOURCE_NAME_MAX_BYTES + 1);
+        let err = parse_query(Some(&format!("prefix={long}"))).unwrap_err();
+        assert!(err.contains("prefix") && err.contains("200"), "{err}");
+        for bad in ["rows=0", "rows=1001", "rows=x"] {
+            let err = parse_query(Some(bad)).unwrap_err();
+            assert!(err.contains("rows") && err.contains("1000"), "{bad}: {err}");
+        }
+        assert!(parse_query(Some("limit=3")).unwrap_err().contains("limit"));
+        assert!(parse_query(Some("prefix=%FF"))
+            .unwrap_err()
+            .contains("prefix"));
+    }
+
+    #[test]
+    fn tokens_never_cross_the_network_in_clear() {
+        let at = |a: &str| Some(a.parse().unwrap());
+        let err = availability(at("10.0.0.1:9101"), false, true).unwrap_err();
+        assert!(
+            err.contains("--metrics-tls") && err.contains("10.0.0.1:9101"),
+            "{err}"
+        );
+        assert!(availability(at("0.0.0.0:9101"), false, true).is_err());
+        // Over HTTPS, on loopback, or with no token to send: served.
+        assert!(availability(at("10.0.0.1:9101"), true, true).is_ok());
+        assert!(availability(at("127.0.0.1:9101"), false, true).is_ok());
+        assert!(availability(at("[::1]:9101"), false, true).is_ok());
+        assert!(availability(at("10.0.0.1:9101"), false, false).is_ok());
+        let page = unavailable(&err);
+        assert!(!page.contains("<script") && page.contains("--metrics-tls"));
+    }
+
+    #[test]
+    fn the_policies_name_the_shell_script_and_style_by_hash() {
+        assert!(SHELL_CSP.contains(&sha256_source(SCRIPT)));
+        assert!(SHELL_CSP.contains(&sha256_source(STYLE)));
+        assert!(!SHELL_CSP.contains("unsafe"));
+        assert!(!STATUS_CSP.contains("script-src"));
+        // The shell carries exactly the script and style the hashes name.
+        assert!(shell().contains(&format!("<script>{SCRIPT}</script>")));
+        assert!(shell().contains(&format!("<style>{STYLE}</style>")));
+    }
+}
