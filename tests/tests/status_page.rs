@@ -313,6 +313,13 @@ async fn a_browser_sees_leases_and_the_new_leader_after_the_old_one_dies() {
     );
     assert!(dom.contains(&format!(">{token}</td>")), "{dom}");
     assert!(dom.contains("updated "), "{dom}");
+    // Its grant is among the recent grants and ends.
+    let recent = dom.split("id=\"recent\"").nth(1).unwrap_or_default();
+    assert!(
+        recent.contains("page/&lt;script&gt;alert(1)&lt;/script&gt;</code></td><td>granted</td>")
+            && recent.contains(&format!("<td class=\"n\">{token}</td>")),
+        "no recent grant of the lease:\n{dom}"
+    );
 
     // Without the token the browser is told what is missing.
     let bare = load_in_browser(&chromium, &format!("http://{}/", s.metrics[0])).await;

@@ -150,6 +150,10 @@ enum Cmd {
     /// Print one line per ownership event (granted, released, expired) on
     /// resources starting with PREFIX, resuming on another node if one goes
     /// away. Needs the `read` role on PREFIX.
+    #[command(after_help = "Examples:
+  fencectl watch billing/
+  fencectl watch billing/ --from 1842 --json
+  fencectl watch '' --max-events 10")]
     Watch {
         /// Resource-name prefix; "" for every resource.
         prefix: String,
@@ -162,6 +166,9 @@ enum Cmd {
         max_events: Option<u64>,
     },
     /// Show the last grants of RESOURCE, newest first, and how each ended.
+    #[command(after_help = "Examples:
+  fencectl history billing/march
+  fencectl history billing/march --limit 3 --json")]
     History {
         resource: String,
         /// At most this many (0: all the cluster keeps).
@@ -170,12 +177,26 @@ enum Cmd {
     },
     /// Check that TOKEN is still the current lease of RESOURCE (exit 0), or
     /// say why not (exit 3).
+    #[command(after_help = "Examples:
+  fencectl validate billing/march 42
+  fencectl validate billing/march 42 --json || echo \"no longer the holder\"")]
     Validate { resource: String, token: u64 },
     /// List, add, promote and remove cluster members (admin).
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:
+  fencectl member list
+  fencectl member add 4 --peer 10.0.0.4:7201 --client 10.0.0.4:7101
+  fencectl member promote 4 --wait 60s
+  fencectl member remove 2"
+    )]
     Member(member::MemberCmd),
     /// Backups of the cluster's state.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:
+  fencectl snapshot save /backups/fenced-$(date -u +%Y%m%dT%H%M%SZ).fncd"
+    )]
     Snapshot(snapshot::SnapshotCmd),
     /// Write to or read from a fenced-resource service.
     #[command(

@@ -15,10 +15,16 @@ use crate::Report;
 pub enum MemberCmd {
     /// Every member: id, addresses, voter or learner, how far its log
     /// matches the leader's, and which one leads.
+    #[command(after_help = "Examples:
+  fencectl member list
+  fencectl member list --json")]
     List,
     /// Add node ID as a learner (it receives the log but does not vote).
     /// Start it with `fenced run --join` and an empty data dir, before or
     /// after this.
+    #[command(after_help = "Examples:
+  fencectl member add 4 --peer 10.0.0.4:7201 --client 10.0.0.4:7101
+  fenced run --id 4 --data-dir /var/lib/fenced --join 10.0.0.1:7101,10.0.0.2:7101")]
     Add {
         id: u64,
         /// Its peer (Raft) address, host:port, as the other nodes reach it.
@@ -30,6 +36,9 @@ pub enum MemberCmd {
     },
     /// Make learner ID a voter. Refused while it lags the leader by more
     /// than the bound `member list` shows.
+    #[command(after_help = "Examples:
+  fencectl member promote 4
+  fencectl member promote 4 --wait 60s")]
     Promote {
         id: u64,
         /// Keep asking this long while the learner is still catching up.
@@ -39,6 +48,8 @@ pub enum MemberCmd {
     /// Take node ID out of the cluster (a voter leaves the voters first;
     /// the leader may be removed, another one takes over). Refused for the
     /// last voter and when the voters left could not commit.
+    #[command(after_help = "Examples:
+  fencectl member remove 2")]
     Remove { id: u64 },
 }
 

@@ -166,6 +166,11 @@ enum Command {
     /// non-empty data dir is refused; nothing is written unless all is.
     /// Every token the new cluster grants is above --token-floor, or by
     /// default above the backup's last token plus a gap (docs/OPERATIONS.md).
+    #[command(after_help = "Examples:
+  fenced restore --from backup.fncd --data-dir /var/lib/fenced --node-id 1 \\
+    --initial-cluster 1=n1:7201/n1:7101,2=n2:7201/n2:7101,3=n3:7201/n3:7101
+  fenced restore --from backup.fncd --data-dir /var/lib/fenced --node-id 1 \\
+    --initial-cluster 1=n1:7201/n1:7101 --token-floor 5000000")]
     Restore {
         /// The backup file.
         #[arg(long)]
@@ -188,6 +193,9 @@ enum Command {
     /// cluster of this node from its own data directory (every entry in its
     /// log applied, tokens raised as for a restore). The old directory is
     /// kept beside it as DIR.before-recover-<ms>. The node must be stopped.
+    #[command(after_help = "Examples:
+  fenced recover --force-new-cluster --data-dir /var/lib/fenced --node-id 3 \\
+    --initial-cluster 3=n3:7201/n3:7101")]
     Recover {
         /// Required: says you mean it (docs/OPERATIONS.md).
         #[arg(long, required = true)]

@@ -273,7 +273,16 @@ pub struct StatusView {
     pub members: Vec<MemberRow>,
     pub query: Query,
     pub leases: LeaseList,
+    /// The newest grants, releases and expiries under the prefix, newest
+    /// first, at most [`RECENT_ROWS`].
+    pub recent: Vec<fenced_core::Change>,
 }
+
+/// Rows of recent grants and ends the page shows.
+pub const RECENT_ROWS: usize = 20;
+/// How far back in the change window the page looks for them: a bounded
+/// scan, whatever the prefix matches.
+const RECENT_SCAN: u64 = 2_000;
 
 /// `1234` ms as `1.2 s`, longer spans in minutes and hours.
 fn duration(ms: u64) -> String {
@@ -388,6 +397,35 @@ pub fn render(v: &StatusView) -> String {
             v.leases.more
         );
     }
+    out.push_str("</tbody></table>\n");
+    let _ = writeln!(
+        out,
+        "<h3>Recent grants and ends</h3>\n<p>The newest {} ownership changes under \
+         this prefix among the cluster's last {RECENT_SCAN} (as `fencectl watch` \
+         sees them), newest first.</p>",
+        v.recent.len()
+    );
+    out.push_str(
+        "<table id=\"recent\"><thead><tr><th>revision</th><th>resource</th><th>event</th>\
+         <th>token</th><th>age</th></tr></thead><tbody>\n",
+    );
+    for c in &v.recent {
+        let event = match c.kind {
+            fenced_core::ChangeKind::Granted => "granted",
+            fenced_core::ChangeKind::Released => "released",
+            fenced_core::ChangeKind::Expired => "expired",
+            fenced_core::ChangeKind::Superseded => "superseded",
+        };
+        let _ = writeln!(
+            out,
+            "<tr><td class=\"n\">{}</td><td><code>{}</code></td><td>{event}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{} ago</td></tr>",
+            c.revision,
+            escape(c.resource.as_str()),
+            c.token.get(),
+            duration(v.cluster_time_ms.saturating_sub(c.at.as_millis())),
+        );
+    }
     out.push_str("</tbody></table>\n</main>\n</body></html>\n");
     out
 }
@@ -408,6 +446,7 @@ pub async fn gather(ctx: &NodeContext, query: Query) -> Result<StatusView, Strin
     let leases = tokio::task::spawn_blocking(move || shared.leases(&prefix, now, rows))
         .await
         .map_err(|e| format!("listing leases: {e}"))?;
+    let recent = recent_changes(ctx, &query.prefix);
     let m = ctx.raft.metrics().borrow().clone();
     let leader = m.current_leader.map(|id| {
         let addr = m
@@ -456,7 +495,31 @@ pub async fn gather(ctx: &NodeContext, query: Query) -> Result<StatusView, Strin
         members,
         query,
         leases,
+        recent,
     })
+}
+
+/// The newest [`RECENT_ROWS`] changes under `prefix` among the last
+/// [`RECENT_SCAN`] the table keeps, newest first.
+fn recent_changes(ctx: &NodeContext, prefix: &str) -> Vec<fenced_core::Change> {
+    let revision = ctx.shared.revision();
+    let from = revision.saturating_sub(RECENT_SCAN);
+    let mut changes = match ctx.shared.changes_after(from, prefix, RECENT_SCAN as usize) {
+        Ok(found) => found.changes,
+        // Fewer kept than the scan: start from the oldest one kept.
+        Err(compacted) => ctx
+            .shared
+            .changes_after(
+                compacted.oldest_revision.saturating_sub(1),
+                prefix,
+                RECENT_SCAN as usize,
+            )
+            .map(|found| found.changes)
+            .unwrap_or_default(),
+    };
+    changes.reverse();
+    changes.truncate(RECENT_ROWS);
+    changes
 }
 
 #[cfg(test)]
@@ -496,6 +559,14 @@ mod tests {
                 }],
                 more,
             },
+            recent: vec![fenced_core::Change {
+                revision: 77,
+                resource: ResourceName::new(resource).unwrap(),
+                kind: fenced_core::ChangeKind::Expired,
+                token: fenced_core::Token::new(41).unwrap(),
+                owner: fenced_core::OwnerId::from_bytes(&[7; 16]).unwrap(),
+                at: fenced_core::ClusterTime::from_millis(3_500),
+            }],
         }
     }
 
@@ -509,6 +580,20 @@ mod tests {
         );
         assert!(!html.contains("<img"), "{html}");
         assert!(html.contains("a&lt;b"), "{html}");
+        // The recent changes name the resource escaped too, and never an
+        // owner id.
+        assert_eq!(html.matches("&lt;script&gt;alert(1)").count(), 2, "{html}");
+        assert!(!html.contains("07070707"), "{html}");
+    }
+
+    #[test]
+    fn recent_grants_and_ends_show_revision_event_token_and_age() {
+        let html = render(&view("jobs/a", 0));
+        assert!(html.contains("<h3>Recent grants and ends</h3>"), "{html}");
+        assert!(
+            html.contains("<td class=\"n\">77</td><td><code>jobs/a</code></td><td>expired</td><td class=\"n\">41</td><td class=\"n\">1.5 s ago</td>"),
+            "{html}"
+        );
     }
 
     #[test]
