@@ -12,7 +12,7 @@
 #                                 expects the harness to FAIL it; NAME is one of
 #                                 skip-lease-check anyone-release
 #                                 local-describe wall-clock-expiry reuse-token
-#                                 clock-from-last-stamp
+#                                 clock-from-last-stamp kv-skip-holder-check
 #
 # Needs root (ip netns, nft). Results: target/jepsen/<profile>-<seed>/
 # (summary.txt always; history, nemesis log, node logs and the first
@@ -61,7 +61,8 @@ canary)
         # A new leader's clock starts at the last entry's stamp: caught
         # after an idle period and a leader kill.
         reuse-token | clock-from-last-stamp) profile=kill ;;
-        skip-lease-check | anyone-release | local-describe) profile=partition ;;
+        # Late kv puts (after the lease ran out, or superseded) applied.
+        skip-lease-check | anyone-release | local-describe | kv-skip-holder-check) profile=partition ;;
         *) echo "unknown canary $name" >&2; exit 2 ;;
         esac
         # Built into the shared target dir (only fenced-core/-proto/-server
@@ -76,7 +77,7 @@ canary)
     ;;
 *)
     echo "usage: $0 [quick | full [SEEDS] | canary NAME...]" >&2
-    echo "  canary NAME: skip-lease-check anyone-release local-describe wall-clock-expiry reuse-token clock-from-last-stamp" >&2
+    echo "  canary NAME: skip-lease-check anyone-release local-describe wall-clock-expiry reuse-token clock-from-last-stamp kv-skip-holder-check" >&2
     exit 2
     ;;
 esac

@@ -20,10 +20,22 @@ pub enum F {
     Release,
     Describe,
     Write,
+    /// A fenced put into the cluster's key-value store (service Kv).
+    KvPut,
+    /// A linearizable read of one key of the key-value store.
+    KvGet,
 }
 
 impl F {
-    pub const ALL: [F; 5] = [F::Acquire, F::Renew, F::Release, F::Describe, F::Write];
+    pub const ALL: [F; 7] = [
+        F::Acquire,
+        F::Renew,
+        F::Release,
+        F::Describe,
+        F::Write,
+        F::KvPut,
+        F::KvGet,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -32,6 +44,8 @@ impl F {
             F::Release => "release",
             F::Describe => "describe",
             F::Write => "write",
+            F::KvPut => "kv_put",
+            F::KvGet => "kv_get",
         }
     }
 }
@@ -95,6 +109,25 @@ pub enum Answer {
         highest_token: u64,
         reason: String,
     },
+    /// A kv put the cluster applied.
+    KvApplied {
+        revision: u64,
+    },
+    /// A kv put the cluster refused: `reason` is expired, released,
+    /// superseded, unknown or key_has_newer_token.
+    KvRefused {
+        reason: String,
+        current_token: u64,
+    },
+    /// What a kv get found: the value and the token it was written with
+    /// (`found` false: no value, token 0).
+    KvRead {
+        found: bool,
+        value: String,
+        resource: String,
+        token: u64,
+        revision: u64,
+    },
 }
 
 impl Answer {
@@ -108,6 +141,8 @@ impl Answer {
                 | Answer::Described { .. }
                 | Answer::Accepted { .. }
                 | Answer::AlreadyApplied { .. }
+                | Answer::KvApplied { .. }
+                | Answer::KvRead { .. }
         )
     }
 }
@@ -132,6 +167,9 @@ pub struct Event {
     /// The TTL asked for (acquire, renew).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
+    /// The key of a kv put or get.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// The node the request went to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<u64>,
@@ -154,6 +192,8 @@ pub struct Op {
     pub owner: Option<String>,
     pub token: Option<u64>,
     pub ttl_ms: Option<u64>,
+    /// The key of a kv put or get.
+    pub key: Option<String>,
     pub deliberate_stale: bool,
     pub invoke_ns: u64,
     /// Completion time; `None` if the outcome is unknown.
@@ -196,6 +236,7 @@ pub fn pair(events: &[Event]) -> Vec<Op> {
                     owner: e.owner.clone(),
                     token: e.token,
                     ttl_ms: e.ttl_ms,
+                    key: e.key.clone(),
                     deliberate_stale: e.deliberate_stale,
                     invoke_ns: e.t_ns,
                     complete_ns: None,
@@ -327,6 +368,7 @@ pub fn event(worker: u32, f: F, resource: &str) -> Event {
         owner: None,
         token: None,
         ttl_ms: None,
+        key: None,
         node: None,
         deliberate_stale: false,
         answer: None,

@@ -11,7 +11,7 @@ use anyhow::Result;
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
-use fenced_proto::v1::lock_client::LockClient;
+use fenced_proto::v1::{kv_client::KvClient, lock_client::LockClient};
 
 use crate::{
     cluster::{self, Cluster, LIBFAKETIME},
@@ -227,12 +227,17 @@ impl Nemesis<'_> {
         let joined = membership::wait_joined(&self.ids, id, Duration::from_secs(20)).await?;
         let started = std::time::Instant::now();
         membership::promote(&self.ids, id, Duration::from_secs(30)).await?;
-        let client = LockClient::new(cluster::channel(&cluster::client_addr(id))?);
+        let channel = cluster::channel(&cluster::client_addr(id))?;
+        self.ctx
+            .kv_clients
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((id, KvClient::new(channel.clone())));
         self.ctx
             .clients
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .push((id, client));
+            .push((id, LockClient::new(channel)));
         self.ids.push(id);
         Ok(format!(
             "n{id} joined as a learner after {} ms, promoted after {} ms more",
@@ -247,6 +252,11 @@ impl Nemesis<'_> {
         self.ids.retain(|&n| n != id);
         self.ctx
             .clients
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(n, _)| *n != id);
+        self.ctx
+            .kv_clients
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|(n, _)| *n != id);

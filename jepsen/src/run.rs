@@ -10,13 +10,14 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use fenced_proto::v1::lock_client::LockClient;
+use fenced_proto::v1::{kv_client::KvClient, lock_client::LockClient};
 use fenced_resource::FenceStore;
 use serde::Serialize;
 
 use crate::{
     check::{
         invariants::{self, Finding, GrantStats, NodeFinal, WriteStats},
+        kv::{self, KvStats},
         linear::{self, Linearizable},
     },
     cluster::{self, Cluster, NodeSettings},
@@ -90,6 +91,7 @@ pub struct Summary {
     pub pre_fault_ops_per_s: f64,
     pub grants: GrantStats,
     pub writes: WriteStats,
+    pub kv: KvStats,
     pub invariants: Vec<Finding>,
     pub linearizability: String,
     pub lin_resources: usize,
@@ -284,16 +286,17 @@ async fn run_in(
         FenceStore::open(dir.join("resource")).context("opening the protected resource store")?,
     );
     let mut clients = Vec::new();
+    let mut kv_clients = Vec::new();
     for &id in ids {
-        clients.push((
-            id,
-            LockClient::new(cluster::channel(&cluster::client_addr(id))?),
-        ));
+        let channel = cluster::channel(&cluster::client_addr(id))?;
+        clients.push((id, LockClient::new(channel.clone())));
+        kv_clients.push((id, KvClient::new(channel)));
     }
     let ctx = Arc::new(Ctx {
         rec: rec.clone(),
         store,
         clients: std::sync::RwLock::new(clients),
+        kv_clients: std::sync::RwLock::new(kv_clients),
         stop: Default::default(),
         freeze: Default::default(),
         idle: Default::default(),
@@ -406,6 +409,8 @@ async fn run_in(
     // Checks.
     let (final_finding, grants) = invariants::final_state(&ops, &finals);
     let (write_finding, writes) = invariants::fenced_writes(&ops);
+    let (kv_finding, kv) = kv::puts_fenced(&ops, cfg.rho, kv::ELECTION_SLACK_MS * 1_000_000);
+    let (phantom_finding, _) = kv::no_phantom_values(&ops);
     let findings = vec![
         invariants::tokens_unique(&ops),
         invariants::grants_ordered(&ops),
@@ -416,6 +421,9 @@ async fn run_in(
         invariants::leases_respected(&ops, cfg.rho),
         invariants::ended_leases_stay_ended(&ops),
         invariants::cluster_time_monotonic(&ops),
+        kv_finding,
+        kv::key_tokens_monotonic(&ops),
+        phantom_finding,
     ];
     let mut lin = Linearizable::Pass;
     let mut lin_resources = 0;
@@ -425,7 +433,11 @@ async fn run_in(
         .filter(|r| r.starts_with("long-"))
         .collect();
     for r in &long {
-        let rops: Vec<&Op> = ops.iter().filter(|o| o.resource == *r).collect();
+        // Kv puts are checked by check::kv, not against the mutex model.
+        let rops: Vec<&Op> = ops
+            .iter()
+            .filter(|o| o.resource == *r && !matches!(o.f, F::KvPut | F::KvGet))
+            .collect();
         lin_resources += 1;
         match linear::check_resource(r, &rops, cfg.lin_budget) {
             Linearizable::Pass => {}
@@ -498,7 +510,9 @@ async fn run_in(
         let Some((from, to)) = r.idle_ns else {
             continue;
         };
-        let writes = sent_between(from, to, &|o| o.f != F::Describe && o.f != F::Write);
+        let writes = sent_between(from, to, &|o| {
+            !matches!(o.f, F::Describe | F::Write | F::KvGet)
+        });
         let reads = sent_between(from, to, &|o| o.f == F::Describe);
         r.took_effect = r.took_effect && writes == 0 && reads > 0;
         let _ = write!(
@@ -520,6 +534,13 @@ async fn run_in(
             writes.stale_rejected
         ),
         writes.stale_rejected > 0,
+    ));
+    gates.push((
+        format!(
+            "late kv puts exercised and refused: {} (values read: {})",
+            kv.late_refused, kv.reads_found
+        ),
+        kv.late_refused > 0 && kv.reads_found > 0,
     ));
     if !faults.is_empty() {
         let bad: Vec<String> = records
@@ -568,6 +589,7 @@ async fn run_in(
         pre_fault_ops_per_s,
         grants,
         writes,
+        kv,
         invariants: findings,
         linearizability: lin_text,
         lin_resources,
@@ -633,6 +655,16 @@ pub fn render(s: &Summary) -> String {
         t,
         "fenced writes accepted {}, rejected {}, stale sent {}, stale rejected {}, stale accepted {}",
         s.writes.accepted, s.writes.rejected, s.writes.stale_sent, s.writes.stale_rejected, s.writes.stale_accepted
+    );
+    let _ = writeln!(
+        t,
+        "kv puts applied {}, refused {}, unknown {}, late sent {}, late refused {}; values read {}",
+        s.kv.applied,
+        s.kv.refused,
+        s.kv.unknown,
+        s.kv.late_sent,
+        s.kv.late_refused,
+        s.kv.reads_found
     );
     let _ = writeln!(t, "invariants:");
     for f in &s.invariants {

@@ -24,8 +24,9 @@ use std::{
 
 use fenced_core::{OwnerId, ResourceName, Token};
 use fenced_proto::v1::{
-    acquire_response, lock_client::LockClient, release_response, renew_response, AcquireRequest,
-    DescribeRequest, LostReason, ReleaseRequest, RenewRequest,
+    acquire_response, kv_client::KvClient, kv_put_response, lock_client::LockClient,
+    release_response, renew_response, AcquireRequest, DescribeRequest, KvGetRequest, KvPutRequest,
+    KvRefusalReason, LostReason, ReleaseRequest, RenewRequest,
 };
 use fenced_resource::{FenceStore, Write, WriteOutcome};
 use tokio::sync::RwLock;
@@ -41,6 +42,8 @@ pub struct Ctx {
     pub store: Arc<FenceStore>,
     /// A client per member; the membership profile adds and removes them.
     pub clients: std::sync::RwLock<Vec<(u64, LockClient<Channel>)>>,
+    /// Kv service clients over the same channels (kept with `clients`).
+    pub kv_clients: std::sync::RwLock<Vec<(u64, KvClient<Channel>)>>,
     pub stop: AtomicBool,
     /// Held for writing while client workers are "paused".
     pub freeze: RwLock<()>,
@@ -90,6 +93,35 @@ fn lost_reason(code: i32) -> String {
         .unwrap_or_else(|_| format!("code {code}"))
 }
 
+fn refusal_reason(code: i32) -> String {
+    KvRefusalReason::try_from(code)
+        .map(|r| {
+            r.as_str_name()
+                .trim_start_matches("KV_REFUSAL_REASON_")
+                .to_lowercase()
+        })
+        .unwrap_or_else(|_| format!("code {code}"))
+}
+
+/// The value a kv put writes: its op id, so the checker can trace a read
+/// value to the put that wrote it (see `check::kv::value_op`).
+pub fn kv_value(op: u64) -> String {
+    format!("put op {op}")
+}
+
+/// The key every owner of `resource` writes (refusals for a newer token on
+/// the key happen here).
+fn shared_key(resource: &str) -> String {
+    format!("kv-{resource}")
+}
+
+/// The key only `worker` writes: the key's own token order never refuses
+/// its puts, so a stale put there is refused by the holder check or not at
+/// all.
+fn worker_key(resource: &str, worker: u32) -> String {
+    format!("kv-{resource}-w{worker}")
+}
+
 fn req<T>(msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     r.set_timeout(RPC_TIMEOUT);
@@ -136,6 +168,88 @@ impl Worker {
             LockClient::new(Channel::from_static("http://127.0.0.1:9").connect_lazy())
         });
         (invoked, client)
+    }
+
+    /// Records the invocation and picks a kv client on a node that is up.
+    fn begin_kv(&mut self, mut e: Event) -> (Event, KvClient<Channel>) {
+        let node = self.ctx.node(&mut self.rng).map(|(n, _)| n);
+        let client = node.and_then(|n| {
+            self.ctx
+                .kv_clients
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .find(|(id, _)| *id == n)
+                .map(|(_, c)| c.clone())
+        });
+        e.node = node;
+        let invoked = self.ctx.rec.invoke(e);
+        // Ctx always has clients; a missing one only yields an unknown op.
+        let client = client.unwrap_or_else(|| {
+            KvClient::new(Channel::from_static("http://127.0.0.1:9").connect_lazy())
+        });
+        (invoked, client)
+    }
+
+    /// A fenced kv put of `key` with `owner`'s lease `token` on `resource`.
+    /// The value names the put's op id, so a read can be traced to its put.
+    async fn kv_put(
+        &mut self,
+        key: &str,
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+        stale: bool,
+    ) -> Option<Answer> {
+        self.gate().await;
+        let mut e = event(self.id, F::KvPut, resource);
+        e.owner = Some(owner.to_string());
+        e.token = Some(token);
+        e.key = Some(key.to_string());
+        e.deliberate_stale = stale;
+        let (e, mut c) = self.begin_kv(e);
+        let r = timed(c.put(req(KvPutRequest {
+            key: key.as_bytes().to_vec(),
+            value: kv_value(e.op).into_bytes(),
+            resource: resource.as_bytes().to_vec(),
+            owner_id: owner.as_bytes().to_vec(),
+            token,
+        })))
+        .await
+        .and_then(|r| match r.outcome {
+            Some(kv_put_response::Outcome::Applied(a)) => Ok(Answer::KvApplied {
+                revision: a.revision,
+            }),
+            Some(kv_put_response::Outcome::Refused(x)) => Ok(Answer::KvRefused {
+                reason: refusal_reason(x.reason),
+                current_token: x.current_token,
+            }),
+            None => Err("empty kv put answer".into()),
+        });
+        self.ctx.rec.complete(&e, r.clone());
+        r.ok()
+    }
+
+    /// A linearizable kv get of `key` (a key of `resource`).
+    async fn kv_get(&mut self, key: &str, resource: &str) -> Option<Answer> {
+        self.gate().await;
+        let mut e = event(self.id, F::KvGet, resource);
+        e.key = Some(key.to_string());
+        let (e, mut c) = self.begin_kv(e);
+        let r = timed(c.get(req(KvGetRequest {
+            key: key.as_bytes().to_vec(),
+            allow_stale: false,
+        })))
+        .await
+        .map(|g| Answer::KvRead {
+            found: g.found,
+            value: String::from_utf8_lossy(&g.value).into_owned(),
+            resource: g.resource,
+            token: g.token,
+            revision: g.revision,
+        });
+        self.ctx.rec.complete(&e, r.clone());
+        r.ok()
     }
 
     async fn acquire(&mut self, resource: &str, owner: OwnerId, ttl_ms: u64) -> Option<Answer> {
@@ -353,6 +467,8 @@ impl Worker {
         if self.rng.f64() < 0.15 {
             if let Some((o, t)) = self.older_grant(&resource) {
                 self.write(&resource, o, t, true).await;
+                let key = worker_key(&resource, self.id);
+                self.kv_put(&key, &resource, o, t, true).await;
                 self.release(&resource, o, t, true).await;
             }
         }
@@ -374,6 +490,8 @@ impl Worker {
         self.write(&resource, owner, token, false).await;
         self.renew(&resource, owner, token, ttl).await;
         self.write(&resource, owner, token, false).await;
+        let key = worker_key(&resource, self.id);
+        self.kv_put(&key, &resource, owner, token, false).await;
         self.describe(&resource).await;
         if self.rng.f64() < 0.05 {
             self.abandon_slot(slot, generation);
@@ -407,16 +525,23 @@ impl Worker {
         };
         self.remember(&resource, owner, token);
         self.write(&resource, owner, token, false).await;
+        let own = worker_key(&resource, self.id);
+        let shared = shared_key(&resource);
+        self.kv_put(&own, &resource, owner, token, false).await;
         if self.rng.f64() < 0.3 {
             // The article's worker: stops renewing for longer than its lease
             // (a GC pause, a slow disk), then writes with its old token.
             self.sleep_ms(ttl + 300, ttl + 1500).await;
             self.describe(&resource).await;
             self.write(&resource, owner, token, true).await;
+            // Late puts: on its own key only the holder check can refuse it.
+            self.kv_put(&own, &resource, owner, token, true).await;
+            self.kv_put(&shared, &resource, owner, token, true).await;
             self.release(&resource, owner, token, false).await;
             return;
         }
         self.renew(&resource, owner, token, ttl).await;
+        self.kv_put(&shared, &resource, owner, token, false).await;
         self.describe(&resource).await;
         self.write(&resource, owner, token, false).await;
         self.release(&resource, owner, token, false).await;
@@ -442,6 +567,14 @@ pub fn spawn(ctx: &Arc<Ctx>, seed: u64, long: u32, short: u32) -> Vec<tokio::tas
                 if w.reader {
                     let r = format!("short-{}", w.rng.usize(..SHORT_RESOURCES));
                     w.describe(&r).await;
+                    // Reads of the keys the short-TTL workers put.
+                    let owner = long + w.rng.u32(..short.max(1));
+                    let key = if w.rng.bool() {
+                        shared_key(&r)
+                    } else {
+                        worker_key(&r, owner)
+                    };
+                    w.kv_get(&key, &r).await;
                     w.sleep_ms(50, 150).await;
                 } else if is_long {
                     w.long_cycle().await;

@@ -557,6 +557,7 @@ mod tests {
             owner: Some(owner.into()),
             token,
             ttl_ms: None,
+            key: None,
             deliberate_stale: false,
             invoke_ns: t.0,
             complete_ns: Some(t.1),

@@ -119,6 +119,8 @@ struct MOp {
 fn step(s: &State, op: &MOp) -> Option<State> {
     let mut n = s.clone();
     match (op.f, &op.answer) {
+        // The mutex model has no key-value store; run.rs leaves kv ops out.
+        (F::KvPut | F::KvGet, _) => {}
         (F::Acquire, answer) => match (s.holder, answer) {
             (None, Some(Answer::Granted { token, .. })) => {
                 if *token <= s.last.lower() {
@@ -380,6 +382,7 @@ mod tests {
             owner: Some(owner.into()),
             token,
             ttl_ms: Some(60_000),
+            key: None,
             deliberate_stale: false,
             invoke_ns: t.0,
             complete_ns: t.1,

@@ -2,4 +2,5 @@
 //! over the whole history and the final state.
 
 pub mod invariants;
+pub mod kv;
 pub mod linear;
