@@ -274,9 +274,11 @@ async fn fencectl_run_kills_its_child_before_anyone_else_can_hold_the_lease() {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("child1.pid");
     let tokenfile = dir.path().join("child1.token");
+    let bearerfile = dir.path().join("child1.bearer");
     let script = format!(
-        "echo $$ > {}; echo $FENCED_TOKEN > {}; exec sleep 600",
+        "echo $$ > {}; echo \"$FENCED_TOKEN\" > {}; echo $FENCED_FENCING_TOKEN > {}; exec sleep 600",
         pidfile.display(),
+        bearerfile.display(),
         tokenfile.display()
     );
     let ttl_ms = 3_000u64;
@@ -293,6 +295,9 @@ async fn fencectl_run_kills_its_child_before_anyone_else_can_hold_the_lease() {
             "-c",
             &script,
         ])
+        // A bearer token in the environment reaches the command unchanged:
+        // the fencing token has a variable of its own.
+        .env("FENCED_TOKEN", "bearer-of-the-caller")
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -311,6 +316,11 @@ async fn fencectl_run_kills_its_child_before_anyone_else_can_hold_the_lease() {
         .trim()
         .parse()
         .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&bearerfile).unwrap().trim(),
+        "bearer-of-the-caller",
+        "FENCED_TOKEN is the caller's bearer token, not the fencing token"
+    );
     let token1: u64 = std::fs::read_to_string(&tokenfile)
         .unwrap()
         .trim()
@@ -334,7 +344,7 @@ async fn fencectl_run_kills_its_child_before_anyone_else_can_hold_the_lease() {
 
     // A second run gets the lease only after that, with a higher token.
     let tokenfile2 = dir.path().join("child2.token");
-    let script2 = format!("echo $FENCED_TOKEN > {}", tokenfile2.display());
+    let script2 = format!("echo $FENCED_FENCING_TOKEN > {}", tokenfile2.display());
     let status2 = Command::new(bin("fencectl"))
         .args([
             "--endpoints",

@@ -174,7 +174,7 @@ pub async fn run(
         .arg("--")
         .args(command)
         .env("FENCED_RESOURCE", resource)
-        .env("FENCED_TOKEN", lease.token().to_string())
+        .env("FENCED_FENCING_TOKEN", lease.token().to_string())
         .env("FENCED_OWNER_ID", lease.owner().to_string())
         .env("FENCED_ENDPOINTS", client.endpoints().join(","))
         .spawn();

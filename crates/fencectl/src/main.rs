@@ -227,7 +227,7 @@ enum Cmd {
         wait: Duration,
     },
     /// Run COMMAND while holding the lease. The command gets FENCED_RESOURCE,
-    /// FENCED_TOKEN, FENCED_OWNER_ID and FENCED_ENDPOINTS, and runs in its own
+    /// FENCED_FENCING_TOKEN, FENCED_OWNER_ID and FENCED_ENDPOINTS, and runs in its own
     /// process group. If the lease is lost, on Ctrl-C or SIGTERM, when the
     /// command exits, and if fencectl dies, that whole group gets SIGTERM,
     /// then SIGKILL after --grace. Exit: the command's code (127 if it could

@@ -45,7 +45,7 @@ const DIGEST_LEN: usize = 32;
 pub const MAX_BACKUP_BYTES: u64 = 1 << 31;
 
 /// An upper bound on the grants a cluster makes in a second: more than a
-/// hundred times the highest rate measured (about 8,400 cycles/s, README),
+/// hundred times the highest rate measured (about 8,400 cycles/s, docs/BENCHMARKS.md),
 /// and what 4,096-command entries committed every 4 ms would give.
 pub const MAX_GRANTS_PER_SECOND: u64 = 1_000_000;
 /// Added to a backup's age when the gap is computed: the time the old
