@@ -618,3 +618,53 @@ async fn only_admins_change_members_and_a_node_adds_only_itself() {
         "{lease:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_knows_no_leader_answers_no_membership_call_from_its_own_view() {
+    let mut cluster = Cluster::start(3).await;
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    // Alone, node 1 restarts with its own (possibly old) membership and
+    // never learns of a leader.
+    cluster.spawn(1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.status(1).await.is_none() {
+        assert!(Instant::now() < deadline, "node 1 does not answer");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut c = ClusterClient::new(cluster.channel(1));
+    let refusals = [
+        (
+            "remove 42",
+            c.remove_node(v1::RemoveNodeRequest { node_id: 42 })
+                .await
+                .err(),
+        ),
+        (
+            "promote 42",
+            c.promote_learner(v1::PromoteLearnerRequest { node_id: 42 })
+                .await
+                .err(),
+        ),
+        (
+            "remove 2",
+            c.remove_node(v1::RemoveNodeRequest { node_id: 2 })
+                .await
+                .err(),
+        ),
+    ];
+    for (what, refusal) in refusals {
+        // Not "node 42 is not a member", which a retried removal takes for
+        // done: only the leader's membership says who is a member.
+        let s = refusal.unwrap_or_else(|| panic!("{what} answered without a leader"));
+        assert_eq!(s.code(), Code::Unavailable, "{what}: {s:?}");
+        assert!(s.message().contains("no leader"), "{what}: {s:?}");
+    }
+    assert_eq!(
+        cluster.status(1).await.map(|s| s.members.len()),
+        Some(3),
+        "nothing changed"
+    );
+}

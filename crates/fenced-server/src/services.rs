@@ -921,6 +921,17 @@ impl ClusterService {
         }))
     }
 
+    /// Membership calls are checked against the leader's membership only.
+    /// A node that knows no leader (just restarted, or cut off) may hold an
+    /// old one: its "not a member" or "already a learner" would be false,
+    /// and a caller that retries a removal reads "not a member" as done.
+    fn leader_only(&self) -> Result<(), Status> {
+        if self.ctx.raft.metrics().borrow().state == ServerState::Leader {
+            return Ok(());
+        }
+        Err(not_leader(leader_of(&self.ctx.raft).as_ref()))
+    }
+
     async fn answer_add_learner(
         &self,
         req: Request<v1::AddLearnerRequest>,
@@ -955,6 +966,7 @@ impl ClusterService {
                 add_learner
             );
         }
+        self.leader_only()?;
         let members = membership::members_of(&self.ctx.raft);
         if membership::check_add(&members, node_id, &node)? == membership::AddPlan::AlreadyLearner {
             return Ok(Response::new(
@@ -1021,6 +1033,7 @@ impl ClusterService {
             ClusterClient,
             remove_node
         );
+        self.leader_only()?;
         let members = membership::members_of(&self.ctx.raft);
         let voter = members.get(&id).is_some_and(|m| m.voter);
         let in_contact = if voter {
@@ -1076,6 +1089,7 @@ impl ClusterService {
             ClusterClient,
             promote_learner
         );
+        self.leader_only()?;
         let members = membership::members_of(&self.ctx.raft);
         let (matched, last) = self.progress_of(id);
         if membership::check_promote(&members, id, matched, last)?
