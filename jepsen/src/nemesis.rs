@@ -632,10 +632,37 @@ impl<'a> Nemesis<'a> {
                     self.net.drop_from(l, HARNESS_ADDR, 100, tag)?;
                 }
                 self.end_idle(r);
-                let new_term = self.hold_and_watch(self.hold, term).await;
+                let voters = self.ids().len();
+                let cut_off = self.others(l);
+                // A membership change beside this fault may kill a node on
+                // the majority side (a replacement): watch for it.
+                let mut down = std::collections::BTreeSet::new();
+                let until = tokio::time::Instant::now() + self.hold;
+                while tokio::time::Instant::now() < until {
+                    down.extend(
+                        self.ctx
+                            .down
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .iter()
+                            .copied()
+                            .filter(|n| cut_off.contains(n)),
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let new_term = self.leaders.latest_term() > term;
                 let dropped = self.net.dropped(tag)?;
                 r.evidence = format!("{dropped} packets dropped; new leader elected: {new_term}");
-                r.took_effect = dropped > 0 && (new_term || fault == Fault::OneWayLeader);
+                // Without a majority of the voters up on the other side, no
+                // leader can be elected there: the cut is the evidence.
+                let majority_left = cut_off.len() - down.len() > voters / 2;
+                if !majority_left {
+                    r.evidence.push_str(&format!(
+                        "; no majority of {voters} voters on the other side: {down:?} down during it"
+                    ));
+                }
+                r.took_effect =
+                    dropped > 0 && (new_term || fault == Fault::OneWayLeader || !majority_left);
             }
             Fault::LeaderMajority => {
                 let (l, _) = self.require_leader().await?;

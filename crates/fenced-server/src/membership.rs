@@ -265,7 +265,7 @@ pub enum JoinRefused {
 /// voters can still reach the joining node, append the node's addition and
 /// send it over, and then lose its leadership; the voters' new leader never
 /// had the entry. Joining stops only on a committed (applied) one.
-fn is_member(raft: &Raft, id: NodeId) -> bool {
+pub fn is_member(raft: &Raft, id: NodeId) -> bool {
     let m = raft.metrics().borrow().clone();
     named_and_applied(
         m.membership_config.membership().get_node(&id).is_some(),
@@ -327,6 +327,11 @@ pub async fn join(
         };
         match answer {
             Ok(resp) => {
+                // The leader answers once the addition is committed: this
+                // node is a member now, even while its own log has not
+                // applied it (the loop must not ask again: by then it may
+                // be a voter, and asking would be refused as a new node
+                // taking a voter's id).
                 tracing::info!(
                     node = join.id,
                     via = %target,
@@ -334,8 +339,7 @@ pub async fn join(
                     "added as a learner; an operator promotes it once caught up \
                      (fencectl member promote {})", join.id
                 );
-                // The leader contacts this node next; the loop sees it.
-                pause = Duration::from_millis(100);
+                return Ok(());
             }
             Err(s) => match s.code() {
                 Code::PermissionDenied | Code::Unauthenticated => {

@@ -969,6 +969,13 @@ impl ClusterService {
         self.leader_only()?;
         let members = membership::members_of(&self.ctx.raft);
         if membership::check_add(&members, node_id, &node)? == membership::AddPlan::AlreadyLearner {
+            // A joining node stops asking at this answer: it must mean a
+            // committed addition, not one only in this leader's log.
+            if !membership::is_member(&self.ctx.raft, node_id) {
+                return Err(Status::unavailable(format!(
+                    "node_id: the addition of learner {node_id} is not committed yet; retry"
+                )));
+            }
             return Ok(Response::new(
                 self.membership_response(self.membership_index()),
             ));
