@@ -622,19 +622,25 @@ async fn only_admins_change_members_and_a_node_adds_only_itself() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_knows_no_leader_answers_no_membership_call_from_its_own_view() {
     let mut cluster = Cluster::start(3).await;
-    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
     for id in 1..=3 {
         cluster.kill(id);
     }
-    // Alone, node 1 restarts with its own (possibly old) membership and
-    // never learns of a leader.
-    cluster.spawn(1);
+    // Alone, the old leader restarts with its own membership, gives up
+    // its own vote at start-up, and never learns of a leader.
+    cluster.spawn(leader);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while cluster.status(1).await.is_none() {
-        assert!(Instant::now() < deadline, "node 1 does not answer");
+    while cluster.status(leader).await.is_none() {
+        assert!(Instant::now() < deadline, "node {leader} does not answer");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let mut c = ClusterClient::new(cluster.channel(1));
+    assert_eq!(
+        cluster.status(leader).await.map(|s| s.leader_id),
+        Some(0),
+        "node {leader} knows a leader"
+    );
+    let other = if leader == 2 { 3 } else { 2 };
+    let mut c = ClusterClient::new(cluster.channel(leader));
     let refusals = [
         (
             "remove 42",
@@ -649,8 +655,8 @@ async fn a_node_that_knows_no_leader_answers_no_membership_call_from_its_own_vie
                 .err(),
         ),
         (
-            "remove 2",
-            c.remove_node(v1::RemoveNodeRequest { node_id: 2 })
+            "remove a voter",
+            c.remove_node(v1::RemoveNodeRequest { node_id: other })
                 .await
                 .err(),
         ),
@@ -663,7 +669,7 @@ async fn a_node_that_knows_no_leader_answers_no_membership_call_from_its_own_vie
         assert!(s.message().contains("no leader"), "{what}: {s:?}");
     }
     assert_eq!(
-        cluster.status(1).await.map(|s| s.members.len()),
+        cluster.status(leader).await.map(|s| s.members.len()),
         Some(3),
         "nothing changed"
     );
