@@ -257,6 +257,7 @@ impl Drop for Claim {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::expect_used)]
     use super::*;
 
     #[test]
