@@ -38,6 +38,9 @@ fn worth_retrying(s: &Status) -> bool {
                 || m.contains("in contact")
                 // openraft refuses a change while another is in flight.
                 || m.contains("already undergoing a configuration change")
+                // Leadership moved while the change was under way (a
+                // node of an earlier build answered it this way).
+                || m.contains("has to forward request to")
         }
         _ => false,
     }
@@ -271,6 +274,9 @@ mod tests {
         )));
         assert!(!worth_retrying(&Status::permission_denied("no")));
         assert!(!worth_retrying(&Status::already_exists("taken")));
+        assert!(worth_retrying(&Status::failed_precondition(
+            "has to forward request to: Some(1), Some(Node { .. })"
+        )));
     }
 
     #[test]

@@ -830,7 +830,17 @@ pub fn role_name(state: ServerState) -> &'static str {
     }
 }
 
-fn write_status<E: std::error::Error>(e: openraft::error::RaftError<NodeId, E>) -> Status {
+/// A membership change refused by openraft. Leadership lost before the
+/// change was committed here is UNAVAILABLE with the new leader, as for a
+/// node that is not the leader: the caller retries there.
+fn write_status(
+    e: openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, Node>>,
+) -> Status {
+    use openraft::error::{ClientWriteError, RaftError};
+    if let RaftError::APIError(ClientWriteError::ForwardToLeader(f)) = &e {
+        let leader = f.leader_id.zip(f.leader_node.clone());
+        return not_leader(leader.as_ref());
+    }
     Status::failed_precondition(e.to_string())
 }
 
@@ -1346,6 +1356,29 @@ mod tests {
             .checked_sub(Duration::from_millis(5))
             .expect("a monotonic clock well past its start");
         assert_eq!(forward_timeout(Some(past), budget), None);
+    }
+
+    #[test]
+    fn a_change_refused_for_lost_leadership_is_unavailable_and_names_the_leader() {
+        use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
+        let lost = |leader_id, leader_node| {
+            write_status(RaftError::APIError(ClientWriteError::ForwardToLeader(
+                ForwardToLeader {
+                    leader_id,
+                    leader_node,
+                },
+            )))
+        };
+        let node = Node {
+            peer_addr: "10.0.0.3:7201".into(),
+            client_addr: "10.0.0.3:7101".into(),
+        };
+        let s = lost(Some(3), Some(node));
+        assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+        assert!(s.message().contains("the leader is node 3"), "{s:?}");
+        let s = lost(None, None);
+        assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+        assert!(s.message().contains("no leader"), "{s:?}");
     }
 
     #[test]
