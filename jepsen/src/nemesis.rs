@@ -16,7 +16,7 @@ use fenced_proto::v1::{kv_client::KvClient, lock_client::LockClient};
 use crate::{
     cluster::{self, Cluster, LIBFAKETIME},
     history::Recorder,
-    membership,
+    membership::{self, Claim, Members},
     net::{node_addr, node_ns, Net, HARNESS_ADDR},
     workload::Ctx,
 };
@@ -88,6 +88,14 @@ impl Fault {
             Fault::RemoveFollower => "remove-follower".into(),
             Fault::ReplaceNode => "replace-node".into(),
         }
+    }
+
+    /// Whether it is a membership change rather than a fault.
+    pub fn changes_members(&self) -> bool {
+        matches!(
+            self,
+            Fault::AddNode | Fault::RemoveLeader | Fault::RemoveFollower | Fault::ReplaceNode
+        )
     }
 
     /// Whether the fault is meant to move leadership. Such a fault comes
@@ -180,6 +188,25 @@ pub async fn monitor(
     }
 }
 
+/// One step of a membership change, for the timeline of changes against
+/// faults: a new node joining as a learner, its promotion, a removal.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    /// The change it belongs to ("m3 replace-node").
+    pub change: String,
+    /// "join", "promote" or "remove".
+    pub step: &'static str,
+    pub node: u64,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub ok: bool,
+    /// Refusals and errors retried, in order (the first few).
+    pub retried: Vec<String>,
+    pub retries: usize,
+    /// The faults installed while it ran (filled in by the run).
+    pub during: Vec<String>,
+}
+
 pub struct Nemesis<'a> {
     pub net: &'a Net,
     pub cluster: Arc<tokio::sync::Mutex<Cluster>>,
@@ -188,19 +215,64 @@ pub struct Nemesis<'a> {
     pub rec: Recorder,
     pub rng: fastrand::Rng,
     pub hold: Duration,
-    pub ids: Vec<u64>,
+    /// The members, shared with a nemesis running beside this one.
+    pub members: Arc<Members>,
     /// Idle time before a fault that moves leadership (zero: none).
     pub idle: Duration,
     /// Lets the writers go at the end of an idle period.
     pub idle_release: Option<tokio::sync::oneshot::Sender<()>>,
     /// The id the next node that joins gets (ids are never reused).
     pub next_id: u64,
+    /// Set while a fault is installed, for changes that wait for one.
+    pub live: Option<tokio::sync::watch::Sender<bool>>,
+    /// The steps of the membership changes made so far.
+    pub steps: Vec<Step>,
+    /// The tag and name of the fault or change running.
+    current: String,
 }
 
-impl Nemesis<'_> {
+/// Refusals kept per step in the timeline.
+const RETRIES_KEPT: usize = 3;
+
+impl<'a> Nemesis<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        net: &'a Net,
+        cluster: Arc<tokio::sync::Mutex<Cluster>>,
+        ctx: Arc<Ctx>,
+        leaders: Arc<LeaderLog>,
+        rec: Recorder,
+        seed: u64,
+        hold: Duration,
+        members: Arc<Members>,
+        idle: Duration,
+    ) -> Nemesis<'a> {
+        let next_id = members.ids().iter().max().copied().unwrap_or(0) + 1;
+        Nemesis {
+            net,
+            cluster,
+            ctx,
+            leaders,
+            rec,
+            rng: fastrand::Rng::with_seed(seed),
+            hold,
+            members,
+            idle,
+            idle_release: None,
+            next_id,
+            live: None,
+            steps: Vec::new(),
+            current: String::new(),
+        }
+    }
+
+    fn ids(&self) -> Vec<u64> {
+        self.members.ids()
+    }
+
     async fn leader(&self) -> Option<u64> {
         for _ in 0..25 {
-            if let Some((l, _)) = find_leader(&self.ids).await {
+            if let Some((l, _)) = find_leader(&self.ids()).await {
                 return Some(l);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -209,7 +281,28 @@ impl Nemesis<'_> {
     }
 
     fn others(&self, id: u64) -> Vec<u64> {
-        self.ids.iter().copied().filter(|&n| n != id).collect()
+        self.ids().into_iter().filter(|&n| n != id).collect()
+    }
+
+    fn step(
+        &mut self,
+        step: &'static str,
+        node: u64,
+        start_ns: u64,
+        ok: bool,
+        retried: Vec<String>,
+    ) {
+        self.steps.push(Step {
+            change: self.current.clone(),
+            step,
+            node,
+            start_ns,
+            end_ns: self.rec.now_ns(),
+            ok,
+            retries: retried.len(),
+            retried: retried.into_iter().take(RETRIES_KEPT).collect(),
+            during: Vec::new(),
+        });
     }
 
     /// A new node joins as a learner and is promoted; it becomes a member
@@ -223,10 +316,19 @@ impl Nemesis<'_> {
             );
         }
         self.next_id += 1;
+        let t0 = self.rec.now_ns();
         self.cluster.lock().await.add_joining(id)?;
-        let joined = membership::wait_joined(&self.ids, id, Duration::from_secs(20)).await?;
+        let joined = membership::wait_joined(&self.ids(), id, Duration::from_secs(30)).await;
+        self.step("join", id, t0, joined.is_ok(), Vec::new());
+        let joined = joined?;
+        let t1 = self.rec.now_ns();
         let started = std::time::Instant::now();
-        membership::promote(&self.ids, id, Duration::from_secs(30)).await?;
+        let mut retried = Vec::new();
+        let promoted =
+            membership::promote(&self.ids(), id, Duration::from_secs(30), &mut retried).await;
+        let retries = retried.len();
+        self.step("promote", id, t1, promoted.is_ok(), retried);
+        promoted?;
         let channel = cluster::channel(&cluster::client_addr(id))?;
         self.ctx
             .kv_clients
@@ -238,18 +340,25 @@ impl Nemesis<'_> {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .push((id, LockClient::new(channel)));
-        self.ids.push(id);
+        self.members.add(id);
         Ok(format!(
-            "n{id} joined as a learner after {} ms, promoted after {} ms more",
+            "n{id} joined as a learner after {} ms, promoted after {} ms more ({retries} refusals retried)",
             joined.as_millis(),
             started.elapsed().as_millis()
         ))
     }
 
-    /// Removes member `id` and stops it for good.
-    async fn shrink(&mut self, id: u64) -> Result<String> {
-        membership::remove(&self.ids, id, Duration::from_secs(20)).await?;
-        self.ids.retain(|&n| n != id);
+    /// Removes member `id` (claimed by the caller) and stops it for good.
+    async fn shrink(&mut self, id: &Claim) -> Result<String> {
+        let id = id.id;
+        let t0 = self.rec.now_ns();
+        let mut retried = Vec::new();
+        let removed =
+            membership::remove(&self.ids(), id, Duration::from_secs(30), &mut retried).await;
+        let retries = retried.len();
+        self.step("remove", id, t0, removed.is_ok(), retried);
+        removed?;
+        self.members.remove(id);
         self.ctx
             .clients
             .write()
@@ -261,48 +370,72 @@ impl Nemesis<'_> {
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|(n, _)| *n != id);
         self.cluster.lock().await.forget(id)?;
-        Ok(format!("n{id} removed"))
+        Ok(format!("n{id} removed ({retries} refusals retried)"))
+    }
+
+    /// Claims a follower no fault works on, for a removal.
+    async fn claim_follower(&mut self) -> Result<Claim> {
+        for _ in 0..50 {
+            let (l, _) = self.require_leader().await?;
+            let o = self.others(l);
+            if let Some(c) = self.members.claim_any(&o, &mut self.rng, "change") {
+                return Ok(c);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        anyhow::bail!("every follower stayed busy with a fault for 10 s")
     }
 
     /// Keeps three to five voters around a change of one: grows before a
     /// removal at three, shrinks before an addition at five.
     async fn make_room(&mut self, adding: bool) -> Result<String> {
-        if adding && self.ids.len() >= 5 {
-            let (l, _) = self.require_leader().await?;
-            let o = self.others(l);
-            let f = o[self.rng.usize(..o.len())];
-            return Ok(format!("{}; ", self.shrink(f).await?));
+        let n = self.ids().len();
+        if adding && n >= 5 {
+            let f = self.claim_follower().await?;
+            return Ok(format!("{}; ", self.shrink(&f).await?));
         }
-        if !adding && self.ids.len() <= 3 {
+        if !adding && n <= 3 {
             return Ok(format!("{}; ", self.grow().await?));
         }
         Ok(String::new())
     }
 
     async fn membership_fault(&mut self, fault: Fault, r: &mut FaultRecord) -> Result<()> {
-        // A replacement keeps the count: it needs no room.
-        let mut evidence = if fault == Fault::ReplaceNode {
-            String::new()
-        } else {
-            self.make_room(fault == Fault::AddNode).await?
-        };
+        // A replacement adds the new node before it removes the dead one,
+        // so the voters never drop below three: it needs room for one.
+        let mut evidence = self
+            .make_room(matches!(fault, Fault::AddNode | Fault::ReplaceNode))
+            .await?;
         match fault {
             Fault::AddNode => {
                 r.installed_ns = self.rec.now_ns();
+                r.target = format!("n{}", self.next_id);
                 evidence.push_str(&self.grow().await?);
-                r.target = format!("n{}", self.next_id - 1);
                 r.took_effect = true;
             }
             Fault::RemoveLeader => {
-                let (l, term) = self.require_leader().await?;
-                r.target = format!("n{l}");
+                // The leader, unless a fault is killing or pausing it: then
+                // wait for that to end (or for another leader).
+                let mut claimed = None;
+                for _ in 0..50 {
+                    let (l, term) = self.require_leader().await?;
+                    if let Some(c) = self.members.claim(l, "change") {
+                        claimed = Some((c, term));
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                let (l, term) = claimed.ok_or_else(|| {
+                    anyhow::anyhow!("the leader stayed busy with a fault for 15 s")
+                })?;
+                r.target = format!("n{}", l.id);
                 r.installed_ns = self.rec.now_ns();
-                evidence.push_str(&self.shrink(l).await?);
+                evidence.push_str(&self.shrink(&l).await?);
                 self.end_idle(r);
                 let mut moved = None;
                 for _ in 0..50 {
-                    if let Some((n, t)) = find_leader(&self.ids).await {
-                        if n != l && t > term {
+                    if let Some((n, t)) = find_leader(&self.ids()).await {
+                        if n != l.id && t > term {
                             moved = Some((n, t));
                             break;
                         }
@@ -313,40 +446,36 @@ impl Nemesis<'_> {
                 r.took_effect = moved.is_some();
             }
             Fault::RemoveFollower => {
-                let (l, _) = self.require_leader().await?;
-                let o = self.others(l);
-                let f = o[self.rng.usize(..o.len())];
-                r.target = format!("n{f}");
+                let f = self.claim_follower().await?;
+                r.target = format!("n{}", f.id);
                 r.installed_ns = self.rec.now_ns();
-                evidence.push_str(&self.shrink(f).await?);
+                evidence.push_str(&self.shrink(&f).await?);
                 r.took_effect = true;
             }
             Fault::ReplaceNode => {
-                let (l, _) = self.require_leader().await?;
-                let o = self.others(l);
-                let dead = o[self.rng.usize(..o.len())];
-                r.target = format!("n{dead}");
+                let dead = self.claim_follower().await?;
+                r.target = format!("n{}", dead.id);
                 r.installed_ns = self.rec.now_ns();
-                let killed = self.cluster.lock().await.kill9(dead)?;
+                let killed = self.cluster.lock().await.kill9(dead.id)?;
                 self.ctx
                     .down
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .push(dead);
-                evidence.push_str(&format!("n{dead} killed: {killed}; "));
-                evidence.push_str(&self.shrink(dead).await?);
-                self.ctx
-                    .down
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .retain(|&n| n != dead);
-                evidence.push_str("; ");
+                    .push(dead.id);
+                evidence.push_str(&format!("n{} killed: {killed}; ", dead.id));
                 evidence.push_str(&self.grow().await?);
+                evidence.push_str("; ");
+                evidence.push_str(&self.shrink(&dead).await?);
+                self.ctx
+                    .down
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .retain(|&n| n != dead.id);
                 r.took_effect = killed;
             }
             _ => {}
         }
-        let voters = membership::members(&self.ids).await.map(|m| {
+        let voters = membership::members(&self.ids()).await.map(|m| {
             m.iter()
                 .filter(|(_, v)| *v)
                 .map(|(id, _)| *id)
@@ -357,6 +486,31 @@ impl Nemesis<'_> {
         Ok(())
     }
 
+    /// Claims the leader (or with `leader` false any member) for a process
+    /// fault, waiting up to 5 s while a membership change works on it; then
+    /// any member no change works on. Returns the claim and the leader.
+    async fn claim_for_fault(&mut self, leader: bool) -> Result<(Claim, u64, u64)> {
+        for _ in 0..25 {
+            let (l, term) = self.require_leader().await?;
+            let c = if leader {
+                self.members.claim(l, "fault")
+            } else {
+                let ids = self.ids();
+                self.members.claim_any(&ids, &mut self.rng, "fault")
+            };
+            if let Some(c) = c {
+                return Ok((c, l, term));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let (l, term) = self.require_leader().await?;
+        let ids = self.ids();
+        let c = self
+            .members
+            .claim_any(&ids, &mut self.rng, "fault")
+            .ok_or_else(|| anyhow::anyhow!("every member is busy with a membership change"))?;
+        Ok((c, l, term))
+    }
     /// Cuts `a` and `b` apart in both directions.
     fn cut(&self, a: u64, b: u64, tag: &str) -> Result<()> {
         self.net.drop_from(a, &node_addr(b), 100, tag)?;
@@ -376,19 +530,33 @@ impl Nemesis<'_> {
             released_ns: None,
             idle_ns: None,
         };
+        self.current = format!("{tag} {}", fault.name());
         if !self.idle.is_zero() && fault.moves_leader() {
             self.start_idle(&mut record).await;
+        }
+        if let Some(live) = &self.live {
+            live.send_replace(true);
         }
         if let Err(e) = self.apply(fault, tag, &mut record).await {
             record.skipped = Some(format!("{e:#}"));
         }
         self.end_idle(&mut record);
-        // Whatever happened, leave the network whole.
-        if let Err(e) = self.net.heal() {
+        // Whatever happened, leave the network whole; a membership change
+        // installs no rule, and must not lift the partition that the fault
+        // nemesis beside it holds.
+        let healed = if fault.changes_members() {
+            Ok(())
+        } else {
+            self.net.heal()
+        };
+        if let Err(e) = healed {
             record.evidence.push_str(&format!("; heal failed: {e:#}"));
             record.took_effect = false;
         }
         record.healed_ns = self.rec.now_ns();
+        if let Some(live) = &self.live {
+            live.send_replace(false);
+        }
         tracing::info!(
             fault = record.fault,
             target = record.target,
@@ -464,10 +632,37 @@ impl Nemesis<'_> {
                     self.net.drop_from(l, HARNESS_ADDR, 100, tag)?;
                 }
                 self.end_idle(r);
-                let new_term = self.hold_and_watch(self.hold, term).await;
+                let voters = self.ids().len();
+                let cut_off = self.others(l);
+                // A membership change beside this fault may kill a node on
+                // the majority side (a replacement): watch for it.
+                let mut down = std::collections::BTreeSet::new();
+                let until = tokio::time::Instant::now() + self.hold;
+                while tokio::time::Instant::now() < until {
+                    down.extend(
+                        self.ctx
+                            .down
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .iter()
+                            .copied()
+                            .filter(|n| cut_off.contains(n)),
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let new_term = self.leaders.latest_term() > term;
                 let dropped = self.net.dropped(tag)?;
                 r.evidence = format!("{dropped} packets dropped; new leader elected: {new_term}");
-                r.took_effect = dropped > 0 && (new_term || fault == Fault::OneWayLeader);
+                // Without a majority of the voters up on the other side, no
+                // leader can be elected there: the cut is the evidence.
+                let majority_left = cut_off.len() - down.len() > voters / 2;
+                if !majority_left {
+                    r.evidence.push_str(&format!(
+                        "; no majority of {voters} voters on the other side: {down:?} down during it"
+                    ));
+                }
+                r.took_effect =
+                    dropped > 0 && (new_term || fault == Fault::OneWayLeader || !majority_left);
             }
             Fault::LeaderMajority => {
                 let (l, _) = self.require_leader().await?;
@@ -501,7 +696,7 @@ impl Nemesis<'_> {
             Fault::Loss(p) => {
                 r.target = format!("{p}% on every peer link");
                 r.installed_ns = self.rec.now_ns();
-                for &a in &self.ids {
+                for a in self.ids() {
                     for b in self.others(a) {
                         self.net.drop_from(a, &node_addr(b), p, tag)?;
                     }
@@ -512,14 +707,23 @@ impl Nemesis<'_> {
                 r.took_effect = dropped > 0;
             }
             Fault::PauseLeader { ms } | Fault::PauseFollower { ms } => {
-                let (l, term) = self.require_leader().await?;
-                let target = if matches!(fault, Fault::PauseLeader { .. }) {
-                    l
+                let (claim, l, term) = if matches!(fault, Fault::PauseLeader { .. }) {
+                    self.claim_for_fault(true).await?
                 } else {
+                    let (l, term) = self.require_leader().await?;
                     let o = self.others(l);
-                    o[self.rng.usize(..o.len())]
+                    let c = self
+                        .members
+                        .claim_any(&o, &mut self.rng, "fault")
+                        .ok_or_else(|| anyhow::anyhow!("every follower is busy with a change"))?;
+                    (c, l, term)
                 };
-                r.target = format!("n{target}");
+                let target = claim.id;
+                r.target = if matches!(fault, Fault::PauseLeader { .. }) && target != l {
+                    format!("n{target} (the leader n{l} was being removed)")
+                } else {
+                    format!("n{target}")
+                };
                 r.installed_ns = self.rec.now_ns();
                 let stopped = {
                     let c = self.cluster.lock().await;
@@ -539,8 +743,10 @@ impl Nemesis<'_> {
                 // lease (election_timeout_max) plus its own election timeout,
                 // and twice election_timeout_max more once it has seen a
                 // longer log: up to 4 s with the default 500–1000 ms.
-                let needs_election = matches!(fault, Fault::PauseLeader { ms } if ms >= 4500);
+                let needs_election =
+                    matches!(fault, Fault::PauseLeader { ms } if ms >= 4500) && target == l;
                 r.took_effect = stopped && (new_term || !needs_election);
+                drop(claim);
             }
             Fault::PauseClients { ms } => {
                 r.target = "all client workers".into();
@@ -554,13 +760,13 @@ impl Nemesis<'_> {
                 r.took_effect = true;
             }
             Fault::KillLeader | Fault::KillRandom => {
-                let (l, term) = self.require_leader().await?;
-                let target = if fault == Fault::KillLeader {
-                    l
+                let (claim, l, term) = self.claim_for_fault(fault == Fault::KillLeader).await?;
+                let target = claim.id;
+                r.target = if fault == Fault::KillLeader && target != l {
+                    format!("n{target} (the leader n{l} was being removed)")
                 } else {
-                    self.ids[self.rng.usize(..self.ids.len())]
+                    format!("n{target}")
                 };
-                r.target = format!("n{target}");
                 let loads = self.cluster.lock().await.snapshot_loads(target);
                 r.installed_ns = self.rec.now_ns();
                 let killed = self.cluster.lock().await.kill9(target)?;
@@ -620,6 +826,7 @@ impl Nemesis<'_> {
                     down.as_millis()
                 );
                 r.took_effect = killed && back && (new_term || resumed || target != l);
+                drop(claim);
             }
             Fault::WallJump { secs } => {
                 let (l, _) = self.require_leader().await?;
@@ -659,7 +866,7 @@ impl Nemesis<'_> {
                     };
                     {
                         let c = self.cluster.lock().await;
-                        for &id in &self.ids {
+                        for id in self.ids() {
                             c.set_wall_offset(id, offset)?;
                         }
                     }
@@ -671,13 +878,13 @@ impl Nemesis<'_> {
                             .nodes
                             .first()
                             .and_then(|n| n.faketime_file.clone());
-                        seen = probe_wall_offset(self.ids[0], file).await;
+                        seen = probe_wall_offset(self.ids()[0], file).await;
                     }
                     flips += 1;
                     tokio::time::sleep(Duration::from_millis(150)).await;
                 }
                 let c = self.cluster.lock().await;
-                for &id in &self.ids {
+                for id in self.ids() {
                     c.set_wall_offset(id, "+0")?;
                 }
                 r.evidence = format!("{flips} swings of ±120 s; first swing seen {seen:?} s off");
@@ -713,6 +920,17 @@ async fn probe_wall_offset(id: u64, file: Option<std::path::PathBuf>) -> Option<
     Some(faked - real)
 }
 
+/// The membership changes of the membership profile, cycled beside its
+/// faults; the voters stay between three and five.
+pub fn membership_changes() -> Vec<Fault> {
+    vec![
+        Fault::AddNode,
+        Fault::RemoveFollower,
+        Fault::ReplaceNode,
+        Fault::RemoveLeader,
+    ]
+}
+
 /// The faults of a profile, in order; the campaign cycles through them.
 pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
     let partition = vec![
@@ -745,17 +963,14 @@ pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
         Fault::KillLeader,
         Fault::WallJump { secs: -3600 },
     ];
-    // Membership changes between partitions and kills; the node count
-    // stays between three and five voters.
-    // Seven, so a one-minute run sees nearly all of them.
+    // The faults that run while membership_changes() change the members:
+    // any three in a row hold a partition and a kill.
     let membership = vec![
-        Fault::AddNode,
         Fault::IsolateLeader,
-        Fault::ReplaceNode,
         Fault::KillLeader,
-        Fault::RemoveLeader,
         Fault::LeaderMinority,
-        Fault::RemoveFollower,
+        Fault::KillRandom,
+        Fault::PauseLeader { ms: 5000 },
     ];
     Some(match profile {
         "none" => Vec::new(),

@@ -22,7 +22,8 @@ use crate::{
     },
     cluster::{self, Cluster, NodeSettings},
     history::{self, Op, Recorder, F},
-    nemesis::{self, FaultRecord, LeaderLog, Nemesis},
+    membership::Members,
+    nemesis::{self, FaultRecord, LeaderLog, Nemesis, Step},
     net::Net,
     workload::{self, Ctx},
 };
@@ -86,6 +87,9 @@ pub struct Summary {
     pub duration_s: f64,
     pub ops: BTreeMap<String, OpCounts>,
     pub faults: Vec<FaultRecord>,
+    /// Membership profile: each step of each change, with the faults
+    /// installed while it ran.
+    pub membership_steps: Vec<Step>,
     pub leader_changes: usize,
     pub longest_unavailability_ms: u64,
     pub pre_fault_ops_per_s: f64,
@@ -168,6 +172,49 @@ async fn converge(ids: &[u64], within: Duration) -> Result<Vec<(u64, u64, u64)>>
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// The faults of `records` installed at some time in `[from, to]`, each as
+/// "f3 kill-leader n2 (1.2 s)" with the length of the overlap.
+pub fn overlapping(from: u64, to: u64, records: &[FaultRecord]) -> Vec<String> {
+    records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.skipped.is_none())
+        .filter_map(|(i, r)| {
+            let (a, b) = (from.max(r.installed_ns), to.min(r.healed_ns));
+            (a < b).then(|| {
+                format!(
+                    "f{i} {} {} ({:.1} s)",
+                    r.fault,
+                    r.target,
+                    (b - a) as f64 / 1e9
+                )
+            })
+        })
+        .collect()
+}
+
+/// Each member's own view of the membership: (voters, learners), sorted,
+/// or None when it does not answer.
+async fn membership_views(ids: &[u64]) -> Vec<(u64, Option<(Vec<u64>, Vec<u64>)>)> {
+    let mut out = Vec::new();
+    for &id in ids {
+        let view = cluster::status(id, Duration::from_secs(2)).await.map(|s| {
+            let mut voters: Vec<u64> = s.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+            let mut learners: Vec<u64> = s
+                .members
+                .iter()
+                .filter(|m| !m.voter)
+                .map(|m| m.id)
+                .collect();
+            voters.sort_unstable();
+            learners.sort_unstable();
+            (voters, learners)
+        });
+        out.push((id, view));
+    }
+    out
 }
 
 /// Node slots (ids and addresses) a profile's network has: three, or room
@@ -319,41 +366,104 @@ async fn run_in(
 
     tokio::time::sleep(cfg.warmup).await;
     let warm_ns = rec.now_ns();
-    let mut nem = Nemesis {
+    let members = Members::new(ids.to_vec());
+    let mut nem = Nemesis::new(
         net,
-        cluster: cluster.clone(),
-        ctx: ctx.clone(),
-        leaders: leaders.clone(),
-        rec: rec.clone(),
-        rng: fastrand::Rng::with_seed(cfg.seed),
-        hold: cfg.hold,
-        ids: ids.to_vec(),
-        idle: cfg.idle,
-        idle_release: None,
-        next_id: ids.iter().max().copied().unwrap_or(0) + 1,
-    };
-    let mut records = Vec::new();
-    let mut nemesis_log = String::new();
+        cluster.clone(),
+        ctx.clone(),
+        leaders.clone(),
+        rec.clone(),
+        cfg.seed,
+        cfg.hold,
+        members.clone(),
+        cfg.idle,
+    );
+    // The membership profile changes the members while the faults run:
+    // a second nemesis, no idle periods of its own (the writers are the
+    // fault nemesis's to hold).
+    let changing = cfg.profile == "membership";
+    let (live_tx, live_rx) = tokio::sync::watch::channel(false);
+    if changing {
+        nem.live = Some(live_tx);
+    }
+    let mut changer = Nemesis::new(
+        net,
+        cluster.clone(),
+        ctx.clone(),
+        leaders.clone(),
+        rec.clone(),
+        cfg.seed ^ 0x6d65_6d62,
+        cfg.hold,
+        members.clone(),
+        Duration::ZERO,
+    );
     let recovery = Duration::from_secs(6);
-    let mut order = faults.clone();
-    if !order.is_empty() {
-        let k = nem.rng.usize(..order.len());
+    let fault_loop = async {
+        let mut records = Vec::new();
+        let mut order = faults.clone();
+        if !order.is_empty() {
+            let k = nem.rng.usize(..order.len());
+            order.rotate_left(k);
+        }
+        let mut i = 0usize;
+        while !order.is_empty() && start.elapsed() + recovery < cfg.duration {
+            let fault = order[i % order.len()];
+            records.push(nem.run(fault, &format!("f{i}")).await);
+            i += 1;
+            tokio::time::sleep(cfg.quiet).await;
+        }
+        records
+    };
+    let change_loop = async {
+        let mut records = Vec::new();
+        if !changing {
+            return records;
+        }
+        let mut order = nemesis::membership_changes();
+        let k = changer.rng.usize(..order.len());
         order.rotate_left(k);
+        let mut j = 0usize;
+        while start.elapsed() + recovery < cfg.duration {
+            // Two changes in three wait for a fault to be installed and
+            // start up to 1.5 s into it; the rest start whenever they come.
+            if changer.rng.u32(..3) < 2 {
+                let mut live = live_rx.clone();
+                let _ = tokio::time::timeout(Duration::from_secs(15), live.wait_for(|l| *l)).await;
+                tokio::time::sleep(Duration::from_millis(changer.rng.u64(0..1500))).await;
+            }
+            // Every change adds at most one node: stop when no new id is
+            // left (a long run), rather than reuse one.
+            if start.elapsed() + recovery >= cfg.duration
+                || changer.next_id > crate::membership::MEMBER_SLOTS
+            {
+                break;
+            }
+            let change = order[j % order.len()];
+            records.push(changer.run(change, &format!("m{j}")).await);
+            j += 1;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        records
+    };
+    let (mut records, changes) = tokio::join!(fault_loop, change_loop);
+    let mut steps = std::mem::take(&mut changer.steps);
+    for s in &mut steps {
+        s.during = overlapping(s.start_ns, s.end_ns, &records);
     }
-    let mut i = 0usize;
-    while !order.is_empty() && start.elapsed() + recovery < cfg.duration {
-        let fault = order[i % order.len()];
-        let tag = format!("f{i}");
-        let r = nem.run(fault, &tag).await;
-        nemesis_log.push_str(&serde_json::to_string(&r).unwrap_or_default());
+    let mut nemesis_log = String::new();
+    let mut all: Vec<&FaultRecord> = records.iter().chain(changes.iter()).collect();
+    all.sort_by_key(|r| r.installed_ns);
+    for r in all {
+        nemesis_log.push_str(&serde_json::to_string(r).unwrap_or_default());
         nemesis_log.push('\n');
-        records.push(r);
-        i += 1;
-        tokio::time::sleep(cfg.quiet).await;
     }
-    let faults_end_ns = rec.now_ns();
+    for s in &steps {
+        nemesis_log.push_str(&serde_json::to_string(s).unwrap_or_default());
+        nemesis_log.push('\n');
+    }
     // The members at the end: the membership profile changed them.
-    let members = nem.ids.clone();
+    let mut members = members.ids();
+    members.sort_unstable();
     let ids = members.as_slice();
     let remaining = cfg.duration.saturating_sub(start.elapsed());
     tokio::time::sleep(remaining.max(Duration::from_secs(2))).await;
@@ -384,6 +494,7 @@ async fn run_in(
     }
     let _ = wait_for_leader(ids, Duration::from_secs(30)).await;
     let statuses = converge(ids, Duration::from_secs(30)).await?;
+    let final_views = membership_views(ids).await;
     stop_monitor.notify_one();
     let _ = monitor.await;
     let (events, write_error) = rec.finish();
@@ -542,6 +653,43 @@ async fn run_in(
         ),
         kv.late_refused > 0 && kv.reads_found > 0,
     ));
+    if changing {
+        let (overlapped, total) = (
+            steps.iter().filter(|s| !s.during.is_empty()).count(),
+            steps.len(),
+        );
+        let kinds = |k: &[&str]| {
+            steps
+                .iter()
+                .filter(|s| s.during.iter().any(|d| k.iter().any(|k| d.contains(k))))
+                .count()
+        };
+        gates.push((
+            format!(
+                "membership steps run while a fault was installed: {overlapped} of {total} \
+                 (during a partition {}, a kill {}, a pause {})",
+                kinds(&["isolate", "minority"]),
+                kinds(&["kill"]),
+                kinds(&["pause"]),
+            ),
+            overlapped > 0,
+        ));
+    }
+    let disagree: Vec<String> = final_views
+        .iter()
+        .filter(|(_, v)| v.as_ref() != Some(&(ids.to_vec(), Vec::new())))
+        .map(|(id, v)| format!("n{id}: {v:?}"))
+        .collect();
+    gates.push((
+        format!(
+            "final membership: every member reports voters {ids:?} and no learner{}{}",
+            if disagree.is_empty() { "" } else { "; not: " },
+            disagree.join(", ")
+        ),
+        disagree.is_empty(),
+    ));
+    records.extend(changes);
+    records.sort_by_key(|r| r.installed_ns);
     if !faults.is_empty() {
         let bad: Vec<String> = records
             .iter()
@@ -576,7 +724,6 @@ async fn run_in(
     if let Some(c) = &counterexample {
         std::fs::write(dir.join("counterexample.txt"), c).context("writing counterexample.txt")?;
     }
-    let _ = faults_end_ns;
     Ok(Summary {
         profile: cfg.profile.clone(),
         seed: cfg.seed,
@@ -584,6 +731,7 @@ async fn run_in(
         duration_s: end_ns as f64 / 1e9,
         ops: count_ops(&ops),
         faults: records,
+        membership_steps: steps,
         leader_changes,
         longest_unavailability_ms: longest_gap_ms(&ops, warm_ns, end_ns),
         pre_fault_ops_per_s,
@@ -641,6 +789,38 @@ pub fn render(s: &Summary) -> String {
             f.skipped.as_deref().unwrap_or(&f.evidence)
         );
     }
+    if !s.membership_steps.is_empty() {
+        let _ = writeln!(
+            t,
+            "membership steps against the faults installed while they ran:"
+        );
+        for m in &s.membership_steps {
+            let _ = writeln!(
+                t,
+                "  {:>7.1}s–{:>5.1}s {:<20} {:<7} n{:<3} {}{} — {}",
+                m.start_ns as f64 / 1e9,
+                m.end_ns as f64 / 1e9,
+                m.change,
+                m.step,
+                m.node,
+                if m.ok { "ok" } else { "FAILED" },
+                if m.retries > 0 {
+                    format!(
+                        " after {} retries ({})",
+                        m.retries,
+                        m.retried.first().map_or("", String::as_str)
+                    )
+                } else {
+                    String::new()
+                },
+                if m.during.is_empty() {
+                    "no fault installed".to_string()
+                } else {
+                    format!("during {}", m.during.join(", "))
+                }
+            );
+        }
+    }
     let _ = writeln!(
         t,
         "leader changes {}; longest unavailability {} ms; pre-fault {:.0} ops/s",
@@ -690,4 +870,49 @@ pub fn render(s: &Summary) -> String {
     }
     let _ = writeln!(t, "verdict: {}", s.verdict);
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(name: &str, installed_ns: u64, healed_ns: u64, skipped: bool) -> FaultRecord {
+        FaultRecord {
+            fault: name.into(),
+            target: "n1".into(),
+            installed_ns,
+            healed_ns,
+            evidence: String::new(),
+            took_effect: !skipped,
+            skipped: skipped.then(|| "no leader to target".into()),
+            released_ns: None,
+            idle_ns: None,
+        }
+    }
+
+    #[test]
+    fn a_step_overlaps_only_the_faults_installed_while_it_ran() {
+        let s = 1_000_000_000;
+        let faults = vec![
+            fault("isolate-leader", 10 * s, 15 * s, false),
+            fault("kill-leader", 20 * s, 23 * s, false),
+            fault("leader-minority", 30 * s, 35 * s, true),
+        ];
+        // Ends before the first fault, and between two.
+        assert!(overlapping(2 * s, 10 * s, &faults).is_empty());
+        assert!(overlapping(15 * s, 20 * s, &faults).is_empty());
+        // A skipped fault was never installed.
+        assert!(overlapping(31 * s, 33 * s, &faults).is_empty());
+        assert_eq!(
+            overlapping(14 * s, 21 * s, &faults),
+            vec![
+                "f0 isolate-leader n1 (1.0 s)".to_string(),
+                "f1 kill-leader n1 (1.0 s)".to_string()
+            ]
+        );
+        assert_eq!(
+            overlapping(21 * s, 22 * s, &faults),
+            vec!["f1 kill-leader n1 (1.0 s)".to_string()]
+        );
+    }
 }

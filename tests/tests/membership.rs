@@ -618,3 +618,59 @@ async fn only_admins_change_members_and_a_node_adds_only_itself() {
         "{lease:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_knows_no_leader_answers_no_membership_call_from_its_own_view() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    // Alone, the old leader restarts with its own membership, gives up
+    // its own vote at start-up, and never learns of a leader.
+    cluster.spawn(leader);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.status(leader).await.is_none() {
+        assert!(Instant::now() < deadline, "node {leader} does not answer");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        cluster.status(leader).await.map(|s| s.leader_id),
+        Some(0),
+        "node {leader} knows a leader"
+    );
+    let other = if leader == 2 { 3 } else { 2 };
+    let mut c = ClusterClient::new(cluster.channel(leader));
+    let refusals = [
+        (
+            "remove 42",
+            c.remove_node(v1::RemoveNodeRequest { node_id: 42 })
+                .await
+                .err(),
+        ),
+        (
+            "promote 42",
+            c.promote_learner(v1::PromoteLearnerRequest { node_id: 42 })
+                .await
+                .err(),
+        ),
+        (
+            "remove a voter",
+            c.remove_node(v1::RemoveNodeRequest { node_id: other })
+                .await
+                .err(),
+        ),
+    ];
+    for (what, refusal) in refusals {
+        // Not "node 42 is not a member", which a retried removal takes for
+        // done: only the leader's membership says who is a member.
+        let s = refusal.unwrap_or_else(|| panic!("{what} answered without a leader"));
+        assert_eq!(s.code(), Code::Unavailable, "{what}: {s:?}");
+        assert!(s.message().contains("no leader"), "{what}: {s:?}");
+    }
+    assert_eq!(
+        cluster.status(leader).await.map(|s| s.members.len()),
+        Some(3),
+        "nothing changed"
+    );
+}

@@ -260,14 +260,28 @@ pub enum JoinRefused {
     Fatal(String),
 }
 
-/// Whether `raft` knows a membership naming this node.
-fn is_member(raft: &Raft, id: NodeId) -> bool {
-    raft.metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .get_node(&id)
-        .is_some()
+/// Whether `raft` has applied a membership naming this node. A membership
+/// it only holds in its log may not commit: a leader cut off from its
+/// voters can still reach the joining node, append the node's addition and
+/// send it over, and then lose its leadership; the voters' new leader never
+/// had the entry. Joining stops only on a committed (applied) one.
+pub fn is_member(raft: &Raft, id: NodeId) -> bool {
+    let m = raft.metrics().borrow().clone();
+    named_and_applied(
+        m.membership_config.membership().get_node(&id).is_some(),
+        m.membership_config.log_id().map(|l| l.index),
+        m.last_applied.map(|l| l.index),
+    )
+}
+
+/// A membership that names this node counts once it is applied (one that
+/// was never logged, the initial one, counts at once).
+fn named_and_applied(named: bool, membership_index: Option<u64>, applied: Option<u64>) -> bool {
+    named
+        && match membership_index {
+            None => true,
+            Some(i) => applied.is_some_and(|a| a >= i),
+        }
 }
 
 /// Asks the cluster at `join.endpoints` to add this node as a learner,
@@ -313,6 +327,11 @@ pub async fn join(
         };
         match answer {
             Ok(resp) => {
+                // The leader answers once the addition is committed: this
+                // node is a member now, even while its own log has not
+                // applied it (the loop must not ask again: by then it may
+                // be a voter, and asking would be refused as a new node
+                // taking a voter's id).
                 tracing::info!(
                     node = join.id,
                     via = %target,
@@ -320,8 +339,7 @@ pub async fn join(
                     "added as a learner; an operator promotes it once caught up \
                      (fencectl member promote {})", join.id
                 );
-                // The leader contacts this node next; the loop sees it.
-                pause = Duration::from_millis(100);
+                return Ok(());
             }
             Err(s) => match s.code() {
                 Code::PermissionDenied | Code::Unauthenticated => {
@@ -394,6 +412,17 @@ async fn wait_until_member(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_joining_node_is_a_member_only_once_the_membership_naming_it_is_applied() {
+        // Sent by a leader that then lost its voters: logged, not applied.
+        assert!(!named_and_applied(true, Some(450), Some(449)));
+        assert!(!named_and_applied(true, Some(450), None));
+        assert!(named_and_applied(true, Some(450), Some(450)));
+        assert!(named_and_applied(true, Some(450), Some(900)));
+        assert!(!named_and_applied(false, Some(450), Some(900)));
+        assert!(named_and_applied(true, None, None));
+    }
 
     fn node(p: u16) -> Node {
         Node {

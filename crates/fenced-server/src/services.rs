@@ -830,7 +830,17 @@ pub fn role_name(state: ServerState) -> &'static str {
     }
 }
 
-fn write_status<E: std::error::Error>(e: openraft::error::RaftError<NodeId, E>) -> Status {
+/// A membership change refused by openraft. Leadership lost before the
+/// change was committed here is UNAVAILABLE with the new leader, as for a
+/// node that is not the leader: the caller retries there.
+fn write_status(
+    e: openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, Node>>,
+) -> Status {
+    use openraft::error::{ClientWriteError, RaftError};
+    if let RaftError::APIError(ClientWriteError::ForwardToLeader(f)) = &e {
+        let leader = f.leader_id.zip(f.leader_node.clone());
+        return not_leader(leader.as_ref());
+    }
     Status::failed_precondition(e.to_string())
 }
 
@@ -921,6 +931,17 @@ impl ClusterService {
         }))
     }
 
+    /// Membership calls are checked against the leader's membership only.
+    /// A node that knows no leader (just restarted, or cut off) may hold an
+    /// old one: its "not a member" or "already a learner" would be false,
+    /// and a caller that retries a removal reads "not a member" as done.
+    fn leader_only(&self) -> Result<(), Status> {
+        if self.ctx.raft.metrics().borrow().state == ServerState::Leader {
+            return Ok(());
+        }
+        Err(not_leader(leader_of(&self.ctx.raft).as_ref()))
+    }
+
     async fn answer_add_learner(
         &self,
         req: Request<v1::AddLearnerRequest>,
@@ -955,8 +976,16 @@ impl ClusterService {
                 add_learner
             );
         }
+        self.leader_only()?;
         let members = membership::members_of(&self.ctx.raft);
         if membership::check_add(&members, node_id, &node)? == membership::AddPlan::AlreadyLearner {
+            // A joining node stops asking at this answer: it must mean a
+            // committed addition, not one only in this leader's log.
+            if !membership::is_member(&self.ctx.raft, node_id) {
+                return Err(Status::unavailable(format!(
+                    "node_id: the addition of learner {node_id} is not committed yet; retry"
+                )));
+            }
             return Ok(Response::new(
                 self.membership_response(self.membership_index()),
             ));
@@ -1021,6 +1050,7 @@ impl ClusterService {
             ClusterClient,
             remove_node
         );
+        self.leader_only()?;
         let members = membership::members_of(&self.ctx.raft);
         let voter = members.get(&id).is_some_and(|m| m.voter);
         let in_contact = if voter {
@@ -1076,6 +1106,7 @@ impl ClusterService {
             ClusterClient,
             promote_learner
         );
+        self.leader_only()?;
         let members = membership::members_of(&self.ctx.raft);
         let (matched, last) = self.progress_of(id);
         if membership::check_promote(&members, id, matched, last)?
@@ -1325,6 +1356,29 @@ mod tests {
             .checked_sub(Duration::from_millis(5))
             .expect("a monotonic clock well past its start");
         assert_eq!(forward_timeout(Some(past), budget), None);
+    }
+
+    #[test]
+    fn a_change_refused_for_lost_leadership_is_unavailable_and_names_the_leader() {
+        use openraft::error::{ClientWriteError, ForwardToLeader, RaftError};
+        let lost = |leader_id, leader_node| {
+            write_status(RaftError::APIError(ClientWriteError::ForwardToLeader(
+                ForwardToLeader {
+                    leader_id,
+                    leader_node,
+                },
+            )))
+        };
+        let node = Node {
+            peer_addr: "10.0.0.3:7201".into(),
+            client_addr: "10.0.0.3:7101".into(),
+        };
+        let s = lost(Some(3), Some(node));
+        assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+        assert!(s.message().contains("the leader is node 3"), "{s:?}");
+        let s = lost(None, None);
+        assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+        assert!(s.message().contains("no leader"), "{s:?}");
     }
 
     #[test]
