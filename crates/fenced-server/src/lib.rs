@@ -17,8 +17,6 @@ pub mod config;
 pub mod data_format;
 pub mod deadline;
 pub mod dev;
-pub mod early_replication;
-pub mod election;
 pub mod handoff;
 pub mod health;
 pub mod limits;
@@ -33,6 +31,7 @@ pub mod peer_listener;
 pub mod proposer;
 pub mod quota;
 pub mod raft_noise;
+pub mod replication;
 pub mod rpc_metrics;
 pub mod services;
 // After `services`: uses its forwarding macro.

@@ -278,21 +278,21 @@ pub fn render(ctx: &NodeContext) -> String {
         "fenced_raft_early_appends_total",
         "Copies of this node's appends as leader sent to followers while its own fdatasync ran.",
         "counter",
-        ctx.log.early_appends_sent(),
+        ctx.early.sent(),
     );
     sample(
         &mut out,
         "fenced_raft_appends_answered_early_total",
         "AppendEntries to followers answered by their stored answer to an early copy, without a round trip of their own.",
         "counter",
-        ctx.log.early_answers_reused(),
+        ctx.early.reused(),
     );
     sample(
         &mut out,
         "fenced_raft_heartbeats_answered_early_total",
         "Heartbeats to followers answered from their stored answer to an early copy; the commit index they carried goes with the next message.",
         "counter",
-        ctx.log.early_heartbeats_answered(),
+        ctx.early.heartbeats_answered(),
     );
 
     c.rpc.render(&mut out);

@@ -21,8 +21,6 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::{
     auth::{self, Auth, AuthConfig},
-    early_replication::{EarlyAnswers, EarlyReplication},
-    election::Election,
     health,
     kv_service::{KvService, KV_MESSAGE_MAX_BYTES},
     limits::{ConnectionLimit, Port, ServerLimits},
@@ -30,11 +28,11 @@ use crate::{
     maintenance::MaintenanceService,
     membership::{self, Join, JoinRefused},
     metrics,
-    network::Network,
     parking::Parking,
-    peer_listener::{self, RaftPeer},
+    peer_listener,
     proposer::{run_leader_watch, run_ticker, LeaderTime, Proposer, ProposerConfig},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
+    replication::{self, EarlyAnswers, EarlyReplication, Election, Network, RaftPeer},
     services::{ClusterService, LockService, NodeContext},
     state_machine::StateMachine,
     time_floor::TimeFloor,
@@ -253,7 +251,7 @@ impl RunningNode {
             crate::data_format::write(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
         }
         let log = LogStore::open(&cfg.data_dir.join(LOG_DIR)).map_err(|e| storage(Box::new(e)))?;
-        match log.give_up_restored_leadership(cfg.id).await {
+        match replication::give_up_restored_leadership(&log, cfg.id).await {
             Ok(Some(term)) => tracing::info!(
                 term,
                 "led before the restart: standing for election in a new term"
@@ -323,11 +321,14 @@ impl RunningNode {
         let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
-        log.replicate_early(
-            EarlyReplication::new(cfg.id, raft.metrics(), early_answers).with_tls(tls.clone()),
-        );
-        // Elections start from fenced's pre-vote (crate::election), not from
-        // openraft's timer.
+        // A leader's appends go to its followers before its own fdatasync
+        // ends (crate::replication::early).
+        log.on_append(Arc::new(
+            EarlyReplication::new(cfg.id, raft.metrics(), Arc::clone(&early_answers))
+                .with_tls(tls.clone()),
+        ));
+        // Elections start from fenced's pre-vote (crate::replication::election),
+        // not from openraft's timer.
         raft.runtime_config().elect(false);
         let election = Arc::new(
             Election::new(
@@ -376,6 +377,7 @@ impl RunningNode {
             IdentityQuota::new(cfg.max_leases_per_identity, cfg.max_waiters_per_identity),
         )
         .with_forward_tls(tls.clone())
+        .with_early_answers(early_answers)
         .with_watchers(Watchers::new(
             cfg.max_watchers,
             cfg.max_watchers_per_identity,

@@ -35,6 +35,7 @@ use crate::{
     parking::WaitEnd,
     proposer::{leader_of, LeaderTime, ProposeError, Proposer},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
+    replication::EarlyAnswers,
     state_machine::{self, Shared},
     tls::NodeTls,
     types::{Node, NodeId, Raft},
@@ -79,6 +80,9 @@ pub struct NodeContext {
     /// Which peers this node's Raft calls and pre-votes could not reach:
     /// told to a client that finds no leader here.
     reachability: Arc<Reachability>,
+    /// Early copies of this node's appends and the calls their answers
+    /// stood in for (counted for /metrics).
+    pub early: Arc<EarlyAnswers>,
 }
 
 impl NodeContext {
@@ -116,7 +120,13 @@ impl NodeContext {
                 crate::watch::DEFAULT_WATCH_BUFFER,
             )),
             reachability: Arc::default(),
+            early: Arc::default(),
         }
+    }
+
+    /// Counts early copies in `early` (see [`crate::replication::early`]).
+    pub fn with_early_answers(self, early: Arc<EarlyAnswers>) -> Self {
+        Self { early, ..self }
     }
 
     /// The same context serving Watch under these bounds.
