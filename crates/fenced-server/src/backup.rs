@@ -429,11 +429,11 @@ pub async fn recover(
     let laid = lay_down(&staging, &export.body, index, &members, floor)?;
     // The survivor's cluster-time floor stays with it: clients may have
     // seen a time up to it.
-    let time_file = data_dir.join(crate::time_floor::FILE_NAME);
+    let time_file = data_dir.join(crate::clock::floor::FILE_NAME);
     if time_file.exists() {
-        std::fs::copy(&time_file, staging.join(crate::time_floor::FILE_NAME))
+        std::fs::copy(&time_file, staging.join(crate::clock::floor::FILE_NAME))
             .map_err(io(&time_file))?;
-        std::fs::File::open(staging.join(crate::time_floor::FILE_NAME))
+        std::fs::File::open(staging.join(crate::clock::floor::FILE_NAME))
             .and_then(|f| f.sync_all())
             .map_err(io(&staging))?;
     }

@@ -21,6 +21,7 @@ use proptest::prelude::*;
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::{
+    clock::floor::{self as time_floor, decode_slot, encode_slot, TimeFloor, SLOT_LEN},
     codec,
     config::RunSettings,
     log_store::LogStore,
@@ -28,7 +29,6 @@ use crate::{
     parking::Parking,
     replication::pre_vote::{PreVoteRequest, PreVoteResponse},
     state_machine::StateMachine,
-    time_floor::{self, decode_slot, encode_slot, TimeFloor, SLOT_LEN},
     types::{Entry, LogId, Node, NodeId, TypeConfig},
 };
 

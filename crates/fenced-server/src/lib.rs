@@ -12,6 +12,7 @@
 pub mod auth;
 pub mod backup;
 pub mod certs;
+pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod data_format;
@@ -38,7 +39,6 @@ pub mod services;
 pub mod kv_service;
 pub mod state_machine;
 pub mod status_page;
-pub mod time_floor;
 pub mod tls;
 pub mod types;
 pub mod watch;

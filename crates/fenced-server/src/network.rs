@@ -15,7 +15,7 @@
 //! timeout drops it, so a late reply can never be taken for the next one.
 //!
 //! Every request carries the sender's cluster time and every reply the
-//! answerer's floor ([`crate::time_floor`]): a follower learns the leader's
+//! answerer's floor ([`crate::clock::floor`]): a follower learns the leader's
 //! time from each heartbeat, and a candidate learns from each granted vote
 //! the highest time its voter accepted, so the next leader's clock starts
 //! where the last one's left off (DECISIONS.md, "Cluster time rides on every

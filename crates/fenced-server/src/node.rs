@@ -21,6 +21,7 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::{
     auth::{self, Auth, AuthConfig},
+    clock::{floor::TimeFloor, AppliedTime, ClusterClock},
     health,
     kv_service::{KvService, KV_MESSAGE_MAX_BYTES},
     limits::{ConnectionLimit, Port, ServerLimits},
@@ -30,12 +31,11 @@ use crate::{
     metrics,
     parking::Parking,
     peer_listener,
-    proposer::{run_leader_watch, run_ticker, LeaderTime, Proposer, ProposerConfig},
+    proposer::{run_leader_watch, run_ticker, Proposer, ProposerConfig},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
     replication::{self, EarlyAnswers, EarlyReplication, Election, Network, RaftPeer},
     services::{ClusterService, LockService, NodeContext},
     state_machine::StateMachine,
-    time_floor::TimeFloor,
     tls::{self, Members, TlsSettings},
     types::{Node, NodeId, Raft},
     watch::Watchers,
@@ -269,9 +269,10 @@ impl RunningNode {
         .map_err(|e| storage(e.to_string().into()))?;
         let shared = sm.shared();
         let floor = Arc::new(TimeFloor::open(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?);
-        let time = Arc::new(LeaderTime::new(
+        let time = Arc::new(ClusterClock::new(
             cfg.proposer.clock_skew_ppm,
             Arc::clone(&floor),
+            Arc::clone(&shared) as Arc<dyn AppliedTime>,
         ));
 
         let client_listener = tokio_listener(listeners.client)?;
@@ -390,7 +391,6 @@ impl RunningNode {
         let mut join_refused = None;
         tasks.push(tokio::spawn(run_leader_watch(
             raft.clone(),
-            Arc::clone(&shared),
             Arc::clone(&time),
         )));
         tasks.push(tokio::spawn(run_ticker(

@@ -28,12 +28,13 @@ use tonic::{
 
 use crate::{
     auth::{Auth, Permission, FORWARDED_IDENTITY},
+    clock::ClusterClock,
     deadline::deadline_of,
     log_store::LogStore,
     membership,
     network::Reachability,
     parking::WaitEnd,
-    proposer::{leader_of, LeaderTime, ProposeError, Proposer},
+    proposer::{leader_of, ProposeError, Proposer},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
     replication::EarlyAnswers,
     state_machine::{self, Shared},
@@ -62,7 +63,7 @@ pub struct NodeContext {
     pub raft: Raft,
     pub shared: Arc<Shared>,
     pub proposer: Proposer,
-    pub time: Arc<LeaderTime>,
+    pub time: Arc<ClusterClock>,
     pub limits: Limits,
     pub log: LogStore,
     pub request_timeout: Duration,
@@ -92,7 +93,7 @@ impl NodeContext {
         raft: Raft,
         shared: Arc<Shared>,
         proposer: Proposer,
-        time: Arc<LeaderTime>,
+        time: Arc<ClusterClock>,
         limits: Limits,
         log: LogStore,
         request_timeout: Duration,
@@ -255,7 +256,7 @@ impl NodeContext {
 
     pub(crate) fn cluster_now(&self) -> ClusterTime {
         let term = self.raft.metrics().borrow().current_term;
-        self.time.now_or_floor(term, self.shared.now())
+        self.time.stamp_or_floor(term)
     }
 
     /// Proposes `command` and waits for its outcome, at most the request
@@ -313,7 +314,7 @@ impl NodeContext {
                 )
             })?;
         // Entries applied since carry later stamps, durable in the log.
-        Ok(revealed.max(self.shared.now()))
+        Ok(revealed.max(self.time.applied()))
     }
 }
 
@@ -642,7 +643,7 @@ impl LockService {
         // CANARY (deliberately broken build for fenced-jepsen): every read
         // is served from this node's local state.
         if req.get_ref().allow_stale || cfg!(feature = "canary-local-describe") {
-            let now = self.ctx.shared.now();
+            let now = self.ctx.time.applied();
             return Ok(Response::new(describe_reply(
                 &self.ctx.shared.describe(resource.as_str(), now),
                 now,

@@ -24,6 +24,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    clock::AppliedTime,
     codec,
     log_store::PurgeHorizon,
     metrics::{self, Histogram},
@@ -339,6 +340,13 @@ impl Shared {
             data.last_applied,
             (data.table.snapshot(), data.table.kv_snapshot()),
         )
+    }
+}
+
+/// The clock reads the applied entries' time here.
+impl AppliedTime for Shared {
+    fn applied_time(&self) -> ClusterTime {
+        self.now()
     }
 }
 

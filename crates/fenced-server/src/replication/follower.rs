@@ -16,9 +16,9 @@ use super::{
     stream::{self, Heard},
 };
 use crate::{
+    clock::floor::TimeFloor,
     limits::LimitCounters,
     network::{check_snapshot_chunk, decode_call, encode_call, MessageTime, RaftCall},
-    time_floor::TimeFloor,
     types::{Raft, TypeConfig},
 };
 

@@ -6,7 +6,7 @@
 //! cluster time.
 //!
 //! Every request carries the sender's cluster time and every reply the
-//! answerer's floor ([`crate::time_floor`]): a candidate learns from each
+//! answerer's floor ([`crate::clock::floor`]): a candidate learns from each
 //! granted vote the highest time its voter accepted, so the next leader's
 //! clock starts where the last one's left off (DECISIONS.md, "Cluster time
 //! rides on every Raft message").
@@ -30,9 +30,9 @@ use super::{
     stream::{Plan, Stream},
 };
 use crate::{
+    clock::ClusterClock,
     codec,
     network::{MessageTime, Peer, RaftCall, Reachability},
-    proposer::LeaderTime,
     tls::NodeTls,
     types::{Node, NodeId, TypeConfig},
 };
@@ -43,13 +43,13 @@ use crate::{
 pub struct Network {
     /// Followers' answers to early copies of this node's appends.
     early: Arc<EarlyAnswers>,
-    time: Arc<LeaderTime>,
+    time: Arc<ClusterClock>,
     tls: Option<Arc<NodeTls>>,
     reachability: Arc<Reachability>,
 }
 
 impl Network {
-    pub fn new(early: Arc<EarlyAnswers>, time: Arc<LeaderTime>) -> Self {
+    pub fn new(early: Arc<EarlyAnswers>, time: Arc<ClusterClock>) -> Self {
         Self {
             early,
             time,
@@ -89,7 +89,7 @@ pub struct RaftClient {
     peer: Peer,
     early: Option<Arc<EarlyAnswers>>,
     /// This node's clock: stamps requests, takes the floors voters send.
-    time: Option<Arc<LeaderTime>>,
+    time: Option<Arc<ClusterClock>>,
     stream: Stream,
 }
 
@@ -105,7 +105,7 @@ impl RaftClient {
     pub fn new(
         peer: Peer,
         early: Option<Arc<EarlyAnswers>>,
-        time: Option<Arc<LeaderTime>>,
+        time: Option<Arc<ClusterClock>>,
     ) -> Self {
         Self {
             peer,
