@@ -22,6 +22,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::{
     auth::{self, Auth, AuthConfig},
     clock::{floor::TimeFloor, AppliedTime, ClusterClock},
+    data_format::{LOG_DIR, STATE_DIR},
     health,
     kv_service::{KvService, KV_MESSAGE_MAX_BYTES},
     limits::{ConnectionLimit, Port, ServerLimits},
@@ -40,11 +41,6 @@ use crate::{
     types::{Node, NodeId, Raft},
     watch::Watchers,
 };
-
-/// Where in the data directory the Raft log (entries, vote, commit mark)
-/// and the state machine's snapshot live.
-pub(crate) const LOG_DIR: &str = "raft-log";
-pub(crate) const STATE_DIR: &str = "state";
 
 /// The largest client request accepted, in bytes (names are at most 200).
 const CLIENT_MESSAGE_MAX_BYTES: usize = 64 * 1024;

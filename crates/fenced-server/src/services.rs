@@ -22,7 +22,7 @@ use fenced_proto::{
 use openraft::{ChangeMembers, ServerState};
 use tonic::{
     metadata::{Ascii, MetadataMap, MetadataValue},
-    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
+    transport::Channel,
     Request, Response, Status,
 };
 
@@ -30,6 +30,7 @@ use crate::{
     auth::{Auth, Permission, FORWARDED_IDENTITY},
     clock::ClusterClock,
     deadline::deadline_of,
+    headers::{LEADER_HEADER, NODE_HEADER},
     log_store::LogStore,
     membership,
     network::Reachability,
@@ -38,21 +39,13 @@ use crate::{
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
     replication::EarlyAnswers,
     state_machine::{self, Shared},
-    tls::NodeTls,
+    tls::{peer_channel, NodeTls},
     types::{Node, NodeId, Raft},
     watch::Watchers,
 };
 
 /// Marks a request a follower forwarded, so it is never forwarded twice.
 const FORWARDED: &str = "x-fenced-forwarded";
-/// On every answer, success or error: `<leader id>,<leader client address>`
-/// as the answering node knows it, so a client can send its next call
-/// to the leader itself (docs/DECISIONS.md, "Every answer names the
-/// leader"). Absent while no leader is known.
-pub const LEADER_HEADER: &str = "x-fenced-leader";
-/// On every answer: the id of the node that answered, so a client learns
-/// which of its endpoints is which node.
-pub const NODE_HEADER: &str = "x-fenced-node";
 /// Extra time a parked acquire waits past its `wait_ms` for the answer.
 pub(crate) const WAIT_GRACE: Duration = Duration::from_secs(5);
 
@@ -316,28 +309,6 @@ impl NodeContext {
         // Entries applied since carry later stamps, durable in the log.
         Ok(revealed.max(self.time.applied()))
     }
-}
-
-/// A lazily connecting gRPC channel to a peer's port, for forwarded calls;
-/// with `tls`, this node's certificate opens it.
-pub(crate) fn peer_channel(
-    addr: &str,
-    tls: Option<&NodeTls>,
-) -> Result<Channel, tonic::transport::Error> {
-    let endpoint = match tls {
-        None => Endpoint::from_shared(format!("http://{addr}"))?,
-        Some(t) => Endpoint::from_shared(format!("https://{addr}"))?.tls_config(
-            ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(&t.ca_pem))
-                .identity(Identity::from_pem(&t.cert_pem, &t.key_pem)),
-        )?,
-    };
-    Ok(endpoint
-        .connect_timeout(Duration::from_secs(1))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .connect_lazy())
 }
 
 /// `<id>,<client address>`; `None` when the address is unknown or cannot

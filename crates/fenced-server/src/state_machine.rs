@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 use crate::{
     clock::AppliedTime,
     codec,
+    counters::Counters,
     log_store::PurgeHorizon,
-    metrics::{self, Histogram},
     parking::Parking,
     types::{
         Entry, LogId, Outcomes, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
@@ -35,66 +35,6 @@ use crate::{
 };
 
 const SNAPSHOT_FILE: &str = "snapshot.bin";
-
-/// What this node has done so far, for metrics and benchmarks.
-#[derive(Debug)]
-pub struct Counters {
-    pub entries: AtomicU64,
-    pub commands: AtomicU64,
-    pub grants: AtomicU64,
-    pub refusals: AtomicU64,
-    pub renewals: AtomicU64,
-    pub lost: AtomicU64,
-    pub releases: AtomicU64,
-    pub expiries: AtomicU64,
-    /// Fenced writes applied, and refused by the fencing rule.
-    pub kv_applied: AtomicU64,
-    pub kv_refused: AtomicU64,
-    /// New leaders (id or term) this node has seen, the first one included.
-    pub leader_changes: AtomicU64,
-    /// Commands per log entry this node proposed as leader.
-    pub batch_commands: Histogram,
-    /// Microseconds to apply one entry of commands to the lease table.
-    pub apply_us: Histogram,
-    /// Refusals by a node-wide limit (connections, frames, capacity).
-    pub limits: Arc<crate::limits::LimitCounters>,
-    /// Snapshots this node built and wrote (a discarded stale build not
-    /// counted), and snapshots it installed from a leader.
-    pub snapshots_built: AtomicU64,
-    pub snapshots_installed: AtomicU64,
-    /// Size in bytes of the snapshot on disk (0 before the first).
-    pub snapshot_bytes: AtomicU64,
-    /// Microseconds to build (encode and make durable) one snapshot.
-    pub snapshot_build_us: Histogram,
-    /// Latency and status code per RPC, filled by the servers' layer.
-    pub rpc: Arc<crate::rpc_metrics::RpcMetrics>,
-}
-
-impl Default for Counters {
-    fn default() -> Self {
-        Self {
-            entries: AtomicU64::new(0),
-            commands: AtomicU64::new(0),
-            grants: AtomicU64::new(0),
-            refusals: AtomicU64::new(0),
-            renewals: AtomicU64::new(0),
-            lost: AtomicU64::new(0),
-            releases: AtomicU64::new(0),
-            expiries: AtomicU64::new(0),
-            kv_applied: AtomicU64::new(0),
-            kv_refused: AtomicU64::new(0),
-            leader_changes: AtomicU64::new(0),
-            batch_commands: Histogram::new(metrics::BATCH_BOUNDS),
-            apply_us: Histogram::new(metrics::LATENCY_US_BOUNDS),
-            limits: Arc::default(),
-            snapshots_built: AtomicU64::new(0),
-            snapshots_installed: AtomicU64::new(0),
-            snapshot_bytes: AtomicU64::new(0),
-            snapshot_build_us: Histogram::new(metrics::SNAPSHOT_US_BOUNDS),
-            rpc: Arc::default(),
-        }
-    }
-}
 
 struct Data {
     table: LeaseTable,
