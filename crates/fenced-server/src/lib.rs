@@ -49,4 +49,6 @@ pub mod watch;
 #[cfg(test)]
 mod decoder_props;
 #[cfg(test)]
+mod module_graph;
+#[cfg(test)]
 mod openraft_contract;
