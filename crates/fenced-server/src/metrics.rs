@@ -203,7 +203,7 @@ pub fn render(ctx: &NodeContext) -> String {
         (
             "fenced_parked_requests",
             "Calls on this node waiting for a waiter's grant to be applied (or its wait to end).",
-            ctx.shared.parking.parked() as u64,
+            ctx.parking.parked() as u64,
         ),
         (
             "fenced_proposal_queue_depth",

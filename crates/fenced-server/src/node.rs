@@ -255,10 +255,11 @@ impl RunningNode {
             Ok(None) => {}
             Err(e) => return Err(storage(Box::new(e))),
         }
+        // Owned here: the state machine wakes the callers the services park.
         let parking = Parking::new(cfg.max_parked);
         let sm = StateMachine::open(
             &cfg.data_dir.join(STATE_DIR),
-            parking,
+            Arc::clone(&parking),
             log.purge_horizon(),
             cfg.history_per_resource,
         )
@@ -363,6 +364,7 @@ impl RunningNode {
             cfg.id,
             raft.clone(),
             Arc::clone(&shared),
+            parking,
             proposer.clone(),
             Arc::clone(&time),
             cfg.limits,

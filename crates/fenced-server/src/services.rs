@@ -34,7 +34,7 @@ use crate::{
     log_store::LogStore,
     membership,
     network::Reachability,
-    parking::WaitEnd,
+    parking::{Parking, WaitEnd},
     proposer::{leader_of, ProposeError, Proposer},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
     replication::EarlyAnswers,
@@ -55,6 +55,8 @@ pub struct NodeContext {
     pub id: NodeId,
     pub raft: Raft,
     pub shared: Arc<Shared>,
+    /// Callers waiting for a resource; the state machine wakes them.
+    pub parking: Arc<Parking>,
     pub proposer: Proposer,
     pub time: Arc<ClusterClock>,
     pub limits: Limits,
@@ -85,6 +87,7 @@ impl NodeContext {
         id: NodeId,
         raft: Raft,
         shared: Arc<Shared>,
+        parking: Arc<Parking>,
         proposer: Proposer,
         time: Arc<ClusterClock>,
         limits: Limits,
@@ -95,6 +98,7 @@ impl NodeContext {
             id,
             raft,
             shared,
+            parking,
             proposer,
             time,
             limits,
@@ -528,7 +532,6 @@ impl LockService {
         let parked = if wait_ms > 0 {
             Some(
                 self.ctx
-                    .shared
                     .parking
                     .park(command.resource().clone(), command.owner())
                     .map_err(|e| Status::resource_exhausted(e.to_string()))?,

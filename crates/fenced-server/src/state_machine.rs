@@ -81,7 +81,9 @@ enum Stored {
 /// The state shared between the state machine and the services that read it.
 pub struct Shared {
     data: RwLock<Data>,
-    pub parking: Arc<Parking>,
+    /// Told of every applied entry's events; owned by `node.rs`, which
+    /// hands the same one to the services that park callers.
+    parking: Arc<Parking>,
     pub counters: Counters,
     /// The snapshot on disk, in memory (what openraft sends to followers).
     current: Mutex<Option<(SnapshotMeta, Vec<u8>)>>,
