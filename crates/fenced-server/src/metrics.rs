@@ -51,7 +51,7 @@ fn sample(out: &mut String, name: &str, help: &str, kind: &str, value: impl std:
 /// The whole exposition, in the Prometheus text format 0.0.4.
 pub fn render(ctx: &NodeContext) -> String {
     let mut out = String::with_capacity(8 * 1024);
-    let c = &ctx.shared.counters;
+    let c = &ctx.counters;
     for (name, help, counter) in [
         (
             "fenced_grants_total",

@@ -22,6 +22,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::{
     auth::{self, Auth, AuthConfig},
     clock::{floor::TimeFloor, AppliedTime, ClusterClock},
+    counters::Counters,
     data_format::{LOG_DIR, STATE_DIR},
     health,
     kv_service::{KvService, KV_MESSAGE_MAX_BYTES},
@@ -257,11 +258,14 @@ impl RunningNode {
         }
         // Owned here: the state machine wakes the callers the services park.
         let parking = Parking::new(cfg.max_parked);
-        let sm = StateMachine::open(
+        // Owned here: the parts that count hold it, /metrics reads it.
+        let counters = Arc::new(Counters::default());
+        let sm = StateMachine::open_counted(
             &cfg.data_dir.join(STATE_DIR),
             Arc::clone(&parking),
             log.purge_horizon(),
             cfg.history_per_resource,
+            Arc::clone(&counters),
         )
         .map_err(|e| storage(e.to_string().into()))?;
         let shared = sm.shared();
@@ -356,7 +360,7 @@ impl RunningNode {
         };
         let proposer = Proposer::start(
             raft.clone(),
-            Arc::clone(&shared),
+            Arc::clone(&counters),
             Arc::clone(&time),
             cfg.proposer,
         );
@@ -365,6 +369,7 @@ impl RunningNode {
             raft.clone(),
             Arc::clone(&shared),
             parking,
+            Arc::clone(&counters),
             proposer.clone(),
             Arc::clone(&time),
             cfg.limits,
@@ -414,7 +419,7 @@ impl RunningNode {
             raft.clone(),
             cfg.id,
             health_reporter,
-            shared,
+            Arc::clone(&counters),
             // A follower calls an election after at most this long without
             // hearing from its leader; the leader gives up serving as soon.
             Duration::from_millis(cfg.election_timeout_ms * 2),
@@ -464,7 +469,7 @@ impl RunningNode {
             KvServer::new(KvService::new(ctx.clone(), peer))
                 .max_decoding_message_size(KV_MESSAGE_MAX_BYTES)
         };
-        let limit_counters = Arc::clone(&ctx.shared.counters.limits);
+        let limit_counters = Arc::clone(&ctx.counters.limits);
         let connection_limit = |port| {
             ConnectionLimit::new(
                 port,
@@ -473,9 +478,8 @@ impl RunningNode {
                 Arc::clone(&limit_counters),
             )
         };
-        let rpc_metrics = |port| {
-            crate::rpc_metrics::RpcMetricsLayer::new(Arc::clone(&ctx.shared.counters.rpc), port)
-        };
+        let rpc_metrics =
+            |port| crate::rpc_metrics::RpcMetricsLayer::new(Arc::clone(&ctx.counters.rpc), port);
         let client_router = cfg
             .server_limits
             .server()

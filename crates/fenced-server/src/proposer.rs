@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::{
     clock::ClusterClock,
+    counters::Counters,
     state_machine::Shared,
     types::{Node, NodeId, Raft},
 };
@@ -86,7 +87,7 @@ impl Proposer {
     /// Starts the proposer task.
     pub fn start(
         raft: Raft,
-        shared: Arc<Shared>,
+        counters: Arc<Counters>,
         time: Arc<ClusterClock>,
         config: ProposerConfig,
     ) -> Self {
@@ -95,7 +96,7 @@ impl Proposer {
         let handing_over = Arc::new(AtomicBool::new(false));
         tokio::spawn(run(
             raft,
-            shared,
+            counters,
             time,
             config,
             rx,
@@ -214,7 +215,7 @@ async fn ensure_clock(raft: &Raft, time: &ClusterClock) -> Result<u64, ProposeEr
 
 async fn run(
     raft: Raft,
-    shared: Arc<Shared>,
+    counters: Arc<Counters>,
     time: Arc<ClusterClock>,
     config: ProposerConfig,
     mut rx: mpsc::Receiver<Proposal>,
@@ -295,10 +296,7 @@ async fn run(
             .into_iter()
             .filter_map(|p| p.command.map(|c| (c, p.reply)))
             .unzip();
-        shared
-            .counters
-            .batch_commands
-            .observe(commands.len() as u64);
+        counters.batch_commands.observe(commands.len() as u64);
         let raft = raft.clone();
         tokio::spawn(async move {
             let result = raft.client_write(Batch { stamp, commands }).await;

@@ -29,6 +29,7 @@ use tonic::{
 use crate::{
     auth::{Auth, Permission, FORWARDED_IDENTITY},
     clock::ClusterClock,
+    counters::Counters,
     deadline::deadline_of,
     headers::{LEADER_HEADER, NODE_HEADER},
     log_store::LogStore,
@@ -57,6 +58,8 @@ pub struct NodeContext {
     pub shared: Arc<Shared>,
     /// Callers waiting for a resource; the state machine wakes them.
     pub parking: Arc<Parking>,
+    /// The node's counters, read by /metrics.
+    pub counters: Arc<Counters>,
     pub proposer: Proposer,
     pub time: Arc<ClusterClock>,
     pub limits: Limits,
@@ -88,6 +91,7 @@ impl NodeContext {
         raft: Raft,
         shared: Arc<Shared>,
         parking: Arc<Parking>,
+        counters: Arc<Counters>,
         proposer: Proposer,
         time: Arc<ClusterClock>,
         limits: Limits,
@@ -99,6 +103,7 @@ impl NodeContext {
             raft,
             shared,
             parking,
+            counters,
             proposer,
             time,
             limits,
@@ -884,7 +889,7 @@ impl ClusterService {
         let m = self.ctx.raft.metrics().borrow().clone();
         let leader = leader_of(&self.ctx.raft);
         let role = role_name(m.state);
-        let c = &self.ctx.shared.counters;
+        let c = &self.ctx.counters;
         use std::sync::atomic::Ordering::Relaxed;
         Ok(Response::new(v1::StatusResponse {
             node_id: self.ctx.id,

@@ -84,7 +84,9 @@ pub struct Shared {
     /// Told of every applied entry's events; owned by `node.rs`, which
     /// hands the same one to the services that park callers.
     parking: Arc<Parking>,
-    pub counters: Counters,
+    /// Owned by `node.rs`; the state machine counts what it applies and
+    /// snapshots.
+    counters: Arc<Counters>,
     /// The snapshot on disk, in memory (what openraft sends to followers).
     current: Mutex<Option<(SnapshotMeta, Vec<u8>)>>,
     /// Held by the one task writing the snapshot file, from its temporary
@@ -348,12 +350,24 @@ fn remove_temporaries(dir: &Path) -> Result<(), StorageError> {
 impl StateMachine {
     /// Opens the state machine kept in `dir`, loading its last snapshot;
     /// tells `horizon` what that snapshot covers.
-    /// `history_len` grants are remembered per resource.
+    /// `history_len` grants are remembered per resource. Counts into
+    /// counters of its own (tools, tests): see [`StateMachine::open_counted`].
     pub fn open(
         dir: &Path,
         parking: Arc<Parking>,
         horizon: PurgeHorizon,
         history_len: usize,
+    ) -> Result<Self, StorageError> {
+        Self::open_counted(dir, parking, horizon, history_len, Arc::default())
+    }
+
+    /// [`StateMachine::open`], counting into the node's `counters`.
+    pub fn open_counted(
+        dir: &Path,
+        parking: Arc<Parking>,
+        horizon: PurgeHorizon,
+        history_len: usize,
+        counters: Arc<Counters>,
     ) -> Result<Self, StorageError> {
         std::fs::create_dir_all(dir).map_err(snapshot_write_err)?;
         remove_temporaries(dir)?;
@@ -387,7 +401,7 @@ impl StateMachine {
             shared: Arc::new(Shared {
                 data: RwLock::new(data),
                 parking,
-                counters: Counters::default(),
+                counters,
                 current: Mutex::new(current),
                 writer: Mutex::new(()),
                 snapshot_seq: AtomicU64::new(0),
