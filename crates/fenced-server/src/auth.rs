@@ -23,28 +23,11 @@ use tonic::{metadata::MetadataMap, Request, Status};
 /// identity the follower authenticated and authorized.
 pub const FORWARDED_IDENTITY: &str = "x-fenced-identity";
 
-/// The URI SAN prefix that names a client in its certificate.
-pub const CLIENT_SAN_PREFIX: &str = "fenced://client/";
-
 /// An identity the transport already established (the TLS layer inserts it
 /// into the request's extensions from the verified client certificate, see
-/// [`certificate_name`]).
+/// [`crate::tls::certificate_name`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal(pub String);
-
-/// The identity a verified client certificate names: the first URI SAN of
-/// the form `fenced://client/<name>`, else the subject's common name.
-pub fn certificate_name<'a>(
-    uri_sans: impl IntoIterator<Item = &'a str>,
-    common_name: Option<&str>,
-) -> Option<String> {
-    uri_sans
-        .into_iter()
-        .find_map(|san| san.strip_prefix(CLIENT_SAN_PREFIX))
-        .filter(|name| !name.is_empty())
-        .or(common_name.filter(|cn| !cn.is_empty()))
-        .map(str::to_string)
-}
 
 /// What a role grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -645,6 +628,7 @@ mod tests {
 
     #[test]
     fn the_certificate_name_is_the_client_san_else_the_cn() {
+        use crate::tls::certificate_name;
         assert_eq!(
             certificate_name(["spiffe://x", "fenced://client/app1"], Some("cn")),
             Some("app1".into())

@@ -18,8 +18,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::Write,
-    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
 };
 
@@ -290,7 +289,7 @@ pub fn lay_down(
         std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
     }
     let result = (|| {
-        for d in [tmp.clone(), tmp.join(crate::node::STATE_DIR)] {
+        for d in [tmp.clone(), tmp.join(crate::data_format::STATE_DIR)] {
             std::fs::create_dir_all(&d).map_err(io(&d))?;
             std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).map_err(io(&d))?;
         }
@@ -303,7 +302,7 @@ pub fn lay_down(
             Membership::new(vec![voters.clone()], members.clone()),
         );
         let state = state_machine::write_restored_state(
-            &tmp.join(crate::node::STATE_DIR),
+            &tmp.join(crate::data_format::STATE_DIR),
             state,
             at,
             membership,
@@ -371,18 +370,19 @@ pub async fn recover(
         let path = path.to_path_buf();
         move |source| BackupError::Io { path, source }
     };
-    if !data_dir.join(crate::node::LOG_DIR).is_dir() {
+    if !data_dir.join(crate::data_format::LOG_DIR).is_dir() {
         return Err(BackupError::Refused(format!(
             "--data-dir {}: holds no fenced node's data (no {}/)",
             data_dir.display(),
-            crate::node::LOG_DIR
+            crate::data_format::LOG_DIR
         )));
     }
     data_format::check(data_dir).map_err(io(data_dir))?;
     let export = {
-        let mut log = LogStore::open(&data_dir.join(crate::node::LOG_DIR)).map_err(io(data_dir))?;
+        let mut log =
+            LogStore::open(&data_dir.join(crate::data_format::LOG_DIR)).map_err(io(data_dir))?;
         let mut sm = StateMachine::open(
-            &data_dir.join(crate::node::STATE_DIR),
+            &data_dir.join(crate::data_format::STATE_DIR),
             Parking::new(1),
             log.purge_horizon(),
             // The table's own default: a snapshot holds at most that many
@@ -429,11 +429,11 @@ pub async fn recover(
     let laid = lay_down(&staging, &export.body, index, &members, floor)?;
     // The survivor's cluster-time floor stays with it: clients may have
     // seen a time up to it.
-    let time_file = data_dir.join(crate::time_floor::FILE_NAME);
+    let time_file = data_dir.join(crate::clock::floor::FILE_NAME);
     if time_file.exists() {
-        std::fs::copy(&time_file, staging.join(crate::time_floor::FILE_NAME))
+        std::fs::copy(&time_file, staging.join(crate::clock::floor::FILE_NAME))
             .map_err(io(&time_file))?;
-        std::fs::File::open(staging.join(crate::time_floor::FILE_NAME))
+        std::fs::File::open(staging.join(crate::clock::floor::FILE_NAME))
             .and_then(|f| f.sync_all())
             .map_err(io(&staging))?;
     }
@@ -450,37 +450,6 @@ pub async fn recover(
             ..laid
         },
     ))
-}
-
-/// Writes `bytes` to `path` atomically: a temporary file beside it (0600),
-/// fsync, rename, fsync of the directory.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("names no file"))?
-        .to_string_lossy()
-        .to_string();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 #[cfg(test)]

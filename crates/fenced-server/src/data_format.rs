@@ -7,9 +7,18 @@
 //! A newer version is refused by name before anything in the directory is
 //! read.
 
-use std::{io, path::Path};
+use std::{
+    io::{self, Write},
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
+};
 
 pub const FILE_NAME: &str = "format";
+
+/// Where in the data directory the Raft log (entries, vote, commit mark)
+/// and the state machine's snapshot live.
+pub(crate) const LOG_DIR: &str = "raft-log";
+pub(crate) const STATE_DIR: &str = "state";
 /// The layout this build writes. 1: `raft-log/` (raft-log 0.4 chunks,
 /// entries in codec version 1), `state/snapshot.bin` (codec version 1,
 /// table snapshot version 1), `cluster-time` (slot version 1).
@@ -48,10 +57,41 @@ pub fn check(dir: &Path) -> io::Result<Option<u32>> {
 
 /// Writes the file for the current version (atomically, synced).
 pub fn write(dir: &Path) -> io::Result<()> {
-    crate::backup::write_atomically(
+    write_atomically(
         &dir.join(FILE_NAME),
         format!("{PREFIX}{VERSION}\n").as_bytes(),
     )
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it (0600),
+/// fsync, rename, fsync of the directory.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("names no file"))?
+        .to_string_lossy()
+        .to_string();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }
 
 #[cfg(test)]

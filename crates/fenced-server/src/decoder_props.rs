@@ -21,14 +21,14 @@ use proptest::prelude::*;
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::{
+    clock::floor::{self as time_floor, decode_slot, encode_slot, TimeFloor, SLOT_LEN},
     codec,
     config::RunSettings,
-    election::{PreVoteRequest, PreVoteResponse},
     log_store::LogStore,
     network::{read_frame, read_frame_within, split_reply, MessageTime, REQUEST_HEADER_LEN},
     parking::Parking,
+    replication::pre_vote::{PreVoteRequest, PreVoteResponse},
     state_machine::StateMachine,
-    time_floor::{self, decode_slot, encode_slot, TimeFloor, SLOT_LEN},
     types::{Entry, LogId, Node, NodeId, TypeConfig},
 };
 

@@ -26,7 +26,7 @@ use tonic_health::{
 };
 
 use crate::{
-    state_machine::Shared,
+    counters::Counters,
     tls::TlsSettings,
     types::{Node, NodeId, Raft},
 };
@@ -82,7 +82,7 @@ pub async fn watch(
     raft: Raft,
     id: NodeId,
     reporter: HealthReporter,
-    shared: Arc<Shared>,
+    counters: Arc<Counters>,
     quorum_timeout: Duration,
     stop: CancellationToken,
 ) {
@@ -98,7 +98,7 @@ pub async fn watch(
     loop {
         let serving = view.ready(quorum_timeout);
         if view.leader.is_some() && view.leader != last_leader {
-            shared.counters.leader_changes.fetch_add(1, Relaxed);
+            counters.leader_changes.fetch_add(1, Relaxed);
             last_leader = view.leader;
         }
         if last_serving != Some(serving) {

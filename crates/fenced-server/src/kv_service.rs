@@ -106,7 +106,7 @@ impl KvService {
             Some(key.as_str()),
         )?;
         if req.get_ref().allow_stale {
-            return Ok(Response::new(self.read(&key, self.ctx.shared.now())));
+            return Ok(Response::new(self.read(&key, self.ctx.time.applied())));
         }
         crate::forward_or!(self.ctx, req, deadline_of(&req), identity, KvClient, get);
         let now = self.ctx.linearizable_read("kv get").await?;

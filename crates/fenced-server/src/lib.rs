@@ -12,15 +12,17 @@
 pub mod auth;
 pub mod backup;
 pub mod certs;
+pub mod clock;
 pub mod codec;
 pub mod config;
+pub mod counters;
 pub mod data_format;
 pub mod deadline;
 pub mod dev;
-pub mod early_replication;
-pub mod election;
 pub mod handoff;
+pub mod headers;
 pub mod health;
+pub mod histogram;
 pub mod limits;
 pub mod log_store;
 pub mod maintenance;
@@ -33,18 +35,20 @@ pub mod peer_listener;
 pub mod proposer;
 pub mod quota;
 pub mod raft_noise;
+pub mod replication;
 pub mod rpc_metrics;
 pub mod services;
 // After `services`: uses its forwarding macro.
 pub mod kv_service;
 pub mod state_machine;
 pub mod status_page;
-pub mod time_floor;
 pub mod tls;
 pub mod types;
 pub mod watch;
 
 #[cfg(test)]
 mod decoder_props;
+#[cfg(test)]
+mod module_graph;
 #[cfg(test)]
 mod openraft_contract;

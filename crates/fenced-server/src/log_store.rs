@@ -12,7 +12,6 @@ use std::{
 };
 
 use openraft::{
-    raft::AppendEntriesRequest,
     storage::{LogFlushed, LogState, RaftLogStorage},
     AnyError, CommittedLeaderId, EntryPayload, Membership, OptionalSend, RaftLogReader,
     StorageIOError, Vote,
@@ -25,7 +24,6 @@ use tokio::sync::watch;
 
 use crate::{
     codec,
-    early_replication::EarlyReplication,
     types::{Entry, LogId, Node, NodeId, StorageError, TypeConfig},
 };
 
@@ -235,24 +233,26 @@ impl PurgeHorizon {
 pub struct LogStore {
     wal: Wal,
     horizon: PurgeHorizon,
-    /// Set once Raft runs (it needs Raft's metrics for the membership).
-    early: Arc<OnceLock<EarlyReplication>>,
+    /// Told of every append once it is handed to the flush thread; set once
+    /// Raft runs. The log store knows nothing of what it does with it (the
+    /// replication adapter copies a leader's appends early).
+    sink: Arc<OnceLock<Arc<dyn AppendSink>>>,
 }
 
-/// Whether `vote` is the one node `me` leads under: its own, and won.
-fn leads_under(vote: &Vote<NodeId>, me: NodeId) -> bool {
-    vote.is_committed() && vote.leader_id().voted_for() == Some(me)
+/// An append the log store took, as its sink is told of it: the log's vote,
+/// last entry before it and commit index as of the append, and the entries.
+#[derive(Debug)]
+pub struct Appended {
+    pub vote: Option<Vote<NodeId>>,
+    pub last_before: Option<LogId>,
+    pub committed: Option<LogId>,
+    pub entries: Vec<Entry>,
 }
 
-/// When this node appends as leader (under its own committed vote), that
-/// vote and the entry its new entries follow (its last one); `None` for a
-/// follower's or a candidate's append.
-fn leader_append(
-    vote: Option<Vote<NodeId>>,
-    me: NodeId,
-    last: Option<LogId>,
-) -> Option<(Vote<NodeId>, Option<LogId>)> {
-    vote.filter(|v| leads_under(v, me)).map(|v| (v, last))
+/// Told of each append right after it is handed to the flush thread, before
+/// the flush ends. Must not wait.
+pub trait AppendSink: Send + Sync + 'static {
+    fn appended(&self, append: Appended);
 }
 
 /// The id of the log's last entry, or of the last purged one when nothing
@@ -295,7 +295,7 @@ impl LogStore {
         Ok(Self {
             wal,
             horizon,
-            early: Arc::new(OnceLock::new()),
+            sink: Arc::new(OnceLock::new()),
         })
     }
 
@@ -304,35 +304,16 @@ impl LogStore {
         self.horizon.clone()
     }
 
-    /// From now on, a leader's appends also go to its followers before its
-    /// own fdatasync ends (see [`crate::early_replication`]).
-    pub fn replicate_early(&self, early: EarlyReplication) {
-        let _ = self.early.set(early);
-    }
-
-    /// Early copies of appends sent to followers since start.
-    pub fn early_appends_sent(&self) -> u64 {
-        self.early.get().map_or(0, EarlyReplication::sent)
+    /// From now on, `sink` is told of every append before its flush ends
+    /// (the first sink set stays).
+    pub fn on_append(&self, sink: Arc<dyn AppendSink>) {
+        let _ = self.sink.set(sink);
     }
 
     /// The id of the log's last entry (or of the last purged one), as
     /// openraft sees it: a purge held back counts as done.
     pub fn last(&self) -> Option<LogId> {
         last_log_id(&self.wal()).max(self.horizon.deferred())
-    }
-
-    /// openraft AppendEntries answered by a follower's answer to an early
-    /// copy, without a round trip of their own.
-    pub fn early_answers_reused(&self) -> u64 {
-        self.early.get().map_or(0, |e| e.answers().reused())
-    }
-
-    /// Commit-only heartbeats to followers answered from a stored early
-    /// copy, their commit index left to the next message.
-    pub fn early_heartbeats_answered(&self) -> u64 {
-        self.early
-            .get()
-            .map_or(0, |e| e.answers().heartbeats_answered())
     }
 
     fn wal(&self) -> MutexGuard<'_, raft_log::RaftLog<WalTypes>> {
@@ -349,31 +330,23 @@ impl LogStore {
         self.wal().stat().flush_metrics
     }
 
-    /// Called before Raft starts. When this node led under the stored vote
-    /// in its last run, replaces that vote with its own uncommitted vote for
-    /// the next term, durably; returns that term.
-    ///
-    /// openraft 0.9 would otherwise make a restarted leader lead again under
-    /// the same vote, and assign log ids again from its last durable entry.
-    /// With early replication a follower may hold an entry of that leader
-    /// which the leader itself lost in the crash (sent before its own
-    /// fdatasync ended); a new entry with the same log id would then be taken
-    /// by that follower as one it already has, and the two logs would differ
-    /// under equal ids. In a new term every log id is new, and Raft replaces
-    /// the follower's uncommitted leftover as usual.
-    pub async fn give_up_restored_leadership(&self, me: NodeId) -> io::Result<Option<u64>> {
-        let term = {
+    /// Replaces the stored vote with `replace(vote)` when that is `Some`,
+    /// durably (fdatasync) before it returns the new vote. Called before
+    /// Raft starts ([`crate::replication::restart`] decides).
+    pub async fn replace_vote(
+        &self,
+        replace: impl FnOnce(Option<Vote<NodeId>>) -> Option<Vote<NodeId>>,
+    ) -> io::Result<Option<Vote<NodeId>>> {
+        let new = {
             let mut wal = self.wal();
-            let led = wal.log_state().vote().map(|v| v.0);
-            let Some(led) = led.filter(|v| leads_under(v, me)) else {
+            let Some(new) = replace(wal.log_state().vote().map(|v| v.0)) else {
                 return Ok(None);
             };
-            let term = led.leader_id().get_term() + 1;
-            wal.save_vote(WalVote(Vote::new(term, me)))?;
-            term
+            wal.save_vote(WalVote(new))?;
+            new
         };
         self.sync().await?;
-        Ok(Some(term))
+        Ok(Some(new))
     }
 
     /// Writes the cluster's first membership as entry 0 of an empty log, the
@@ -503,11 +476,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             ));
         }
         let mut wal = self.wal();
-        let early = self.early.get().and_then(|early| {
+        // As of the append, read under the same lock.
+        let told = self.sink.get().map(|sink| {
             let state = wal.log_state();
-            let (vote, prev) =
-                leader_append(state.vote().map(|v| v.0), early.me(), last_log_id(&wal))?;
-            Some((early, vote, prev, state.committed().map(|x| x.0)))
+            let vote = state.vote().map(|v| v.0);
+            let committed = state.committed().map(|x| x.0);
+            (sink, vote, last_log_id(&wal), committed)
         });
         wal.append(items).map_err(write_err)?;
         // openraft counts the entries as persisted only when raft-log's flush
@@ -515,12 +489,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         wal.flush(true, Some(FlushDone::Raft(callback)))
             .map_err(write_err)?;
         drop(wal);
-        if let Some((early, vote, prev_log_id, leader_commit)) = early {
-            early.offer(&AppendEntriesRequest {
+        if let Some((sink, vote, last_before, committed)) = told {
+            sink.appended(Appended {
                 vote,
-                prev_log_id,
+                last_before,
+                committed,
                 entries,
-                leader_commit,
             });
         }
         Ok(())
@@ -549,62 +523,6 @@ mod tests {
 
     fn log_id(term: u64, node: NodeId, index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(term, node), index)
-    }
-
-    /// The vote of node `leader` once it won `term`.
-    fn won(term: u64, leader: NodeId) -> Vote<NodeId> {
-        let mut vote = Vote::new(term, leader);
-        vote.commit();
-        vote
-    }
-
-    /// A log in `dir` whose vote is `vote`.
-    async fn log_with_vote(dir: &Path, vote: Vote<NodeId>) -> LogStore {
-        let mut log = LogStore::open(dir).unwrap();
-        log.save_vote(&vote).await.unwrap();
-        log
-    }
-
-    #[tokio::test]
-    async fn a_restarted_leader_keeps_no_vote_of_its_last_run() {
-        let dir = tempfile::tempdir().unwrap();
-        drop(log_with_vote(dir.path(), won(3, 1)).await);
-        let mut log = LogStore::open(dir.path()).unwrap();
-        assert_eq!(log.give_up_restored_leadership(1).await.unwrap(), Some(4));
-        let own_next = Vote::new(4, 1);
-        assert_eq!(log.read_vote().await.unwrap(), Some(own_next));
-        drop(log);
-        // Durable: the next start sees the new vote, and leaves it alone.
-        let mut log = LogStore::open(dir.path()).unwrap();
-        assert_eq!(log.read_vote().await.unwrap(), Some(own_next));
-        assert_eq!(log.give_up_restored_leadership(1).await.unwrap(), None);
-        assert_eq!(log.read_vote().await.unwrap(), Some(own_next));
-    }
-
-    #[tokio::test]
-    async fn a_followers_vote_survives_a_restart_unchanged() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut log = log_with_vote(dir.path(), won(3, 2)).await;
-        assert_eq!(log.give_up_restored_leadership(1).await.unwrap(), None);
-        assert_eq!(log.read_vote().await.unwrap(), Some(won(3, 2)));
-        assert_eq!(log.give_up_restored_leadership(2).await.unwrap(), Some(4));
-    }
-
-    #[test]
-    fn only_a_leaders_own_appends_are_copied_early() {
-        let last = Some(log_id(3, 1, 41));
-        let leading = won(3, 1);
-        assert_eq!(
-            leader_append(Some(leading), 1, last),
-            Some((leading, last)),
-            "the leader's append follows its last entry"
-        );
-        assert_eq!(leader_append(Some(leading), 1, None), Some((leading, None)));
-        // A follower appends what node 1 sent it.
-        assert_eq!(leader_append(Some(leading), 2, last), None);
-        // A candidate's vote for itself is not a leader's.
-        assert_eq!(leader_append(Some(Vote::new(4, 1)), 1, last), None);
-        assert_eq!(leader_append(None, 1, last), None);
     }
 
     async fn indexes(log: &mut LogStore, range: std::ops::RangeInclusive<u64>) -> Vec<u64> {

@@ -19,7 +19,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
 use crate::{
-    services::{peer_channel, LEADER_HEADER},
+    headers::LEADER_HEADER,
+    tls::peer_channel,
     tls::NodeTls,
     types::{Node, NodeId, Raft},
 };

@@ -3,17 +3,15 @@
 //! the status page ([`crate::status_page`]).
 //!
 //! Every value is read at scrape time from where it already lives (the
-//! state machine's [`Counters`](crate::state_machine::Counters), openraft's
-//! metrics, the log's flush statistics); nothing here keeps state but the two
-//! histogram types.
+//! node's [`Counters`](crate::counters::Counters), openraft's metrics, the
+//! log's flush statistics); nothing here keeps state. Nothing below the
+//! services imports this module: what it reads is updated through
+//! [`crate::counters`] and [`crate::histogram`].
 
 use std::{
     convert::Infallible,
     fmt::Write,
-    sync::{
-        atomic::{AtomicU64, Ordering::Relaxed},
-        Arc,
-    },
+    sync::{atomic::Ordering::Relaxed, Arc},
     time::Duration,
 };
 
@@ -30,24 +28,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     auth::{Permission, Principal},
+    histogram::header,
     services::NodeContext,
     status_page,
 };
-
-/// Bucket upper bounds for latencies, in microseconds (10 µs … 1 s).
-pub const LATENCY_US_BOUNDS: &[u64] = &[
-    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
-    1_000_000,
-];
-
-/// Bucket upper bounds for building a snapshot, in microseconds (1 ms … 60 s).
-pub const SNAPSHOT_US_BOUNDS: &[u64] = &[
-    1_000, 5_000, 10_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000,
-    10_000_000, 30_000_000, 60_000_000,
-];
-
-/// Bucket upper bounds for commands per log entry (1 … `MAX_BATCH_COMMANDS`).
-pub const BATCH_BOUNDS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1_024, 2_048, 4_096];
 
 /// Most scrapes served at once; further connections are closed at once.
 const MAX_CONNECTIONS: usize = 16;
@@ -59,92 +43,6 @@ const MAX_REQUEST_HEAD_BYTES: usize = 16 * 1024;
 /// A scrape connection is closed after this, whatever it is doing.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A Prometheus histogram over fixed bucket bounds, lock-free.
-#[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [u64],
-    /// Per bucket (not cumulative); the last one is `+Inf`.
-    buckets: Box<[AtomicU64]>,
-    sum: AtomicU64,
-    count: AtomicU64,
-}
-
-impl Histogram {
-    pub fn new(bounds: &'static [u64]) -> Self {
-        debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
-        Self {
-            bounds,
-            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-        }
-    }
-
-    pub fn observe(&self, value: u64) {
-        let i = self.bounds.partition_point(|b| *b < value);
-        if let Some(bucket) = self.buckets.get(i) {
-            bucket.fetch_add(1, Relaxed);
-        }
-        self.sum.fetch_add(value, Relaxed);
-        self.count.fetch_add(1, Relaxed);
-    }
-
-    pub fn observe_duration(&self, d: Duration) {
-        self.observe(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    }
-
-    pub fn count(&self) -> u64 {
-        self.count.load(Relaxed)
-    }
-
-    /// Writes the histogram; values are multiplied by `scale` (1e-6 turns
-    /// microseconds into the seconds Prometheus expects).
-    fn render(&self, out: &mut String, name: &str, help: &str, scale: f64) {
-        header(out, name, help, "histogram");
-        self.render_series(out, name, "", scale);
-    }
-
-    /// Writes one series of a histogram family whose header is already out;
-    /// `labels` (`a="x",b="y"`, or empty) go on every line.
-    pub fn render_series(&self, out: &mut String, name: &str, labels: &str, scale: f64) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut cumulative = 0;
-        for (i, bucket) in self.buckets.iter().enumerate() {
-            cumulative += bucket.load(Relaxed);
-            match self.bounds.get(i) {
-                Some(b) => {
-                    let _ = writeln!(
-                        out,
-                        "{name}_bucket{{{labels}{sep}le=\"{}\"}} {cumulative}",
-                        *b as f64 * scale
-                    );
-                }
-                None => {
-                    let _ = writeln!(
-                        out,
-                        "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
-                    );
-                }
-            }
-        }
-        let labels = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(
-            out,
-            "{name}_sum{labels} {}",
-            self.sum.load(Relaxed) as f64 * scale
-        );
-        let _ = writeln!(out, "{name}_count{labels} {cumulative}");
-    }
-}
-
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
 fn sample(out: &mut String, name: &str, help: &str, kind: &str, value: impl std::fmt::Display) {
     header(out, name, help, kind);
     let _ = writeln!(out, "{name} {value}");
@@ -153,7 +51,7 @@ fn sample(out: &mut String, name: &str, help: &str, kind: &str, value: impl std:
 /// The whole exposition, in the Prometheus text format 0.0.4.
 pub fn render(ctx: &NodeContext) -> String {
     let mut out = String::with_capacity(8 * 1024);
-    let c = &ctx.shared.counters;
+    let c = &ctx.counters;
     for (name, help, counter) in [
         (
             "fenced_grants_total",
@@ -278,21 +176,21 @@ pub fn render(ctx: &NodeContext) -> String {
         "fenced_raft_early_appends_total",
         "Copies of this node's appends as leader sent to followers while its own fdatasync ran.",
         "counter",
-        ctx.log.early_appends_sent(),
+        ctx.early.sent(),
     );
     sample(
         &mut out,
         "fenced_raft_appends_answered_early_total",
         "AppendEntries to followers answered by their stored answer to an early copy, without a round trip of their own.",
         "counter",
-        ctx.log.early_answers_reused(),
+        ctx.early.reused(),
     );
     sample(
         &mut out,
         "fenced_raft_heartbeats_answered_early_total",
         "Heartbeats to followers answered from their stored answer to an early copy; the commit index they carried goes with the next message.",
         "counter",
-        ctx.log.early_heartbeats_answered(),
+        ctx.early.heartbeats_answered(),
     );
 
     c.rpc.render(&mut out);
@@ -305,7 +203,7 @@ pub fn render(ctx: &NodeContext) -> String {
         (
             "fenced_parked_requests",
             "Calls on this node waiting for a waiter's grant to be applied (or its wait to end).",
-            ctx.shared.parking.parked() as u64,
+            ctx.parking.parked() as u64,
         ),
         (
             "fenced_proposal_queue_depth",
@@ -671,26 +569,5 @@ async fn serve_one<S>(
         .serve_connection(TokioIo::new(stream), service);
     if let Err(e) = conn.await {
         tracing::debug!(error = %e, "metrics connection");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_histogram_renders_cumulative_buckets_sum_and_count() {
-        let h = Histogram::new(&[1, 10]);
-        for v in [0, 1, 5, 10, 11] {
-            h.observe(v);
-        }
-        let mut out = String::new();
-        h.render(&mut out, "x", "help", 1.0);
-        assert!(out.contains("x_bucket{le=\"1\"} 2\n"), "{out}");
-        assert!(out.contains("x_bucket{le=\"10\"} 4\n"), "{out}");
-        assert!(out.contains("x_bucket{le=\"+Inf\"} 5\n"), "{out}");
-        assert!(out.contains("x_sum 27\n"), "{out}");
-        assert!(out.contains("x_count 5\n"), "{out}");
-        assert_eq!(h.count(), 5);
     }
 }

@@ -4,7 +4,7 @@
 //! Raft is fenced's hot path: every grant is one AppendEntries round trip to
 //! each follower, and openraft follows it with a heartbeat that tells them
 //! the new commit index (answered from the early copies when they vouch for
-//! it, see [`crate::early_replication`]). Plain
+//! it, see [`crate::replication`], which drives this transport). Plain
 //! frames cost one write and one read per message, where a gRPC call costs
 //! HTTP/2 framing, several writes and hand-offs between tasks on both sides;
 //! on a small machine that CPU is most of a commit's latency. The peer port
@@ -15,7 +15,7 @@
 //! timeout drops it, so a late reply can never be taken for the next one.
 //!
 //! Every request carries the sender's cluster time and every reply the
-//! answerer's floor ([`crate::time_floor`]): a follower learns the leader's
+//! answerer's floor ([`crate::clock::floor`]): a follower learns the leader's
 //! time from each heartbeat, and a candidate learns from each granted vote
 //! the highest time its voter accepted, so the next leader's clock starts
 //! where the last one's left off (DECISIONS.md, "Cluster time rides on every
@@ -31,15 +31,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use openraft::{
-    error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable},
-    network::{RPCOption, RaftNetwork, RaftNetworkFactory},
-    raft::{
-        AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest,
-        InstallSnapshotResponse, VoteRequest, VoteResponse,
-    },
-    AnyError,
-};
+use openraft::raft::InstallSnapshotRequest;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream},
@@ -50,10 +42,8 @@ use fenced_core::ClusterTime;
 
 use crate::{
     codec,
-    early_replication::EarlyAnswers,
-    proposer::LeaderTime,
     tls::{self, NodeTls, PeerStream},
-    types::{Node, NodeId, TypeConfig},
+    types::{NodeId, TypeConfig},
 };
 
 /// The largest Raft message accepted or sent, in bytes.
@@ -129,7 +119,8 @@ pub enum RaftCall {
     AppendEntries = 1,
     Vote = 2,
     InstallSnapshot = 3,
-    /// fenced's own pre-vote ([`crate::election`]), not an openraft call.
+    /// fenced's own pre-vote ([`crate::replication::pre_vote`]), not an
+    /// openraft call.
     PreVote = 4,
     /// A stopping leader asks a caught-up follower to stand at once
     /// ([`crate::handoff`]), not an openraft call.
@@ -157,6 +148,21 @@ impl RaftCall {
             Self::TimeoutNow => "timeout_now",
         }
     }
+}
+
+/// A malformed Raft frame: the connection closes.
+pub(crate) fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// Decodes the message of a `call` frame.
+pub(crate) fn decode_call<T: DeserializeOwned>(call: RaftCall, body: &[u8]) -> io::Result<T> {
+    codec::decode(call.name(), body).map_err(|e| invalid(e.to_string()))
+}
+
+/// Encodes the reply to a `call`.
+pub(crate) fn encode_call<T: Serialize>(call: RaftCall, value: &T) -> io::Result<Vec<u8>> {
+    codec::encode(call.name(), value).map_err(|e| io::Error::other(e.to_string()))
 }
 
 /// Writes one frame: a 4-byte big-endian length, then `head` and `body`.
@@ -360,76 +366,17 @@ impl Reachability {
     }
 }
 
-/// Makes one Raft client per replication stream, each with its own
-/// connection.
-#[derive(Clone)]
-pub struct Network {
-    /// Followers' answers to early copies of this node's appends.
-    early: Arc<EarlyAnswers>,
-    time: Arc<LeaderTime>,
-    tls: Option<Arc<NodeTls>>,
-    reachability: Arc<Reachability>,
-}
-
-impl Network {
-    pub fn new(early: Arc<EarlyAnswers>, time: Arc<LeaderTime>) -> Self {
-        Self {
-            early,
-            time,
-            tls: None,
-            reachability: Arc::default(),
-        }
-    }
-
-    /// Which peers this node's Raft calls could not reach.
-    pub fn reachability(&self) -> Arc<Reachability> {
-        Arc::clone(&self.reachability)
-    }
-
-    /// Connects to peers over mutual TLS.
-    pub fn with_tls(self, tls: Option<Arc<NodeTls>>) -> Self {
-        Self { tls, ..self }
-    }
-}
-
+/// One connection to one peer's Raft port, carrying one request at a time.
 pub struct Peer {
     target: NodeId,
     addr: String,
     conn: Option<BufStream<PeerStream>>,
     /// Set: connections are mutual TLS with this node's certificate.
     tls: Option<Arc<NodeTls>>,
-    early: Option<Arc<EarlyAnswers>>,
-    /// This node's clock: stamps requests, takes the floors voters send.
-    time: Option<Arc<LeaderTime>>,
     /// Where this client's failures and recoveries are told; `None`: not
     /// logged (pre-votes, which count a silent voter as a refusal).
     reachability: Option<Arc<Reachability>>,
-    /// This connection has carried entries: it is a replication stream's,
-    /// not one of the single-use clients openraft makes for a leadership
-    /// check, which must reach the follower.
-    replicates: bool,
-    /// The last AppendEntries was a heartbeat answered from an early copy,
-    /// so the follower may not know its commit index yet: the next one goes
-    /// out.
-    owes_commit: bool,
 }
-
-impl RaftNetworkFactory<TypeConfig> for Network {
-    type Network = Peer;
-
-    async fn new_client(&mut self, target: NodeId, node: &Node) -> Peer {
-        let mut peer = Peer::with_early(target, node.peer_addr.clone(), Arc::clone(&self.early));
-        peer.time = Some(Arc::clone(&self.time));
-        peer.reachability = Some(Arc::clone(&self.reachability));
-        peer.with_tls(self.tls.clone())
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct TransportError(String);
-
-type CallError<E> = RPCError<NodeId, Node, RaftError<NodeId, E>>;
 
 impl Peer {
     /// A client for node `target` at `addr`; it connects on first use.
@@ -439,21 +386,21 @@ impl Peer {
             addr,
             conn: None,
             tls: None,
-            early: None,
-            time: None,
             reachability: None,
-            replicates: false,
-            owes_commit: false,
         }
     }
 
-    /// A client whose AppendEntries may be answered from the follower's
-    /// answers to early copies.
-    pub(crate) fn with_early(target: NodeId, addr: String, early: Arc<EarlyAnswers>) -> Self {
-        Self {
-            early: Some(early),
-            ..Self::new(target, addr)
-        }
+    pub fn target(&self) -> NodeId {
+        self.target
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Drops the connection: the next exchange connects again.
+    pub(crate) fn disconnect(&mut self) {
+        self.conn = None;
     }
 
     /// Connects over mutual TLS when `tls` is set.
@@ -539,154 +486,6 @@ impl Peer {
         let result = (floor, body.to_vec());
         self.conn = Some(conn);
         Ok(result)
-    }
-
-    /// Names the call, the peer and what went wrong (built only on errors).
-    fn failed(&self, call: RaftCall, what: String) -> TransportError {
-        TransportError(format!(
-            "{} to node {} at {}: {what}",
-            call.name(),
-            self.target,
-            self.addr
-        ))
-    }
-
-    /// The time a message from a node in `term` carries.
-    fn stamp(&self, term: u64, durable: bool) -> MessageTime {
-        match &self.time {
-            Some(time) => MessageTime {
-                at: time.for_message(term),
-                durable,
-            },
-            None => MessageTime::NONE,
-        }
-    }
-
-    async fn call<Req, Resp, E>(
-        &mut self,
-        call: RaftCall,
-        time: MessageTime,
-        req: &Req,
-        option: &RPCOption,
-    ) -> Result<(ClusterTime, Resp), CallError<E>>
-    where
-        Req: Serialize,
-        Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
-    {
-        let rpc = call.name();
-        let payload =
-            codec::encode(rpc, req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let reply = match tokio::time::timeout(
-            option.hard_ttl(),
-            self.exchange_timed(call, time, &payload),
-        )
-        .await
-        {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(e)) => {
-                // Logged by exchange_timed, once per outage; openraft's own
-                // error line for an Unreachable is dropped (crate::raft_noise).
-                return Err(RPCError::Unreachable(Unreachable::new(
-                    &self.failed(call, e.to_string()),
-                )));
-            }
-            Err(_) => {
-                // The connection went with the dropped exchange: a reply
-                // still on its way can never be read as the next one.
-                return Err(RPCError::Network(NetworkError::new(
-                    &self.failed(call, format!("no reply within {:?}", option.hard_ttl())),
-                )));
-            }
-        };
-        let (floor, reply) = reply;
-        let reply: Result<Resp, RaftError<NodeId, E>> =
-            codec::decode(rpc, &reply).map_err(|e| {
-                self.conn = None;
-                RPCError::Network(NetworkError::from(AnyError::new(&e)))
-            })?;
-        reply
-            .map(|r| (floor, r))
-            .map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
-    }
-}
-
-impl RaftNetwork<TypeConfig> for Peer {
-    async fn append_entries(
-        &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        if let Some(early) = &self.early {
-            // The follower's own answer, given already to an early copy
-            // (see crate::early_replication). Half the soft deadline leaves
-            // the ordinary call time enough when the copy failed.
-            let wait = option.soft_ttl() / 2;
-            if !rpc.entries.is_empty() {
-                self.replicates = true;
-                if early.cover(self.target, &rpc, wait).await {
-                    // The copy told the follower this commit index or later.
-                    self.owes_commit = false;
-                    return Ok(AppendEntriesResponse::Success);
-                }
-            } else if self.replicates
-                && !self.owes_commit
-                && early.cover_heartbeat(self.target, &rpc, wait).await
-            {
-                // The commit index rides on the next copy or AppendEntries,
-                // at the latest the next periodic heartbeat.
-                self.owes_commit = true;
-                return Ok(AppendEntriesResponse::Success);
-            }
-        }
-        // A heartbeat on a connection that never carried entries is one of
-        // openraft's leadership checks: a read's time is revealed after it.
-        let durable = !self.replicates && rpc.entries.is_empty();
-        let time = self.stamp(rpc.vote.leader_id().get_term(), durable);
-        let answer = self
-            .call(RaftCall::AppendEntries, time, &rpc, &option)
-            .await
-            .map(|(_, r)| r);
-        // Only a follower that accepted the call took its commit index.
-        if matches!(
-            answer,
-            Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_))
-        ) {
-            self.owes_commit = false;
-        }
-        answer
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        let time = self.stamp(rpc.vote.leader_id().get_term(), false);
-        self.call(RaftCall::InstallSnapshot, time, &rpc, &option)
-            .await
-            .map(|(_, r)| r)
-    }
-
-    async fn vote(
-        &mut self,
-        rpc: VoteRequest<NodeId>,
-        option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        let time = self.stamp(rpc.vote.leader_id().get_term(), false);
-        let (floor, resp): (_, VoteResponse<NodeId>) =
-            self.call(RaftCall::Vote, time, &rpc, &option).await?;
-        // The voter's floor as of its grant: the highest time it accepted
-        // from any leader before it. The new leader's clock starts there.
-        if resp.vote_granted {
-            if let Some(t) = &self.time {
-                t.floor().raise(floor);
-            }
-        }
-        Ok(resp)
     }
 }
 

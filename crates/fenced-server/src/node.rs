@@ -21,8 +21,9 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::{
     auth::{self, Auth, AuthConfig},
-    early_replication::{EarlyAnswers, EarlyReplication},
-    election::Election,
+    clock::{floor::TimeFloor, AppliedTime, ClusterClock},
+    counters::Counters,
+    data_format::{LOG_DIR, STATE_DIR},
     health,
     kv_service::{KvService, KV_MESSAGE_MAX_BYTES},
     limits::{ConnectionLimit, Port, ServerLimits},
@@ -30,23 +31,17 @@ use crate::{
     maintenance::MaintenanceService,
     membership::{self, Join, JoinRefused},
     metrics,
-    network::Network,
     parking::Parking,
-    peer_listener::{self, RaftPeer},
-    proposer::{run_leader_watch, run_ticker, LeaderTime, Proposer, ProposerConfig},
+    peer_listener,
+    proposer::{run_leader_watch, run_ticker, Proposer, ProposerConfig},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
+    replication::{self, EarlyAnswers, EarlyReplication, Election, Network, RaftPeer},
     services::{ClusterService, LockService, NodeContext},
     state_machine::StateMachine,
-    time_floor::TimeFloor,
     tls::{self, Members, TlsSettings},
     types::{Node, NodeId, Raft},
     watch::Watchers,
 };
-
-/// Where in the data directory the Raft log (entries, vote, commit mark)
-/// and the state machine's snapshot live.
-pub(crate) const LOG_DIR: &str = "raft-log";
-pub(crate) const STATE_DIR: &str = "state";
 
 /// The largest client request accepted, in bytes (names are at most 200).
 const CLIENT_MESSAGE_MAX_BYTES: usize = 64 * 1024;
@@ -253,7 +248,7 @@ impl RunningNode {
             crate::data_format::write(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
         }
         let log = LogStore::open(&cfg.data_dir.join(LOG_DIR)).map_err(|e| storage(Box::new(e)))?;
-        match log.give_up_restored_leadership(cfg.id).await {
+        match replication::give_up_restored_leadership(&log, cfg.id).await {
             Ok(Some(term)) => tracing::info!(
                 term,
                 "led before the restart: standing for election in a new term"
@@ -261,19 +256,24 @@ impl RunningNode {
             Ok(None) => {}
             Err(e) => return Err(storage(Box::new(e))),
         }
+        // Owned here: the state machine wakes the callers the services park.
         let parking = Parking::new(cfg.max_parked);
-        let sm = StateMachine::open(
+        // Owned here: the parts that count hold it, /metrics reads it.
+        let counters = Arc::new(Counters::default());
+        let sm = StateMachine::open_counted(
             &cfg.data_dir.join(STATE_DIR),
-            parking,
+            Arc::clone(&parking),
             log.purge_horizon(),
             cfg.history_per_resource,
+            Arc::clone(&counters),
         )
         .map_err(|e| storage(e.to_string().into()))?;
         let shared = sm.shared();
         let floor = Arc::new(TimeFloor::open(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?);
-        let time = Arc::new(LeaderTime::new(
+        let time = Arc::new(ClusterClock::new(
             cfg.proposer.clock_skew_ppm,
             Arc::clone(&floor),
+            Arc::clone(&shared) as Arc<dyn AppliedTime>,
         ));
 
         let client_listener = tokio_listener(listeners.client)?;
@@ -323,11 +323,14 @@ impl RunningNode {
         let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log.clone(), sm)
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
-        log.replicate_early(
-            EarlyReplication::new(cfg.id, raft.metrics(), early_answers).with_tls(tls.clone()),
-        );
-        // Elections start from fenced's pre-vote (crate::election), not from
-        // openraft's timer.
+        // A leader's appends go to its followers before its own fdatasync
+        // ends (crate::replication::early).
+        log.on_append(Arc::new(
+            EarlyReplication::new(cfg.id, raft.metrics(), Arc::clone(&early_answers))
+                .with_tls(tls.clone()),
+        ));
+        // Elections start from fenced's pre-vote (crate::replication::election),
+        // not from openraft's timer.
         raft.runtime_config().elect(false);
         let election = Arc::new(
             Election::new(
@@ -357,7 +360,7 @@ impl RunningNode {
         };
         let proposer = Proposer::start(
             raft.clone(),
-            Arc::clone(&shared),
+            Arc::clone(&counters),
             Arc::clone(&time),
             cfg.proposer,
         );
@@ -365,6 +368,8 @@ impl RunningNode {
             cfg.id,
             raft.clone(),
             Arc::clone(&shared),
+            parking,
+            Arc::clone(&counters),
             proposer.clone(),
             Arc::clone(&time),
             cfg.limits,
@@ -376,6 +381,7 @@ impl RunningNode {
             IdentityQuota::new(cfg.max_leases_per_identity, cfg.max_waiters_per_identity),
         )
         .with_forward_tls(tls.clone())
+        .with_early_answers(early_answers)
         .with_watchers(Watchers::new(
             cfg.max_watchers,
             cfg.max_watchers_per_identity,
@@ -388,7 +394,6 @@ impl RunningNode {
         let mut join_refused = None;
         tasks.push(tokio::spawn(run_leader_watch(
             raft.clone(),
-            Arc::clone(&shared),
             Arc::clone(&time),
         )));
         tasks.push(tokio::spawn(run_ticker(
@@ -414,7 +419,7 @@ impl RunningNode {
             raft.clone(),
             cfg.id,
             health_reporter,
-            shared,
+            Arc::clone(&counters),
             // A follower calls an election after at most this long without
             // hearing from its leader; the leader gives up serving as soon.
             Duration::from_millis(cfg.election_timeout_ms * 2),
@@ -464,7 +469,7 @@ impl RunningNode {
             KvServer::new(KvService::new(ctx.clone(), peer))
                 .max_decoding_message_size(KV_MESSAGE_MAX_BYTES)
         };
-        let limit_counters = Arc::clone(&ctx.shared.counters.limits);
+        let limit_counters = Arc::clone(&ctx.counters.limits);
         let connection_limit = |port| {
             ConnectionLimit::new(
                 port,
@@ -473,9 +478,8 @@ impl RunningNode {
                 Arc::clone(&limit_counters),
             )
         };
-        let rpc_metrics = |port| {
-            crate::rpc_metrics::RpcMetricsLayer::new(Arc::clone(&ctx.shared.counters.rpc), port)
-        };
+        let rpc_metrics =
+            |port| crate::rpc_metrics::RpcMetricsLayer::new(Arc::clone(&ctx.counters.rpc), port);
         let client_router = cfg
             .server_limits
             .server()

@@ -8,7 +8,7 @@
 //!    progress) and sends it on openraft's replication path only after its
 //!    own log store reported the entry flushed (`LogFlushed`, called by
 //!    raft-log after fdatasync). fenced's early copies
-//!    (`early_replication.rs`) send entries before that flush, so fenced
+//!    (`replication/early.rs`) send entries before that flush, so fenced
 //!    does not rely on the sending order for followers' logs; it relies on
 //!    the leader counting itself only after its flush (a commit needs a
 //!    majority of fdatasync'ed copies, the leader's own included only once
@@ -37,10 +37,23 @@
 //!    `a_linearizable_read_waits_for_the_new_leaders_first_entry_to_apply`.
 //! 5. A restarted node whose stored vote is its own committed one leads again
 //!    at once, under that vote. With early copies that would let one log id
-//!    name two entries, so `LogStore::give_up_restored_leadership` (called by
-//!    `node.rs` before Raft starts) replaces that vote. Test:
+//!    name two entries, so `replication::give_up_restored_leadership`
+//!    (called by `node.rs` before Raft starts) replaces that vote. Test:
 //!    `a_restarted_leader_leads_again_unless_it_gives_up_its_vote` (both the
 //!    openraft behaviour and fenced's answer to it).
+//! 6. A leadership check (`ensure_linearizable`) goes to each follower on a
+//!    client of its own, one that never carried entries, and needs those
+//!    clients' answers: a replication stream's answers never stand in for
+//!    it. fenced's transport answers heartbeats from early copies only on a
+//!    connection that carried entries, and makes the time of the others
+//!    durable (`replication::stream::Stream`), so a check always reaches the
+//!    followers. Test:
+//!    `a_leadership_check_goes_on_clients_of_its_own_and_needs_their_answers`.
+//! 7. Elections disabled at run time (`runtime_config().elect(false)`, as
+//!    `node.rs` does right after `Raft::new`) stay disabled: a follower
+//!    whose leader is gone never stands by itself, so elections start only
+//!    from fenced's pre-vote (`replication::election`). Test:
+//!    `a_follower_with_elections_disabled_at_run_time_never_stands_by_itself`.
 //!
 //! And `the_contract_was_checked_against_the_locked_openraft_version`: the
 //! openraft in Cargo.lock is the one these were checked against.
@@ -73,6 +86,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::{
     log_store::{testing::open_state, LogStore},
+    replication::give_up_restored_leadership,
     state_machine::StateMachine,
     types::{
         Entry, LogId, Node, NodeId, Outcomes, Raft, Snapshot, SnapshotMeta, StorageError,
@@ -163,6 +177,11 @@ struct Router {
     heartbeats_answered: AtomicU64,
     /// The target and previous entry of every heartbeat answered so.
     heartbeat_prevs: Mutex<Vec<(NodeId, Option<LogId>)>>,
+    /// Heartbeats on a client that never carried entries fail as
+    /// unreachable; those on a replication stream's client go through.
+    checks_cut: AtomicBool,
+    /// Heartbeats answered by a follower on a client that carried entries.
+    stream_heartbeats: AtomicU64,
 }
 
 struct Net {
@@ -172,6 +191,8 @@ struct Net {
 struct Link {
     target: NodeId,
     router: Arc<Router>,
+    /// This client has carried entries (a replication stream's).
+    carried: bool,
 }
 
 fn unreachable<E: std::error::Error>(why: &str) -> RPCError<NodeId, Node, E> {
@@ -191,6 +212,7 @@ impl RaftNetworkFactory<TypeConfig> for Net {
         Link {
             target,
             router: Arc::clone(&self.router),
+            carried: false,
         }
     }
 }
@@ -218,9 +240,15 @@ impl RaftNetwork<TypeConfig> for Link {
                 .push((to, rpc.prev_log_id));
             return Ok(AppendEntriesResponse::Success);
         }
+        self.carried |= last.is_some();
+        if last.is_none() && !self.carried && self.router.checks_cut.load(Ordering::SeqCst) {
+            return Err(unreachable("checks cut"));
+        }
         let raft = self.raft().ok_or_else(|| unreachable("node down"))?;
         if let Some(last) = last {
             self.router.journal.push(Event::Sent { to, last });
+        } else if self.carried {
+            self.router.stream_heartbeats.fetch_add(1, Ordering::SeqCst);
         }
         let res = raft
             .append_entries(rpc)
@@ -451,14 +479,19 @@ impl RaftStateMachine<TypeConfig> for HeldApply {
 }
 
 fn config() -> Arc<openraft::Config> {
+    config_with(false)
+}
+
+/// `enable_elect: false` (elections start only when asked) or openraft's
+/// default, `true`.
+fn config_with(enable_elect: bool) -> Arc<openraft::Config> {
     Arc::new(
         openraft::Config {
             cluster_name: "contract".into(),
             heartbeat_interval: 50,
             election_timeout_min: 300,
             election_timeout_max: 600,
-            // As in node.rs: elections start only when asked.
-            enable_elect: false,
+            enable_elect,
             ..Default::default()
         }
         .validate()
@@ -495,6 +528,15 @@ async fn open_log(dir: &Path) -> LogStore {
 }
 
 async fn start(router: &Arc<Router>, id: NodeId, dir: &Path) -> Member {
+    start_with(router, id, dir, config()).await
+}
+
+async fn start_with(
+    router: &Arc<Router>,
+    id: NodeId,
+    dir: &Path,
+    config: Arc<openraft::Config>,
+) -> Member {
     let log = open_log(dir).await;
     let sm = open_state(dir, &log);
     let (flush, apply) = (Gate::open(), Gate::open());
@@ -508,7 +550,7 @@ async fn start(router: &Arc<Router>, id: NodeId, dir: &Path) -> Member {
     let net = Net {
         router: Arc::clone(router),
     };
-    let raft = Raft::new(id, config(), net, log, sm).await.unwrap();
+    let raft = Raft::new(id, config, net, log, sm).await.unwrap();
     router.nodes.lock().unwrap().insert(id, raft.clone());
     Member { raft, flush, apply }
 }
@@ -523,12 +565,22 @@ fn batch() -> Batch {
 impl Cluster {
     /// Three voters, node 1 the leader, its first entries applied everywhere.
     async fn three() -> Self {
+        Self::three_with(config(), false).await
+    }
+
+    /// [`Cluster::three`] under `config`; `elect_off` turns elections off at
+    /// run time right after `Raft::new`, as `node.rs` does.
+    async fn three_with(config: Arc<openraft::Config>, elect_off: bool) -> Self {
         let router = Arc::new(Router::default());
         let mut members = BTreeMap::new();
         let mut dirs = Vec::new();
         for id in 1..=3 {
             let dir = tempfile::tempdir().unwrap();
-            members.insert(id, start(&router, id, dir.path()).await);
+            let m = start_with(&router, id, dir.path(), Arc::clone(&config)).await;
+            if elect_off {
+                m.raft.runtime_config().elect(false);
+            }
+            members.insert(id, m);
             dirs.push(dir);
         }
         let nodes: BTreeMap<NodeId, Node> = (1..=3).map(|id| (id, Node::default())).collect();
@@ -843,7 +895,7 @@ async fn a_restarted_leader_leads_again_unless_it_gives_up_its_vote() {
 
     // What node.rs does before Raft starts: the vote is given up.
     let log = open_log(&dir).await;
-    let term = log.give_up_restored_leadership(1).await.unwrap();
+    let term = give_up_restored_leadership(&log, 1).await.unwrap();
     assert_eq!(term, Some(vote.leader_id().get_term() + 1));
     drop(log);
     let m = start(&router, 1, &dir).await;
@@ -862,4 +914,57 @@ async fn a_restarted_leader_leads_again_unless_it_gives_up_its_vote() {
     );
     m.raft.shutdown().await.unwrap();
     drop(dirs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leadership_check_goes_on_clients_of_its_own_and_needs_their_answers() {
+    let c = Cluster::three().await;
+    c.write(1).await;
+    c.raft(1).ensure_linearizable().await.unwrap();
+    // Only clients that carried entries reach the followers now.
+    c.router.checks_cut.store(true, Ordering::SeqCst);
+    // The replication streams' heartbeats still reach the followers.
+    let streams_before = c.router.stream_heartbeats.load(Ordering::SeqCst);
+    let deadline = Instant::now() + WAIT;
+    while c.router.stream_heartbeats.load(Ordering::SeqCst) < streams_before + 2 {
+        assert!(Instant::now() < deadline, "no replication stream heartbeat");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let check = tokio::time::timeout(HOLD * 2, c.raft(1).ensure_linearizable()).await;
+    assert!(
+        !matches!(check, Ok(Ok(_))),
+        "a leadership check succeeded with only the replication streams' answers: {check:?}"
+    );
+    // And with the check's own clients back, it succeeds.
+    c.router.checks_cut.store(false, Ordering::SeqCst);
+    tokio::time::timeout(WAIT, c.raft(1).ensure_linearizable())
+        .await
+        .unwrap()
+        .unwrap();
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_with_elections_disabled_at_run_time_never_stands_by_itself() {
+    // openraft's default, enable_elect: true, turned off at run time.
+    let c = Cluster::three_with(config_with(true), true).await;
+    let term = c.raft(2).metrics().borrow().current_term;
+    // The leader goes away. With openraft's timer on, a follower would stand
+    // within election_timeout_max (600 ms).
+    c.router.nodes.lock().unwrap().remove(&1);
+    c.raft(1).shutdown().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600) * 4).await;
+    for id in [2, 3] {
+        let m = c.raft(id).metrics().borrow().clone();
+        assert_eq!(m.current_term, term, "node {id} stood by itself");
+        assert_eq!(m.state, ServerState::Follower, "node {id}");
+    }
+    // Asked, it stands (what the pre-vote does once it wins).
+    c.raft(2).trigger().elect().await.unwrap();
+    c.raft(2)
+        .wait(Some(WAIT))
+        .state(ServerState::Leader, "node 2 elected when asked")
+        .await
+        .unwrap();
+    c.stop().await;
 }

@@ -8,8 +8,6 @@ use std::{
     time::Duration,
 };
 
-use openraft::raft::AppendEntriesResponse;
-
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream},
     net::TcpListener,
@@ -18,35 +16,19 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    codec,
-    election::{Election, PreVoteRequest},
     handoff,
-    limits::{ConnectionLimit, LimitCounters},
+    limits::ConnectionLimit,
     network::{
-        check_snapshot_chunk, read_frame, write_frame, FrameTooLarge, MessageTime, RaftCall,
-        PREFACE,
+        decode_call, encode_call, invalid, read_frame, write_frame, FrameTooLarge, MessageTime,
+        RaftCall, PREFACE,
     },
-    time_floor::TimeFloor,
+    replication::RaftPeer,
     tls::{self, Members, NodeTls, PeerStream, Routed},
-    types::{NodeId, Raft},
+    types::NodeId,
 };
 
 /// How long a new connection may take to send the bytes that route it.
 const ROUTE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What a Raft connection is served with.
-#[derive(Clone)]
-pub struct RaftPeer {
-    pub raft: Raft,
-    /// Told of every message from a leader; answers pre-votes.
-    pub election: Arc<Election>,
-    /// Takes the time of every message accepted from a leader; its value
-    /// goes back with every granted vote.
-    pub floor: Arc<TimeFloor>,
-    /// A snapshot chunk reaching past this many bytes is refused.
-    pub max_snapshot_bytes: u64,
-    pub counters: Arc<LimitCounters>,
-}
 
 /// Accepts on `listener` until `stop`; gRPC connections go to `grpc`. With
 /// `tls`, each connection is a mutual-TLS handshake first (members only,
@@ -146,13 +128,6 @@ async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
     peer: RaftPeer,
     from: Option<(NodeId, Members)>,
 ) -> io::Result<()> {
-    let RaftPeer {
-        raft,
-        election,
-        floor,
-        max_snapshot_bytes,
-        counters,
-    } = peer;
     let mut conn = BufStream::new(stream);
     while let Some(frame) = read_frame(&mut conn).await? {
         if let Some((id, members)) = &from {
@@ -170,88 +145,20 @@ async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
             .ok_or_else(|| invalid(format!("unknown raft call {kind}")))?;
         let (time, body) = MessageTime::split(body)
             .ok_or_else(|| invalid(format!("{} frame shorter than its header", call.name())))?;
-        let reply = match call {
-            RaftCall::AppendEntries => {
-                let req = decode(call, body)?;
-                // Held across the append and the recording of its time, so a
-                // vote granted after openraft took the append carries it.
-                let _gate = floor.gate.read().await;
-                let resp = raft.append_entries(req).await;
-                // Anything but a refusal for a lower vote came from a leader
-                // this node follows.
-                if matches!(&resp, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
-                    election.heard_from_leader();
-                    accept_time(&floor, time).await?;
-                }
-                encode(call, &resp)?
-            }
-            RaftCall::Vote => {
-                let req = decode(call, body)?;
-                let _gate = floor.gate.write().await;
-                let resp = raft.vote(req).await;
-                // Raft restarts a voter's election timer when it grants.
-                if matches!(&resp, Ok(r) if r.vote_granted) {
-                    election.heard_from_leader();
-                }
-                encode(call, &resp)?
-            }
-            RaftCall::InstallSnapshot => {
-                let req: openraft::raft::InstallSnapshotRequest<crate::types::TypeConfig> =
-                    decode(call, body)?;
-                if let Err(e) = check_snapshot_chunk(&req, max_snapshot_bytes) {
-                    counters.snapshot_chunks.fetch_add(1, Relaxed);
-                    return Err(e);
-                }
-                let _gate = floor.gate.read().await;
-                let vote = req.vote;
-                let resp = raft.install_snapshot(req).await;
-                if matches!(&resp, Ok(r) if r.vote <= vote) {
-                    election.heard_from_leader();
-                    accept_time(&floor, time).await?;
-                }
-                encode(call, &resp)?
-            }
-            RaftCall::PreVote => {
-                let req: PreVoteRequest = decode(call, body)?;
-                encode(call, &election.answer(&raft, &req))?
-            }
-            RaftCall::TimeoutNow => {
-                let req: handoff::TimeoutNow = decode(call, body)?;
+        let reply = match peer.answer(call, time, body).await? {
+            Some(reply) => reply,
+            None => {
+                // RaftCall::TimeoutNow, the only call replication leaves.
+                let req: handoff::TimeoutNow = decode_call(call, body)?;
                 let sender = from.as_ref().map(|(id, _)| *id);
-                encode(call, &handoff::answer(&raft, sender, &req).await)?
+                encode_call(call, &handoff::answer(&peer.raft, sender, &req).await)?
             }
         };
         // Read after the call: a granted vote answers with every time this
         // node accepted before granting it.
-        let head = floor.get().as_millis().to_be_bytes();
+        let head = peer.floor.get().as_millis().to_be_bytes();
         write_frame(&mut conn, &head, &reply).await?;
         conn.flush().await?;
     }
     Ok(())
-}
-
-/// Records the time of a message accepted from a leader; made durable
-/// first when the leader asked (a read will reveal it).
-async fn accept_time(floor: &TimeFloor, time: MessageTime) -> io::Result<()> {
-    if time.durable {
-        floor.make_durable(time.at).await.map_err(|e| {
-            tracing::error!(error = %e, "cannot make the cluster time durable");
-            e
-        })
-    } else {
-        floor.raise(time.at);
-        Ok(())
-    }
-}
-
-fn invalid(msg: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, msg)
-}
-
-fn decode<T: serde::de::DeserializeOwned>(call: RaftCall, body: &[u8]) -> io::Result<T> {
-    codec::decode(call.name(), body).map_err(|e| invalid(e.to_string()))
-}
-
-fn encode<T: serde::Serialize>(call: RaftCall, value: &T) -> io::Result<Vec<u8>> {
-    codec::encode(call.name(), value).map_err(|e| io::Error::other(e.to_string()))
 }

@@ -5,18 +5,19 @@
 use std::{
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex, PoisonError,
+        Arc,
     },
     time::{Duration, Instant},
 };
 
-use fenced_core::{Batch, ClusterTime, Command, LeaderClock, Outcome};
+use fenced_core::{Batch, ClusterTime, Command, Outcome};
 use openraft::{error::ClientWriteError, ServerState};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::{
+    clock::ClusterClock,
+    counters::Counters,
     state_machine::Shared,
-    time_floor::TimeFloor,
     types::{Node, NodeId, Raft},
 };
 
@@ -72,114 +73,6 @@ pub struct ProposerConfig {
     pub clock_skew_ppm: i64,
 }
 
-/// The leader's clock, valid for one term.
-pub struct LeaderTime {
-    started: Instant,
-    clock: Mutex<Option<(u64, LeaderClock)>>,
-    /// The term this node was last seen becoming leader in, and when.
-    became: Mutex<Option<(u64, Duration)>>,
-    skew_ppm: i64,
-    /// The highest leader time this node knows of: where the clock of its
-    /// next term starts.
-    floor: Arc<TimeFloor>,
-}
-
-impl LeaderTime {
-    pub fn new(skew_ppm: i64, floor: Arc<TimeFloor>) -> Self {
-        Self {
-            started: Instant::now(),
-            clock: Mutex::new(None),
-            became: Mutex::new(None),
-            skew_ppm,
-            floor,
-        }
-    }
-
-    pub fn floor(&self) -> &Arc<TimeFloor> {
-        &self.floor
-    }
-
-    fn mono(&self) -> Duration {
-        // CANARY (deliberately broken build for fenced-jepsen): leases run on
-        // the wall clock, so a clock step ends them early.
-        #[cfg(feature = "canary-wall-clock-expiry")]
-        return std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        #[cfg(not(feature = "canary-wall-clock-expiry"))]
-        self.started.elapsed()
-    }
-
-    /// Cluster time now, if this node's clock is running for `term`.
-    pub fn now(&self, term: u64, applied: ClusterTime) -> Option<ClusterTime> {
-        let mut guard = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
-        let (t, clock) = guard.as_mut()?;
-        if *t != term {
-            return None;
-        }
-        clock.observe(applied);
-        let now = clock.now(self.mono());
-        self.floor.raise(now);
-        Some(now)
-    }
-
-    /// Cluster time now if this node's clock runs for `term`, else the
-    /// highest leader time it knows: what a Raft message it sends carries.
-    pub fn for_message(&self, term: u64) -> ClusterTime {
-        let mut guard = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
-        match guard.as_mut() {
-            Some((t, clock)) if *t == term => {
-                let now = clock.now(self.mono());
-                self.floor.raise(now);
-                now
-            }
-            _ => self.floor.get(),
-        }
-    }
-
-    /// Cluster time now for `term`, or, while this node's clock does not run
-    /// (it is not leader, or its clock starts), the latest time it knows.
-    /// Never below a time this node revealed before.
-    pub fn now_or_floor(&self, term: u64, applied: ClusterTime) -> ClusterTime {
-        self.now(term, applied)
-            .unwrap_or_else(|| applied.max(self.floor.get()))
-    }
-
-    /// Notes the moment this node became leader for `term` (the first time
-    /// it is told, per term).
-    fn became_leader(&self, term: u64) {
-        let mut became = self.became.lock().unwrap_or_else(PoisonError::into_inner);
-        if became.map(|(t, _)| t) != Some(term) {
-            *became = Some((term, self.mono()));
-        }
-    }
-
-    /// Starts the clock for `term` from the highest of the last applied
-    /// cluster time and the floor (`LeaderClock::take_over`), as of the
-    /// moment this node became leader: time spent applying the previous
-    /// term's entries counts, so no lease is lengthened by more than the
-    /// last heartbeat interval and the election. Returns the start.
-    fn start(&self, term: u64, applied: ClusterTime) -> ClusterTime {
-        let became = *self.became.lock().unwrap_or_else(PoisonError::into_inner);
-        let started = match became {
-            Some((t, at)) if t == term => at,
-            _ => self.mono(),
-        };
-        // CANARY (deliberately broken build for fenced-jepsen): the clock
-        // starts from the last entry's stamp alone, so an idle cluster's time
-        // runs back at a leader change.
-        let seen = if cfg!(feature = "canary-clock-from-last-stamp") {
-            ClusterTime::ZERO
-        } else {
-            self.floor.get()
-        };
-        let mut clock = LeaderClock::take_over(applied, seen, started).with_skew_ppm(self.skew_ppm);
-        let base = clock.now(started);
-        *self.clock.lock().unwrap_or_else(PoisonError::into_inner) = Some((term, clock));
-        base
-    }
-}
-
 /// Handle used by the services to propose commands.
 #[derive(Clone)]
 pub struct Proposer {
@@ -194,8 +87,8 @@ impl Proposer {
     /// Starts the proposer task.
     pub fn start(
         raft: Raft,
-        shared: Arc<Shared>,
-        time: Arc<LeaderTime>,
+        counters: Arc<Counters>,
+        time: Arc<ClusterClock>,
         config: ProposerConfig,
     ) -> Self {
         let (tx, rx) = mpsc::channel(config.max_pending.max(1));
@@ -203,7 +96,7 @@ impl Proposer {
         let handing_over = Arc::new(AtomicBool::new(false));
         tokio::spawn(run(
             raft,
-            shared,
+            counters,
             time,
             config,
             rx,
@@ -286,11 +179,7 @@ pub fn leader_of(raft: &Raft) -> Option<(NodeId, Node)> {
 }
 
 /// Makes sure this node is leader with a running clock; returns the term.
-async fn ensure_clock(
-    raft: &Raft,
-    shared: &Shared,
-    time: &LeaderTime,
-) -> Result<u64, ProposeError> {
+async fn ensure_clock(raft: &Raft, time: &ClusterClock) -> Result<u64, ProposeError> {
     let (state, term) = {
         let m = raft.metrics();
         let m = m.borrow();
@@ -301,7 +190,7 @@ async fn ensure_clock(
             leader: leader_of(raft),
         });
     }
-    if time.now(term, shared.now()).is_some() {
+    if time.stamp(term).is_some() {
         return Ok(term);
     }
     // A new term: wait until everything committed before it is applied, so
@@ -314,8 +203,7 @@ async fn ensure_clock(
             },
             None => ProposeError::Unavailable(e.to_string()),
         })?;
-    let applied = shared.now();
-    let base = time.start(term, applied);
+    let (base, applied) = time.start(term);
     tracing::info!(
         term,
         cluster_time_ms = base.as_millis(),
@@ -327,8 +215,8 @@ async fn ensure_clock(
 
 async fn run(
     raft: Raft,
-    shared: Arc<Shared>,
-    time: Arc<LeaderTime>,
+    counters: Arc<Counters>,
+    time: Arc<ClusterClock>,
     config: ProposerConfig,
     mut rx: mpsc::Receiver<Proposal>,
     deadline_drops: Arc<AtomicU64>,
@@ -370,14 +258,14 @@ async fn run(
             answer_all(proposals, &ProposeError::NotLeader { leader: None });
             continue;
         }
-        let term = match ensure_clock(&raft, &shared, &time).await {
+        let term = match ensure_clock(&raft, &time).await {
             Ok(term) => term,
             Err(e) => {
                 answer_all(proposals, &e);
                 continue;
             }
         };
-        let Some(stamp) = time.now(term, shared.now()) else {
+        let Some(stamp) = time.stamp(term) else {
             answer_all(
                 proposals,
                 &ProposeError::Unavailable("leadership changed".into()),
@@ -408,10 +296,7 @@ async fn run(
             .into_iter()
             .filter_map(|p| p.command.map(|c| (c, p.reply)))
             .unzip();
-        shared
-            .counters
-            .batch_commands
-            .observe(commands.len() as u64);
+        counters.batch_commands.observe(commands.len() as u64);
         let raft = raft.clone();
         tokio::spawn(async move {
             let result = raft.client_write(Batch { stamp, commands }).await;
@@ -452,7 +337,7 @@ fn answer_all(proposals: Vec<Proposal>, err: &ProposeError) {
 /// Starts the leader clock as soon as this node becomes leader, not at its
 /// first write: until the clock runs, reads and ticks would see time stand
 /// still and leases would outlive their TTL by however long no write came.
-pub async fn run_leader_watch(raft: Raft, shared: Arc<Shared>, time: Arc<LeaderTime>) {
+pub async fn run_leader_watch(raft: Raft, time: Arc<ClusterClock>) {
     let mut metrics = raft.metrics();
     loop {
         let (state, term) = {
@@ -461,8 +346,8 @@ pub async fn run_leader_watch(raft: Raft, shared: Arc<Shared>, time: Arc<LeaderT
         };
         if state == ServerState::Leader {
             time.became_leader(term);
-            if time.now(term, shared.now()).is_none() {
-                if let Err(e) = ensure_clock(&raft, &shared, &time).await {
+            if time.stamp(term).is_none() {
+                if let Err(e) = ensure_clock(&raft, &time).await {
                     tracing::debug!(term, error = %e, "leader clock not started");
                 }
             }
@@ -480,7 +365,7 @@ pub async fn run_leader_watch(raft: Raft, shared: Arc<Shared>, time: Arc<LeaderT
 pub async fn run_ticker(
     raft: Raft,
     shared: Arc<Shared>,
-    time: Arc<LeaderTime>,
+    time: Arc<ClusterClock>,
     proposer: Proposer,
 ) {
     let mut interval = tokio::time::interval(Duration::from_millis(20));
@@ -491,7 +376,7 @@ pub async fn run_ticker(
         let Some(wakeup) = shared.next_sweep() else {
             continue;
         };
-        if let Some(now) = time.now(term, shared.now()) {
+        if let Some(now) = time.stamp(term) {
             if now >= wakeup {
                 proposer.tick();
             }

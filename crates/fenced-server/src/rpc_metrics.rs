@@ -21,8 +21,8 @@ use std::{
 };
 
 use crate::{
+    histogram::{Histogram, LATENCY_US_BOUNDS},
     limits::Port,
-    metrics::{Histogram, LATENCY_US_BOUNDS},
 };
 
 /// Distinct (port, method) series kept; calls to further methods count as

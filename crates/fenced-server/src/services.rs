@@ -22,35 +22,31 @@ use fenced_proto::{
 use openraft::{ChangeMembers, ServerState};
 use tonic::{
     metadata::{Ascii, MetadataMap, MetadataValue},
-    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
+    transport::Channel,
     Request, Response, Status,
 };
 
 use crate::{
     auth::{Auth, Permission, FORWARDED_IDENTITY},
+    clock::ClusterClock,
+    counters::Counters,
     deadline::deadline_of,
+    headers::{LEADER_HEADER, NODE_HEADER},
     log_store::LogStore,
     membership,
     network::Reachability,
-    parking::WaitEnd,
-    proposer::{leader_of, LeaderTime, ProposeError, Proposer},
+    parking::{Parking, WaitEnd},
+    proposer::{leader_of, ProposeError, Proposer},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
+    replication::EarlyAnswers,
     state_machine::{self, Shared},
-    tls::NodeTls,
+    tls::{peer_channel, NodeTls},
     types::{Node, NodeId, Raft},
     watch::Watchers,
 };
 
 /// Marks a request a follower forwarded, so it is never forwarded twice.
 const FORWARDED: &str = "x-fenced-forwarded";
-/// On every answer, success or error: `<leader id>,<leader client address>`
-/// as the answering node knows it, so a client can send its next call
-/// to the leader itself (docs/DECISIONS.md, "Every answer names the
-/// leader"). Absent while no leader is known.
-pub const LEADER_HEADER: &str = "x-fenced-leader";
-/// On every answer: the id of the node that answered, so a client learns
-/// which of its endpoints is which node.
-pub const NODE_HEADER: &str = "x-fenced-node";
 /// Extra time a parked acquire waits past its `wait_ms` for the answer.
 pub(crate) const WAIT_GRACE: Duration = Duration::from_secs(5);
 
@@ -60,8 +56,12 @@ pub struct NodeContext {
     pub id: NodeId,
     pub raft: Raft,
     pub shared: Arc<Shared>,
+    /// Callers waiting for a resource; the state machine wakes them.
+    pub parking: Arc<Parking>,
+    /// The node's counters, read by /metrics.
+    pub counters: Arc<Counters>,
     pub proposer: Proposer,
-    pub time: Arc<LeaderTime>,
+    pub time: Arc<ClusterClock>,
     pub limits: Limits,
     pub log: LogStore,
     pub request_timeout: Duration,
@@ -79,6 +79,9 @@ pub struct NodeContext {
     /// Which peers this node's Raft calls and pre-votes could not reach:
     /// told to a client that finds no leader here.
     reachability: Arc<Reachability>,
+    /// Early copies of this node's appends and the calls their answers
+    /// stood in for (counted for /metrics).
+    pub early: Arc<EarlyAnswers>,
 }
 
 impl NodeContext {
@@ -87,8 +90,10 @@ impl NodeContext {
         id: NodeId,
         raft: Raft,
         shared: Arc<Shared>,
+        parking: Arc<Parking>,
+        counters: Arc<Counters>,
         proposer: Proposer,
-        time: Arc<LeaderTime>,
+        time: Arc<ClusterClock>,
         limits: Limits,
         log: LogStore,
         request_timeout: Duration,
@@ -97,6 +102,8 @@ impl NodeContext {
             id,
             raft,
             shared,
+            parking,
+            counters,
             proposer,
             time,
             limits,
@@ -116,7 +123,13 @@ impl NodeContext {
                 crate::watch::DEFAULT_WATCH_BUFFER,
             )),
             reachability: Arc::default(),
+            early: Arc::default(),
         }
+    }
+
+    /// Counts early copies in `early` (see [`crate::replication::early`]).
+    pub fn with_early_answers(self, early: Arc<EarlyAnswers>) -> Self {
+        Self { early, ..self }
     }
 
     /// The same context serving Watch under these bounds.
@@ -245,7 +258,7 @@ impl NodeContext {
 
     pub(crate) fn cluster_now(&self) -> ClusterTime {
         let term = self.raft.metrics().borrow().current_term;
-        self.time.now_or_floor(term, self.shared.now())
+        self.time.stamp_or_floor(term)
     }
 
     /// Proposes `command` and waits for its outcome, at most the request
@@ -303,30 +316,8 @@ impl NodeContext {
                 )
             })?;
         // Entries applied since carry later stamps, durable in the log.
-        Ok(revealed.max(self.shared.now()))
+        Ok(revealed.max(self.time.applied()))
     }
-}
-
-/// A lazily connecting gRPC channel to a peer's port, for forwarded calls;
-/// with `tls`, this node's certificate opens it.
-pub(crate) fn peer_channel(
-    addr: &str,
-    tls: Option<&NodeTls>,
-) -> Result<Channel, tonic::transport::Error> {
-    let endpoint = match tls {
-        None => Endpoint::from_shared(format!("http://{addr}"))?,
-        Some(t) => Endpoint::from_shared(format!("https://{addr}"))?.tls_config(
-            ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(&t.ca_pem))
-                .identity(Identity::from_pem(&t.cert_pem, &t.key_pem)),
-        )?,
-    };
-    Ok(endpoint
-        .connect_timeout(Duration::from_secs(1))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .connect_lazy())
 }
 
 /// `<id>,<client address>`; `None` when the address is unknown or cannot
@@ -546,7 +537,6 @@ impl LockService {
         let parked = if wait_ms > 0 {
             Some(
                 self.ctx
-                    .shared
                     .parking
                     .park(command.resource().clone(), command.owner())
                     .map_err(|e| Status::resource_exhausted(e.to_string()))?,
@@ -632,7 +622,7 @@ impl LockService {
         // CANARY (deliberately broken build for fenced-jepsen): every read
         // is served from this node's local state.
         if req.get_ref().allow_stale || cfg!(feature = "canary-local-describe") {
-            let now = self.ctx.shared.now();
+            let now = self.ctx.time.applied();
             return Ok(Response::new(describe_reply(
                 &self.ctx.shared.describe(resource.as_str(), now),
                 now,
@@ -909,7 +899,7 @@ impl ClusterService {
         let m = self.ctx.raft.metrics().borrow().clone();
         let leader = leader_of(&self.ctx.raft);
         let role = role_name(m.state);
-        let c = &self.ctx.shared.counters;
+        let c = &self.ctx.counters;
         use std::sync::atomic::Ordering::Relaxed;
         Ok(Response::new(v1::StatusResponse {
             node_id: self.ctx.id,

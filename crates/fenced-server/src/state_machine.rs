@@ -24,9 +24,10 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    clock::AppliedTime,
     codec,
+    counters::Counters,
     log_store::PurgeHorizon,
-    metrics::{self, Histogram},
     parking::Parking,
     types::{
         Entry, LogId, Outcomes, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
@@ -34,66 +35,6 @@ use crate::{
 };
 
 const SNAPSHOT_FILE: &str = "snapshot.bin";
-
-/// What this node has done so far, for metrics and benchmarks.
-#[derive(Debug)]
-pub struct Counters {
-    pub entries: AtomicU64,
-    pub commands: AtomicU64,
-    pub grants: AtomicU64,
-    pub refusals: AtomicU64,
-    pub renewals: AtomicU64,
-    pub lost: AtomicU64,
-    pub releases: AtomicU64,
-    pub expiries: AtomicU64,
-    /// Fenced writes applied, and refused by the fencing rule.
-    pub kv_applied: AtomicU64,
-    pub kv_refused: AtomicU64,
-    /// New leaders (id or term) this node has seen, the first one included.
-    pub leader_changes: AtomicU64,
-    /// Commands per log entry this node proposed as leader.
-    pub batch_commands: Histogram,
-    /// Microseconds to apply one entry of commands to the lease table.
-    pub apply_us: Histogram,
-    /// Refusals by a node-wide limit (connections, frames, capacity).
-    pub limits: Arc<crate::limits::LimitCounters>,
-    /// Snapshots this node built and wrote (a discarded stale build not
-    /// counted), and snapshots it installed from a leader.
-    pub snapshots_built: AtomicU64,
-    pub snapshots_installed: AtomicU64,
-    /// Size in bytes of the snapshot on disk (0 before the first).
-    pub snapshot_bytes: AtomicU64,
-    /// Microseconds to build (encode and make durable) one snapshot.
-    pub snapshot_build_us: Histogram,
-    /// Latency and status code per RPC, filled by the servers' layer.
-    pub rpc: Arc<crate::rpc_metrics::RpcMetrics>,
-}
-
-impl Default for Counters {
-    fn default() -> Self {
-        Self {
-            entries: AtomicU64::new(0),
-            commands: AtomicU64::new(0),
-            grants: AtomicU64::new(0),
-            refusals: AtomicU64::new(0),
-            renewals: AtomicU64::new(0),
-            lost: AtomicU64::new(0),
-            releases: AtomicU64::new(0),
-            expiries: AtomicU64::new(0),
-            kv_applied: AtomicU64::new(0),
-            kv_refused: AtomicU64::new(0),
-            leader_changes: AtomicU64::new(0),
-            batch_commands: Histogram::new(metrics::BATCH_BOUNDS),
-            apply_us: Histogram::new(metrics::LATENCY_US_BOUNDS),
-            limits: Arc::default(),
-            snapshots_built: AtomicU64::new(0),
-            snapshots_installed: AtomicU64::new(0),
-            snapshot_bytes: AtomicU64::new(0),
-            snapshot_build_us: Histogram::new(metrics::SNAPSHOT_US_BOUNDS),
-            rpc: Arc::default(),
-        }
-    }
-}
 
 struct Data {
     table: LeaseTable,
@@ -140,8 +81,12 @@ enum Stored {
 /// The state shared between the state machine and the services that read it.
 pub struct Shared {
     data: RwLock<Data>,
-    pub parking: Arc<Parking>,
-    pub counters: Counters,
+    /// Told of every applied entry's events; owned by `node.rs`, which
+    /// hands the same one to the services that park callers.
+    parking: Arc<Parking>,
+    /// Owned by `node.rs`; the state machine counts what it applies and
+    /// snapshots.
+    counters: Arc<Counters>,
     /// The snapshot on disk, in memory (what openraft sends to followers).
     current: Mutex<Option<(SnapshotMeta, Vec<u8>)>>,
     /// Held by the one task writing the snapshot file, from its temporary
@@ -342,6 +287,13 @@ impl Shared {
     }
 }
 
+/// The clock reads the applied entries' time here.
+impl AppliedTime for Shared {
+    fn applied_time(&self) -> ClusterTime {
+        self.now()
+    }
+}
+
 /// A digest (FNV-1a 64) of a lease table and fenced store, equal on
 /// replicas that applied the same log. A pass over every byte of them: call
 /// it off the runtime thread.
@@ -398,12 +350,24 @@ fn remove_temporaries(dir: &Path) -> Result<(), StorageError> {
 impl StateMachine {
     /// Opens the state machine kept in `dir`, loading its last snapshot;
     /// tells `horizon` what that snapshot covers.
-    /// `history_len` grants are remembered per resource.
+    /// `history_len` grants are remembered per resource. Counts into
+    /// counters of its own (tools, tests): see [`StateMachine::open_counted`].
     pub fn open(
         dir: &Path,
         parking: Arc<Parking>,
         horizon: PurgeHorizon,
         history_len: usize,
+    ) -> Result<Self, StorageError> {
+        Self::open_counted(dir, parking, horizon, history_len, Arc::default())
+    }
+
+    /// [`StateMachine::open`], counting into the node's `counters`.
+    pub fn open_counted(
+        dir: &Path,
+        parking: Arc<Parking>,
+        horizon: PurgeHorizon,
+        history_len: usize,
+        counters: Arc<Counters>,
     ) -> Result<Self, StorageError> {
         std::fs::create_dir_all(dir).map_err(snapshot_write_err)?;
         remove_temporaries(dir)?;
@@ -437,7 +401,7 @@ impl StateMachine {
             shared: Arc::new(Shared {
                 data: RwLock::new(data),
                 parking,
-                counters: Counters::default(),
+                counters,
                 current: Mutex::new(current),
                 writer: Mutex::new(()),
                 snapshot_seq: AtomicU64::new(0),

@@ -148,9 +148,23 @@ pub fn san_uris(cert: &[u8]) -> Vec<String> {
         .collect()
 }
 
+/// The identity a verified client certificate names: the first URI SAN of
+/// the form `fenced://client/<name>`, else the subject's common name.
+pub fn certificate_name<'a>(
+    uri_sans: impl IntoIterator<Item = &'a str>,
+    common_name: Option<&str>,
+) -> Option<String> {
+    uri_sans
+        .into_iter()
+        .find_map(|san| san.strip_prefix(CLIENT_URI))
+        .filter(|name| !name.is_empty())
+        .or(common_name.filter(|cn| !cn.is_empty()))
+        .map(str::to_string)
+}
+
 /// The identity a verified client certificate gives its caller
-/// ([`crate::auth::certificate_name`]: the `fenced://client/<name>` URI,
-/// else the subject's common name).
+/// ([`certificate_name`]: the `fenced://client/<name>` URI, else the
+/// subject's common name).
 pub fn client_name(cert: &[u8]) -> Option<String> {
     let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert) else {
         return None;
@@ -161,7 +175,7 @@ pub fn client_name(cert: &[u8]) -> Option<String> {
         .iter_common_name()
         .next()
         .and_then(|cn| cn.as_str().ok());
-    crate::auth::certificate_name(uris.iter().map(String::as_str), cn)
+    certificate_name(uris.iter().map(String::as_str), cn)
 }
 
 /// The node id a certificate names (`fenced://node/<id>`), if exactly one.
@@ -610,6 +624,31 @@ pub async fn connect_peer(
             format!("{addr} answered with a certificate of node {other:?}, not node {target}"),
         )),
     }
+}
+
+/// A lazily connecting gRPC channel to a peer's port, for forwarded calls;
+/// with `tls`, this node's certificate opens it.
+pub(crate) fn peer_channel(
+    addr: &str,
+    tls: Option<&NodeTls>,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let endpoint = match tls {
+        None => tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?,
+        Some(t) => tonic::transport::Endpoint::from_shared(format!("https://{addr}"))?.tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&t.ca_pem))
+                .identity(tonic::transport::Identity::from_pem(
+                    &t.cert_pem,
+                    &t.key_pem,
+                )),
+        )?,
+    };
+    Ok(endpoint
+        .connect_timeout(Duration::from_secs(1))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .connect_lazy())
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ async fn a_snapshot_chunk_past_max_snapshot_bytes_is_refused_before_raft_sees_it
     };
     let body = codec::encode("install_snapshot", &chunk).unwrap();
     assert!(closed_after(&peer, &request_head(RaftCall::InstallSnapshot), &body).await);
-    let counters = &node.ctx.shared.counters.limits;
+    let counters = &node.ctx.counters.limits;
     assert_eq!(counters.snapshot_chunks.load(Relaxed), 1);
     // Nothing reached Raft: this node still leads in its own term.
     let m = node.ctx.raft.metrics().borrow().clone();
@@ -96,6 +96,6 @@ async fn a_frame_over_the_cap_closes_the_peer_connection_and_is_counted() {
     let mut buf = [0u8; 16];
     let read = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await;
     assert!(matches!(read, Ok(Ok(0) | Err(_))), "{read:?}");
-    assert_eq!(node.ctx.shared.counters.limits.peer_frames.load(Relaxed), 1);
+    assert_eq!(node.ctx.counters.limits.peer_frames.load(Relaxed), 1);
     node.shutdown().await;
 }

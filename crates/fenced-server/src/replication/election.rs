@@ -16,7 +16,8 @@
 //!
 //! Only the decision to stand moves here; the election itself is still
 //! openraft's (`trigger().elect()`), with its own vote rules, its leader
-//! lease check on every voter, and its durable votes.
+//! lease check on every voter, and its durable votes. The decisions are
+//! [`super::pre_vote`]'s (sans-IO); this is their timer and their I/O.
 
 use std::{
     hash::{BuildHasher, RandomState},
@@ -24,11 +25,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use openraft::{LogId, ServerState};
-use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::pre_vote::{self, Check, PreVoteRequest, PreVoteResponse, Tally};
 use crate::{
     codec,
     log_store::LogStore,
@@ -36,52 +36,6 @@ use crate::{
     tls::NodeTls,
     types::{NodeId, Raft},
 };
-
-/// A candidate's question to a voter: would you vote for me now?
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PreVoteRequest {
-    pub candidate: NodeId,
-    pub last_log_id: Option<LogId<NodeId>>,
-}
-
-/// The voter's answer; nothing changes on the voter either way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PreVoteResponse {
-    pub granted: bool,
-}
-
-/// Whether a voter would vote for a candidate: only when it has not heard
-/// from a leader within a leader lease (it is not a leader itself either)
-/// and the candidate's log is at least as long as its own (Raft's
-/// up-to-date rule, compared by last log id).
-pub fn grants_pre_vote(
-    heard_from_leader_lately: bool,
-    candidate_last: Option<LogId<NodeId>>,
-    my_last: Option<LogId<NodeId>>,
-) -> bool {
-    !heard_from_leader_lately && candidate_last >= my_last
-}
-
-/// Whether `granted` answers, this node's own included, make a majority of
-/// `voters`.
-pub fn is_majority(granted: usize, voters: usize) -> bool {
-    voters > 0 && granted > voters / 2
-}
-
-/// Whether a node that won a pre-vote asked in `asked_term` stands now. Not
-/// if its term moved on or it heard from a leader since: a voter asked at
-/// the same time may have been elected (this node voting for it), and
-/// standing would depose it with a higher term, the two taking turns.
-/// openraft keeps naming an unreachable leader, so the term and the last
-/// contact tell, not its `current_leader`.
-pub fn stands_after_pre_vote(
-    won: bool,
-    asked_term: u64,
-    term_now: u64,
-    heard_lately: bool,
-) -> bool {
-    won && term_now == asked_term && !heard_lately
-}
 
 /// The election state of one node: when it last heard from a leader, and
 /// its timing.
@@ -160,14 +114,14 @@ impl Election {
 
     /// The voter side of a pre-vote.
     pub fn answer(&self, raft: &Raft, req: &PreVoteRequest) -> PreVoteResponse {
-        let leader = raft.metrics().borrow().state == ServerState::Leader;
-        let granted = grants_pre_vote(
-            leader || self.heard_lately(),
-            req.last_log_id,
-            self.log.last(),
+        let state = raft.metrics().borrow().state;
+        let resp = pre_vote::answer(state, self.heard_lately(), req, self.log.last());
+        tracing::debug!(
+            candidate = req.candidate,
+            granted = resp.granted,
+            "pre-vote answered"
         );
-        tracing::debug!(candidate = req.candidate, granted, "pre-vote answered");
-        PreVoteResponse { granted }
+        resp
     }
 
     fn next_check(&self, round: u64) -> Duration {
@@ -194,6 +148,7 @@ impl Election {
                 _ = tokio::time::sleep(self.next_check(round)) => {}
             }
             if self.heard_lately() {
+                // The common case, without reading Raft's metrics.
                 continue;
             }
             let (state, term, voters) = {
@@ -206,9 +161,8 @@ impl Election {
                     .collect();
                 (m.state, m.current_term, voters)
             };
-            if matches!(state, ServerState::Leader | ServerState::Shutdown)
-                || !voters.iter().any(|(id, _)| *id == self.me)
-            {
+            let is_voter = voters.iter().any(|(id, _)| *id == self.me);
+            if pre_vote::check(self.heard_lately(), state, is_voter) == Check::Wait {
                 continue;
             }
             let req = PreVoteRequest {
@@ -216,7 +170,7 @@ impl Election {
                 last_log_id: self.log.last(),
             };
             let granted = 1 + self.ask(&voters, &req).await;
-            let won = is_majority(granted, voters.len());
+            let won = pre_vote::is_majority(granted, voters.len());
             tracing::info!(
                 term,
                 granted,
@@ -225,7 +179,7 @@ impl Election {
                 "pre-vote: no leader heard within the lease"
             );
             let term_now = raft.metrics().borrow().current_term;
-            if !stands_after_pre_vote(won, term, term_now, self.heard_lately()) {
+            if !pre_vote::stands_after_pre_vote(won, term, term_now, self.heard_lately()) {
                 if won {
                     tracing::info!(term, term_now, "pre-vote won, but a leader came meanwhile");
                 }
@@ -266,58 +220,20 @@ impl Election {
                 codec::decode::<PreVoteResponse>("pre_vote", &reply).ok()
             });
         }
-        let mut granted = 0;
+        let mut tally = Tally::new(voters.len());
         while let Some(answer) = asks.join_next().await {
-            if matches!(answer, Ok(Some(PreVoteResponse { granted: true }))) {
-                granted += 1;
-                if is_majority(1 + granted, voters.len()) {
-                    break;
-                }
+            if tally.count(answer.ok().flatten()) {
+                break;
             }
         }
-        granted
+        tally.granted()
     }
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use openraft::CommittedLeaderId;
-
     use super::*;
-
-    fn id(term: u64, index: u64) -> Option<LogId<NodeId>> {
-        Some(LogId::new(CommittedLeaderId::new(term, 1), index))
-    }
-
-    #[test]
-    fn a_voter_grants_only_without_a_leader_and_to_a_log_as_long_as_its_own() {
-        assert!(grants_pre_vote(false, id(2, 10), id(2, 10)), "equal logs");
-        assert!(grants_pre_vote(false, id(2, 11), id(2, 10)), "longer log");
-        assert!(grants_pre_vote(false, id(3, 5), id(2, 10)), "later term");
-        assert!(grants_pre_vote(false, id(1, 1), None), "empty voter");
-        assert!(!grants_pre_vote(false, id(2, 9), id(2, 10)), "shorter log");
-        assert!(!grants_pre_vote(false, id(1, 20), id(2, 10)), "older term");
-        assert!(!grants_pre_vote(false, None, id(1, 1)), "empty candidate");
-        assert!(
-            !grants_pre_vote(true, id(2, 11), id(2, 10)),
-            "a voter that hears from a leader keeps it"
-        );
-    }
-
-    #[test]
-    fn a_won_pre_vote_stands_only_if_no_leader_came_meanwhile() {
-        assert!(stands_after_pre_vote(true, 2, 2, false));
-        assert!(!stands_after_pre_vote(false, 2, 2, false), "lost");
-        assert!(
-            !stands_after_pre_vote(true, 2, 3, false),
-            "another voter's election moved the term on"
-        );
-        assert!(
-            !stands_after_pre_vote(true, 2, 2, true),
-            "this node voted for another candidate or heard from a leader"
-        );
-    }
 
     /// A voter at a local port that answers every pre-vote with `granted`,
     /// or never answers when `granted` is `None`.
@@ -359,16 +275,6 @@ mod tests {
         let started = Instant::now();
         assert_eq!(e.ask(&voters, &req).await, 0);
         assert!(started.elapsed() >= Duration::from_millis(1_900));
-    }
-
-    #[test]
-    fn a_majority_counts_the_candidate_itself() {
-        assert!(!is_majority(1, 3));
-        assert!(is_majority(2, 3));
-        assert!(is_majority(1, 1));
-        assert!(!is_majority(2, 4));
-        assert!(is_majority(3, 5));
-        assert!(!is_majority(0, 0));
     }
 
     fn election(min_ms: u64, max_ms: u64) -> (Election, tempfile::TempDir) {

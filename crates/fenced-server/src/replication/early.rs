@@ -1,5 +1,6 @@
 //! Sends a leader's new entries to its followers while its own fdatasync
-//! runs, instead of after it.
+//! runs, instead of after it: the I/O side of [`super::copies`], which
+//! decides what is copied to whom and what an answer vouches for.
 //!
 //! openraft 0.9 runs log writes inside its core task and waits there for the
 //! flush callback before it hands the entries to replication, so a commit
@@ -19,7 +20,7 @@
 //! fdatasync (openraft's follower writes and syncs before it replies).
 //!
 //! The answer is kept in [`EarlyAnswers`]. When openraft's own AppendEntries
-//! for those entries follows, the transport ([`crate::network`]) looks there
+//! for those entries follows, the transport ([`super::transport`]) looks there
 //! first: a success for an early copy under the same vote that reached at
 //! least as far is the answer the follower would give again (its log matches
 //! the leader's up to there, durably, and a leader never rewrites its log
@@ -44,7 +45,7 @@
 //! own, which are never answered this way.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::HashMap,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
@@ -55,12 +56,14 @@ use std::{
 use openraft::{
     error::RaftError,
     raft::{AppendEntriesRequest, AppendEntriesResponse},
-    LogId, RaftMetrics, Vote,
+    RaftMetrics,
 };
 use tokio::sync::{mpsc, watch};
 
+use super::copies::{self, Kept, Need, Sent};
 use crate::{
     codec,
+    log_store::{AppendSink, Appended},
     network::{Peer, RaftCall},
     tls::NodeTls,
     types::{Node, NodeId, TypeConfig},
@@ -73,10 +76,6 @@ const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(1);
 /// would otherwise cost a connection attempt per append.
 const PAUSE_AFTER_FAILURE: Duration = Duration::from_millis(500);
 
-/// Early copies kept per follower for openraft's AppendEntries to find:
-/// openraft asks for the entries just appended, so a few suffice.
-const ANSWERS_KEPT: usize = 4;
-
 /// How a follower answered an early copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Answer {
@@ -88,45 +87,34 @@ enum Answer {
     NotStored,
 }
 
-/// One early copy sent to a follower.
-struct Sent {
-    /// openraft times a follower's acknowledgement from when it sends the
-    /// AppendEntries (the quorum-ack age that readiness reads); an answer
-    /// reused within `wait` of this is never timed more than that late.
-    at: Instant,
-    vote: Vote<NodeId>,
-    last: LogId<NodeId>,
-    leader_commit: Option<LogId<NodeId>>,
-    answer: watch::Receiver<Answer>,
-}
-
 /// The answers to early copies, shared between the early links and the
 /// transport of openraft's replication.
 #[derive(Default)]
 pub struct EarlyAnswers {
-    by_follower: Mutex<HashMap<NodeId, VecDeque<Sent>>>,
+    by_follower: Mutex<HashMap<NodeId, Kept<watch::Receiver<Answer>>>>,
+    sent: AtomicU64,
     reused: AtomicU64,
     heartbeats: AtomicU64,
 }
 
 impl EarlyAnswers {
+    /// Early copies handed to a follower's connection since start.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
     /// openraft AppendEntries answered from an early copy since start.
     pub fn reused(&self) -> u64 {
         self.reused.load(Ordering::Relaxed)
     }
 
-    fn record(&self, target: NodeId, sent: Sent) {
-        let mut all = self
-            .by_follower
+    fn record(&self, target: NodeId, sent: Sent<watch::Receiver<Answer>>) {
+        self.by_follower
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let kept = all.entry(target).or_default();
-        // Answers under an older vote can never match again.
-        kept.retain(|s| s.vote == sent.vote);
-        if kept.len() == ANSWERS_KEPT {
-            kept.pop_front();
-        }
-        kept.push_back(sent);
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(target)
+            .or_default()
+            .record(sent);
     }
 
     /// Commit-only heartbeats answered from a stored early copy since start.
@@ -146,16 +134,8 @@ impl EarlyAnswers {
         req: &AppendEntriesRequest<TypeConfig>,
         wait: Duration,
     ) -> bool {
-        let Some(last) = req.entries.last().map(|e| e.log_id) else {
-            return false;
-        };
-        let covered = self
-            .stored(target, req, Some(last.index), req.leader_commit, wait)
-            .await;
-        if covered {
-            self.reused.fetch_add(1, Ordering::Relaxed);
-        }
-        covered
+        self.counted(&self.reused, target, Need::entries(req), wait)
+            .await
     }
 
     /// Whether heartbeat `req` (no entries) to `target` is answered by an
@@ -171,44 +151,39 @@ impl EarlyAnswers {
         req: &AppendEntriesRequest<TypeConfig>,
         wait: Duration,
     ) -> bool {
-        if !req.entries.is_empty() {
+        self.counted(&self.heartbeats, target, Need::heartbeat(req), wait)
+            .await
+    }
+
+    /// [`EarlyAnswers::stored`] for `need` (none: not covered), counted in
+    /// `count` when covered.
+    async fn counted(
+        &self,
+        count: &AtomicU64,
+        target: NodeId,
+        need: Option<Need>,
+        wait: Duration,
+    ) -> bool {
+        let Some(need) = need else {
             return false;
-        }
-        let reach = req.prev_log_id.map(|p| p.index);
-        let covered = self.stored(target, req, reach, None, wait).await;
+        };
+        let covered = self.stored(target, &need, wait).await;
         if covered {
-            self.heartbeats.fetch_add(1, Ordering::Relaxed);
+            count.fetch_add(1, Ordering::Relaxed);
         }
         covered
     }
 
-    /// Whether a copy to `target` sent within `wait` under `req`'s vote,
-    /// reaching index `reach` and telling commit index `commit` or later,
+    /// Whether a copy to `target` that vouches for `need` within `wait`
     /// was stored; waits up to `wait` for its answer.
-    async fn stored(
-        &self,
-        target: NodeId,
-        req: &AppendEntriesRequest<TypeConfig>,
-        reach: Option<u64>,
-        commit: Option<LogId<NodeId>>,
-        wait: Duration,
-    ) -> bool {
+    async fn stored(&self, target: NodeId, need: &Need, wait: Duration) -> bool {
         let answer = {
             let all = self
                 .by_follower
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            all.get(&target).and_then(|kept| {
-                kept.iter()
-                    .rev()
-                    .find(|s| {
-                        s.at.elapsed() <= wait
-                            && s.vote == req.vote
-                            && Some(s.last.index) >= reach
-                            && s.leader_commit >= commit
-                    })
-                    .map(|s| s.answer.clone())
-            })
+            all.get(&target)
+                .and_then(|kept| kept.find(need, Instant::now(), wait).cloned())
         };
         let Some(mut answer) = answer else {
             return false;
@@ -236,7 +211,6 @@ pub struct EarlyReplication {
     me: NodeId,
     metrics: watch::Receiver<RaftMetrics<NodeId, Node>>,
     links: Mutex<HashMap<NodeId, Link>>,
-    sent: AtomicU64,
     answers: Arc<EarlyAnswers>,
     /// Copies go over mutual TLS when set.
     tls: Option<Arc<NodeTls>>,
@@ -252,7 +226,6 @@ impl EarlyReplication {
             me,
             metrics,
             links: Mutex::new(HashMap::new()),
-            sent: AtomicU64::new(0),
             answers,
             tls: None,
         }
@@ -273,22 +246,23 @@ impl EarlyReplication {
 
     /// Early copies handed to a follower's connection since start.
     pub fn sent(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed)
+        self.answers.sent()
     }
 
     /// Queues `req` for every other member. Never waits.
     pub fn offer(&self, req: &AppendEntriesRequest<TypeConfig>) {
-        let Some(last) = req.entries.last().map(|e| e.log_id) else {
+        if req.entries.is_empty() {
             return;
-        };
+        }
         let targets: Vec<(NodeId, String)> = {
             let m = self.metrics.borrow();
-            m.membership_config
-                .membership()
-                .nodes()
-                .filter(|(id, _)| **id != self.me)
-                .map(|(id, n)| (*id, n.peer_addr.clone()))
-                .collect()
+            copies::copy_targets(
+                m.membership_config
+                    .membership()
+                    .nodes()
+                    .map(|(id, n)| (id, n.peer_addr.clone())),
+                self.me,
+            )
         };
         if targets.is_empty() {
             return;
@@ -316,21 +290,30 @@ impl EarlyReplication {
             }
             let (answer_tx, answer) = watch::channel(Answer::Pending);
             if link.tx.try_send((frame.clone(), answer_tx)).is_ok() {
-                self.sent.fetch_add(1, Ordering::Relaxed);
-                self.answers.record(
-                    target,
-                    Sent {
-                        at: Instant::now(),
-                        vote: req.vote,
-                        last,
-                        leader_commit: req.leader_commit,
-                        answer,
-                    },
-                );
+                self.answers.sent.fetch_add(1, Ordering::Relaxed);
+                if let Some(sent) = Sent::of(req, Instant::now(), answer) {
+                    self.answers.record(target, sent);
+                }
             } else {
                 link.busy.store(false, Ordering::Release);
             }
         }
+    }
+}
+
+/// The log store's appends: a leader's own are copied early.
+impl AppendSink for EarlyReplication {
+    fn appended(&self, a: Appended) {
+        let Some((vote, prev_log_id)) = copies::leader_append(a.vote, self.me, a.last_before)
+        else {
+            return;
+        };
+        self.offer(&AppendEntriesRequest {
+            vote,
+            prev_log_id,
+            entries: a.entries,
+            leader_commit: a.committed,
+        });
     }
 }
 
@@ -390,6 +373,7 @@ mod tests {
     use openraft::{CommittedLeaderId, EntryPayload, LogId, Membership, StoredMembership, Vote};
     use tokio::net::TcpListener;
 
+    use super::super::transport::RaftClient;
     use crate::{network::fake_peer, types::Entry};
 
     /// A follower that hands every AppendEntries it gets to the test and
@@ -680,7 +664,7 @@ mod tests {
         answer: AppendEntriesResponse<NodeId>,
     ) -> (
         EarlyReplication,
-        Peer,
+        RaftClient,
         mpsc::UnboundedReceiver<(NodeId, AppendEntriesRequest<TypeConfig>)>,
     ) {
         let (tx, seen) = mpsc::unbounded_channel();
@@ -688,7 +672,8 @@ mod tests {
         let nodes = vec![(1, "127.0.0.1:1".to_string()), (2, addr.clone())];
         let answers = Arc::new(EarlyAnswers::default());
         let early = EarlyReplication::new(1, metrics(&nodes), Arc::clone(&answers));
-        (early, Peer::with_early(2, addr, answers), seen)
+        let peer = RaftClient::new(Peer::new(2, addr), Some(answers), None);
+        (early, peer, seen)
     }
 
     fn option() -> RPCOption {

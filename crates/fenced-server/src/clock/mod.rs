@@ -1,0 +1,222 @@
+//! Cluster time, in one place: [`ClusterClock`] owns the leader clock of
+//! the term this node leads (`fenced_core::LeaderClock`), the floor it
+//! starts from ([`floor`], the highest leader time this node knows, carried
+//! on every Raft message and made durable before a read reveals it), and
+//! reads the applied entries' time through [`AppliedTime`]. Its one stamp,
+//! [`ClusterClock::stamp`] (term, now), is what commands, ticks and reads
+//! are stamped with.
+
+pub mod floor;
+
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use fenced_core::{ClusterTime, LeaderClock};
+
+use floor::TimeFloor;
+
+/// This node's cluster time: the leader clock of the term it leads, the
+/// floor (the highest leader time it knows, durable when revealed), and the
+/// time of the last applied entry. Every stamp a node gives comes from here.
+pub struct ClusterClock {
+    started: Instant,
+    clock: Mutex<Option<(u64, LeaderClock)>>,
+    /// The term this node was last seen becoming leader in, and when.
+    became: Mutex<Option<(u64, Duration)>>,
+    skew_ppm: i64,
+    /// The highest leader time this node knows of: where the clock of its
+    /// next term starts.
+    floor: Arc<TimeFloor>,
+    /// The cluster time of the last applied entry.
+    applied: Arc<dyn AppliedTime>,
+}
+
+/// The cluster time of the last entry applied to this node's state machine
+/// (kept by the state machine; the clock only reads it).
+pub trait AppliedTime: Send + Sync + 'static {
+    fn applied_time(&self) -> ClusterTime;
+}
+
+impl ClusterClock {
+    pub fn new(skew_ppm: i64, floor: Arc<TimeFloor>, applied: Arc<dyn AppliedTime>) -> Self {
+        Self {
+            started: Instant::now(),
+            clock: Mutex::new(None),
+            became: Mutex::new(None),
+            skew_ppm,
+            floor,
+            applied,
+        }
+    }
+
+    /// The cluster time of the last applied entry: what a read on this
+    /// node sees at least.
+    pub fn applied(&self) -> ClusterTime {
+        self.applied.applied_time()
+    }
+
+    pub fn floor(&self) -> &Arc<TimeFloor> {
+        &self.floor
+    }
+
+    fn mono(&self) -> Duration {
+        // CANARY (deliberately broken build for fenced-jepsen): leases run on
+        // the wall clock, so a clock step ends them early.
+        #[cfg(feature = "canary-wall-clock-expiry")]
+        return std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        #[cfg(not(feature = "canary-wall-clock-expiry"))]
+        self.started.elapsed()
+    }
+
+    /// The stamp of term `term`: cluster time now, never below the last
+    /// applied entry's, if this node's clock is running for `term`. Every
+    /// command, tick and leader read is stamped here.
+    pub fn stamp(&self, term: u64) -> Option<ClusterTime> {
+        let applied = self.applied();
+        let mut guard = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
+        let (t, clock) = guard.as_mut()?;
+        if *t != term {
+            return None;
+        }
+        clock.observe(applied);
+        let now = clock.now(self.mono());
+        self.floor.raise(now);
+        Some(now)
+    }
+
+    /// Cluster time now if this node's clock runs for `term`, else the
+    /// highest leader time it knows: what a Raft message it sends carries.
+    pub fn for_message(&self, term: u64) -> ClusterTime {
+        let mut guard = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
+        match guard.as_mut() {
+            Some((t, clock)) if *t == term => {
+                let now = clock.now(self.mono());
+                self.floor.raise(now);
+                now
+            }
+            _ => self.floor.get(),
+        }
+    }
+
+    /// [`ClusterClock::stamp`] for `term`, or, while this node's clock does
+    /// not run (it is not leader, or its clock starts), the latest time it
+    /// knows. Never below a time this node revealed before.
+    pub fn stamp_or_floor(&self, term: u64) -> ClusterTime {
+        self.stamp(term)
+            .unwrap_or_else(|| self.applied().max(self.floor.get()))
+    }
+
+    /// Notes the moment this node became leader for `term` (the first time
+    /// it is told, per term).
+    pub(crate) fn became_leader(&self, term: u64) {
+        let mut became = self.became.lock().unwrap_or_else(PoisonError::into_inner);
+        if became.map(|(t, _)| t) != Some(term) {
+            *became = Some((term, self.mono()));
+        }
+    }
+
+    /// Starts the clock for `term` from the highest of the last applied
+    /// cluster time and the floor (`LeaderClock::take_over`), as of the
+    /// moment this node became leader: time spent applying the previous
+    /// term's entries counts, so no lease is lengthened by more than the
+    /// last heartbeat interval and the election. Returns the start and the
+    /// applied time it started from.
+    pub(crate) fn start(&self, term: u64) -> (ClusterTime, ClusterTime) {
+        let applied = self.applied();
+        let became = *self.became.lock().unwrap_or_else(PoisonError::into_inner);
+        let started = match became {
+            Some((t, at)) if t == term => at,
+            _ => self.mono(),
+        };
+        // CANARY (deliberately broken build for fenced-jepsen): the clock
+        // starts from the last entry's stamp alone, so an idle cluster's time
+        // runs back at a leader change.
+        let seen = if cfg!(feature = "canary-clock-from-last-stamp") {
+            ClusterTime::ZERO
+        } else {
+            self.floor.get()
+        };
+        let mut clock = LeaderClock::take_over(applied, seen, started).with_skew_ppm(self.skew_ppm);
+        let base = clock.now(started);
+        *self.clock.lock().unwrap_or_else(PoisonError::into_inner) = Some((term, clock));
+        (base, applied)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    /// An applied time a test sets.
+    #[derive(Default)]
+    struct Applied(AtomicU64);
+
+    impl AppliedTime for Applied {
+        fn applied_time(&self) -> ClusterTime {
+            ClusterTime::from_millis(self.0.load(Ordering::SeqCst))
+        }
+    }
+
+    fn clock() -> (ClusterClock, Arc<Applied>) {
+        let applied = Arc::new(Applied::default());
+        let floor = Arc::new(TimeFloor::in_memory());
+        let c = ClusterClock::new(0, floor, Arc::clone(&applied) as Arc<dyn AppliedTime>);
+        (c, applied)
+    }
+
+    #[test]
+    fn only_the_term_whose_clock_started_is_stamped() {
+        let (c, applied) = clock();
+        applied.0.store(5_000, Ordering::SeqCst);
+        assert_eq!(c.stamp(3), None, "no clock yet");
+        assert_eq!(
+            c.stamp_or_floor(3),
+            ClusterTime::from_millis(5_000),
+            "the applied time while no clock runs"
+        );
+        c.became_leader(3);
+        let (base, from) = c.start(3);
+        assert_eq!(from, ClusterTime::from_millis(5_000));
+        assert!(base >= from, "starts at or above the applied time");
+        let stamp = c.stamp(3).unwrap_or(ClusterTime::ZERO);
+        assert!(stamp >= base);
+        assert_eq!(c.stamp(4), None, "another term");
+        assert!(c.floor().get() >= stamp, "every stamp raises the floor");
+        assert_eq!(c.for_message(4), c.floor().get());
+    }
+
+    #[test]
+    fn a_stamp_never_falls_below_the_applied_time_nor_a_stamp_before_it() {
+        let (c, applied) = clock();
+        c.start(1);
+        let first = c.stamp(1).unwrap_or(ClusterTime::ZERO);
+        applied
+            .0
+            .store(first.as_millis() + 60_000, Ordering::SeqCst);
+        let second = c.stamp(1).unwrap_or(ClusterTime::ZERO);
+        assert!(
+            second.as_millis() >= first.as_millis() + 60_000,
+            "{second:?}"
+        );
+        applied.0.store(0, Ordering::SeqCst);
+        assert!(c.stamp(1).unwrap_or(ClusterTime::ZERO) >= second);
+    }
+
+    #[test]
+    fn a_clock_starts_from_the_floor_when_it_is_ahead() {
+        let (c, _) = clock();
+        c.floor().raise(ClusterTime::from_millis(90_000));
+        let (base, from) = c.start(2);
+        assert_eq!(from, ClusterTime::ZERO);
+        if cfg!(feature = "canary-clock-from-last-stamp") {
+            return;
+        }
+        assert!(base >= ClusterTime::from_millis(90_000), "{base:?}");
+    }
+}

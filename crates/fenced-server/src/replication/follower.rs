@@ -1,0 +1,119 @@
+//! The follower side of Raft on the peer port: openraft's AppendEntries,
+//! votes and snapshot chunks, and fenced's pre-vote, each answered by
+//! openraft or [`super::election`] and followed by the actions
+//! [`super::stream`] decides (restart the pre-vote's lease, take the
+//! leader's time). [`crate::peer_listener`] routes connections and frames
+//! here.
+
+use std::{
+    io,
+    sync::{atomic::Ordering::Relaxed, Arc},
+};
+
+use super::{
+    election::Election,
+    pre_vote::PreVoteRequest,
+    stream::{self, Heard},
+};
+use crate::{
+    clock::floor::TimeFloor,
+    limits::LimitCounters,
+    network::{check_snapshot_chunk, decode_call, encode_call, MessageTime, RaftCall},
+    types::{Raft, TypeConfig},
+};
+
+/// What a Raft connection is served with.
+#[derive(Clone)]
+pub struct RaftPeer {
+    pub raft: Raft,
+    /// Told of every message from a leader; answers pre-votes.
+    pub election: Arc<Election>,
+    /// Takes the time of every message accepted from a leader; its value
+    /// goes back with every granted vote.
+    pub floor: Arc<TimeFloor>,
+    /// A snapshot chunk reaching past this many bytes is refused.
+    pub max_snapshot_bytes: u64,
+    pub counters: Arc<LimitCounters>,
+}
+
+impl RaftPeer {
+    /// Answers one replication call (`None` for another call), encoded.
+    pub async fn answer(
+        &self,
+        call: RaftCall,
+        time: MessageTime,
+        body: &[u8],
+    ) -> io::Result<Option<Vec<u8>>> {
+        let (raft, floor) = (&self.raft, &self.floor);
+        let reply = match call {
+            RaftCall::AppendEntries => {
+                let req = decode_call(call, body)?;
+                // Held across the append and the recording of its time, so a
+                // vote granted after openraft took the append carries it.
+                let _gate = floor.gate.read().await;
+                let resp = raft.append_entries(req).await;
+                self.heard(stream::after_append(&resp, time.at, time.durable))
+                    .await?;
+                encode_call(call, &resp)?
+            }
+            RaftCall::Vote => {
+                let req = decode_call(call, body)?;
+                let _gate = floor.gate.write().await;
+                let resp = raft.vote(req).await;
+                if stream::after_vote(&resp) {
+                    self.election.heard_from_leader();
+                }
+                encode_call(call, &resp)?
+            }
+            RaftCall::InstallSnapshot => {
+                let req: openraft::raft::InstallSnapshotRequest<TypeConfig> =
+                    decode_call(call, body)?;
+                if let Err(e) = check_snapshot_chunk(&req, self.max_snapshot_bytes) {
+                    self.counters.snapshot_chunks.fetch_add(1, Relaxed);
+                    return Err(e);
+                }
+                let _gate = floor.gate.read().await;
+                let vote = req.vote;
+                let resp = raft.install_snapshot(req).await;
+                self.heard(stream::after_snapshot(&resp, vote, time.at, time.durable))
+                    .await?;
+                encode_call(call, &resp)?
+            }
+            RaftCall::PreVote => {
+                let req: PreVoteRequest = decode_call(call, body)?;
+                encode_call(call, &self.election.answer(raft, &req))?
+            }
+            RaftCall::TimeoutNow => return Ok(None),
+        };
+        Ok(Some(reply))
+    }
+
+    /// Executes what hearing (or not) from a leader means.
+    async fn heard(&self, heard: Heard) -> io::Result<()> {
+        match heard {
+            Heard::Nothing => Ok(()),
+            Heard::Leader { at, durable } => {
+                self.election.heard_from_leader();
+                accept_time(&self.floor, at, durable).await
+            }
+        }
+    }
+}
+
+/// Records the time of a message accepted from a leader; made durable
+/// first when the leader asked (a read will reveal it).
+async fn accept_time(
+    floor: &TimeFloor,
+    at: fenced_core::ClusterTime,
+    durable: bool,
+) -> io::Result<()> {
+    if durable {
+        floor.make_durable(at).await.map_err(|e| {
+            tracing::error!(error = %e, "cannot make the cluster time durable");
+            e
+        })
+    } else {
+        floor.raise(at);
+        Ok(())
+    }
+}
