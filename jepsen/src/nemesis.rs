@@ -606,6 +606,26 @@ impl<'a> Nemesis<'a> {
         Ok((l, self.leaders.latest_term()))
     }
 
+    /// Waits `wait`; returns the nodes of `among` seen down (killed) at
+    /// some time during it.
+    async fn down_among(&self, among: &[u64], wait: Duration) -> std::collections::BTreeSet<u64> {
+        let mut down = std::collections::BTreeSet::new();
+        let until = tokio::time::Instant::now() + wait;
+        while tokio::time::Instant::now() < until {
+            down.extend(
+                self.ctx
+                    .down
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .iter()
+                    .copied()
+                    .filter(|n| among.contains(n)),
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        down
+    }
+
     /// Waits for the hold time; true if a newer term than `term` was observed.
     async fn hold_and_watch(&self, hold: Duration, term: u64) -> bool {
         tokio::time::sleep(hold).await;
@@ -636,20 +656,7 @@ impl<'a> Nemesis<'a> {
                 let cut_off = self.others(l);
                 // A membership change beside this fault may kill a node on
                 // the majority side (a replacement): watch for it.
-                let mut down = std::collections::BTreeSet::new();
-                let until = tokio::time::Instant::now() + self.hold;
-                while tokio::time::Instant::now() < until {
-                    down.extend(
-                        self.ctx
-                            .down
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .iter()
-                            .copied()
-                            .filter(|n| cut_off.contains(n)),
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                let down = self.down_among(&cut_off, self.hold).await;
                 let new_term = self.leaders.latest_term() > term;
                 let dropped = self.net.dropped(tag)?;
                 r.evidence = format!("{dropped} packets dropped; new leader elected: {new_term}");
@@ -732,7 +739,11 @@ impl<'a> Nemesis<'a> {
                     c.is_stopped(target)
                 };
                 self.end_idle(r);
-                tokio::time::sleep(Duration::from_millis(ms.saturating_sub(50))).await;
+                let voters = self.ids().len();
+                let rest = self.others(target);
+                let down = self
+                    .down_among(&rest, Duration::from_millis(ms.saturating_sub(50)))
+                    .await;
                 self.cluster.lock().await.signal(target, Signal::SIGCONT)?;
                 // Give an election that the pause caused time to be seen.
                 let new_term = self.hold_and_watch(Duration::from_millis(1500), term).await;
@@ -743,8 +754,17 @@ impl<'a> Nemesis<'a> {
                 // lease (election_timeout_max) plus its own election timeout,
                 // and twice election_timeout_max more once it has seen a
                 // longer log: up to 4 s with the default 500–1000 ms.
-                let needs_election =
-                    matches!(fault, Fault::PauseLeader { ms } if ms >= 4500) && target == l;
+                // Not without a majority of the voters up while it lasted
+                // (a replacement beside it killed one).
+                let majority_left = rest.len() - down.len() > voters / 2;
+                if !majority_left {
+                    r.evidence.push_str(&format!(
+                        "; no majority of {voters} voters without it: {down:?} down during it"
+                    ));
+                }
+                let needs_election = matches!(fault, Fault::PauseLeader { ms } if ms >= 4500)
+                    && target == l
+                    && majority_left;
                 r.took_effect = stopped && (new_term || !needs_election);
                 drop(claim);
             }
