@@ -215,9 +215,9 @@ impl Command {
             }
             Command::RenewMany { leases } => {
                 for (i, lease) in leases.iter().enumerate() {
-                    limits.check_ttl_ms(lease.ttl_ms).map_err(|e| {
-                        InvalidArgument::new("leases", format!("leases[{i}].{e}"))
-                    })?;
+                    limits
+                        .check_ttl_ms(lease.ttl_ms)
+                        .map_err(|e| InvalidArgument::new("leases", format!("leases[{i}].{e}")))?;
                 }
             }
             // Keys and values are bounded by their types.

@@ -281,7 +281,9 @@ impl Model {
                 | Command::KvPut { .. }
                 | Command::KvDelete { .. }
                 | Command::RenewMany { .. } => {
-                    unreachable!("the model sends no bounded acquire, fenced write or batch renewal")
+                    unreachable!(
+                        "the model sends no bounded acquire, fenced write or batch renewal"
+                    )
                 }
                 Command::Release { owner, token, .. } => match self.res.get_mut(&name) {
                     None => Outcome::NotHolder(LostReason::Unknown),

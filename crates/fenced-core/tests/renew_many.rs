@@ -231,7 +231,9 @@ fn a_batch_read_back_is_checked_like_one_built() {
     let empty = r#"{"RenewMany":{"leases":[]}}"#;
     assert!(serde_json::from_str::<Command>(empty).is_err());
     assert_eq!(
-        cmd.resources().map(ResourceName::as_str).collect::<Vec<_>>(),
+        cmd.resources()
+            .map(ResourceName::as_str)
+            .collect::<Vec<_>>(),
         ["a", "b"]
     );
     assert_eq!(cmd.kv_bytes(), 2 * 33);
