@@ -208,7 +208,7 @@ async fn a_follower_forwards_a_batch_and_each_lease_gets_its_answer() {
         "no leader hint"
     );
     let resp = resp.into_inner();
-    let outcomes: Vec<_> = resp.results.iter().map(|r| r.outcome.clone()).collect();
+    let outcomes: Vec<_> = resp.results.iter().map(|r| r.outcome).collect();
     let Some(renew_response::Outcome::Renewed(r)) = &outcomes[0] else {
         panic!("{outcomes:?}");
     };
