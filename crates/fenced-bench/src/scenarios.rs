@@ -443,3 +443,118 @@ pub async fn validate(
     run.elapsed = start.elapsed();
     Ok(run)
 }
+
+/// S4 on fenced as an application holds leases: `leases` leases spread over
+/// `clients` [`fenced_client::Client`]s (each given every endpoint), kept
+/// alive by each client's keeper, which renews all of a client's due leases
+/// in one RenewMany call.
+pub struct KeptLeases {
+    clients: Vec<fenced_client::Client>,
+    leases: Vec<fenced_client::Lease>,
+}
+
+/// Grants the leases (16 acquires in flight per client) and hands them to
+/// their clients' keepers.
+pub async fn keeper_load(
+    target: &Target,
+    leases: usize,
+    clients: usize,
+    ttl: Duration,
+    ledger: Arc<TokenLedger>,
+) -> Result<KeptLeases> {
+    let Target::Fenced { endpoints } = target else {
+        bail!("keeper_load: fenced only");
+    };
+    let prefix = format!("s4-{}", nonce());
+    let clients = clients.max(1);
+    let per_client = leases.div_ceil(clients);
+    let mut setups = Vec::new();
+    let mut all_clients = Vec::new();
+    for c in 0..clients {
+        let client = crate::systems::fenced_client(endpoints)?;
+        all_clients.push(client.clone());
+        let ledger = Arc::clone(&ledger);
+        let prefix = prefix.clone();
+        let n = per_client.min(leases.saturating_sub(c * per_client));
+        setups.push(tokio::spawn(async move {
+            let mut held = Vec::with_capacity(n);
+            let mut taking = tokio::task::JoinSet::new();
+            for i in 0..n {
+                let client = client.clone();
+                let resource = format!("{prefix}:{c}:{i}");
+                taking.spawn(async move {
+                    let got = client.acquire(&resource, ttl).await;
+                    (resource, got)
+                });
+                while taking.len() >= 16 || (i + 1 == n && !taking.is_empty()) {
+                    let Some(done) = taking.join_next().await else {
+                        break;
+                    };
+                    let (resource, got) = done.context("acquire task")?;
+                    match got.map_err(|e| anyhow::anyhow!("{resource}: {e}"))? {
+                        fenced_client::Acquired::Granted(lease) => {
+                            ledger.record(&resource, lease.token())?;
+                            held.push(lease);
+                        }
+                        fenced_client::Acquired::Held { .. } => {
+                            bail!("{resource}: held at set-up")
+                        }
+                    }
+                }
+            }
+            Ok::<_, anyhow::Error>(held)
+        }));
+    }
+    let mut all = Vec::with_capacity(leases);
+    for s in setups {
+        all.extend(s.await.context("set-up task")??);
+    }
+    Ok(KeptLeases {
+        clients: all_clients,
+        leases: all,
+    })
+}
+
+impl KeptLeases {
+    /// Leases renewed and renewal calls made so far, over every client.
+    pub fn renewed_and_calls(&self) -> (u64, u64) {
+        self.clients
+            .iter()
+            .map(|c| c.keeper_stats())
+            .fold((0, 0), |(r, n), s| (r + s.renewed, n + s.calls))
+    }
+
+    /// Leases no longer held (lost, or past their local deadline).
+    pub fn lost(&self) -> usize {
+        self.leases.iter().filter(|l| l.check().is_err()).count()
+    }
+
+    /// Moves each renewal call's latency since the last take into `rec`
+    /// as `renew`.
+    pub fn take_latencies(&self, rec: &mut Recorder) {
+        for c in &self.clients {
+            for d in c.take_renewal_latencies() {
+                rec.record("renew", d);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Releases every lease (256 calls in flight), so the next scenario
+    /// starts on a cluster without them.
+    pub async fn release_all(self) {
+        let mut releasing = tokio::task::JoinSet::new();
+        for lease in self.leases {
+            releasing.spawn(async move {
+                let _ = lease.release().await;
+            });
+            while releasing.len() >= 256 {
+                let _ = releasing.join_next().await;
+            }
+        }
+        while releasing.join_next().await.is_some() {}
+    }
+}

@@ -20,6 +20,7 @@ use tonic::{
 use crate::{
     clock::Moment,
     leader::{Endpoint, Endpoints},
+    lease::Keeper,
     tls::{self, TlsOptions},
     transport, LeaseOptions,
 };
@@ -279,6 +280,29 @@ pub enum RenewOutcome {
     Lost(LostReason),
 }
 
+/// One lease of a [`Client::renew_many`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenewItem<'a> {
+    pub resource: &'a str,
+    pub owner: OwnerId,
+    pub token: u64,
+    pub ttl: Duration,
+}
+
+fn renew_outcome(resp: v1::RenewResponse) -> Result<RenewOutcome, ClientError> {
+    match resp.outcome {
+        Some(renew_response::Outcome::Renewed(r)) => Ok(RenewOutcome::Renewed {
+            expires_at_ms: r.expires_at_ms,
+            ttl_ms: r.ttl_ms,
+        }),
+        Some(renew_response::Outcome::Lost(l)) => Ok(RenewOutcome::Lost(LostReason::from_wire(
+            l.reason,
+            l.current_token,
+        ))),
+        None => Err(ClientError::Server("renew: empty response".into())),
+    }
+}
+
 /// The result of a release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReleaseOutcome {
@@ -302,6 +326,8 @@ struct Inner {
     lease_options: LeaseOptions,
     /// `Bearer <token>`, sent as `authorization` on every call.
     bearer: Option<MetadataValue<Ascii>>,
+    /// Renews every lease granted through this client, together.
+    keeper: Keeper,
 }
 
 impl Client {
@@ -375,6 +401,7 @@ impl Client {
                 call_timeout: Duration::from_secs(10),
                 lease_options: LeaseOptions::default(),
                 bearer: None,
+                keeper: Keeper::default(),
             }),
         })
     }
@@ -388,6 +415,7 @@ impl Client {
                 call_timeout: timeout,
                 lease_options: self.inner.lease_options,
                 bearer: self.inner.bearer.clone(),
+                keeper: Keeper::default(),
             }),
         }
     }
@@ -401,6 +429,7 @@ impl Client {
                 call_timeout: self.inner.call_timeout,
                 lease_options,
                 bearer: self.inner.bearer.clone(),
+                keeper: Keeper::default(),
             }),
         }
     }
@@ -417,12 +446,17 @@ impl Client {
                 call_timeout: self.inner.call_timeout,
                 lease_options: self.inner.lease_options,
                 bearer: Some(bearer),
+                keeper: Keeper::default(),
             }),
         })
     }
 
     pub(crate) fn lease_options(&self) -> LeaseOptions {
         self.inner.lease_options
+    }
+
+    pub(crate) fn keeper(&self) -> &Keeper {
+        &self.inner.keeper
     }
 
     /// The endpoints this client was given.
@@ -594,17 +628,58 @@ impl Client {
                 async move { LockClient::new(ch).renew(req).await }
             })
             .await?;
-        let outcome = match resp.into_inner().outcome {
-            Some(renew_response::Outcome::Renewed(r)) => Ok(RenewOutcome::Renewed {
-                expires_at_ms: r.expires_at_ms,
-                ttl_ms: r.ttl_ms,
-            }),
-            Some(renew_response::Outcome::Lost(l)) => Ok(RenewOutcome::Lost(
-                LostReason::from_wire(l.reason, l.current_token),
-            )),
-            None => Err(ClientError::Server("renew: empty response".into())),
-        }?;
-        Ok((outcome, sent))
+        Ok((renew_outcome(resp.into_inner())?, sent))
+    }
+
+    /// Extends many leases in one call and one replicated step, each as
+    /// [`Client::renew`] would: one outcome per lease, in order. At most
+    /// `fenced_core::MAX_RENEW_BATCH` leases per call. A lease kept by a
+    /// [`crate::Lease`] needs no call: the client's keeper renews all of
+    /// them this way.
+    pub async fn renew_many(
+        &self,
+        leases: &[RenewItem<'_>],
+    ) -> Result<Vec<RenewOutcome>, ClientError> {
+        self.renew_many_sent(leases, self.inner.call_timeout)
+            .await
+            .map(|(o, _)| o)
+    }
+
+    pub(crate) async fn renew_many_sent(
+        &self,
+        leases: &[RenewItem<'_>],
+        budget: Duration,
+    ) -> Result<(Vec<RenewOutcome>, Moment), ClientError> {
+        let req = v1::RenewManyRequest {
+            leases: leases
+                .iter()
+                .map(|l| v1::RenewRequest {
+                    resource: l.resource.as_bytes().to_vec(),
+                    owner_id: l.owner.as_bytes().to_vec(),
+                    token: l.token,
+                    ttl_ms: millis(l.ttl),
+                })
+                .collect(),
+        };
+        let (resp, sent) = self
+            .with_retries(budget, |ch, left| {
+                let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
+                async move { LockClient::new(ch).renew_many(req).await }
+            })
+            .await?;
+        let results = resp.into_inner().results;
+        if results.len() != leases.len() {
+            return Err(ClientError::Server(format!(
+                "renew_many: {} results for {} leases",
+                results.len(),
+                leases.len()
+            )));
+        }
+        let outcomes = results
+            .into_iter()
+            .map(renew_outcome)
+            .collect::<Result<_, _>>()?;
+        Ok((outcomes, sent))
     }
 
     /// Ends the lease held with (`owner`, `token`).

@@ -8,11 +8,12 @@ use std::{
 };
 
 use fenced_core::OwnerId;
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    clock::Moment, AcquireOutcome, Client, ClientError, LostReason, ReleaseOutcome, RenewOutcome,
+    clock::Moment, AcquireOutcome, Client, ClientError, LostReason, ReleaseOutcome, RenewItem,
+    RenewOutcome,
 };
 
 /// How a lease's keeper renews it and how early it gives up.
@@ -88,6 +89,8 @@ struct Shared {
     token: u64,
     ttl: Duration,
     deadline: Mutex<Moment>,
+    /// When the keeper renews next (earlier when other leases are due).
+    next_renew: Mutex<Moment>,
     loss: watch::Sender<Option<LossReason>>,
     cancel: CancellationToken,
     stop: CancellationToken,
@@ -100,6 +103,25 @@ impl Shared {
 
     fn set_deadline(&self, d: Moment) {
         *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) = d;
+    }
+
+    fn next_renew(&self) -> Moment {
+        *self
+            .next_renew
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_next_renew(&self, at: Moment) {
+        *self
+            .next_renew
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = at;
+    }
+
+    /// Whether the keeper is done with it (released, dropped or lost).
+    fn is_over(&self) -> bool {
+        self.stop.is_cancelled() || self.loss.borrow().is_some()
     }
 
     /// Fires the cancellation token, then records the loss once and says so:
@@ -154,7 +176,6 @@ impl Shared {
 pub struct Lease {
     shared: Arc<Shared>,
     client: Client,
-    keeper: Option<JoinHandle<()>>,
     released: bool,
 }
 
@@ -205,15 +226,15 @@ impl Lease {
             token,
             ttl,
             deadline: Mutex::new(sent.plus(ttl).minus(opts.safety_margin(ttl))),
+            next_renew: Mutex::new(sent.plus(opts.jittered(opts.renew_interval(ttl)))),
             loss,
             cancel: CancellationToken::new(),
             stop: CancellationToken::new(),
         });
-        let keeper = tokio::spawn(keep(client.clone(), Arc::clone(&shared), opts, sent));
+        client.keeper().add(&client, Arc::clone(&shared));
         Lease {
             shared,
             client,
-            keeper: Some(keeper),
             released: false,
         }
     }
@@ -287,9 +308,7 @@ impl Lease {
 
     fn stop_keeper(&mut self) {
         self.shared.stop.cancel();
-        if let Some(k) = self.keeper.take() {
-            k.abort();
-        }
+        self.client.keeper().wake.notify_one();
     }
 }
 
@@ -323,51 +342,278 @@ impl LeaseOptions {
     }
 }
 
-/// The keeper: renews at the interval; on a transient failure retries
-/// quickly until the deadline; gives up at the deadline or on a refusal.
-async fn keep(client: Client, s: Arc<Shared>, opts: LeaseOptions, granted_sent: Moment) {
-    let every = opts.renew_interval(s.ttl);
-    let margin = opts.safety_margin(s.ttl);
-    let mut next_renew = granted_sent.plus(opts.jittered(every));
-    loop {
-        let until = next_renew.min(s.deadline());
-        tokio::select! {
-            _ = s.stop.cancelled() => return,
-            _ = tokio::time::sleep(until.remaining()) => {}
+/// What a client's keeper did so far ([`Client::keeper_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeeperStats {
+    /// Renewal calls made (each renews up to `fenced_core::MAX_RENEW_BATCH`
+    /// leases in one replicated step).
+    pub calls: u64,
+    /// Leases renewed.
+    pub renewed: u64,
+    /// Leases the cluster reported lost.
+    pub lost: u64,
+    /// Calls that failed (retried while the leases' deadlines allow).
+    pub failed_calls: u64,
+}
+
+/// The most call latencies kept for [`Client::take_renewal_latencies`].
+const MAX_LATENCY_SAMPLES: usize = 100_000;
+
+/// Renews every lease held through one [`Client`], together: whenever one
+/// lease is due, every lease due within half its interval is renewed in the
+/// same `RenewMany` call, so a client's leases settle into one call per
+/// renewal interval, whatever their number (docs/DECISIONS.md, "Batch
+/// renewal"). One task per client, running while it keeps a lease.
+#[derive(Default)]
+pub(crate) struct Keeper {
+    state: Mutex<KeeperState>,
+    pub(crate) wake: Notify,
+    stats: Mutex<(KeeperStats, Vec<Duration>)>,
+}
+
+#[derive(Default)]
+struct KeeperState {
+    leases: Vec<Arc<Shared>>,
+    running: bool,
+}
+
+/// A renewal's answer for one lease.
+enum Answer {
+    Renewed(Moment),
+    Lost(LostReason),
+    /// A transient failure: try again shortly, while the deadline allows.
+    Retry,
+    Failed(String),
+}
+
+impl Keeper {
+    fn add(&self, client: &Client, lease: Arc<Shared>) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.leases.push(lease);
+        if !state.running {
+            state.running = true;
+            tokio::spawn(keep(client.clone()));
         }
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// The leases to renew now, or when to look again, or `None` when there
+    /// is nothing left to keep (the task ends; the next lease starts one).
+    fn plan(&self, opts: LeaseOptions) -> Option<Result<Vec<Arc<Shared>>, Moment>> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         // The deadline first: after a pause, never renew a lease that may
-        // already belong to someone else.
-        if s.check().is_err() {
-            return;
+        // already belong to someone else (`check` records the loss).
+        state.leases.retain(|s| !s.is_over() && s.check().is_ok());
+        if state.leases.is_empty() {
+            state.running = false;
+            return None;
         }
-        if !next_renew.has_passed() {
-            continue;
+        let now = Moment::now();
+        let due = state.leases.iter().any(|s| s.next_renew() <= now);
+        if !due {
+            let wake = state
+                .leases
+                .iter()
+                .map(|s| s.next_renew().min(s.deadline()));
+            return Some(Err(wake.min().unwrap_or(now)));
         }
-        let budget = s.deadline().remaining();
-        let renewed = tokio::select! {
-            _ = s.stop.cancelled() => return,
-            r = client.renew_sent(&s.resource, s.owner, s.token, s.ttl, budget) => r,
+        // Renewing early only lengthens a lease: every lease due within half
+        // its interval joins this call rather than making its own.
+        Some(Ok(state
+            .leases
+            .iter()
+            .filter(|s| s.next_renew() <= now.plus(opts.renew_interval(s.ttl) / 2))
+            .cloned()
+            .collect()))
+    }
+
+    fn note(&self, latency: Duration, answers: &[Answer]) {
+        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        stats.0.calls += 1;
+        for a in answers {
+            match a {
+                Answer::Renewed(_) => stats.0.renewed += 1,
+                Answer::Lost(_) => stats.0.lost += 1,
+                Answer::Retry | Answer::Failed(_) => {}
+            }
+        }
+        if matches!(answers.first(), Some(Answer::Retry | Answer::Failed(_))) {
+            stats.0.failed_calls += 1;
+        }
+        if stats.1.len() < MAX_LATENCY_SAMPLES {
+            stats.1.push(latency);
+        }
+    }
+}
+
+impl Client {
+    /// What this client's keeper did so far.
+    pub fn keeper_stats(&self) -> KeeperStats {
+        self.keeper()
+            .stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+    }
+
+    /// The latency of each renewal call the keeper made since the last
+    /// take (at most 100,000 kept).
+    pub fn take_renewal_latencies(&self) -> Vec<Duration> {
+        std::mem::take(
+            &mut self
+                .keeper()
+                .stats
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .1,
+        )
+    }
+}
+
+/// The keeper's task: sleeps until a lease is due (or its deadline comes),
+/// renews every due lease in as few calls as the bounds allow, then records
+/// each lease's answer; a lost lease is told to its handle at once.
+async fn keep(client: Client) {
+    let keeper = client.keeper();
+    let opts = client.lease_options();
+    loop {
+        let due = match keeper.plan(opts) {
+            None => return,
+            Some(Err(wake)) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(wake.remaining()) => {}
+                    _ = keeper.wake.notified() => {}
+                }
+                continue;
+            }
+            Some(Ok(due)) => due,
         };
-        match renewed {
-            Ok((RenewOutcome::Renewed { .. }, sent)) => {
-                let deadline = sent.plus(s.ttl).minus(margin);
-                s.set_deadline(deadline.max(s.deadline()));
-                next_renew = sent.plus(opts.jittered(every));
-                tracing::debug!(resource = %s.resource, token = s.token, "lease renewed");
-            }
-            Ok((RenewOutcome::Lost(reason), _)) => {
-                s.lose(LossReason::Refused(reason));
-                return;
-            }
-            Err(e) if e.is_transient() => {
-                tracing::debug!(resource = %s.resource, token = s.token, error = %e, "renewal failed; retrying");
-                next_renew = Moment::now().plus(Duration::from_millis(100));
-            }
-            Err(e) => {
-                s.lose(LossReason::Failed(e.to_string()));
-                return;
+        let mut calls = tokio::task::JoinSet::new();
+        for chunk in chunks(due) {
+            let client = client.clone();
+            calls.spawn(async move {
+                let started = std::time::Instant::now();
+                let answers = renew_chunk(&client, &chunk).await;
+                client.keeper().note(started.elapsed(), &answers);
+                (chunk, answers)
+            });
+        }
+        while let Some(done) = calls.join_next().await {
+            let Ok((chunk, answers)) = done else {
+                continue;
+            };
+            for (s, answer) in chunk.iter().zip(answers) {
+                settle(s, answer, opts);
             }
         }
+    }
+}
+
+/// The due leases in calls within the server's bounds: at most
+/// `MAX_RENEW_BATCH` leases weighing at most `MAX_RENEW_BATCH_BYTES`.
+fn chunks(due: Vec<Arc<Shared>>) -> Vec<Vec<Arc<Shared>>> {
+    let mut out: Vec<Vec<Arc<Shared>>> = Vec::new();
+    let mut weight = 0;
+    for s in due {
+        let w = s.resource.len() + 32;
+        match out.last_mut() {
+            Some(last)
+                if last.len() < fenced_core::MAX_RENEW_BATCH
+                    && weight + w <= fenced_core::MAX_RENEW_BATCH_BYTES =>
+            {
+                weight += w;
+                last.push(s);
+            }
+            _ => {
+                weight = w;
+                out.push(vec![s]);
+            }
+        }
+    }
+    out
+}
+
+/// One `RenewMany` for the chunk, within the earliest of its deadlines. A
+/// call refused whole (a permission revoked on one resource, a server
+/// without `RenewMany`) is made again lease by lease, so each lease gets the
+/// answer a renewal of its own gets.
+async fn renew_chunk(client: &Client, chunk: &[Arc<Shared>]) -> Vec<Answer> {
+    let budget = chunk
+        .iter()
+        .map(|s| s.deadline().remaining())
+        .min()
+        .unwrap_or_default();
+    let items: Vec<RenewItem<'_>> = chunk
+        .iter()
+        .map(|s| RenewItem {
+            resource: &s.resource,
+            owner: s.owner,
+            token: s.token,
+            ttl: s.ttl,
+        })
+        .collect();
+    match client.renew_many_sent(&items, budget).await {
+        Ok((outcomes, sent)) => outcomes
+            .into_iter()
+            .map(|o| match o {
+                RenewOutcome::Renewed { .. } => Answer::Renewed(sent),
+                RenewOutcome::Lost(reason) => Answer::Lost(reason),
+            })
+            .collect(),
+        Err(e) if e.is_transient() => {
+            tracing::debug!(leases = chunk.len(), error = %e, "renewal failed; retrying");
+            chunk.iter().map(|_| Answer::Retry).collect()
+        }
+        Err(e) if chunk.len() > 1 => {
+            tracing::info!(leases = chunk.len(), error = %e,
+                "batch renewal refused; renewing the leases one by one");
+            let mut each = tokio::task::JoinSet::new();
+            for (i, s) in chunk.iter().enumerate() {
+                let (client, s) = (client.clone(), Arc::clone(s));
+                each.spawn(async move {
+                    let budget = s.deadline().remaining();
+                    let r = client
+                        .renew_sent(&s.resource, s.owner, s.token, s.ttl, budget)
+                        .await;
+                    (i, single_answer(r))
+                });
+            }
+            let mut answers: Vec<Answer> = chunk.iter().map(|_| Answer::Retry).collect();
+            while let Some(done) = each.join_next().await {
+                if let Ok((i, answer)) = done {
+                    if let Some(slot) = answers.get_mut(i) {
+                        *slot = answer;
+                    }
+                }
+            }
+            answers
+        }
+        Err(e) => vec![Answer::Failed(e.to_string())],
+    }
+}
+
+fn single_answer(r: Result<(RenewOutcome, Moment), ClientError>) -> Answer {
+    match r {
+        Ok((RenewOutcome::Renewed { .. }, sent)) => Answer::Renewed(sent),
+        Ok((RenewOutcome::Lost(reason), _)) => Answer::Lost(reason),
+        Err(e) if e.is_transient() => Answer::Retry,
+        Err(e) => Answer::Failed(e.to_string()),
+    }
+}
+
+/// Records one lease's answer: a new deadline and next renewal, or its loss.
+fn settle(s: &Shared, answer: Answer, opts: LeaseOptions) {
+    match answer {
+        Answer::Renewed(sent) => {
+            let deadline = sent.plus(s.ttl).minus(opts.safety_margin(s.ttl));
+            s.set_deadline(deadline.max(s.deadline()));
+            s.set_next_renew(sent.plus(opts.jittered(opts.renew_interval(s.ttl))));
+            tracing::debug!(resource = %s.resource, token = s.token, "lease renewed");
+        }
+        Answer::Lost(reason) => s.lose(LossReason::Refused(reason)),
+        Answer::Retry => s.set_next_renew(Moment::now().plus(Duration::from_millis(100))),
+        Answer::Failed(e) => s.lose(LossReason::Failed(e)),
     }
 }
 

@@ -35,5 +35,5 @@ mod transport;
 
 pub use client::*;
 pub use kv::{KvRead, KvRefusal, KvWrite};
-pub use lease::{Acquired, Lease, LeaseHandle, LeaseOptions, LossReason};
+pub use lease::{Acquired, KeeperStats, Lease, LeaseHandle, LeaseOptions, LossReason};
 pub use tls::TlsOptions;

@@ -37,6 +37,12 @@ impl lock_server::Lock for Spent {
     ) -> Result<Response<v1::RenewResponse>, Status> {
         Err(Status::unimplemented("not in this test"))
     }
+    async fn renew_many(
+        &self,
+        _: Request<v1::RenewManyRequest>,
+    ) -> Result<Response<v1::RenewManyResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
     async fn release(
         &self,
         _: Request<v1::ReleaseRequest>,

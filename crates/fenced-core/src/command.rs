@@ -2,7 +2,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     Capacity, ClusterTime, InvalidArgument, KvBounds, KvKey, KvValue, Limits, OwnerId,
-    ResourceName, Token,
+    ResourceName, Token, MAX_RENEW_BATCH, MAX_RENEW_BATCH_BYTES,
 };
 
 /// One client request, as replicated in the log.
@@ -62,6 +62,127 @@ pub enum Command {
         owner: OwnerId,
         token: Token,
     },
+    /// [`Command::Renew`] for each of a bounded list of leases, in order, in
+    /// one log entry at one cluster time: the keep-alive of one client's
+    /// leases. Each lease is renewed or reported lost exactly as a
+    /// `Renew` of its own would be ([`crate::Outcome::Renewals`]).
+    RenewMany { leases: RenewLeases },
+}
+
+/// One lease of a [`Command::RenewMany`]: what a [`Command::Renew`] carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewLease {
+    pub resource: ResourceName,
+    pub owner: OwnerId,
+    pub token: Token,
+    pub ttl_ms: u64,
+}
+
+impl RenewLease {
+    /// What the lease weighs against [`MAX_RENEW_BATCH_BYTES`]: its name
+    /// plus owner id, token and TTL.
+    pub fn weight(&self) -> usize {
+        self.resource.as_str().len() + 32
+    }
+}
+
+/// The leases of a [`Command::RenewMany`]: 1 to [`MAX_RENEW_BATCH`] of them,
+/// weighing at most [`MAX_RENEW_BATCH_BYTES`], by construction (also when
+/// read from the log).
+///
+/// ```
+/// use fenced_core::{OwnerId, RenewLease, RenewLeases, ResourceName, Token, MAX_RENEW_BATCH};
+/// let lease = RenewLease {
+///     resource: ResourceName::new("billing:run")?,
+///     owner: OwnerId::random(),
+///     token: Token::new(7)?,
+///     ttl_ms: 10_000,
+/// };
+/// assert_eq!(RenewLeases::new(vec![lease.clone(); 3])?.len(), 3);
+/// let err = RenewLeases::new(vec![]).unwrap_err();
+/// assert_eq!(err.field(), "leases");
+/// assert!(RenewLeases::new(vec![lease; MAX_RENEW_BATCH + 1]).is_err());
+/// # Ok::<(), fenced_core::InvalidArgument>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Vec<RenewLease>", into = "Vec<RenewLease>")]
+pub struct RenewLeases {
+    first: RenewLease,
+    rest: Vec<RenewLease>,
+}
+
+impl RenewLeases {
+    /// Checks the count and the weight; the error names the field `leases`
+    /// and the bound.
+    pub fn new(leases: Vec<RenewLease>) -> Result<Self, InvalidArgument> {
+        let n = leases.len();
+        if n > MAX_RENEW_BATCH {
+            return Err(InvalidArgument::new(
+                "leases",
+                format!("must hold 1 to {MAX_RENEW_BATCH} leases, got {n}"),
+            ));
+        }
+        let weight: usize = leases.iter().map(RenewLease::weight).sum();
+        if weight > MAX_RENEW_BATCH_BYTES {
+            return Err(InvalidArgument::new(
+                "leases",
+                format!(
+                    "must weigh at most {MAX_RENEW_BATCH_BYTES} bytes (each lease: its \
+                     resource name plus 32), got {weight}"
+                ),
+            ));
+        }
+        let mut leases = leases.into_iter();
+        let Some(first) = leases.next() else {
+            return Err(InvalidArgument::new(
+                "leases",
+                format!("must hold 1 to {MAX_RENEW_BATCH} leases, got 0"),
+            ));
+        };
+        Ok(Self {
+            first,
+            rest: leases.collect(),
+        })
+    }
+
+    pub fn first(&self) -> &RenewLease {
+        &self.first
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &RenewLease> {
+        std::iter::once(&self.first).chain(&self.rest)
+    }
+
+    pub fn len(&self) -> usize {
+        1 + self.rest.len()
+    }
+
+    /// Never true: a batch holds at least one lease.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The sum of the leases' [`RenewLease::weight`].
+    pub fn weight(&self) -> usize {
+        self.iter().map(RenewLease::weight).sum()
+    }
+}
+
+impl TryFrom<Vec<RenewLease>> for RenewLeases {
+    type Error = InvalidArgument;
+
+    fn try_from(leases: Vec<RenewLease>) -> Result<Self, Self::Error> {
+        Self::new(leases)
+    }
+}
+
+impl From<RenewLeases> for Vec<RenewLease> {
+    fn from(leases: RenewLeases) -> Self {
+        let mut all = Vec::with_capacity(leases.len());
+        all.push(leases.first);
+        all.extend(leases.rest);
+        all
+    }
 }
 
 impl Command {
@@ -92,14 +213,24 @@ impl Command {
             Command::Renew { ttl_ms, .. } => {
                 limits.check_ttl_ms(*ttl_ms)?;
             }
+            Command::RenewMany { leases } => {
+                for (i, lease) in leases.iter().enumerate() {
+                    limits
+                        .check_ttl_ms(lease.ttl_ms)
+                        .map_err(|e| InvalidArgument::new("leases", format!("leases[{i}].{e}")))?;
+                }
+            }
             // Keys and values are bounded by their types.
             Command::Release { .. } | Command::KvPut { .. } | Command::KvDelete { .. } => {}
         }
         Ok(())
     }
 
+    /// The resource the command is about; for [`Command::RenewMany`], the
+    /// first lease's (see [`Command::resources`]).
     pub fn resource(&self) -> &ResourceName {
         match self {
+            Command::RenewMany { leases } => &leases.first().resource,
             Command::Acquire { resource, .. }
             | Command::AcquireBounded { resource, .. }
             | Command::Renew { resource, .. }
@@ -109,8 +240,11 @@ impl Command {
         }
     }
 
+    /// The owner id of the command; for [`Command::RenewMany`], the first
+    /// lease's.
     pub fn owner(&self) -> OwnerId {
         match self {
+            Command::RenewMany { leases } => leases.first().owner,
             Command::Acquire { owner, .. }
             | Command::AcquireBounded { owner, .. }
             | Command::Renew { owner, .. }
@@ -120,12 +254,22 @@ impl Command {
         }
     }
 
-    /// Bytes of key and value a command carries: what bounds how many puts
-    /// share one log entry.
+    /// Every resource the command is about, in order.
+    pub fn resources(&self) -> Box<dyn Iterator<Item = &ResourceName> + '_> {
+        match self {
+            Command::RenewMany { leases } => Box::new(leases.iter().map(|l| &l.resource)),
+            other => Box::new(std::iter::once(other.resource())),
+        }
+    }
+
+    /// Bytes of key and value a command carries, or the weight of a batch
+    /// renewal's leases: what bounds how many such commands share one log
+    /// entry.
     pub fn kv_bytes(&self) -> usize {
         match self {
             Command::KvPut { key, value, .. } => key.as_str().len() + value.len(),
             Command::KvDelete { key, .. } => key.as_str().len(),
+            Command::RenewMany { leases } => leases.weight(),
             _ => 0,
         }
     }

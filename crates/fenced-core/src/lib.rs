@@ -24,7 +24,7 @@ mod outcome;
 mod table;
 mod time;
 
-pub use command::{Batch, Command};
+pub use command::{Batch, Command, RenewLease, RenewLeases};
 pub use error::InvalidArgument;
 pub use ids::{OwnerId, Token};
 pub use kv::{
@@ -32,7 +32,8 @@ pub use kv::{
     KV_SNAPSHOT_FORMAT_VERSION, KV_VALUE_MAX_BYTES,
 };
 pub use limits::{
-    Capacity, CapacityBound, Limits, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE,
+    Capacity, CapacityBound, Limits, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS, MAX_RENEW_BATCH,
+    MAX_RENEW_BATCH_BYTES, MAX_WAITERS_PER_RESOURCE,
 };
 pub use name::{ResourceName, RESOURCE_NAME_MAX_BYTES};
 pub use observe::{

@@ -15,6 +15,15 @@ pub const MAX_IDLE_RECORDS: usize = 100_000;
 /// The most commands in one log entry.
 pub const MAX_BATCH_COMMANDS: usize = 4096;
 
+/// The most leases one batch renewal ([`crate::Command::RenewMany`]) carries.
+pub const MAX_RENEW_BATCH: usize = 4096;
+
+/// The most a batch renewal's leases weigh together (each: its resource name
+/// plus 32 bytes): a full batch fits in the bytes one log entry may carry
+/// (three largest fenced-store values), so a run of entries stays within a
+/// peer message.
+pub const MAX_RENEW_BATCH_BYTES: usize = 3 * crate::KV_VALUE_MAX_BYTES;
+
 /// How much the whole table may hold: live leases and queued waiters in
 /// total. Carried by every acquire ([`crate::Command::AcquireBounded`]), so
 /// the table decides a refusal from the log alone and every replica decides

@@ -69,6 +69,9 @@ pub enum Outcome {
     },
     /// A fenced put or delete was not applied; nothing changed.
     KvRefused(KvRefusal),
+    /// A batch renewal's answer: one [`Outcome::Renewed`] or
+    /// [`Outcome::Lost`] per lease, in the order of its leases.
+    Renewals(Vec<Outcome>),
 }
 
 /// Something that happened while applying an entry without being the direct

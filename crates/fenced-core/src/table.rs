@@ -536,9 +536,17 @@ impl LeaseTable {
                     let holder = self.check_holder(resource.as_str(), *owner, *token, now);
                     self.kv.delete(holder, key, *token)
                 }
+                Command::RenewMany { leases } => Outcome::Renewals(
+                    leases
+                        .iter()
+                        .map(|l| self.renew(&l.resource, l.owner, l.token, l.ttl_ms, now))
+                        .collect(),
+                ),
             };
-            self.update_idle(command.resource());
-            debug_assert!(self.check_record(command.resource()).is_ok());
+            for resource in command.resources() {
+                self.update_idle(resource);
+                debug_assert!(self.check_record(resource).is_ok());
+            }
             applied.outcomes.push(outcome);
         }
         self.forget_oldest_idle();

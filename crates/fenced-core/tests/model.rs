@@ -275,11 +275,15 @@ impl Model {
                 },
                 // Capacity bounds are proven in tests/capacity.rs; the model
                 // drives the unbounded acquire.
-                // Fenced writes are proven in tests/kv.rs.
+                // Fenced writes are proven in tests/kv.rs; batch renewals
+                // against single ones in tests/renew_many.rs.
                 Command::AcquireBounded { .. }
                 | Command::KvPut { .. }
-                | Command::KvDelete { .. } => {
-                    unreachable!("the model sends no bounded acquire and no fenced write")
+                | Command::KvDelete { .. }
+                | Command::RenewMany { .. } => {
+                    unreachable!(
+                        "the model sends no bounded acquire, fenced write or batch renewal"
+                    )
                 }
                 Command::Release { owner, token, .. } => match self.res.get_mut(&name) {
                     None => Outcome::NotHolder(LostReason::Unknown),

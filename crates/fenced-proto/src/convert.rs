@@ -1,6 +1,7 @@
 use fenced_core::{
     CapacityBound, ChangeKind, ClusterTime, Command, Description, HistoryEntry, InvalidArgument,
-    Limits, LostReason, Outcome, OwnerId, ResourceName, Token, TokenState, Validation,
+    Limits, LostReason, Outcome, OwnerId, RenewLease, RenewLeases, ResourceName, Token, TokenState,
+    Validation,
 };
 use tonic::Status;
 
@@ -46,6 +47,72 @@ pub fn renew_command(req: &v1::RenewRequest, limits: &Limits) -> Result<Command,
     };
     command.validate(limits)?;
     Ok(command)
+}
+
+/// A validated [`Command::RenewMany`] from the wire: 1 to
+/// [`fenced_core::MAX_RENEW_BATCH`] leases within
+/// [`fenced_core::MAX_RENEW_BATCH_BYTES`]. A bad lease is named by its index
+/// (`leases[3].token`).
+///
+/// ```
+/// use fenced_core::Limits;
+/// use fenced_proto::{renew_many_command, v1::{RenewManyRequest, RenewRequest}};
+/// let lease = RenewRequest { resource: b"a".to_vec(), owner_id: vec![7; 16], token: 0, ttl_ms: 5_000 };
+/// let err = renew_many_command(&RenewManyRequest { leases: vec![lease] }, &Limits::default()).unwrap_err();
+/// assert_eq!(err.field(), "leases");
+/// assert!(err.to_string().starts_with("leases: leases[0].token: must be at least 1"));
+/// ```
+pub fn renew_many_command(
+    req: &v1::RenewManyRequest,
+    limits: &Limits,
+) -> Result<Command, InvalidArgument> {
+    let max = fenced_core::MAX_RENEW_BATCH;
+    let n = req.leases.len();
+    // Counted before anything is parsed: an oversized call costs no more.
+    if n == 0 || n > max {
+        return Err(InvalidArgument::new(
+            "leases",
+            format!("must hold 1 to {max} leases, got {n}"),
+        ));
+    }
+    let leases = req
+        .leases
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let lease = || {
+                Ok::<_, InvalidArgument>(RenewLease {
+                    resource: ResourceName::from_bytes(&l.resource)?,
+                    owner: OwnerId::from_bytes(&l.owner_id)?,
+                    token: Token::new(l.token)?,
+                    ttl_ms: l.ttl_ms,
+                })
+            };
+            lease().map_err(|e| InvalidArgument::new("leases", format!("leases[{i}].{e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let command = Command::RenewMany {
+        leases: RenewLeases::new(leases)?,
+    };
+    command.validate(limits)?;
+    Ok(command)
+}
+
+/// The reply to a batch renewal: one [`renew_reply`] per lease.
+pub fn renew_many_reply(
+    outcome: &Outcome,
+    now: ClusterTime,
+) -> Result<v1::RenewManyResponse, Status> {
+    let Outcome::Renewals(each) = outcome else {
+        return Err(unexpected(outcome, "renew_many"));
+    };
+    Ok(v1::RenewManyResponse {
+        results: each
+            .iter()
+            .map(|o| renew_reply(o, now))
+            .collect::<Result<_, _>>()?,
+        cluster_time_ms: now.as_millis(),
+    })
 }
 
 /// A validated [`Command::Release`] from the wire.

@@ -46,6 +46,11 @@ use crate::{
 /// The largest client request accepted, in bytes (names are at most 200).
 const CLIENT_MESSAGE_MAX_BYTES: usize = 64 * 1024;
 
+/// The largest Lock request accepted: a full RenewMany (each lease encodes
+/// in at most its weight plus 14 bytes; docs/DECISIONS.md, "Batch renewal").
+const LOCK_MESSAGE_MAX_BYTES: usize =
+    fenced_core::MAX_RENEW_BATCH_BYTES + 16 * fenced_core::MAX_RENEW_BATCH;
+
 /// Everything a node needs to start.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -450,7 +455,7 @@ impl RunningNode {
         }
         let lock = |peer| {
             LockServer::new(LockService::new(ctx.clone(), peer))
-                .max_decoding_message_size(CLIENT_MESSAGE_MAX_BYTES)
+                .max_decoding_message_size(LOCK_MESSAGE_MAX_BYTES)
         };
         let cluster = |peer| {
             ClusterServer::new(ClusterService::new(ctx.clone(), peer))

@@ -13,7 +13,8 @@ use std::{
 use fenced_core::{ClusterTime, Limits, Outcome};
 use fenced_proto::{
     acquire_command, acquire_reply, describe_reply, describe_resource, history_reply,
-    history_request, invalid_argument, release_command, release_reply, renew_command, renew_reply,
+    history_request, invalid_argument, release_command, release_reply, renew_command,
+    renew_many_command, renew_many_reply, renew_reply,
     v1::{
         self, cluster_client::ClusterClient, cluster_server, lock_client::LockClient, lock_server,
     },
@@ -598,6 +599,29 @@ impl LockService {
         renew_reply(&outcome, now).map(Response::new)
     }
 
+    /// Every lease of the call in one command, hence one log entry at one
+    /// cluster time. The caller must hold `lock` on every resource: a call
+    /// naming one it may not renew is refused whole, before anything is
+    /// proposed (docs/DECISIONS.md, "Batch renewal").
+    async fn answer_renew_many(
+        &self,
+        req: Request<v1::RenewManyRequest>,
+    ) -> Result<Response<v1::RenewManyResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let command = renew_many_command(req.get_ref(), &self.ctx.limits)
+            .map_err(|e| invalid_argument(&e))?;
+        let mut identity = None;
+        for resource in command.resources() {
+            identity = self.authorize(&req, Permission::Lock, "renew", resource)?;
+        }
+        forward_or!(self.ctx, req, deadline, identity, LockClient, renew_many);
+        let (outcome, now) = self
+            .propose(command, deadline)
+            .await
+            .map_err(|e| self.ctx.propose_status(e))?;
+        renew_many_reply(&outcome, now).map(Response::new)
+    }
+
     async fn answer_release(
         &self,
         req: Request<v1::ReleaseRequest>,
@@ -762,6 +786,13 @@ impl lock_server::Lock for LockService {
         req: Request<v1::RenewRequest>,
     ) -> Result<Response<v1::RenewResponse>, Status> {
         self.ctx.hinted(self.answer_renew(req).await)
+    }
+
+    async fn renew_many(
+        &self,
+        req: Request<v1::RenewManyRequest>,
+    ) -> Result<Response<v1::RenewManyResponse>, Status> {
+        self.ctx.hinted(self.answer_renew_many(req).await)
     }
 
     async fn release(

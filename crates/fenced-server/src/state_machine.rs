@@ -466,6 +466,10 @@ impl StateMachine {
                 KvBound::TotalBytes => &c.limits.kv_bytes,
             },
             Outcome::KvRefused(_) => &c.kv_refused,
+            Outcome::Renewals(each) => {
+                each.iter().for_each(|o| self.count(o));
+                return;
+            }
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
