@@ -828,18 +828,60 @@ async fn run_system(
         let clients = usize::try_from(args.million_clients)?;
         let f = million::run(fenced_bin(args)?, dir, n, clients).await?;
         let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-        table.put(&format!("million: fill {n} leases (s)"), Kind::Fenced, f.fill_s, false);
-        table.put(&format!("million: max node RSS with {n} leases (MB)"), Kind::Fenced, max(&f.rss_mb), false);
-        table.put("million: max node peak RSS (MB)", Kind::Fenced, max(&f.peak_rss_mb), false);
-        table.put("million: SIGTERM of the three nodes (s)", Kind::Fenced, f.shutdown_s, false);
-        table.put("million: restart to serving (s)", Kind::Fenced, f.serving_s, false);
-        table.put("million: restart to every node loaded (s)", Kind::Fenced, f.all_loaded_s, false);
-        table.put("million: max node RSS after restart (MB)", Kind::Fenced, max(&f.rss_after_restart_mb), false);
+        table.put(
+            &format!("million: fill {n} leases (s)"),
+            Kind::Fenced,
+            f.fill_s,
+            false,
+        );
+        table.put(
+            &format!("million: max node RSS with {n} leases (MB)"),
+            Kind::Fenced,
+            max(&f.rss_mb),
+            false,
+        );
+        table.put(
+            "million: max node peak RSS (MB)",
+            Kind::Fenced,
+            max(&f.peak_rss_mb),
+            false,
+        );
+        table.put(
+            "million: SIGTERM of the three nodes (s)",
+            Kind::Fenced,
+            f.shutdown_s,
+            false,
+        );
+        table.put(
+            "million: restart to serving (s)",
+            Kind::Fenced,
+            f.serving_s,
+            false,
+        );
+        table.put(
+            "million: restart to every node loaded (s)",
+            Kind::Fenced,
+            f.all_loaded_s,
+            false,
+        );
+        table.put(
+            "million: max node RSS after restart (MB)",
+            Kind::Fenced,
+            max(&f.rss_after_restart_mb),
+            false,
+        );
         if max(&f.rss_mb) > 400.0 {
-            out.failures.push(format!("million: a node used {:.1} MB with {} leases (target 400 MB)", max(&f.rss_mb), f.leases));
+            out.failures.push(format!(
+                "million: a node used {:.1} MB with {} leases (target 400 MB)",
+                max(&f.rss_mb),
+                f.leases
+            ));
         }
         if f.serving_s > 5.0 {
-            out.failures.push(format!("million: the restarted cluster served after {:.3} s (target 5 s)", f.serving_s));
+            out.failures.push(format!(
+                "million: the restarted cluster served after {:.3} s (target 5 s)",
+                f.serving_s
+            ));
         }
     }
     println!(

@@ -70,7 +70,7 @@ pub async fn run(
     // The start-up's own timings (snapshot loaded, log replayed) are info.
     c.set_env(
         "FENCED_LOG",
-        "warn,fenced_server::state_machine=info,fenced_server::log_store=info",
+        "warn,fenced_server::state_machine=info,fenced_server::node=info,fenced_server::election=info",
     );
     c.start_all()?;
     let eps = c.endpoints();
@@ -91,7 +91,9 @@ pub async fn run(
     tokio::time::sleep(Duration::from_secs(3)).await;
     let statuses = client.status_of_each().await;
     for (ep, s) in &statuses {
-        let s = s.as_ref().map_err(|e| anyhow::anyhow!("status of {ep}: {e}"))?;
+        let s = s
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("status of {ep}: {e}"))?;
         println!(
             "[million] node {ep}: live leases {}, last log index {}, applied {}",
             s.live_leases, s.last_log_index, s.last_applied
@@ -99,10 +101,7 @@ pub async fn run(
     }
     let pids = c.pids();
     let rss_mb: Vec<f64> = pids.iter().map(|p| mb(procs::rss_bytes(*p))).collect();
-    let peak_rss_mb: Vec<f64> = pids
-        .iter()
-        .map(|p| mb(procs::peak_rss_bytes(*p)))
-        .collect();
+    let peak_rss_mb: Vec<f64> = pids.iter().map(|p| mb(procs::peak_rss_bytes(*p))).collect();
     println!(
         "[million] RSS per node {} MB with {n} leases (peak {} MB; target 400 MB)",
         list(&rss_mb),
@@ -121,7 +120,10 @@ pub async fn run(
     let shutdown_s = stopping.elapsed().as_secs_f64();
     let restarted = Instant::now();
     c.start_all()?;
-    let samples = samples.lock().map_err(|_| anyhow::anyhow!("samples"))?.clone();
+    let samples = samples
+        .lock()
+        .map_err(|_| anyhow::anyhow!("samples"))?
+        .clone();
     let (probe_name, probe_token) = loop {
         if restarted.elapsed() > Duration::from_secs(120) {
             bail!("the restarted cluster did not serve within 120 s");
@@ -154,11 +156,8 @@ pub async fn run(
     println!("[million] every node reports {n} live leases and a leader after {all_loaded_s:.3} s");
 
     verify(&client, &samples, &max_token, &probe_name, probe_token).await?;
-    let rss_after_restart_mb: Vec<f64> = c
-        .pids()
-        .iter()
-        .map(|p| mb(procs::rss_bytes(*p)))
-        .collect();
+    let rss_after_restart_mb: Vec<f64> =
+        c.pids().iter().map(|p| mb(procs::rss_bytes(*p))).collect();
     println!(
         "[million] RSS per node after the restart {} MB",
         list(&rss_after_restart_mb)
@@ -307,7 +306,11 @@ async fn verify(
             }
         }
         if answer.results.len() != chunk.len() {
-            bail!("validate answered {} of {} pairs", answer.results.len(), chunk.len());
+            bail!(
+                "validate answered {} of {} pairs",
+                answer.results.len(),
+                chunk.len()
+            );
         }
     }
     for (r, t) in samples.iter().step_by(50) {
@@ -316,7 +319,11 @@ async fn verify(
             .await
             .map_err(|e| anyhow::anyhow!("describe {r}: {e}"))?;
         if !d.held || d.last_token != *t {
-            bail!("{r}: described as held={} last_token={} after the restart, not held with {t}", d.held, d.last_token);
+            bail!(
+                "{r}: described as held={} last_token={} after the restart, not held with {t}",
+                d.held,
+                d.last_token
+            );
         }
     }
     println!(

@@ -1330,12 +1330,7 @@ struct HistoriesRef<'a>(&'a LeaseTable);
 impl Serialize for HistoriesRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
-        let kept = || {
-            self.0
-                .records
-                .iter()
-                .filter(|(_, r)| !r.history.is_empty())
-        };
+        let kept = || self.0.records.iter().filter(|(_, r)| !r.history.is_empty());
         let mut seq = s.serialize_seq(Some(kept().count()))?;
         for (name, rec) in kept() {
             seq.serialize_element(&(name, &rec.history))?;

@@ -743,7 +743,12 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                     durable = ?durable,
                     "snapshot build discarded: the one on disk is newer"
                 );
-                let current = self.shared.current.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                let current = self
+                    .shared
+                    .current
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
                 Ok(match current {
                     Some(meta) => Snapshot {
                         meta,
@@ -1323,11 +1328,13 @@ mod tests {
             for file in &files {
                 let (shared, writing) = (&shared, &writing);
                 s.spawn(move || {
-                    let file = SnapshotFile {
-                        meta: file.meta.clone(),
-                        body: file.body.clone(),
-                    };
-                    shared.store(file, None).expect("every writer succeeds");
+                    let seq = shared.temp_seq.fetch_add(1, Ordering::Relaxed);
+                    let temp =
+                        write_temporary(&shared.dir, seq, &file.meta, &Body::Encoded(&file.body))
+                            .expect("every writer writes");
+                    shared
+                        .store(file.meta.clone(), temp, None)
+                        .expect("every writer succeeds");
                     writing.fetch_sub(1, Ordering::SeqCst);
                 });
             }
