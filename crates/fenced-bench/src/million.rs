@@ -26,8 +26,9 @@ fn sample_every(n: usize) -> u64 {
     (n as u64 / 2_000).max(1)
 }
 
-/// How long the leases are taken for: longer than any run.
-const TTL: Duration = Duration::from_secs(3 * 3600);
+/// How long the leases are taken for: the longest TTL a node allows by
+/// default, longer than any run.
+const TTL: Duration = Duration::from_secs(3600);
 
 /// What the run measured.
 pub struct Figures {
@@ -186,11 +187,14 @@ async fn wait_for_grant(client: &Client, within: Duration) -> Result<()> {
             client.acquire_once(&name, OwnerId::random(), TTL, Duration::ZERO),
         )
         .await;
-        if let Ok(Ok(AcquireOutcome::Granted { .. })) = attempt {
-            return Ok(());
-        }
+        let last = match attempt {
+            Ok(Ok(AcquireOutcome::Granted { .. })) => return Ok(()),
+            Ok(Ok(other)) => format!("{other:?}"),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".to_string(),
+        };
         if started.elapsed() > within {
-            bail!("no grant within {within:?} of the start");
+            bail!("no grant within {within:?} of the start (last: {last})");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
