@@ -224,7 +224,7 @@ async fn fill(
                 if i >= n as u64 {
                     return Ok::<_, anyhow::Error>(());
                 }
-                if i > 0 && i % 100_000 == 0 {
+                if i > 0 && i.is_multiple_of(100_000) {
                     println!(
                         "[million] {i} leases after {:.1} s",
                         progress_started.elapsed().as_secs_f64()
@@ -240,7 +240,7 @@ async fn fill(
                     other => bail!("{r}: not granted: {other:?}"),
                 };
                 max_token.fetch_max(token, Ordering::Relaxed);
-                if i % every == 0 {
+                if i.is_multiple_of(every) {
                     samples
                         .lock()
                         .map_err(|_| anyhow::anyhow!("samples"))?

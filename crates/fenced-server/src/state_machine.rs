@@ -1228,18 +1228,19 @@ mod tests {
         sm.shared.write().table = table_with(true);
         let mut builder = sm.get_snapshot_builder().await;
         let built = builder.build_snapshot().await.unwrap();
-        let data = sm.shared.read();
-        let body = codec::encode(
-            "snapshot",
-            &SnapshotBody {
-                last_applied: data.last_applied,
-                membership: data.membership.clone(),
-                table: data.table.snapshot(),
-                kv: data.table.kv_snapshot(),
-            },
-        )
-        .unwrap();
-        drop(data);
+        let body = {
+            let data = sm.shared.read();
+            codec::encode(
+                "snapshot",
+                &SnapshotBody {
+                    last_applied: data.last_applied,
+                    membership: data.membership.clone(),
+                    table: data.table.snapshot(),
+                    kv: data.table.kv_snapshot(),
+                },
+            )
+            .unwrap()
+        };
         let want = codec::encode(
             "snapshot file",
             &SnapshotFile {
