@@ -3,6 +3,7 @@
 //! Prints figures per scenario and one comparison table; checks token order
 //! on every grant and fails (exit 1) on a violation or an exceeded budget.
 
+mod million;
 mod procs;
 mod rolling;
 mod scenarios;
@@ -37,8 +38,8 @@ struct Args {
     /// Systems to measure, in order: fenced, etcd, postgres.
     #[arg(long, value_delimiter = ',', default_value = "fenced")]
     systems: Vec<String>,
-    /// Scenarios: s1 s2 s3 s4 s5 s6 rolling budgets validate (validate:
-    /// fenced only, not run unless named).
+    /// Scenarios: s1 s2 s3 s4 s5 s6 rolling budgets validate million
+    /// (validate and million: fenced only, not run unless named).
     #[arg(
         long,
         value_delimiter = ',',
@@ -87,6 +88,13 @@ struct Args {
     /// Live leases for the memory and restart budgets.
     #[arg(long, default_value_t = 100_000)]
     budget_leases: usize,
+    /// Live leases the million scenario fills a cluster with before it
+    /// restarts it (docs/SCALING.md).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    million_leases: u64,
+    /// Clients filling the cluster in the million scenario.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    million_clients: u64,
     /// The `fenced` binary (a release build); default: next to this binary.
     #[arg(long)]
     fenced_bin: Option<PathBuf>,
@@ -816,6 +824,70 @@ async fn run_system(
             c.kill_all();
         }
         budgets(args, dir, table, out).await?;
+    }
+    if want("million") && kind == Kind::Fenced && args.fenced_endpoints.is_empty() {
+        if let Some(c) = sut.cluster.as_mut() {
+            c.kill_all();
+        }
+        let n = usize::try_from(args.million_leases)?;
+        let clients = usize::try_from(args.million_clients)?;
+        let f = million::run(fenced_bin(args)?, dir, n, clients).await?;
+        let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+        table.put(
+            &format!("million: fill {n} leases (s)"),
+            Kind::Fenced,
+            f.fill_s,
+            false,
+        );
+        table.put(
+            &format!("million: max node RSS with {n} leases (MB)"),
+            Kind::Fenced,
+            max(&f.rss_mb),
+            false,
+        );
+        table.put(
+            "million: max node peak RSS (MB)",
+            Kind::Fenced,
+            max(&f.peak_rss_mb),
+            false,
+        );
+        table.put(
+            "million: SIGTERM of the three nodes (s)",
+            Kind::Fenced,
+            f.shutdown_s,
+            false,
+        );
+        table.put(
+            "million: restart to serving (s)",
+            Kind::Fenced,
+            f.serving_s,
+            false,
+        );
+        table.put(
+            "million: restart to every node loaded (s)",
+            Kind::Fenced,
+            f.all_loaded_s,
+            false,
+        );
+        table.put(
+            "million: max node RSS after restart (MB)",
+            Kind::Fenced,
+            max(&f.rss_after_restart_mb),
+            false,
+        );
+        if max(&f.rss_mb) > 400.0 {
+            out.failures.push(format!(
+                "million: a node used {:.1} MB with {} leases (target 400 MB)",
+                max(&f.rss_mb),
+                f.leases
+            ));
+        }
+        if f.serving_s > 5.0 {
+            out.failures.push(format!(
+                "million: the restarted cluster served after {:.3} s (target 5 s)",
+                f.serving_s
+            ));
+        }
     }
     println!(
         "[{}] token order checked on {} resources: no violation",

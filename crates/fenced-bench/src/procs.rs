@@ -147,6 +147,14 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Peak resident memory of a process in bytes (VmHWM).
+pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 /// One node's addresses and process.
 pub struct Member {
     pub id: u64,
@@ -171,6 +179,8 @@ pub struct LocalCluster {
     initial: String,
     /// With TLS: the directory of `fenced certs` output.
     pki: Option<PathBuf>,
+    /// Environment every node starts with, after the defaults.
+    env: Vec<(String, String)>,
 }
 
 impl LocalCluster {
@@ -194,6 +204,7 @@ impl LocalCluster {
             bin,
             initial: String::new(),
             pki: None,
+            env: Vec::new(),
         })
     }
 
@@ -341,8 +352,16 @@ impl LocalCluster {
                 ]);
             }
         }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
         m.proc = Some(Proc::spawn(&format!("{kind} {id}"), &mut cmd, &log)?);
         Ok(())
+    }
+
+    /// Sets `key` in the environment of every node started from now on.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.push((key.to_string(), value.to_string()));
     }
 
     pub fn start_all(&mut self) -> Result<()> {

@@ -42,5 +42,7 @@ pub use observe::{
     WATCH_WINDOW,
 };
 pub use outcome::{Applied, Description, Event, Grant, LeaseList, LeaseView, LostReason, Outcome};
-pub use table::{LeaseTable, SnapshotError, TableSnapshot, SNAPSHOT_FORMAT_VERSION};
+pub use table::{
+    LeaseTable, SnapshotError, TableSnapshot, TableSnapshotRef, SNAPSHOT_FORMAT_VERSION,
+};
 pub use time::{ClusterTime, LeaderClock};

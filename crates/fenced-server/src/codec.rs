@@ -5,7 +5,7 @@
 //! misread. The body is bincode 2 (pinned: its 3.0 release is an empty
 //! tombstone) through serde, with a fixed, explicit configuration.
 
-use serde::{de::DeserializeOwned, Serialize};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 /// The current format of everything this module writes.
 pub const FORMAT_VERSION: u8 = 1;
@@ -46,6 +46,23 @@ pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, Co
     Ok(out)
 }
 
+/// Encodes `value` into `out` without the version byte (a part of a larger
+/// encoding that has one): the bytes [`encode`] puts after it.
+pub fn encode_part<T: Serialize, W: std::io::Write>(
+    what: &'static str,
+    value: &T,
+    out: &mut W,
+) -> Result<usize, CodecError> {
+    bincode::serde::encode_into_std_write(value, out, config())
+        .map_err(|source| CodecError::Encode { what, source })
+}
+
+/// How many bytes [`encode_part`] writes for `value` (an encoding pass into
+/// nothing: what a streamed length prefix needs).
+pub fn encoded_part_len<T: Serialize>(what: &'static str, value: &T) -> Result<usize, CodecError> {
+    encode_part(what, value, &mut std::io::sink())
+}
+
 /// Decodes what [`encode`] wrote; refuses other versions and trailing bytes.
 pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, CodecError> {
     let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
@@ -56,6 +73,30 @@ pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
         });
     }
     let (value, read) = bincode::serde::decode_from_slice(body, config())
+        .map_err(|source| CodecError::Decode { what, source })?;
+    if read != body.len() {
+        return Err(CodecError::Trailing {
+            what,
+            trailing: body.len() - read,
+        });
+    }
+    Ok(value)
+}
+
+/// [`decode`] into a value that borrows from `bytes` (a large byte field
+/// read in place, not copied).
+pub fn decode_borrowed<'a, T: Deserialize<'a>>(
+    what: &'static str,
+    bytes: &'a [u8],
+) -> Result<T, CodecError> {
+    let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
+    if version != FORMAT_VERSION {
+        return Err(CodecError::Version {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let (value, read) = bincode::serde::borrow_decode_from_slice(body, config())
         .map_err(|source| CodecError::Decode { what, source })?;
     if read != body.len() {
         return Err(CodecError::Trailing {

@@ -15,7 +15,8 @@ use std::{
 
 use fenced_core::{
     CapacityBound, ChangesAfter, ClusterTime, Compacted, Description, Event, HistoryEntry, KvBound,
-    KvEntry, KvRefusal, KvSnapshot, LeaseTable, Outcome, TableSnapshot, Token, Validation,
+    KvEntry, KvRefusal, KvSnapshot, LeaseTable, Outcome, TableSnapshot, TableSnapshotRef, Token,
+    Validation,
 };
 use openraft::{
     storage::RaftStateMachine, AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder,
@@ -63,10 +64,49 @@ struct SnapshotBodyV1 {
     table: TableSnapshot,
 }
 
+/// [`SnapshotBody`] borrowed from the live state: the same bytes, encoded
+/// straight into the snapshot file with no copy of the table.
+#[derive(Serialize)]
+#[serde(rename = "SnapshotBody")]
+struct SnapshotBodyRef<'a> {
+    last_applied: &'a Option<LogId>,
+    membership: &'a StoredMembership,
+    table: TableSnapshotRef<'a>,
+    kv: KvSnapshot,
+}
+
+/// The layout of the snapshot file: [`write_temporary`] writes these bytes
+/// with the body streamed, [`SnapshotFileRef`] reads them.
+#[cfg(test)]
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {
     meta: SnapshotMeta,
     body: Vec<u8>,
+}
+
+/// [`SnapshotFile`] read in place: its body is not copied out of the file's
+/// bytes.
+#[derive(Deserialize)]
+struct SnapshotFileRef<'a> {
+    meta: SnapshotMeta,
+    #[serde(borrow)]
+    body: &'a [u8],
+}
+
+/// What goes into a snapshot file after its meta.
+enum Body<'a> {
+    /// Already encoded (a snapshot received from the leader, a restore).
+    Encoded(&'a [u8]),
+    /// Encoded from the state as it is written, never whole in memory.
+    State(&'a SnapshotBodyRef<'a>),
+}
+
+/// A snapshot file written under a temporary name, not yet synced.
+struct Temporary {
+    path: PathBuf,
+    file: std::fs::File,
+    /// Bytes of the encoded body (what openraft sends to a follower).
+    body_len: u64,
 }
 
 /// What [`Shared::store`] did.
@@ -87,8 +127,10 @@ pub struct Shared {
     /// Owned by `node.rs`; the state machine counts what it applies and
     /// snapshots.
     counters: Arc<Counters>,
-    /// The snapshot on disk, in memory (what openraft sends to followers).
-    current: Mutex<Option<(SnapshotMeta, Vec<u8>)>>,
+    /// What the snapshot on disk covers. Its body is read from the file
+    /// when openraft asks for it (to send it to a follower), so the state
+    /// is not kept twice in memory.
+    current: Mutex<Option<SnapshotMeta>>,
     /// Held by the one task writing the snapshot file, from its temporary
     /// file to the update of `current`.
     writer: Mutex<()>,
@@ -230,19 +272,29 @@ impl Shared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .and_then(|(meta, _)| meta.last_log_id)
+            .and_then(|meta| meta.last_log_id)
     }
 
-    fn current_snapshot(&self) -> Option<Snapshot> {
-        let current = self
+    /// The snapshot on disk, read from its file (the file's own meta, which
+    /// is the one its body goes with).
+    fn current_snapshot(&self) -> Result<Option<Snapshot>, StorageError> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = self
             .current
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        current.map(|(meta, bytes)| Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(bytes)),
-        })
+            .is_some();
+        if !known {
+            return Ok(None);
+        }
+        let path = self.dir.join(SNAPSHOT_FILE);
+        let bytes = std::fs::read(&path).map_err(sm_read_err)?;
+        let file: SnapshotFileRef =
+            codec::decode_borrowed("snapshot file", &bytes).map_err(sm_read_err)?;
+        Ok(Some(Snapshot {
+            meta: file.meta,
+            snapshot: Box::new(Cursor::new(file.body.to_vec())),
+        }))
     }
 
     /// Makes `file` the snapshot on disk and in memory (and `data` the
@@ -254,25 +306,59 @@ impl Shared {
     /// the writer lock from the comparison to the update of `current`; an
     /// older snapshot never replaces a newer one on disk, where the log may
     /// already be purged up to the newer one.
-    fn store(&self, file: SnapshotFile, data: Option<Data>) -> Result<Stored, StorageError> {
+    fn store(
+        &self,
+        meta: SnapshotMeta,
+        temp: Temporary,
+        data: Option<Data>,
+    ) -> Result<Stored, StorageError> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let durable = self.durable_last();
-        if file.meta.last_log_id <= durable {
+        if meta.last_log_id <= durable {
+            drop(temp.file);
+            std::fs::remove_file(&temp.path).map_err(snapshot_write_err)?;
             // Lets a purge held back for a refused install go ahead.
             self.horizon.snapshot_durable(durable);
             return Ok(Stored::Stale { durable });
         }
-        let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
-        persist(&self.dir, &file, seq)?;
+        make_durable(&self.dir, temp)?;
         if let Some(data) = data {
             let revision = data.table.revision();
             *self.write() = data;
             self.announce_revision(revision);
         }
-        let last = file.meta.last_log_id;
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some((file.meta, file.body));
+        let last = meta.last_log_id;
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(meta);
         self.horizon.snapshot_durable(last);
         Ok(Stored::Written)
+    }
+
+    /// Writes the state as it is now into a temporary snapshot file, reading
+    /// the table in place under the read lock (applying waits meanwhile; a
+    /// copy of a million leases would take about as long and twice the
+    /// memory). Returns the file and the meta of what it holds. Blocking.
+    fn write_state(&self) -> Result<(SnapshotMeta, Temporary), StorageError> {
+        let data = self.read();
+        let body = SnapshotBodyRef {
+            last_applied: &data.last_applied,
+            membership: &data.membership,
+            table: data.table.snapshot_ref(),
+            kv: data.table.kv_snapshot(),
+        };
+        let seq = self.snapshot_seq.fetch_add(1, Ordering::Relaxed);
+        let last_applied = data.last_applied;
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: data.membership.clone(),
+            snapshot_id: format!(
+                "{}-{}-{seq}",
+                last_applied.map_or(0, |l| l.leader_id.term),
+                last_applied.map_or(0, |l| l.index)
+            ),
+        };
+        let temp_seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
+        let temp = write_temporary(&self.dir, temp_seq, &meta, &Body::State(&body))?;
+        Ok((meta, temp))
     }
 
     /// A copy of the whole lease table and fenced store (for [`digest`],
@@ -318,14 +404,11 @@ fn snapshot_write_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_snapshot(None, AnyError::new(&e)).into()
 }
 
-/// Runs [`Shared::store`] on a blocking thread.
-async fn store(
-    shared: &Arc<Shared>,
-    file: SnapshotFile,
-    data: Option<Data>,
-) -> Result<Stored, StorageError> {
-    let shared = Arc::clone(shared);
-    tokio::task::spawn_blocking(move || shared.store(file, data))
+/// Runs `f` on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, StorageError> {
+    tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, AnyError::error(e))))?
 }
@@ -384,16 +467,21 @@ impl StateMachine {
             let unreadable = |e: &dyn std::fmt::Display| {
                 sm_read_err(std::io::Error::other(format!("{}: {e}", path.display())))
             };
+            let started = std::time::Instant::now();
             let bytes = std::fs::read(&path).map_err(|e| unreadable(&e))?;
-            let file: SnapshotFile =
-                codec::decode("snapshot file", &bytes).map_err(|e| unreadable(&e))?;
-            data = decode_body(&file.body, history_len).map_err(|e| unreadable(&e))?;
+            let read_ms = started.elapsed().as_millis();
+            let file: SnapshotFileRef =
+                codec::decode_borrowed("snapshot file", &bytes).map_err(|e| unreadable(&e))?;
+            data = decode_body(file.body, history_len).map_err(|e| unreadable(&e))?;
             tracing::info!(
                 last_applied = ?data.last_applied,
                 leases = data.table.live_leases(),
+                bytes = bytes.len(),
+                read_ms,
+                load_ms = started.elapsed().as_millis(),
                 "loaded snapshot"
             );
-            current = Some((file.meta, file.body));
+            current = Some(file.meta);
         }
         horizon.snapshot_durable(data.last_applied);
         let (revisions, _) = tokio::sync::watch::channel(data.table.revision());
@@ -423,13 +511,18 @@ impl StateMachine {
     /// Installs a snapshot received from the leader, unless the one on disk
     /// covers as much of the log.
     async fn install(&self, meta: &SnapshotMeta, body: Vec<u8>) -> Result<(), StorageError> {
-        let data = decode_body(&body, self.shared.history_len)?;
-        let bytes = body.len() as u64;
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            body,
-        };
-        match store(&self.shared, file, Some(data)).await? {
+        let shared = Arc::clone(&self.shared);
+        let owned_meta = meta.clone();
+        let (stored, bytes) = blocking(move || {
+            let data = decode_body(&body, shared.history_len)?;
+            let seq = shared.temp_seq.fetch_add(1, Ordering::Relaxed);
+            let temp = write_temporary(&shared.dir, seq, &owned_meta, &Body::Encoded(&body))?;
+            let bytes = temp.body_len;
+            drop(body);
+            Ok((shared.store(owned_meta, temp, Some(data))?, bytes))
+        })
+        .await?;
+        match stored {
             Stored::Written => {
                 let c = &self.shared.counters;
                 c.snapshots_installed.fetch_add(1, Ordering::Relaxed);
@@ -505,23 +598,69 @@ fn decode_body(bytes: &[u8], history_len: usize) -> Result<Data, StorageError> {
     })
 }
 
-/// Writes the snapshot file atomically: temp file (number `seq`), fsync,
-/// rename, fsync dir.
-fn persist(dir: &Path, file: &SnapshotFile, seq: u64) -> Result<(), StorageError> {
-    let bytes = codec::encode("snapshot file", file).map_err(snapshot_write_err)?;
-    let tmp = dir.join(format!("{SNAPSHOT_FILE}.{seq}.tmp"));
+/// Writes a snapshot file under a temporary name (number `seq`): the
+/// bytes of `codec::encode` of a [`SnapshotFile`], with the body streamed
+/// (its length is counted by an encoding pass first). Not yet synced: see
+/// [`make_durable`].
+fn write_temporary(
+    dir: &Path,
+    seq: u64,
+    meta: &SnapshotMeta,
+    body: &Body,
+) -> Result<Temporary, StorageError> {
+    let body_len = match body {
+        Body::Encoded(bytes) => bytes.len(),
+        Body::State(state) => {
+            1 + codec::encoded_part_len("snapshot", state).map_err(snapshot_write_err)?
+        }
+    };
+    let path = dir.join(format!("{SNAPSHOT_FILE}.{seq}.tmp"));
     // 0600: the snapshot holds every live owner id.
-    let mut f = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(&tmp)
+        .open(&path)
         .map_err(snapshot_write_err)?;
-    f.write_all(&bytes).map_err(snapshot_write_err)?;
-    f.sync_all().map_err(snapshot_write_err)?;
-    drop(f);
-    std::fs::rename(&tmp, dir.join(SNAPSHOT_FILE)).map_err(snapshot_write_err)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    out.write_all(&[codec::FORMAT_VERSION])
+        .map_err(snapshot_write_err)?;
+    codec::encode_part("snapshot file", meta, &mut out).map_err(snapshot_write_err)?;
+    // A byte vector is its length, then its bytes.
+    codec::encode_part("snapshot file", &(body_len as u64), &mut out)
+        .map_err(snapshot_write_err)?;
+    match body {
+        Body::Encoded(bytes) => out.write_all(bytes).map_err(snapshot_write_err)?,
+        Body::State(state) => {
+            out.write_all(&[codec::FORMAT_VERSION])
+                .map_err(snapshot_write_err)?;
+            let written =
+                codec::encode_part("snapshot", state, &mut out).map_err(snapshot_write_err)?;
+            if written + 1 != body_len {
+                return Err(snapshot_write_err(std::io::Error::other(format!(
+                    "snapshot body: counted {body_len} bytes, wrote {}",
+                    written + 1
+                ))));
+            }
+        }
+    }
+    let file = out
+        .into_inner()
+        .map_err(|e| snapshot_write_err(e.into_error()))?;
+    Ok(Temporary {
+        path,
+        file,
+        body_len: body_len as u64,
+    })
+}
+
+/// Makes a temporary snapshot file the snapshot on disk, atomically:
+/// fsync, rename, fsync of the directory.
+fn make_durable(dir: &Path, temp: Temporary) -> Result<(), StorageError> {
+    temp.file.sync_all().map_err(snapshot_write_err)?;
+    drop(temp.file);
+    std::fs::rename(&temp.path, dir.join(SNAPSHOT_FILE)).map_err(snapshot_write_err)?;
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(snapshot_write_err)?;
@@ -529,49 +668,37 @@ fn persist(dir: &Path, file: &SnapshotFile, seq: u64) -> Result<(), StorageError
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    /// Streams the state into a temporary file, then makes it the snapshot
+    /// on disk. openraft 0.9 uses only the meta of a built snapshot (its
+    /// state machine worker answers the build with `snap.meta`); the body
+    /// returned is empty, and followers are sent the file's body by
+    /// [`RaftStateMachine::get_current_snapshot`].
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let started = std::time::Instant::now();
-        let (body, last_applied, membership) = {
-            let data = self.shared.read();
-            let body = SnapshotBody {
-                last_applied: data.last_applied,
-                membership: data.membership.clone(),
-                table: data.table.snapshot(),
-                kv: data.table.kv_snapshot(),
-            };
-            (body, data.last_applied, data.membership.clone())
-        };
+        let shared = Arc::clone(&self.shared);
+        let (meta, temp) = blocking(move || shared.write_state()).await?;
+        let encoded = started.elapsed();
         #[cfg(test)]
         self.shared.build_paused.pass().await;
-        let bytes = codec::encode("snapshot", &body).map_err(snapshot_write_err)?;
-        let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
-        let meta = SnapshotMeta {
-            last_log_id: last_applied,
-            last_membership: membership,
-            snapshot_id: format!(
-                "{}-{}-{seq}",
-                last_applied.map_or(0, |l| l.leader_id.term),
-                last_applied.map_or(0, |l| l.index)
-            ),
-        };
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            body: bytes.clone(),
-        };
+        let bytes = temp.body_len;
+        let shared = Arc::clone(&self.shared);
+        let stored_meta = meta.clone();
+        let stored = blocking(move || shared.store(stored_meta, temp, None)).await?;
         let built = Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(bytes)),
+            snapshot: Box::new(Cursor::new(Vec::new())),
         };
-        match store(&self.shared, file, None).await? {
+        match stored {
             Stored::Written => {
                 let c = &self.shared.counters;
                 c.snapshots_built.fetch_add(1, Ordering::Relaxed);
-                c.snapshot_bytes
-                    .store(built.snapshot.get_ref().len() as u64, Ordering::Relaxed);
+                c.snapshot_bytes.store(bytes, Ordering::Relaxed);
                 c.snapshot_build_us.observe_duration(started.elapsed());
                 tracing::info!(
                     snapshot_id = %built.meta.snapshot_id,
-                    bytes = built.snapshot.get_ref().len(),
+                    bytes,
+                    encode_ms = encoded.as_millis(),
+                    total_ms = started.elapsed().as_millis(),
                     "snapshot built"
                 );
                 Ok(built)
@@ -584,7 +711,19 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                     durable = ?durable,
                     "snapshot build discarded: the one on disk is newer"
                 );
-                Ok(self.shared.current_snapshot().unwrap_or(built))
+                let current = self
+                    .shared
+                    .current
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                Ok(match current {
+                    Some(meta) => Snapshot {
+                        meta,
+                        snapshot: Box::new(Cursor::new(Vec::new())),
+                    },
+                    None => built,
+                })
             }
         }
     }
@@ -694,7 +833,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        Ok(self.shared.current_snapshot())
+        let shared = Arc::clone(&self.shared);
+        blocking(move || shared.current_snapshot()).await
     }
 }
 
@@ -782,16 +922,15 @@ pub fn write_restored_state(
         table: data.table.snapshot(),
         kv: data.table.kv_snapshot(),
     };
-    let file = SnapshotFile {
-        meta: SnapshotMeta {
-            last_log_id: Some(at),
-            last_membership: membership,
-            snapshot_id: format!("restored-{}", at.index),
-        },
-        body: codec::encode("snapshot", &body).map_err(snapshot_write_err)?,
+    let meta = SnapshotMeta {
+        last_log_id: Some(at),
+        last_membership: membership,
+        snapshot_id: format!("restored-{}", at.index),
     };
+    let body = codec::encode("snapshot", &body).map_err(snapshot_write_err)?;
     std::fs::create_dir_all(dir).map_err(snapshot_write_err)?;
-    persist(dir, &file, 0)?;
+    let temp = write_temporary(dir, 0, &meta, &Body::Encoded(&body))?;
+    make_durable(dir, temp)?;
     Ok(restored)
 }
 
@@ -1046,6 +1185,45 @@ mod tests {
         assert_eq!(want.len(), 1);
     }
 
+    /// The streamed file is byte for byte the encoding of the snapshot
+    /// file this build wrote before it streamed (a whole body in memory),
+    /// so every reader of that layout reads it; and what the state machine
+    /// hands a follower is that body.
+    #[tokio::test]
+    async fn a_streamed_snapshot_file_is_the_encoded_file_of_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, mut sm) = node(dir.path()).await;
+        sm.shared.write().table = table_with(true);
+        let mut builder = sm.get_snapshot_builder().await;
+        let built = builder.build_snapshot().await.unwrap();
+        let body = {
+            let data = sm.shared.read();
+            codec::encode(
+                "snapshot",
+                &SnapshotBody {
+                    last_applied: data.last_applied,
+                    membership: data.membership.clone(),
+                    table: data.table.snapshot(),
+                    kv: data.table.kv_snapshot(),
+                },
+            )
+            .unwrap()
+        };
+        let want = codec::encode(
+            "snapshot file",
+            &SnapshotFile {
+                meta: built.meta.clone(),
+                body: body.clone(),
+            },
+        )
+        .unwrap();
+        let on_disk = std::fs::read(dir.path().join("state").join(SNAPSHOT_FILE)).unwrap();
+        assert_eq!(on_disk, want);
+        let sent = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(sent.meta, built.meta);
+        assert_eq!(sent.snapshot.into_inner(), body);
+    }
+
     #[tokio::test]
     async fn a_stale_install_is_ignored() {
         let dir = tempfile::tempdir().unwrap();
@@ -1119,11 +1297,13 @@ mod tests {
             for file in &files {
                 let (shared, writing) = (&shared, &writing);
                 s.spawn(move || {
-                    let file = SnapshotFile {
-                        meta: file.meta.clone(),
-                        body: file.body.clone(),
-                    };
-                    shared.store(file, None).expect("every writer succeeds");
+                    let seq = shared.temp_seq.fetch_add(1, Ordering::Relaxed);
+                    let temp =
+                        write_temporary(&shared.dir, seq, &file.meta, &Body::Encoded(&file.body))
+                            .expect("every writer writes");
+                    shared
+                        .store(file.meta.clone(), temp, None)
+                        .expect("every writer succeeds");
                     writing.fetch_sub(1, Ordering::SeqCst);
                 });
             }
