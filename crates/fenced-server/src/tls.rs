@@ -157,15 +157,6 @@ impl Members {
         true
     }
 
-    /// The log index of the membership in this node's view.
-    pub fn index(&self) -> u64 {
-        self.0
-            .view
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .index
-    }
-
     /// Notes that `id` was refused, for the next probe round: at most once
     /// per [`PROBE_INTERVAL`] per id, and [`MAX_PROBED_IDS`] ids at a time.
     pub fn refused(&self, id: NodeId, now: Instant) {
