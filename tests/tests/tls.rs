@@ -2,7 +2,8 @@
 //! client without a certificate when one is required, a client trusting
 //! another CA, a non-member node's certificate and a client's certificate
 //! on the peer port (with a forged AppendEntries behind it), plaintext to a
-//! TLS port, and plaintext on a public address without `--insecure`.
+//! TLS port, and plaintext on a public address without `--insecure`. A node
+//! whose membership lags admits a newer member its members vouch for.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -686,4 +687,115 @@ async fn the_status_page_takes_a_client_certificate_as_its_identity() {
     let alice = get_status("alice").await;
     assert!(alice.starts_with("HTTP/1.1 403"), "{alice}");
     assert!(!alice.contains("id=\"leases\""), "{alice}");
+}
+
+/// The leader the running nodes `ids` agree on, waiting up to `within`.
+async fn leader_among(cluster: &Cluster, ids: &[u64], within: Duration) -> u64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut seen = Vec::new();
+        for id in ids {
+            seen.push(cluster.status(*id).await.map_or(0, |s| s.leader_id));
+        }
+        if seen[0] != 0 && ids.contains(&seen[0]) && seen.iter().all(|l| *l == seen[0]) {
+            return seen[0];
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nodes {ids:?} agree on no leader within {within:?}: {seen:?}\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_membership_lags_admits_a_leader_that_joined_after_it() {
+    use fenced_proto::v1::{cluster_client::ClusterClient, PromoteLearnerRequest};
+    use nix::sys::signal::Signal;
+    let mut cluster = Cluster::start_tls(3, &[]).await;
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    // Node 3 is down while nodes 4 and 5 join and become voters: its
+    // membership names nodes 1, 2 and 3 only.
+    cluster.kill(3);
+    for id in [4u64, 5] {
+        cluster.join_node(id, None);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let leader = leader_among(&cluster, &[1, 2], Duration::from_secs(20)).await;
+            let promoted = ClusterClient::new(cluster.channel(leader))
+                .promote_learner(PromoteLearnerRequest { node_id: id })
+                .await;
+            if promoted.is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} not promoted: {promoted:?}\n{}",
+                cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // Pause leaders until node 4 or 5 leads (four of five voters run; a
+    // paused one leaves the three a majority needs).
+    let up = [1u64, 2, 4, 5];
+    let mut leader = leader_among(&cluster, &up, Duration::from_secs(20)).await;
+    for _ in 0..10 {
+        if leader >= 4 {
+            break;
+        }
+        cluster.signal(leader, Signal::SIGSTOP);
+        let others: Vec<u64> = up.iter().copied().filter(|i| *i != leader).collect();
+        leader_among(&cluster, &others, Duration::from_secs(20)).await;
+        cluster.signal(leader, Signal::SIGCONT);
+        // The resumed node follows the new leader before the next round.
+        leader = leader_among(&cluster, &up, Duration::from_secs(20)).await;
+    }
+    assert!(leader >= 4, "node 4 or 5 never led");
+    let token = granted(&cluster.client_of(leader), "written-while-3-was-down").await;
+    assert!(token > 0);
+    let applied = cluster
+        .status(leader)
+        .await
+        .expect("leader status")
+        .last_applied;
+
+    // Node 3 restarts with its old membership: the leader's certificate
+    // names a node it does not know. Nodes 1 and 2, whose membership is
+    // newer, vouch for it, and node 3 catches up.
+    cluster.spawn(3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = cluster.status(3).await;
+        let caught_up = s.as_ref().is_some_and(|s| {
+            s.leader_id == leader
+                && s.last_applied >= applied
+                && [4, 5]
+                    .iter()
+                    .all(|id| s.members.iter().any(|m| m.id == *id))
+        });
+        if caught_up {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 never caught up with leader {leader}: {s:?}\n{}",
+            cluster.log_of(3)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = cluster.log_of(3);
+    assert!(
+        log.contains(&format!(
+            "peer certificate refused: node {leader} is not a member"
+        )),
+        "node 3 knew the leader from the start:\n{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "peer certificate admitted: node {leader} is a member"
+        )),
+        "{log}"
+    );
 }

@@ -410,6 +410,77 @@ async fn wait_until_member(
     }
 }
 
+/// Asks the members this node knows about the node ids its peer port
+/// refused (`members` notes them, see [`crate::tls::Members::refused`]), one
+/// round per [`crate::tls::PROBE_INTERVAL`] at most, until `stop`. Each
+/// member's `Status` (client port, this node's certificate) gives its view
+/// and that view's membership index; an id named by a view newer than this
+/// node's is admitted ([`crate::tls::Members::vouch`]). A node whose view lags
+/// thus lets in the leader that joined after it and can catch it up.
+pub async fn vouch_for_refused(
+    members: crate::tls::Members,
+    raft: Raft,
+    id: NodeId,
+    tls: Option<Arc<NodeTls>>,
+    stop: CancellationToken,
+) {
+    loop {
+        let refused = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = members.next_refused() => r,
+        };
+        let asked: Vec<(NodeId, String)> = members_of(&raft)
+            .into_iter()
+            .filter(|(m, _)| *m != id)
+            .map(|(m, s)| {
+                let addr = if s.node.client_addr.is_empty() {
+                    s.node.peer_addr
+                } else {
+                    s.node.client_addr
+                };
+                (m, addr)
+            })
+            .collect();
+        tracing::debug!(refused = ?refused, asked = ?asked, "asking the members about refused peer certificates");
+        let mut calls = tokio::task::JoinSet::new();
+        for (m, addr) in asked {
+            let tls = tls.clone();
+            calls.spawn(async move {
+                let ch = peer_channel(&addr, tls.as_deref()).map_err(|e| e.to_string())?;
+                let mut req = tonic::Request::new(v1::StatusRequest { with_digest: false });
+                req.set_timeout(crate::tls::PROBE_INTERVAL);
+                ClusterClient::new(ch)
+                    .status(req)
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(|e| format!("node {m} at {addr}: {}", e.message()))
+            });
+        }
+        let answers = tokio::select! {
+            _ = stop.cancelled() => return,
+            a = calls.join_all() => a,
+        };
+        for answer in answers {
+            match answer {
+                Ok(status) => {
+                    for r in &refused {
+                        if status.members.iter().any(|m| m.id == *r) {
+                            members.vouch(*r, status.node_id, status.membership_index);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "a member did not answer about refused peers")
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(crate::tls::PROBE_INTERVAL) => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -413,6 +413,13 @@ impl RunningNode {
             // Set before either port accepts, then kept up to date.
             let initial = cfg.initial_cluster.keys().copied().collect();
             members.refresh(&raft, &initial);
+            tasks.push(tokio::spawn(membership::vouch_for_refused(
+                members.clone(),
+                raft.clone(),
+                cfg.id,
+                tls.clone(),
+                stop.clone(),
+            )));
             tasks.push(tokio::spawn(members.follow(
                 raft.clone(),
                 initial,

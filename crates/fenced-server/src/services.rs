@@ -949,6 +949,7 @@ impl ClusterService {
             snapshot_index: m.snapshot.map_or(0, |l| l.index),
             purged_index: m.purged.map_or(0, |l| l.index),
             state_digest,
+            membership_index: m.membership_config.log_id().map_or(0, |l| l.index),
         }))
     }
 

@@ -9,14 +9,14 @@
 //! certificate that does not name a node of the current membership.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io,
     net::SocketAddr,
     path::{Path, PathBuf},
     pin::Pin,
-    sync::{Arc, PoisonError, RwLock},
+    sync::{Arc, Mutex, PoisonError, RwLock},
     task::{Context, Poll},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use rustls::{
@@ -34,7 +34,7 @@ use rustls_pki_types::pem::PemObject;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
-    sync::mpsc,
+    sync::{mpsc, Notify},
 };
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
@@ -67,44 +67,157 @@ pub struct TlsSettings {
 }
 
 /// The node ids a peer's certificate may name: voters and learners of the
-/// current membership, kept up to date from the Raft metrics.
+/// current membership, kept up to date from the Raft metrics, and the ids
+/// vouched for by a member whose membership is newer than this node's
+/// (docs/DECISIONS.md, "A lagging node admits a newer member it is vouched
+/// for").
 #[derive(Debug, Clone, Default)]
-pub struct Members(Arc<RwLock<Option<BTreeSet<NodeId>>>>);
+pub struct Members(Arc<MembersInner>);
+
+#[derive(Debug, Default)]
+struct MembersInner {
+    view: RwLock<View>,
+    probes: Mutex<Probes>,
+    wake: Notify,
+}
+
+/// This node's membership view and the ids vouched for beyond it.
+#[derive(Debug, Default)]
+struct View {
+    /// `None` while this node knows no membership yet.
+    ids: Option<BTreeSet<NodeId>>,
+    /// The log index of the membership `ids` come from (0: none).
+    index: u64,
+    /// Ids outside `ids` admitted on a member's word: who vouched, and the
+    /// log index of the membership it named them in.
+    vouched: BTreeMap<NodeId, (NodeId, u64)>,
+}
+
+/// Ids refused since the last probe round, and when each was last asked
+/// about (at most once per [`PROBE_INTERVAL`]).
+#[derive(Debug, Default)]
+struct Probes {
+    pending: BTreeSet<NodeId>,
+    asked: BTreeMap<NodeId, Instant>,
+}
+
+/// How often one refused id may be asked about, and the least time between
+/// two probe rounds.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// At most this many refused ids are asked about per [`PROBE_INTERVAL`];
+/// the others are refused without asking.
+pub const MAX_PROBED_IDS: usize = 16;
 
 impl Members {
-    /// Replaces the snapshot; `None` while this node knows no membership yet.
+    /// Replaces the view with `ids` at membership index 0 (tests).
     pub fn set(&self, ids: Option<BTreeSet<NodeId>>) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = ids;
+        self.set_view(ids, 0);
+    }
+
+    /// Replaces the view with `ids`, the membership at log `index`. A
+    /// vouched id is dropped once the view is as new as the membership it
+    /// was vouched from: from then on the view alone decides.
+    pub fn set_view(&self, ids: Option<BTreeSet<NodeId>>, index: u64) {
+        let mut view = self.0.view.write().unwrap_or_else(PoisonError::into_inner);
+        view.vouched
+            .retain(|id, (_, at)| *at > index && !ids.as_ref().is_some_and(|ids| ids.contains(id)));
+        view.ids = ids;
+        view.index = index;
     }
 
     /// Whether node `id` may connect. A node that has no membership yet (a
     /// learner that has never been contacted) admits any node certificate:
     /// it holds nothing, and the leader that adds it must be let in.
     pub fn admits(&self, id: NodeId) -> bool {
-        match &*self.0.read().unwrap_or_else(PoisonError::into_inner) {
-            Some(ids) => ids.contains(&id),
+        let view = self.0.view.read().unwrap_or_else(PoisonError::into_inner);
+        match &view.ids {
+            Some(ids) => ids.contains(&id) || view.vouched.contains_key(&id),
             None => true,
+        }
+    }
+
+    /// Admits `id` on the word of member `by`, whose membership at log
+    /// `index` names it; only when that membership is newer than this
+    /// node's view, so a member that has not seen a removal this node has
+    /// seen cannot bring the removed node back. Returns whether it did.
+    pub fn vouch(&self, id: NodeId, by: NodeId, index: u64) -> bool {
+        let mut view = self.0.view.write().unwrap_or_else(PoisonError::into_inner);
+        let known = view.ids.as_ref().is_none_or(|ids| ids.contains(&id));
+        if known || index <= view.index || view.vouched.contains_key(&id) {
+            return false;
+        }
+        view.vouched.insert(id, (by, index));
+        tracing::info!(
+            peer_node = id,
+            vouched_by = by,
+            membership_index = index,
+            own_membership_index = view.index,
+            "peer certificate admitted: node {id} is a member of node {by}'s newer membership"
+        );
+        true
+    }
+
+    /// Notes that `id` was refused, for the next probe round: at most once
+    /// per [`PROBE_INTERVAL`] per id, and [`MAX_PROBED_IDS`] ids at a time.
+    pub fn refused(&self, id: NodeId, now: Instant) {
+        let mut probes = self.0.probes.lock().unwrap_or_else(PoisonError::into_inner);
+        probes
+            .asked
+            .retain(|_, at| now.saturating_duration_since(*at) < PROBE_INTERVAL);
+        if probes.asked.contains_key(&id) || probes.asked.len() >= MAX_PROBED_IDS {
+            return;
+        }
+        probes.asked.insert(id, now);
+        probes.pending.insert(id);
+        drop(probes);
+        self.0.wake.notify_one();
+    }
+
+    /// Waits for refused ids to ask about, and takes them.
+    pub async fn next_refused(&self) -> BTreeSet<NodeId> {
+        loop {
+            let taken = std::mem::take(
+                &mut self
+                    .0
+                    .probes
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pending,
+            );
+            if !taken.is_empty() {
+                return taken;
+            }
+            self.0.wake.notified().await;
         }
     }
 
     /// Takes the membership `raft` knows now; while it knows none, the
     /// `initial` cluster's ids (empty: none, see [`Members::admits`]).
     pub fn refresh(&self, raft: &Raft, initial: &BTreeSet<NodeId>) {
-        let mut ids: BTreeSet<NodeId> = raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .nodes()
-            .map(|(id, _)| *id)
-            .collect();
+        let (mut ids, index) = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            let ids: BTreeSet<NodeId> = m
+                .membership_config
+                .membership()
+                .nodes()
+                .map(|(id, _)| *id)
+                .collect();
+            (ids, m.membership_config.log_id().map_or(0, |l| l.index))
+        };
         if ids.is_empty() {
             ids.clone_from(initial);
         }
         let ids = (!ids.is_empty()).then_some(ids);
-        if ids.as_ref() != self.current().as_ref() {
-            tracing::info!(members = ?ids, "peer certificates admitted for these node ids");
-            self.set(ids);
+        let (current, current_index) = {
+            let view = self.0.view.read().unwrap_or_else(PoisonError::into_inner);
+            (view.ids.clone(), view.index)
+        };
+        if ids != current || index != current_index {
+            if ids != current {
+                tracing::info!(members = ?ids, membership_index = index, "peer certificates admitted for these node ids");
+            }
+            self.set_view(ids, index);
         }
     }
 
@@ -119,13 +232,6 @@ impl Members {
                 r = metrics.changed() => if r.is_err() { return },
             }
         }
-    }
-
-    fn current(&self) -> Option<BTreeSet<NodeId>> {
-        self.0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
     }
 }
 
@@ -222,6 +328,8 @@ impl ClientCertVerifier for MemberVerifier {
                     peer_node = id,
                     "peer certificate refused: node {id} is not a member"
                 );
+                // It may have joined after this node's view: ask the members.
+                self.members.refused(id, Instant::now());
                 Err(rustls::Error::General(format!("node {id} is not a member")))
             }
             None => {
@@ -704,6 +812,69 @@ mod tests {
         members.set(Some([2, 3, 4].into()));
         assert!(verify(&n1[0]).is_err());
         assert!(verify(&n4[0]).is_ok());
+    }
+
+    #[test]
+    fn a_node_admits_an_id_vouched_for_by_a_newer_membership_only() {
+        let members = Members::default();
+        members.set_view(Some([1, 2, 3].into()), 10);
+        assert!(!members.admits(4));
+        // A view as old as this node's, or older, vouches for nothing: it
+        // may not have seen a removal this node has.
+        assert!(!members.vouch(4, 2, 10));
+        assert!(!members.vouch(4, 2, 7));
+        assert!(!members.admits(4));
+        // A newer one does; the id is then admitted, and only that id.
+        assert!(members.vouch(4, 2, 12));
+        assert!(members.admits(4));
+        assert!(!members.admits(9));
+        // A known member needs no vouching.
+        assert!(!members.vouch(1, 2, 12));
+        // The view catches up with the voucher's: the view alone decides,
+        // here without node 4 (removed meanwhile).
+        members.set_view(Some([1, 2, 3].into()), 12);
+        assert!(!members.admits(4));
+        // After the view passed it, an old voucher's word is not taken.
+        assert!(!members.vouch(4, 3, 11));
+        assert!(!members.admits(4));
+        // A view that names the vouched id takes over from the vouch.
+        assert!(members.vouch(5, 2, 20));
+        members.set_view(Some([1, 2, 3, 5].into()), 15);
+        assert!(members.admits(5));
+        members.set_view(Some([1, 2, 3].into()), 16);
+        assert!(
+            !members.admits(5),
+            "the vouch was dropped when the view named 5"
+        );
+    }
+
+    #[test]
+    fn refused_ids_are_probed_at_most_once_a_second_and_boundedly() {
+        let members = Members::default();
+        members.set_view(Some([1, 2, 3].into()), 10);
+        let t0 = Instant::now();
+        members.refused(4, t0);
+        members.refused(4, t0 + Duration::from_millis(500));
+        let taken = members
+            .0
+            .probes
+            .lock()
+            .unwrap()
+            .pending
+            .iter()
+            .copied()
+            .collect::<Vec<_>>();
+        assert_eq!(taken, [4]);
+        // A flood of ids: at most MAX_PROBED_IDS asked about per interval.
+        for id in 100..200 {
+            members.refused(id, t0 + Duration::from_millis(600));
+        }
+        let pending = members.0.probes.lock().unwrap().pending.len();
+        assert_eq!(pending, MAX_PROBED_IDS);
+        // A second later, the same id may be asked about again.
+        members.0.probes.lock().unwrap().pending.clear();
+        members.refused(4, t0 + PROBE_INTERVAL + Duration::from_millis(1));
+        assert!(members.0.probes.lock().unwrap().pending.contains(&4));
     }
 
     #[test]
