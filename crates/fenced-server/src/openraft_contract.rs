@@ -757,8 +757,21 @@ async fn heartbeat_answers_never_move_a_followers_match_or_commit() {
             .filter(|(id, _)| *id != 1)
             .collect()
     };
-    let before = followers(&c);
-    assert_eq!(before.len(), 2, "both followers' match is reported");
+    // Start from followers that hold the whole log: an entry still in
+    // flight when `before` is read would move a match for its own reason.
+    let caught_up = Instant::now() + WAIT;
+    let before = loop {
+        let m = followers(&c);
+        let last = c.last_index(1);
+        if m.len() == 2 && m.values().all(|id| id.map(|id| id.index) == Some(last)) {
+            break m;
+        }
+        assert!(
+            Instant::now() < caught_up,
+            "followers never caught up: {m:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     // No entry reaches a follower; every heartbeat (an AppendEntries with
     // no entries) is answered with success without its follower, as
     // fenced's transport answers one from an early copy.
