@@ -471,7 +471,10 @@ impl<'a> Nemesis<'a> {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .retain(|&n| n != dead.id);
-                r.took_effect = killed;
+                // The replacement joined and the dead node left (each step
+                // fails the fault otherwise), whether this kill or an
+                // earlier one stopped it.
+                r.took_effect = true;
             }
             _ => {}
         }

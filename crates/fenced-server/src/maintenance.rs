@@ -55,21 +55,7 @@ impl maintenance_server::Maintenance for MaintenanceService {
         })?;
         // Read index: leadership confirmed by a quorum, and everything
         // committed before the call applied, before the state is read.
-        tokio::time::timeout(
-            self.ctx.request_timeout,
-            self.ctx.raft.ensure_linearizable(),
-        )
-        .await
-        .map_err(|_| {
-            Status::unavailable("snapshot save: no quorum confirmed leadership in time; retry")
-        })?
-        .map_err(|e| {
-            not_leader(
-                e.forward_to_leader()
-                    .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
-                    .as_ref(),
-            )
-        })?;
+        self.ctx.confirm_leadership("snapshot save").await?;
         let shared = Arc::clone(&self.ctx.shared);
         let id = self.ctx.id;
         let (summary, bytes) = tokio::task::spawn_blocking(move || {

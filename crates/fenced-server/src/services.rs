@@ -86,6 +86,26 @@ pub struct NodeContext {
 }
 
 impl NodeContext {
+    /// Read index: leadership confirmed by a quorum, and everything
+    /// committed before the call applied, within the request timeout.
+    pub(crate) async fn confirm_leadership(&self, what: &str) -> Result<(), Status> {
+        tokio::time::timeout(self.request_timeout, self.raft.ensure_linearizable())
+            .await
+            .map_err(|_| {
+                Status::unavailable(format!(
+                    "{what}: no quorum confirmed leadership in time; retry"
+                ))
+            })?
+            .map_err(|e| {
+                not_leader(
+                    e.forward_to_leader()
+                        .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
+                        .as_ref(),
+                )
+            })?;
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: NodeId,
@@ -957,11 +977,15 @@ impl ClusterService {
     /// A node that knows no leader (just restarted, or cut off) may hold an
     /// old one: its "not a member" or "already a learner" would be false,
     /// and a caller that retries a removal reads "not a member" as done.
-    fn leader_only(&self) -> Result<(), Status> {
-        if self.ctx.raft.metrics().borrow().state == ServerState::Leader {
-            return Ok(());
+    /// This node leads, confirmed by a quorum, and has applied everything
+    /// committed before the call: a membership decision then reads the
+    /// cluster's membership, not the stale view of a leader that was cut
+    /// off and has not noticed yet.
+    async fn confirmed_leader(&self) -> Result<(), Status> {
+        if self.ctx.raft.metrics().borrow().state != ServerState::Leader {
+            return Err(not_leader(leader_of(&self.ctx.raft).as_ref()));
         }
-        Err(not_leader(leader_of(&self.ctx.raft).as_ref()))
+        self.ctx.confirm_leadership("membership change").await
     }
 
     async fn answer_add_learner(
@@ -998,7 +1022,7 @@ impl ClusterService {
                 add_learner
             );
         }
-        self.leader_only()?;
+        self.confirmed_leader().await?;
         let members = membership::members_of(&self.ctx.raft);
         if membership::check_add(&members, node_id, &node)? == membership::AddPlan::AlreadyLearner {
             // A joining node stops asking at this answer: it must mean a
@@ -1072,7 +1096,7 @@ impl ClusterService {
             ClusterClient,
             remove_node
         );
-        self.leader_only()?;
+        self.confirmed_leader().await?;
         let members = membership::members_of(&self.ctx.raft);
         let voter = members.get(&id).is_some_and(|m| m.voter);
         let in_contact = if voter {
@@ -1128,7 +1152,7 @@ impl ClusterService {
             ClusterClient,
             promote_learner
         );
-        self.leader_only()?;
+        self.confirmed_leader().await?;
         let members = membership::members_of(&self.ctx.raft);
         let (matched, last) = self.progress_of(id);
         if membership::check_promote(&members, id, matched, last)?
