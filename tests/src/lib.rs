@@ -156,6 +156,29 @@ pub fn hash_token(token: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// Writes `tokens.toml` (each `(name, token, role)`, stored hashed as a
+/// node reads it) and `policy.toml` into `dir`; returns their paths, for
+/// `FENCED_AUTH_TOKENS` and `FENCED_AUTH_POLICY`.
+pub fn write_auth_files(
+    dir: &Path,
+    tokens: &[(&str, &str, &str)],
+    policy: &str,
+) -> (String, String) {
+    let text: String = tokens
+        .iter()
+        .map(|(name, token, role)| {
+            format!(
+                "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"{role}\"]\n\n",
+                hash_token(token)
+            )
+        })
+        .collect();
+    let (t, p) = (dir.join("tokens.toml"), dir.join("policy.toml"));
+    std::fs::write(&t, text).unwrap();
+    std::fs::write(&p, policy).unwrap();
+    (t.to_str().unwrap().into(), p.to_str().unwrap().into())
+}
+
 /// Certificates made by `fenced certs` in one directory: a CA, nodes by
 /// id and clients by name.
 #[derive(Debug, Clone)]

@@ -18,7 +18,7 @@ use std::{
 use fenced_client::{AcquireOutcome, Client, ClientError, ReleaseOutcome};
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, watch_response::Body};
-use fenced_tests::{bin, Cluster};
+use fenced_tests::{bin, write_auth_files, Cluster};
 use tonic::{metadata::MetadataValue, Code};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -429,34 +429,14 @@ read = [""]
 "#;
 
 fn write_auth(dir: &Path) -> (String, String) {
-    use std::io::Write;
-    let hash = |token: &str| {
-        let mut child = std::process::Command::new(bin("fenced"))
-            .args(["auth", "hash-token"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
-        let out = child.wait_with_output().unwrap();
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
-    let tokens: String = [
-        ("alice", "alice-token", "orders"),
-        ("root", "root-token", "ops"),
-    ]
-    .iter()
-    .map(|(name, token, role)| {
-        format!(
-            "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"{role}\"]\n\n",
-            hash(token)
-        )
-    })
-    .collect();
-    let (t, p) = (dir.join("tokens.toml"), dir.join("policy.toml"));
-    std::fs::write(&t, tokens).unwrap();
-    std::fs::write(&p, POLICY).unwrap();
-    (t.to_str().unwrap().into(), p.to_str().unwrap().into())
+    write_auth_files(
+        dir,
+        &[
+            ("alice", "alice-token", "orders"),
+            ("root", "root-token", "ops"),
+        ],
+        POLICY,
+    )
 }
 
 fn watch_req(prefix: &str, token: &str) -> tonic::Request<v1::WatchRequest> {

@@ -10,7 +10,7 @@ use std::{path::Path, time::Duration};
 use fenced_client::{Acquired, Client, LeaseOptions};
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, renew_response};
-use fenced_tests::{hash_token, http_get, Cluster};
+use fenced_tests::{http_get, write_auth_files, Cluster};
 use tokio::task::JoinSet;
 use tonic::{metadata::MetadataValue, Code};
 
@@ -292,25 +292,13 @@ read = [""]
 "#;
 
 fn write_auth(dir: &Path) -> (String, String) {
-    let tokens = dir.join("tokens.toml");
-    let policy = dir.join("policy.toml");
-    let text: String = [
-        ("alice", "alice-token", "orders"),
-        ("root", "root-token", "ops"),
-    ]
-    .iter()
-    .map(|(name, token, role)| {
-        format!(
-            "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"{role}\"]\n\n",
-            hash_token(token)
-        )
-    })
-    .collect();
-    std::fs::write(&tokens, text).unwrap();
-    std::fs::write(&policy, POLICY).unwrap();
-    (
-        tokens.to_str().unwrap().to_string(),
-        policy.to_str().unwrap().to_string(),
+    write_auth_files(
+        dir,
+        &[
+            ("alice", "alice-token", "orders"),
+            ("root", "root-token", "ops"),
+        ],
+        POLICY,
     )
 }
 

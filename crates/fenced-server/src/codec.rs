@@ -65,22 +65,9 @@ pub fn encoded_part_len<T: Serialize>(what: &'static str, value: &T) -> Result<u
 
 /// Decodes what [`encode`] wrote; refuses other versions and trailing bytes.
 pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, CodecError> {
-    let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
-    if version != FORMAT_VERSION {
-        return Err(CodecError::Version {
-            found: version,
-            supported: FORMAT_VERSION,
-        });
-    }
-    let (value, read) = bincode::serde::decode_from_slice(body, config())
-        .map_err(|source| CodecError::Decode { what, source })?;
-    if read != body.len() {
-        return Err(CodecError::Trailing {
-            what,
-            trailing: body.len() - read,
-        });
-    }
-    Ok(value)
+    decode_with(what, bytes, |body| {
+        bincode::serde::decode_from_slice(body, config())
+    })
 }
 
 /// [`decode`] into a value that borrows from `bytes` (a large byte field
@@ -89,6 +76,18 @@ pub fn decode_borrowed<'a, T: Deserialize<'a>>(
     what: &'static str,
     bytes: &'a [u8],
 ) -> Result<T, CodecError> {
+    decode_with(what, bytes, |body| {
+        bincode::serde::borrow_decode_from_slice(body, config())
+    })
+}
+
+/// The frame both decoders check: the version byte in front, no bytes
+/// left over behind what `decode_body` read.
+fn decode_with<'a, T>(
+    what: &'static str,
+    bytes: &'a [u8],
+    decode_body: impl FnOnce(&'a [u8]) -> Result<(T, usize), bincode::error::DecodeError>,
+) -> Result<T, CodecError> {
     let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
     if version != FORMAT_VERSION {
         return Err(CodecError::Version {
@@ -96,8 +95,7 @@ pub fn decode_borrowed<'a, T: Deserialize<'a>>(
             supported: FORMAT_VERSION,
         });
     }
-    let (value, read) = bincode::serde::borrow_decode_from_slice(body, config())
-        .map_err(|source| CodecError::Decode { what, source })?;
+    let (value, read) = decode_body(body).map_err(|source| CodecError::Decode { what, source })?;
     if read != body.len() {
         return Err(CodecError::Trailing {
             what,
