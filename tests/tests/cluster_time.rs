@@ -165,3 +165,79 @@ async fn a_leader_change_lengthens_a_lease_by_at_most_a_heartbeat_and_the_electi
         -lengthened
     );
 }
+
+/// The leader that the nodes `among` agree on in a term after `after`, and
+/// that term.
+async fn leader_after(cluster: &Cluster, among: &[u64], after: u64) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut seen = Vec::new();
+        for id in among {
+            seen.push(cluster.status(*id).await.map(|s| (s.leader_id, s.term)));
+        }
+        if let Some(Some((leader, term))) = seen.first().copied() {
+            if leader != 0 && term > after && seen.iter().all(|s| *s == Some((leader, term))) {
+                return (leader, term);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leader after term {after} among {among:?}: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A leader paused past elections wakes with its clock run on: ahead of
+/// its successors' by the time each election took. Its times, issued in a
+/// term already over, must not carry a later leader's clock ahead of the
+/// leader that granted a lease, or the lease ends early by that gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_that_wakes_does_not_move_a_later_leaders_clock_ahead() {
+    let mut cluster = Cluster::start(3).await;
+    let paused = cluster.wait_for_leader(Duration::from_secs(5)).await;
+    let first_term = cluster.status(paused).await.map_or(0, |s| s.term);
+    let others: Vec<u64> = (1..=3).filter(|id| *id != paused).collect();
+
+    // Two elections while it is stopped: each puts the new leader's clock
+    // further behind the stopped one's.
+    cluster.signal(paused, nix::sys::signal::Signal::SIGSTOP);
+    let (second, second_term) = leader_after(&cluster, &others, first_term).await;
+    cluster.kill(second);
+    cluster.spawn(second);
+    let (third, third_term) = leader_after(&cluster, &others, second_term).await;
+    let at_third = cluster.client_of(third);
+    grant(
+        &at_third,
+        "long",
+        OwnerId::random(),
+        Duration::from_secs(60),
+    )
+    .await;
+    // A quiet period after the grant: only heartbeats carry time.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = remaining(&at_third, "long").await;
+
+    // The stopped leader wakes and sends with its own clock; the leader
+    // that granted the lease dies, and the two left elect with the woken
+    // node's vote (or its candidacy).
+    cluster.signal(paused, nix::sys::signal::Signal::SIGCONT);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.kill(third);
+    let left: Vec<u64> = (1..=3).filter(|id| *id != third).collect();
+    let (last, _) = leader_after(&cluster, &left, third_term).await;
+    let after = remaining(&cluster.client_of(last), "long").await;
+
+    let elapsed = after.at.duration_since(before.at).as_millis() as i64;
+    let unchanged = before.ms as i64 - elapsed;
+    let shortened = unchanged - after.ms as i64;
+    let slack = 250;
+    eprintln!(
+        "leaders {paused} -> {second} -> {third} -> {last}; the lease was shortened by {shortened} ms"
+    );
+    assert!(
+        shortened <= slack,
+        "the lease granted by node {third} lost {shortened} ms at the change to node {last}: \
+         a clock ran ahead of the leader that granted it"
+    );
+}

@@ -241,7 +241,7 @@ fn a_newer_version_of_any_file_is_refused_by_name() {
         let mut bytes = std::fs::read(&path).unwrap();
         for slot in [0usize, 512] {
             if bytes.len() >= slot + 16 && &bytes[slot..slot + 3] == b"fct" {
-                bytes[slot + 3] = 2;
+                bytes[slot + 3] = 3;
                 let crc = crc32(&bytes[slot..slot + 12]);
                 bytes[slot + 12..slot + 16].copy_from_slice(&crc.to_be_bytes());
             }
@@ -249,7 +249,7 @@ fn a_newer_version_of_any_file_is_refused_by_name() {
         std::fs::write(&path, bytes).unwrap();
     });
     assert!(
-        log.contains("cluster-time format version 2 is not supported"),
+        log.contains("cluster-time format version 3 is not supported"),
         "{log}"
     );
 }

@@ -40,6 +40,8 @@ use tokio::{
 
 use fenced_core::ClusterTime;
 
+use crate::clock::floor::LeaderTime;
+
 use crate::{
     codec,
     tls::{self, NodeTls, PeerStream},
@@ -51,14 +53,49 @@ pub const RAFT_MESSAGE_MAX_BYTES: usize = 64 * 1024 * 1024;
 
 /// The first bytes a node sends on a Raft connection. An HTTP/2 client
 /// starts with "PRI * HTTP/2.0", so the two never meet. The last byte is the
-/// peer protocol's version: 2 added the time header to every frame.
-pub const PREFACE: &[u8; 8] = b"fncdrft2";
+/// peer protocol's version: 2 added the time header to every frame, 3 the
+/// term of that time (and of the floor in replies).
+pub const PREFACE: &[u8; 8] = b"fncdrft3";
+/// The previous version's preface: a node of this release still answers a
+/// node of the previous one (a rolling upgrade), in that version's frames.
+pub const PREFACE_V2: &[u8; 8] = b"fncdrft2";
 
-/// After a request frame's call byte: the sender's cluster time (8 bytes,
-/// big-endian) and a flags byte.
-pub const REQUEST_HEADER_LEN: usize = 9;
-/// Before a reply frame's body: the answerer's floor (8 bytes, big-endian).
-pub const REPLY_HEADER_LEN: usize = 8;
+/// The peer protocol version of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerVersion {
+    /// Times without their term.
+    V2,
+    V3,
+}
+
+impl PeerVersion {
+    /// The version a preface names, if this build speaks it.
+    pub fn of_preface(head: &[u8]) -> Option<Self> {
+        if head == PREFACE {
+            Some(Self::V3)
+        } else if head == PREFACE_V2 {
+            Some(Self::V2)
+        } else {
+            None
+        }
+    }
+
+    /// After a request frame's call byte: the sender's term and cluster
+    /// time (8 bytes each, big-endian; version 2: the time alone) and a
+    /// flags byte.
+    pub fn request_header_len(self) -> usize {
+        match self {
+            Self::V2 => 9,
+            Self::V3 => REQUEST_HEADER_LEN,
+        }
+    }
+}
+
+/// A request frame's header after its call byte, in version 3.
+pub const REQUEST_HEADER_LEN: usize = 17;
+/// Before a reply frame's body: the answerer's floor, its term and time (8
+/// bytes each, big-endian; version 2: the time alone).
+pub const REPLY_HEADER_LEN: usize = 16;
 
 /// Flag: make the carried time durable before answering. A leader sets it
 /// on the heartbeats that confirm a read, whose time a client then sees.
@@ -67,7 +104,7 @@ pub const FLAG_DURABLE_TIME: u8 = 1;
 /// The time a request carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageTime {
-    pub at: ClusterTime,
+    pub at: LeaderTime,
     pub durable: bool,
 }
 
@@ -75,39 +112,78 @@ impl MessageTime {
     /// No time: pre-votes and early copies (their answers are the followers'
     /// own, recorded on openraft's messages).
     pub const NONE: MessageTime = MessageTime {
-        at: ClusterTime::ZERO,
+        at: LeaderTime::ZERO,
         durable: false,
     };
 
     pub fn encode(self) -> [u8; REQUEST_HEADER_LEN] {
         let mut h = [0u8; REQUEST_HEADER_LEN];
-        h[..8].copy_from_slice(&self.at.as_millis().to_be_bytes());
-        h[8] = if self.durable { FLAG_DURABLE_TIME } else { 0 };
+        h[..8].copy_from_slice(&self.at.term.to_be_bytes());
+        h[8..16].copy_from_slice(&self.at.at.as_millis().to_be_bytes());
+        h[16] = if self.durable { FLAG_DURABLE_TIME } else { 0 };
         h
     }
 
     /// Splits a request body (after the call byte) into its time and the
-    /// message; `None` when it is too short.
-    pub fn split(body: &[u8]) -> Option<(MessageTime, &[u8])> {
-        let (head, rest) = body.split_at_checked(REQUEST_HEADER_LEN)?;
-        let (at, flags) = head.split_at(8);
-        let at = ClusterTime::from_millis(u64::from_be_bytes(at.try_into().ok()?));
-        let durable = flags[0] & FLAG_DURABLE_TIME != 0;
+    /// message; `None` when it is too short. A version 2 time has no term:
+    /// it is read as of term 0 here, and [`MessageTime::of_term`] gives it
+    /// the term of the message it came with once that is decoded.
+    pub fn split(version: PeerVersion, body: &[u8]) -> Option<(MessageTime, &[u8])> {
+        let (head, rest) = body.split_at_checked(version.request_header_len())?;
+        let (term, at, flags) = match version {
+            PeerVersion::V3 => (be_u64(&head[..8])?, be_u64(&head[8..16])?, head[16]),
+            PeerVersion::V2 => (0, be_u64(&head[..8])?, head[8]),
+        };
+        let at = LeaderTime::new(term, ClusterTime::from_millis(at));
+        let durable = flags & FLAG_DURABLE_TIME != 0;
         Some((MessageTime { at, durable }, rest))
+    }
+
+    /// On a connection of `version`, the time of a message of `term`: a
+    /// version 2 time takes the term of the message it rode on, as that
+    /// version's nodes took it. A time of a later term than its message's
+    /// was issued by no leader of that message: the frame is refused.
+    pub fn of_term(self, version: PeerVersion, term: u64) -> io::Result<Self> {
+        match version {
+            PeerVersion::V3 if self.at.term > term => Err(invalid(format!(
+                "a time of term {} on a message of term {term}",
+                self.at.term
+            ))),
+            PeerVersion::V3 => Ok(self),
+            PeerVersion::V2 => Ok(Self {
+                at: LeaderTime::new(term, self.at.at),
+                ..self
+            }),
+        }
     }
 }
 
+fn be_u64(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(bytes.try_into().ok()?))
+}
+
+/// A reply's header: the answerer's floor in `version`'s layout.
+pub fn reply_header(version: PeerVersion, floor: LeaderTime) -> Vec<u8> {
+    let mut head = Vec::with_capacity(REPLY_HEADER_LEN);
+    if version == PeerVersion::V3 {
+        head.extend_from_slice(&floor.term.to_be_bytes());
+    }
+    head.extend_from_slice(&floor.at.as_millis().to_be_bytes());
+    head
+}
+
 /// Splits a reply frame into the answerer's floor and the message.
-pub fn split_reply(frame: &[u8]) -> io::Result<(ClusterTime, &[u8])> {
-    let (head, rest) = frame.split_at_checked(REPLY_HEADER_LEN).ok_or_else(|| {
+pub fn split_reply(frame: &[u8]) -> io::Result<(LeaderTime, &[u8])> {
+    let short = || {
         io::Error::new(
             io::ErrorKind::InvalidData,
             "raft reply shorter than its header",
         )
-    })?;
-    let mut t = [0u8; 8];
-    t.copy_from_slice(head);
-    Ok((ClusterTime::from_millis(u64::from_be_bytes(t)), rest))
+    };
+    let (head, rest) = frame.split_at_checked(REPLY_HEADER_LEN).ok_or_else(short)?;
+    let term = be_u64(&head[..8]).ok_or_else(short)?;
+    let at = be_u64(&head[8..]).ok_or_else(short)?;
+    Ok((LeaderTime::new(term, ClusterTime::from_millis(at)), rest))
 }
 
 /// How long a node waits to connect to a peer.
@@ -450,7 +526,7 @@ impl Peer {
         call: RaftCall,
         time: MessageTime,
         payload: &[u8],
-    ) -> io::Result<(ClusterTime, Vec<u8>)> {
+    ) -> io::Result<(LeaderTime, Vec<u8>)> {
         let result = self.exchange_once(call, time, payload).await;
         if let Some(r) = &self.reachability {
             match &result {
@@ -466,7 +542,7 @@ impl Peer {
         call: RaftCall,
         time: MessageTime,
         payload: &[u8],
-    ) -> io::Result<(ClusterTime, Vec<u8>)> {
+    ) -> io::Result<(LeaderTime, Vec<u8>)> {
         let mut conn = match self.conn.take() {
             Some(c) => c,
             None => self.connect().await?,

@@ -19,8 +19,8 @@ use crate::{
     handoff,
     limits::ConnectionLimit,
     network::{
-        decode_call, encode_call, invalid, read_frame, write_frame, FrameTooLarge, MessageTime,
-        RaftCall, PREFACE,
+        decode_call, encode_call, invalid, read_frame, reply_header, write_frame, FrameTooLarge,
+        MessageTime, PeerVersion, RaftCall, PREFACE,
     },
     replication::RaftPeer,
     tls::{self, Members, NodeTls, PeerStream, Routed},
@@ -67,22 +67,23 @@ pub async fn accept(
                 Ok(Ok(_)) => {}
                 Ok(Err(_)) | Err(_) => return,
             }
-            if head[..PREFACE.len() - 1] == PREFACE[..PREFACE.len() - 1] && &head != PREFACE {
+            let version = PeerVersion::of_preface(&head);
+            if version.is_none() && head[..PREFACE.len() - 1] == PREFACE[..PREFACE.len() - 1] {
                 // Another version of the Raft protocol: say so, and close.
                 tracing::warn!(
                     peer = %addr,
                     version = %char::from(head[PREFACE.len() - 1]).escape_default(),
-                    supported = %char::from(PREFACE[PREFACE.len() - 1]),
+                    supported = "2, 3",
                     "a peer speaks a version of the Raft protocol this build does not; \
                      connection closed"
                 );
                 return;
             }
-            if &head != PREFACE {
+            let Some(version) = version else {
                 let stream = limit.wrap(stream, permit);
                 let _ = grpc.send(Ok(Routed::new(head.to_vec(), stream))).await;
                 return;
-            }
+            };
             // With TLS, the node the certificate names (the handshake made
             // sure there is one); it must stay a member.
             let from = match &tls {
@@ -96,7 +97,7 @@ pub async fn accept(
             let counters = Arc::clone(&peer.counters);
             tokio::select! {
                 _ = stop.cancelled() => {}
-                r = serve_raft(stream, peer, from) => match r {
+                r = serve_raft(stream, version, peer, from) => match r {
                     Ok(()) => {}
                     Err(e) if FrameTooLarge::is(&e) => {
                         counters.peer_frames.fetch_add(1, Relaxed);
@@ -125,6 +126,7 @@ pub async fn accept(
 /// `from`, the connection closes as soon as that node is no longer a member.
 async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
+    version: PeerVersion,
     peer: RaftPeer,
     from: Option<(NodeId, Members)>,
 ) -> io::Result<()> {
@@ -143,9 +145,9 @@ async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
         };
         let call = RaftCall::from_byte(kind)
             .ok_or_else(|| invalid(format!("unknown raft call {kind}")))?;
-        let (time, body) = MessageTime::split(body)
+        let (time, body) = MessageTime::split(version, body)
             .ok_or_else(|| invalid(format!("{} frame shorter than its header", call.name())))?;
-        let reply = match peer.answer(call, time, body).await? {
+        let reply = match peer.answer(call, version, time, body).await? {
             Some(reply) => reply,
             None => {
                 // RaftCall::TimeoutNow, the only call replication leaves.
@@ -156,7 +158,7 @@ async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
         };
         // Read after the call: a granted vote answers with every time this
         // node accepted before granting it.
-        let head = peer.floor.get().as_millis().to_be_bytes();
+        let head = reply_header(version, peer.floor.leader_time());
         write_frame(&mut conn, &head, &reply).await?;
         conn.flush().await?;
     }

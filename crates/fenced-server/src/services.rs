@@ -29,7 +29,7 @@ use tonic::{
 
 use crate::{
     auth::{Auth, Permission, FORWARDED_IDENTITY},
-    clock::ClusterClock,
+    clock::{floor::LeaderTime, ClusterClock},
     counters::Counters,
     deadline::deadline_of,
     headers::{LEADER_HEADER, NODE_HEADER},
@@ -278,8 +278,14 @@ impl NodeContext {
     }
 
     pub(crate) fn cluster_now(&self) -> ClusterTime {
+        self.read_time().0
+    }
+
+    /// Cluster time now for a read, and the leader time to make durable
+    /// before the read reveals it ([`ClusterClock::for_read`]).
+    pub(crate) fn read_time(&self) -> (ClusterTime, LeaderTime) {
         let term = self.raft.metrics().borrow().current_term;
-        self.time.stamp_or_floor(term)
+        self.time.for_read(term)
     }
 
     /// Proposes `command` and waits for its outcome, at most the request
@@ -312,10 +318,10 @@ impl NodeContext {
     /// too. Any later leader starts its clock at or above it, also after a
     /// restart of the whole cluster.
     pub(crate) async fn linearizable_read(&self, rpc: &str) -> Result<ClusterTime, Status> {
-        let revealed = self.cluster_now();
+        let (revealed, as_leader_time) = self.read_time();
         let (confirmed, durable) = tokio::join!(
             tokio::time::timeout(self.request_timeout, self.raft.ensure_linearizable()),
-            self.time.floor().make_durable(revealed),
+            self.time.floor().make_durable(as_leader_time),
         );
         durable.map_err(|e| {
             tracing::error!(error = %e, "cannot make the cluster time durable");

@@ -434,10 +434,10 @@ pub fn render(v: &StatusView) -> String {
 /// remaining time from) is made durable first, as for a Describe: no later
 /// leader's clock starts below a time a page revealed.
 pub async fn gather(ctx: &NodeContext, query: Query) -> Result<StatusView, String> {
-    let now = ctx.cluster_now();
+    let (now, as_leader_time) = ctx.read_time();
     ctx.time
         .floor()
-        .make_durable(now)
+        .make_durable(as_leader_time)
         .await
         .map_err(|e| format!("cannot store the cluster time: {e}"))?;
     let shared = std::sync::Arc::clone(&ctx.shared);

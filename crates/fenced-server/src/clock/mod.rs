@@ -15,7 +15,7 @@ use std::{
 
 use fenced_core::{ClusterTime, LeaderClock};
 
-use floor::TimeFloor;
+use floor::{LeaderTime, TimeFloor};
 
 /// This node's cluster time: the leader clock of the term it leads, the
 /// floor (the highest leader time it knows, durable when revealed), and the
@@ -84,21 +84,21 @@ impl ClusterClock {
         }
         clock.observe(applied);
         let now = clock.now(self.mono());
-        self.floor.raise(now);
+        self.floor.raise(LeaderTime::new(term, now));
         Some(now)
     }
 
     /// Cluster time now if this node's clock runs for `term`, else the
     /// highest leader time it knows: what a Raft message it sends carries.
-    pub fn for_message(&self, term: u64) -> ClusterTime {
+    pub fn for_message(&self, term: u64) -> LeaderTime {
         let mut guard = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
         match guard.as_mut() {
             Some((t, clock)) if *t == term => {
-                let now = clock.now(self.mono());
+                let now = LeaderTime::new(term, clock.now(self.mono()));
                 self.floor.raise(now);
                 now
             }
-            _ => self.floor.get(),
+            _ => self.floor.leader_time(),
         }
     }
 
@@ -106,8 +106,20 @@ impl ClusterClock {
     /// not run (it is not leader, or its clock starts), the latest time it
     /// knows. Never below a time this node revealed before.
     pub fn stamp_or_floor(&self, term: u64) -> ClusterTime {
-        self.stamp(term)
-            .unwrap_or_else(|| self.applied().max(self.floor.get()))
+        self.for_read(term).0
+    }
+
+    /// [`ClusterClock::stamp_or_floor`], and the leader time to make
+    /// durable before a read reveals it (an applied stamp needs none: every
+    /// later leader applies its entry before its clock starts).
+    pub fn for_read(&self, term: u64) -> (ClusterTime, LeaderTime) {
+        match self.stamp(term) {
+            Some(now) => (now, LeaderTime::new(term, now)),
+            None => {
+                let floor = self.floor.leader_time();
+                (self.applied().max(floor.at), floor)
+            }
+        }
     }
 
     /// Notes the moment this node became leader for `term` (the first time
@@ -188,7 +200,8 @@ mod tests {
         assert!(stamp >= base);
         assert_eq!(c.stamp(4), None, "another term");
         assert!(c.floor().get() >= stamp, "every stamp raises the floor");
-        assert_eq!(c.for_message(4), c.floor().get());
+        assert_eq!(c.for_message(4), c.floor().leader_time());
+        assert_eq!(c.for_message(3).term, 3);
     }
 
     #[test]
@@ -211,12 +224,28 @@ mod tests {
     #[test]
     fn a_clock_starts_from_the_floor_when_it_is_ahead() {
         let (c, _) = clock();
-        c.floor().raise(ClusterTime::from_millis(90_000));
+        c.floor()
+            .raise(LeaderTime::new(1, ClusterTime::from_millis(90_000)));
         let (base, from) = c.start(2);
         assert_eq!(from, ClusterTime::ZERO);
         if cfg!(feature = "canary-clock-from-last-stamp") {
             return;
         }
         assert!(base >= ClusterTime::from_millis(90_000), "{base:?}");
+    }
+
+    /// The floor holds a later time of term 1 (its leader paused past the
+    /// election and woke with its clock run on) and the time of term 2's
+    /// leader: the next clock starts from term 2's.
+    #[test]
+    fn a_clock_starts_from_the_newest_terms_time_not_an_older_terms_later_one() {
+        let (c, _) = clock();
+        c.floor()
+            .raise(LeaderTime::new(2, ClusterTime::from_millis(5_000)));
+        c.floor()
+            .raise(LeaderTime::new(1, ClusterTime::from_millis(9_000)));
+        let (base, _) = c.start(3);
+        assert!(base >= ClusterTime::from_millis(5_000), "{base:?}");
+        assert!(base < ClusterTime::from_millis(9_000), "{base:?}");
     }
 }

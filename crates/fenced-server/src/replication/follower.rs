@@ -16,9 +16,9 @@ use super::{
     stream::{self, Heard},
 };
 use crate::{
-    clock::floor::TimeFloor,
+    clock::floor::{LeaderTime, TimeFloor},
     limits::LimitCounters,
-    network::{check_snapshot_chunk, decode_call, encode_call, MessageTime, RaftCall},
+    network::{check_snapshot_chunk, decode_call, encode_call, MessageTime, PeerVersion, RaftCall},
     types::{Raft, TypeConfig},
 };
 
@@ -41,13 +41,16 @@ impl RaftPeer {
     pub async fn answer(
         &self,
         call: RaftCall,
+        version: PeerVersion,
         time: MessageTime,
         body: &[u8],
     ) -> io::Result<Option<Vec<u8>>> {
         let (raft, floor) = (&self.raft, &self.floor);
         let reply = match call {
             RaftCall::AppendEntries => {
-                let req = decode_call(call, body)?;
+                let req: openraft::raft::AppendEntriesRequest<TypeConfig> =
+                    decode_call(call, body)?;
+                let time = time.of_term(version, req.vote.leader_id().get_term())?;
                 // Held across the append and the recording of its time, so a
                 // vote granted after openraft took the append carries it.
                 let _gate = floor.gate.read().await;
@@ -74,6 +77,7 @@ impl RaftPeer {
                 }
                 let _gate = floor.gate.read().await;
                 let vote = req.vote;
+                let time = time.of_term(version, vote.leader_id().get_term())?;
                 let resp = raft.install_snapshot(req).await;
                 self.heard(stream::after_snapshot(&resp, vote, time.at, time.durable))
                     .await?;
@@ -102,11 +106,7 @@ impl RaftPeer {
 
 /// Records the time of a message accepted from a leader; made durable
 /// first when the leader asked (a read will reveal it).
-async fn accept_time(
-    floor: &TimeFloor,
-    at: fenced_core::ClusterTime,
-    durable: bool,
-) -> io::Result<()> {
+async fn accept_time(floor: &TimeFloor, at: LeaderTime, durable: bool) -> io::Result<()> {
     if durable {
         floor.make_durable(at).await.map_err(|e| {
             tracing::error!(error = %e, "cannot make the cluster time durable");

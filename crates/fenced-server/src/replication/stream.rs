@@ -4,10 +4,9 @@
 //! openraft answered it. [`super::transport`] and [`super::follower`]
 //! execute these actions.
 
-use fenced_core::ClusterTime;
 use openraft::raft::{AppendEntriesResponse, InstallSnapshotResponse};
 
-use crate::types::NodeId;
+use crate::{clock::floor::LeaderTime, types::NodeId};
 
 /// What to do with one of openraft's AppendEntries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,14 +99,14 @@ pub enum Heard {
     Nothing,
     /// From a leader it follows: restart the pre-vote's lease and take the
     /// carried time; make it durable first when `durable`.
-    Leader { at: ClusterTime, durable: bool },
+    Leader { at: LeaderTime, durable: bool },
 }
 
 /// After an AppendEntries: anything but a refusal for a lower vote came from
 /// a leader this node follows.
 pub fn after_append<E>(
     answer: &Result<AppendEntriesResponse<NodeId>, E>,
-    at: ClusterTime,
+    at: LeaderTime,
     durable: bool,
 ) -> Heard {
     match answer {
@@ -123,7 +122,7 @@ pub fn after_append<E>(
 pub fn after_snapshot<E>(
     answer: &Result<InstallSnapshotResponse<NodeId>, E>,
     sent_vote: openraft::Vote<NodeId>,
-    at: ClusterTime,
+    at: LeaderTime,
     durable: bool,
 ) -> Heard {
     match answer {
@@ -205,7 +204,7 @@ mod tests {
 
     #[test]
     fn a_follower_hears_a_leader_in_anything_but_a_refusal_for_a_lower_vote() {
-        let at = ClusterTime::from_millis(7);
+        let at = LeaderTime::new(2, fenced_core::ClusterTime::from_millis(7));
         let ok: Result<_, ()> = Ok(AppendEntriesResponse::<NodeId>::Success);
         assert_eq!(
             after_append(&ok, at, true),
@@ -225,7 +224,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_chunk_is_from_a_leader_unless_the_follower_s_vote_is_higher() {
-        let at = ClusterTime::from_millis(7);
+        let at = LeaderTime::new(2, fenced_core::ClusterTime::from_millis(7));
         let sent = Vote::new(3, 1);
         let answer = |vote| -> Result<_, ()> { Ok(InstallSnapshotResponse { vote }) };
         assert_eq!(

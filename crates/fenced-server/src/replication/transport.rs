@@ -13,7 +13,6 @@
 
 use std::sync::Arc;
 
-use fenced_core::ClusterTime;
 use openraft::{
     error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable},
     network::{RPCOption, RaftNetwork, RaftNetworkFactory},
@@ -30,7 +29,7 @@ use super::{
     stream::{Plan, Stream},
 };
 use crate::{
-    clock::ClusterClock,
+    clock::{floor::LeaderTime, ClusterClock},
     codec,
     network::{MessageTime, Peer, RaftCall, Reachability},
     tls::NodeTls,
@@ -142,7 +141,7 @@ impl RaftClient {
         time: MessageTime,
         req: &Req,
         option: &RPCOption,
-    ) -> Result<(ClusterTime, Resp), CallError<E>>
+    ) -> Result<(LeaderTime, Resp), CallError<E>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
