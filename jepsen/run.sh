@@ -13,6 +13,7 @@
 #                                 skip-lease-check anyone-release
 #                                 local-describe wall-clock-expiry reuse-token
 #                                 clock-from-last-stamp kv-skip-holder-check
+#                                 floor-by-time
 #
 # Needs root (ip netns, nft). Results: target/jepsen/<profile>-<seed>/
 # (summary.txt always; history, nemesis log, node logs and the first
@@ -61,6 +62,9 @@ canary)
         # A new leader's clock starts at the last entry's stamp: caught
         # after an idle period and a leader kill.
         reuse-token | clock-from-last-stamp) profile=kill ;;
+        # Floors by time alone: a woken leader's late time moves the next
+        # leader's clock ahead, caught by stale-leader-wakes.
+        floor-by-time) profile=pause ;;
         # Late kv puts (after the lease ran out, or superseded) applied.
         skip-lease-check | anyone-release | local-describe | kv-skip-holder-check) profile=partition ;;
         *) echo "unknown canary $name" >&2; exit 2 ;;
@@ -77,7 +81,7 @@ canary)
     ;;
 *)
     echo "usage: $0 [quick | full [SEEDS] | canary NAME...]" >&2
-    echo "  canary NAME: skip-lease-check anyone-release local-describe wall-clock-expiry reuse-token clock-from-last-stamp kv-skip-holder-check" >&2
+    echo "  canary NAME: skip-lease-check anyone-release local-describe wall-clock-expiry reuse-token clock-from-last-stamp kv-skip-holder-check floor-by-time" >&2
     exit 2
     ;;
 esac

@@ -48,6 +48,12 @@ pub enum Fault {
     },
     KillLeader,
     KillRandom,
+    /// The leader is stopped past two elections (its successor is killed
+    /// and restarted while it is stopped), woken, and the leader that
+    /// granted since is killed at once: the woken node's clock ran on while
+    /// it was stopped, ahead of its successors', and the next election is
+    /// decided with its vote.
+    StaleLeaderWakes,
     /// The leader's wall clock jumps by `secs` (negative: backwards).
     WallJump {
         secs: i64,
@@ -81,6 +87,7 @@ impl Fault {
             Fault::PauseClients { ms } => format!("pause-clients-{ms}ms"),
             Fault::KillLeader => "kill-leader".into(),
             Fault::KillRandom => "kill-random".into(),
+            Fault::StaleLeaderWakes => "stale-leader-wakes".into(),
             Fault::WallJump { secs } => format!("wall-jump-{secs:+}s"),
             Fault::WallStrobe => "wall-strobe".into(),
             Fault::AddNode => "add-node".into(),
@@ -108,6 +115,7 @@ impl Fault {
             | Fault::LeaderMinority
             | Fault::KillLeader
             | Fault::KillRandom
+            | Fault::StaleLeaderWakes
             | Fault::RemoveLeader => true,
             Fault::PauseLeader { ms } => *ms >= 4500,
             _ => false,
@@ -629,6 +637,41 @@ impl<'a> Nemesis<'a> {
         down
     }
 
+    /// The leader of a term after `term` and that term, once seen within
+    /// `within`.
+    async fn leader_after(&self, term: u64, within: Duration) -> Option<(u64, u64)> {
+        let until = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < until {
+            let latest = self.leaders.latest_term();
+            if latest > term {
+                if let Some(l) = self.leader().await {
+                    return Some((l, latest));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+
+    /// `kill -9` of node `id`, known down to the workload until it is
+    /// started again after `down`.
+    async fn kill_and_restart(&self, id: u64, down: Duration) -> Result<bool> {
+        let killed = self.cluster.lock().await.kill9(id)?;
+        self.ctx
+            .down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(id);
+        tokio::time::sleep(down).await;
+        self.cluster.lock().await.start(id)?;
+        self.ctx
+            .down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|&n| n != id);
+        Ok(killed)
+    }
+
     /// Waits for the hold time; true if a newer term than `term` was observed.
     async fn hold_and_watch(&self, hold: Duration, term: u64) -> bool {
         tokio::time::sleep(hold).await;
@@ -769,6 +812,60 @@ impl<'a> Nemesis<'a> {
                     && target == l
                     && majority_left;
                 r.took_effect = stopped && (new_term || !needs_election);
+                drop(claim);
+            }
+            Fault::StaleLeaderWakes => {
+                let (claim, l, term) = self.claim_for_fault(true).await?;
+                let paused = claim.id;
+                r.target = format!("n{paused}");
+                r.installed_ns = self.rec.now_ns();
+                let stopped = {
+                    let c = self.cluster.lock().await;
+                    c.signal(paused, Signal::SIGSTOP)?;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    c.is_stopped(paused)
+                };
+                self.end_idle(r);
+                let wait = Duration::from_secs(8);
+                let mut steps = Vec::new();
+                // Two elections while it is stopped; it is woken whatever
+                // happened.
+                let stopped_phase = async {
+                    let mut second = None;
+                    if let Some((l1, t1)) = self.leader_after(term, wait).await {
+                        steps.push(format!("n{l1} elected in term {t1}"));
+                        if l1 != paused {
+                            let killed = self
+                                .kill_and_restart(l1, Duration::from_millis(200))
+                                .await?;
+                            steps.push(format!("n{l1} killed: {killed}, restarted"));
+                            second = self.leader_after(t1, wait).await;
+                        }
+                    }
+                    // The workers get grants from the second successor.
+                    tokio::time::sleep(Duration::from_millis(1_000)).await;
+                    Ok::<_, anyhow::Error>(second)
+                }
+                .await;
+                self.cluster.lock().await.signal(paused, Signal::SIGCONT)?;
+                let second = stopped_phase?;
+                let mut third = None;
+                if let Some((l2, t2)) = second {
+                    steps.push(format!("n{l2} elected in term {t2}"));
+                    if l2 != paused {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        let killed = self
+                            .kill_and_restart(l2, Duration::from_millis(1_500))
+                            .await?;
+                        steps.push(format!("n{paused} woken, n{l2} killed at once: {killed}"));
+                        third = self.leader_after(t2, wait).await;
+                    }
+                }
+                if let Some((l3, t3)) = third {
+                    steps.push(format!("n{l3} elected in term {t3}"));
+                }
+                r.evidence = format!("n{l} stopped: {stopped}; {}", steps.join("; "));
+                r.took_effect = stopped && third.is_some();
                 drop(claim);
             }
             Fault::PauseClients { ms } => {
@@ -965,6 +1062,7 @@ pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
         Fault::Loss(35),
     ];
     let pause = vec![
+        Fault::StaleLeaderWakes,
         Fault::PauseLeader { ms: 5000 },
         Fault::PauseClients { ms: 3000 },
         Fault::PauseFollower { ms: 3000 },

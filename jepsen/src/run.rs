@@ -532,6 +532,7 @@ async fn run_in(
         invariants::leases_respected(&ops, cfg.rho),
         invariants::ended_leases_stay_ended(&ops),
         invariants::cluster_time_monotonic(&ops),
+        invariants::cluster_time_not_ahead(&ops, cfg.rho),
         kv_finding,
         kv::key_tokens_monotonic(&ops),
         phantom_finding,

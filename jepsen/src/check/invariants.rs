@@ -543,6 +543,67 @@ pub fn cluster_time_monotonic(ops: &[Op]) -> Finding {
     }
 }
 
+/// Cluster time never runs ahead of real time: a describe invoked after
+/// another one completed reports a cluster time at most (1+ρ) times the real
+/// time from the earlier one's invocation to its own completion above the
+/// earlier one's. A clock ahead ends every live lease early by as much.
+pub fn cluster_time_not_ahead(ops: &[Op], rho: f64) -> Finding {
+    // Cluster time less real time (ms, scaled by 1+ρ) at a describe's
+    // invocation: no later describe may stand higher at its completion.
+    let scale = 1.0 + rho;
+    let at = |ct: u64, ns: u64| ct as f64 - ns as f64 / 1_000_000.0 * scale;
+    let mut done: Vec<(u64, u64, f64, u64)> = Vec::new(); // (completion, op, value, ct)
+    let mut reads: Vec<(u64, u64, u64, &str)> = Vec::new(); // (invocation, op, completion, resource)
+    let mut cts = std::collections::HashMap::new();
+    for o in ops.iter().filter(|o| o.f == F::Describe) {
+        if let (
+            Some(c),
+            Some(Answer::Described {
+                cluster_time_ms, ..
+            }),
+        ) = (o.complete_ns, &o.answer)
+        {
+            done.push((c, o.id, at(*cluster_time_ms, o.invoke_ns), *cluster_time_ms));
+            reads.push((o.invoke_ns, o.id, c, o.resource.as_str()));
+            cts.insert(o.id, *cluster_time_ms);
+        }
+    }
+    done.sort_unstable_by_key(|d| (d.0, d.1));
+    reads.sort_unstable();
+    // Sweep in invocation order, keeping the lowest value among the
+    // describes completed before the current invocation.
+    let mut lowest: Option<(f64, u64, u64)> = None; // (value, op, cluster time)
+    let mut next = 0;
+    let mut violations = Vec::new();
+    for (inv, id, c, resource) in &reads {
+        while let Some(&(done_at, a_id, v, a_ct)) = done.get(next) {
+            if done_at >= *inv {
+                break;
+            }
+            if lowest.is_none_or(|(l, _, _)| v < l) {
+                lowest = Some((v, a_id, a_ct));
+            }
+            next += 1;
+        }
+        let ct = cts.get(id).copied().unwrap_or_default();
+        if let Some((l, a_id, a_ct)) = lowest {
+            // One millisecond of rounding on each side.
+            let ahead = at(ct, *c) - l;
+            if ahead > 2.0 {
+                violations.push(format!(
+                    "{resource}: describe op {id} (completed at {} ms) reports cluster time {ct} ms, {ahead:.0} ms further ahead of describe op {a_id} ({a_ct} ms) than real time allows",
+                    c / 1_000_000
+                ));
+            }
+        }
+    }
+    Finding {
+        name: "cluster time never runs ahead of real time",
+        checked: reads.len(),
+        violations,
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -868,5 +929,28 @@ mod tests {
         let f = cluster_time_monotonic(&ok);
         assert!(f.violations.is_empty(), "{:?}", f.violations);
         assert_eq!(f.checked, 3);
+    }
+
+    #[test]
+    fn cluster_time_running_ahead_is_caught() {
+        // 1,000 ms of real time between the first describe's invocation and
+        // the second's completion; cluster time moved 1,900 ms.
+        let h = [
+            describe(0, (0, 10), 0, false, 5000),
+            describe(1, (990, 1000), 0, false, 6900),
+        ];
+        let f = cluster_time_not_ahead(&h, 0.05);
+        assert_eq!(f.violations.len(), 1, "{:?}", f.violations);
+        // Within (1+ρ) of real time, or behind it (a new leader's clock
+        // starts behind), or overlapping: fine.
+        let ok = [
+            describe(0, (0, 10), 0, false, 5000),
+            describe(1, (990, 1000), 0, false, 6040),
+            describe(2, (1100, 1110), 0, false, 5200),
+            describe(3, (5, 2000), 0, false, 7000),
+        ];
+        let f = cluster_time_not_ahead(&ok, 0.05);
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert_eq!(f.checked, 4);
     }
 }

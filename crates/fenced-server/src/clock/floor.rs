@@ -162,6 +162,15 @@ impl TimeFloor {
     /// Notes a time a leader issued.
     pub fn raise(&self, t: LeaderTime) {
         let mut times = self.times.lock().unwrap_or_else(PoisonError::into_inner);
+        // CANARY (deliberately broken build for fenced-jepsen): floors
+        // compare by time alone, so a woken leader's late time carries a
+        // later leader's clock ahead.
+        if cfg!(feature = "canary-floor-by-time") {
+            if t.at > times.highest.at {
+                times.highest = t;
+            }
+            return;
+        }
         times.highest = times.highest.max(t);
     }
 
