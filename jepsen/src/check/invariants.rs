@@ -489,6 +489,21 @@ pub fn ended_leases_stay_ended(ops: &[Op]) -> Finding {
     }
 }
 
+/// The describes that answered: each with its completion and cluster time.
+fn described(ops: &[Op]) -> impl Iterator<Item = (&Op, u64, u64)> {
+    ops.iter()
+        .filter(|o| o.f == F::Describe)
+        .filter_map(|o| match (o.complete_ns, &o.answer) {
+            (
+                Some(c),
+                Some(Answer::Described {
+                    cluster_time_ms, ..
+                }),
+            ) => Some((o, c, *cluster_time_ms)),
+            _ => None,
+        })
+}
+
 /// Cluster time never runs backwards: a describe invoked after another one
 /// completed (any resource, any client) reports a `cluster_time_ms` at or
 /// above the earlier one's.
@@ -497,17 +512,9 @@ pub fn cluster_time_monotonic(ops: &[Op]) -> Finding {
     // (time, op id, cluster time)
     let mut done: Vec<(u64, u64, u64)> = Vec::new();
     let mut reads: Vec<(u64, u64, u64, &str)> = Vec::new();
-    for o in ops.iter().filter(|o| o.f == F::Describe) {
-        if let (
-            Some(c),
-            Some(Answer::Described {
-                cluster_time_ms, ..
-            }),
-        ) = (o.complete_ns, &o.answer)
-        {
-            done.push((c, o.id, *cluster_time_ms));
-            reads.push((o.invoke_ns, o.id, *cluster_time_ms, o.resource.as_str()));
-        }
+    for (o, c, ct) in described(ops) {
+        done.push((c, o.id, ct));
+        reads.push((o.invoke_ns, o.id, ct, o.resource.as_str()));
     }
     done.sort_unstable();
     reads.sort_unstable();
@@ -555,18 +562,10 @@ pub fn cluster_time_not_ahead(ops: &[Op], rho: f64) -> Finding {
     let mut done: Vec<(u64, u64, f64, u64)> = Vec::new(); // (completion, op, value, ct)
     let mut reads: Vec<(u64, u64, u64, &str)> = Vec::new(); // (invocation, op, completion, resource)
     let mut cts = std::collections::HashMap::new();
-    for o in ops.iter().filter(|o| o.f == F::Describe) {
-        if let (
-            Some(c),
-            Some(Answer::Described {
-                cluster_time_ms, ..
-            }),
-        ) = (o.complete_ns, &o.answer)
-        {
-            done.push((c, o.id, at(*cluster_time_ms, o.invoke_ns), *cluster_time_ms));
-            reads.push((o.invoke_ns, o.id, c, o.resource.as_str()));
-            cts.insert(o.id, *cluster_time_ms);
-        }
+    for (o, c, ct) in described(ops) {
+        done.push((c, o.id, at(ct, o.invoke_ns), ct));
+        reads.push((o.invoke_ns, o.id, c, o.resource.as_str()));
+        cts.insert(o.id, ct);
     }
     done.sort_unstable_by_key(|d| (d.0, d.1));
     reads.sort_unstable();
