@@ -179,7 +179,7 @@ pub fn leader_of(raft: &Raft) -> Option<(NodeId, Node)> {
 }
 
 /// Makes sure this node is leader with a running clock; returns the term.
-async fn ensure_clock(raft: &Raft, time: &ClusterClock) -> Result<u64, ProposeError> {
+pub(crate) async fn ensure_clock(raft: &Raft, time: &ClusterClock) -> Result<u64, ProposeError> {
     let (state, term) = {
         let m = raft.metrics();
         let m = m.borrow();

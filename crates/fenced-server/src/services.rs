@@ -317,7 +317,21 @@ impl NodeContext {
     /// makes it durable before answering, and this node makes it durable
     /// too. Any later leader starts its clock at or above it, also after a
     /// restart of the whole cluster.
+    ///
+    /// A new leader's clock may still be starting: the read waits for it
+    /// (the read index that starts it), so it reveals the clock's time, not
+    /// the floor, which is behind the clock's next reading by the time since
+    /// the election.
     pub(crate) async fn linearizable_read(&self, rpc: &str) -> Result<ClusterTime, Status> {
+        let term = self.raft.metrics().borrow().current_term;
+        if self.time.stamp(term).is_none() {
+            // Not leader, or no quorum: the read below says so.
+            let _ = tokio::time::timeout(
+                self.request_timeout,
+                crate::proposer::ensure_clock(&self.raft, &self.time),
+            )
+            .await;
+        }
         let (revealed, as_leader_time) = self.read_time();
         let (confirmed, durable) = tokio::join!(
             tokio::time::timeout(self.request_timeout, self.raft.ensure_linearizable()),
