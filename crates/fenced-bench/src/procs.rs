@@ -284,7 +284,8 @@ impl EtcdCluster {
 
 /// A cluster the benchmark started for a system.
 pub enum Started {
-    Fenced(Cluster),
+    /// Boxed: a spec carries every node's settings.
+    Fenced(Box<Cluster>),
     Etcd(EtcdCluster),
 }
 

@@ -172,7 +172,7 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
                 }
                 c.start_all()?;
                 c.wait_for_leader(Duration::from_secs(20)).await?;
-                (c.endpoints(), Some(Started::Fenced(c)))
+                (c.endpoints(), Some(Started::Fenced(Box::new(c))))
             } else {
                 (args.fenced_endpoints.clone(), None)
             };
