@@ -206,8 +206,10 @@ impl RunSettings {
             match value {
                 toml::Value::Boolean(true) => args.push(format!("--{flag}")),
                 toml::Value::Boolean(false) => {}
-                toml::Value::String(s) => args.extend([format!("--{flag}"), s]),
-                toml::Value::Integer(i) => args.extend([format!("--{flag}"), i.to_string()]),
+                // One argument with `=`: a negative number is not taken
+                // for a flag.
+                toml::Value::String(s) => args.push(format!("--{flag}={s}")),
+                toml::Value::Integer(i) => args.push(format!("--{flag}={i}")),
                 other => return Err(format!("{key}: {other:?} is not a flag value")),
             }
         }
@@ -768,15 +770,14 @@ mod tests {
         };
         assert_eq!(
             few.to_args().unwrap(),
-            [
-                "--id",
-                "2",
-                "--listen",
-                "127.0.0.1:7102",
-                "--max-batch",
-                "16"
-            ]
+            ["--id=2", "--listen=127.0.0.1:7102", "--max-batch=16"]
         );
+        let skewed = RunSettings {
+            test_clock_skew_ppm: Some(-20_000),
+            initial_cluster: Some("1=127.0.0.1:7201/127.0.0.1:7101".into()),
+            ..Default::default()
+        };
+        assert_eq!(parse_run(&skewed.to_args().unwrap()), skewed);
         assert!(RunSettings::default().to_args().unwrap().is_empty());
     }
 
