@@ -220,6 +220,16 @@ async fn run(args: Args) -> Result<bool> {
     };
     let mut table = Table::default();
     let mut out = Outcome::default();
+    if let Some(s) = args
+        .scenarios
+        .iter()
+        .find(|s| !scenarios::ALL.iter().any(|n| n.eq_ignore_ascii_case(s)))
+    {
+        bail!(
+            "--scenarios: unknown scenario {s:?}; known: {}",
+            scenarios::ALL.join(", ")
+        );
+    }
     let mut kinds = Vec::new();
     for s in &args.systems {
         kinds.push(match s.to_ascii_lowercase().as_str() {
