@@ -2,7 +2,11 @@
 //! identity may lock, read and administer everything, sent on every call.
 //! Auth then sits on every path the faults exercise (forwarding included).
 
-use std::{fmt::Write as _, path::Path, sync::OnceLock};
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
@@ -26,9 +30,9 @@ pub fn authorize<T>(req: &mut tonic::Request<T>) {
     }
 }
 
-/// Writes the tokens and policy files into `dir`; returns the nodes'
-/// settings that name them.
-pub fn node_settings(dir: &Path) -> Result<Vec<(String, String)>> {
+/// Writes the tokens and policy files into `dir`; returns their paths, the
+/// nodes' `auth_tokens` and `auth_policy`.
+pub fn write_files(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     let hash = Sha256::digest(token().as_bytes())
         .iter()
         .fold(String::new(), |mut s, b| {
@@ -47,10 +51,7 @@ pub fn node_settings(dir: &Path) -> Result<Vec<(String, String)>> {
         "[roles.harness]\nlock = [\"\"]\nread = [\"\"]\nadmin = true\n",
     )
     .with_context(|| format!("writing {}", policy.display()))?;
-    Ok(vec![
-        ("FENCED_AUTH_TOKENS".into(), tokens.display().to_string()),
-        ("FENCED_AUTH_POLICY".into(), policy.display().to_string()),
-    ])
+    Ok((tokens, policy))
 }
 
 /// Fails unless the node at `addr` refuses a call without the token: the

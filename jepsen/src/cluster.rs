@@ -2,9 +2,9 @@
 //! started, killed, paused and resumed by the harness.
 
 use std::{
-    fs::File,
+    collections::BTreeMap,
+    ffi::OsString,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     time::Duration,
 };
 
@@ -13,10 +13,8 @@ use fenced_proto::v1::{
     cluster_client::ClusterClient, lock_client::LockClient, DescribeRequest, StatusRequest,
     StatusResponse,
 };
-use nix::{
-    sys::signal::{kill, Signal},
-    unistd::Pid,
-};
+use fenced_testkit::{ClusterSpec, NodeSpec, Pki, RunSettings, Tls};
+use nix::sys::signal::Signal;
 use tonic::transport::Channel;
 
 use crate::net::{node_addr, node_ns};
@@ -31,9 +29,9 @@ pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so
 #[derive(Debug, Clone)]
 pub struct NodeSettings {
     /// The run's certificates: every node serves TLS with its own.
-    pub pki: crate::tls::Pki,
-    /// `FENCED_*` settings for every node.
-    pub env: Vec<(String, String)>,
+    pub pki: Pki,
+    /// `fenced run` settings of every node.
+    pub settings: RunSettings,
     /// Per node (index 0 = node 1): monotonic clock-rate skew in ppm.
     pub skew_ppm: Vec<i64>,
     /// Run every node under libfaketime, its wall-clock offset read from a
@@ -41,24 +39,12 @@ pub struct NodeSettings {
     pub faketime: bool,
 }
 
-pub struct Node {
-    pub id: u64,
-    child: Option<Child>,
-    pub log: PathBuf,
-    data: PathBuf,
-    /// The libfaketime offset file of this node, if under libfaketime.
-    pub faketime_file: Option<PathBuf>,
-    /// Started with `--join` (the other nodes' client addresses) instead
-    /// of the initial cluster.
-    join: bool,
-}
-
+/// The nodes of a run, each in its namespace, launched by fenced-testkit.
 pub struct Cluster {
-    bin: PathBuf,
+    kit: fenced_testkit::Cluster,
     dir: PathBuf,
-    pub nodes: Vec<Node>,
-    initial: String,
-    settings: NodeSettings,
+    /// The libfaketime offset file of each node under libfaketime.
+    faketime: BTreeMap<u64, PathBuf>,
 }
 
 /// A lazily connecting TLS channel to `addr`, with the harness's
@@ -71,151 +57,105 @@ pub fn client_addr(id: u64) -> String {
     format!("{}:{CLIENT_PORT}", node_addr(id))
 }
 
+/// Node `id` at its namespace's address, its data and log in `dir`, run
+/// under `ip netns exec` (and `env` with libfaketime when `faketime` names
+/// its offset file).
+fn node_spec(id: u64, dir: &Path, faketime: Option<&Path>) -> NodeSpec {
+    let mut wrapper: Vec<OsString> = ["ip", "netns", "exec"].map(OsString::from).into();
+    wrapper.push(node_ns(id).into());
+    if let Some(f) = faketime {
+        wrapper.extend(
+            [
+                "env".to_string(),
+                format!("LD_PRELOAD={LIBFAKETIME}"),
+                "FAKETIME_DONT_FAKE_MONOTONIC=1".into(),
+                "FAKETIME_NO_CACHE=1".into(),
+                format!("FAKETIME_TIMESTAMP_FILE={}", f.display()),
+            ]
+            .map(OsString::from),
+        );
+    }
+    NodeSpec {
+        id,
+        host: node_addr(id),
+        client_port: CLIENT_PORT,
+        peer_port: PEER_PORT,
+        data_dir: dir.join(format!("n{id}-data")),
+        log: dir.join(format!("n{id}.log")),
+        join: false,
+        wrapper,
+        settings: RunSettings::default(),
+    }
+}
+
 impl Cluster {
     pub fn new(bin: &Path, dir: &Path, n: u64, settings: NodeSettings) -> Result<Cluster> {
-        let initial = (1..=n)
-            .map(|id| format!("{id}={}:{PEER_PORT}/{}", node_addr(id), client_addr(id)))
-            .collect::<Vec<_>>()
-            .join(",");
         let mut nodes = Vec::new();
+        let mut faketime = BTreeMap::new();
         for id in 1..=n {
-            let faketime_file = if settings.faketime {
+            let file = if settings.faketime {
                 let f = dir.join(format!("n{id}.faketime"));
                 std::fs::write(&f, "+0\n").with_context(|| format!("writing {}", f.display()))?;
+                faketime.insert(id, f.clone());
                 Some(f)
             } else {
                 None
             };
-            nodes.push(Node {
-                id,
-                child: None,
-                log: dir.join(format!("n{id}.log")),
-                data: dir.join(format!("n{id}-data")),
-                faketime_file,
-                join: false,
-            });
+            let mut node = node_spec(id, dir, file.as_deref());
+            let idx = usize::try_from(id.saturating_sub(1)).unwrap_or(usize::MAX);
+            node.settings.test_clock_skew_ppm =
+                settings.skew_ppm.get(idx).copied().filter(|p| *p != 0);
+            nodes.push(node);
         }
-        Ok(Cluster {
+        let spec = ClusterSpec {
             bin: bin.to_path_buf(),
-            dir: dir.to_path_buf(),
             nodes,
-            initial,
-            settings,
+            settings: settings.settings,
+            env: Vec::new(),
+            tls: Some(Tls {
+                pki: settings.pki,
+                client: crate::tls::CLIENT_NAME.into(),
+            }),
+        };
+        Ok(Cluster {
+            kit: fenced_testkit::Cluster::new(spec),
+            dir: dir.to_path_buf(),
+            faketime,
         })
     }
 
-    fn node(&self, id: u64) -> Result<&Node> {
-        self.nodes
-            .iter()
-            .find(|n| n.id == id)
-            .with_context(|| format!("no node {id}"))
-    }
-
-    fn node_mut(&mut self, id: u64) -> Result<&mut Node> {
-        self.nodes
-            .iter_mut()
-            .find(|n| n.id == id)
-            .with_context(|| format!("no node {id}"))
-    }
-
     pub fn ids(&self) -> Vec<u64> {
-        self.nodes.iter().map(|n| n.id).collect()
+        self.kit.ids()
     }
 
-    /// Starts node `id` in its namespace (again, with the same data).
+    /// Starts node `id` in its namespace (again, with the same data); one
+    /// that runs is left alone.
     pub fn start(&mut self, id: u64) -> Result<()> {
-        let bin = self.bin.clone();
-        let initial = self.initial.clone();
-        let settings = self.settings.clone();
-        let others = self
-            .nodes
-            .iter()
-            .filter(|n| n.id != id && n.child.is_some())
-            .map(|n| client_addr(n.id))
-            .collect::<Vec<_>>()
-            .join(",");
-        let node = self.node_mut(id)?;
-        let (membership_flag, membership) = if node.join {
-            ("--join", others)
-        } else {
-            ("--initial-cluster", initial)
-        };
-        if node.child.is_some() {
+        if self.kit.is_running(id) {
             return Ok(());
         }
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(&node.log)
-            .with_context(|| format!("opening {}", node.log.display()))?;
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &node_ns(id)]);
-        if let Some(f) = &node.faketime_file {
-            cmd.args([
-                "env",
-                &format!("LD_PRELOAD={LIBFAKETIME}"),
-                "FAKETIME_DONT_FAKE_MONOTONIC=1",
-                "FAKETIME_NO_CACHE=1",
-                &format!("FAKETIME_TIMESTAMP_FILE={}", f.display()),
-            ]);
-        }
-        cmd.arg(&bin)
-            .args(["run", "--id", &id.to_string(), "--data-dir"])
-            .arg(&node.data)
-            .args([
-                "--listen",
-                &client_addr(id),
-                "--peer-listen",
-                &format!("{}:{PEER_PORT}", node_addr(id)),
-                membership_flag,
-                &membership,
-            ])
-            .envs(settings.pki.node_env(id))
-            // TLS only: never plaintext, whatever the harness inherited.
-            .env_remove("FENCED_INSECURE")
-            .env("FENCED_LOG", "info,openraft=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        for (k, v) in &settings.env {
-            cmd.env(k, v);
-        }
-        let idx = usize::try_from(id.saturating_sub(1)).unwrap_or(usize::MAX);
-        if let Some(ppm) = settings.skew_ppm.get(idx).filter(|p| **p != 0) {
-            cmd.env("FENCED_TEST_CLOCK_SKEW_PPM", ppm.to_string());
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting node {id} ({})", bin.display()))?;
-        node.child = Some(child);
+        self.kit.start(id)?;
         tracing::info!(node = id, "started");
         Ok(())
     }
 
     /// A new node `id` with an empty data dir, started with `--join`.
     pub fn add_joining(&mut self, id: u64) -> Result<()> {
-        if self.nodes.iter().any(|n| n.id == id) {
-            anyhow::bail!("node {id} exists already");
-        }
-        self.nodes.push(Node {
-            id,
-            child: None,
-            log: self.dir.join(format!("n{id}.log")),
-            data: self.dir.join(format!("n{id}-data")),
-            faketime_file: None,
-            join: true,
-        });
+        let mut node = node_spec(id, &self.dir, None);
+        node.join = true;
+        self.kit.add(node)?;
         self.start(id)
     }
 
     /// Kills node `id` (removed from the cluster) and deletes its data:
     /// it never comes back.
     pub fn forget(&mut self, id: u64) -> Result<()> {
-        self.kill9(id)?;
-        if let Some(n) = self.nodes.iter().find(|n| n.id == id) {
-            let _ = std::fs::remove_dir_all(&n.data);
+        if self.kill9(id)? {
+            tracing::info!(node = id, "forgotten");
         }
-        self.nodes.retain(|n| n.id != id);
+        if let Ok(node) = self.kit.forget(id) {
+            let _ = std::fs::remove_dir_all(&node.data_dir);
+        }
         Ok(())
     }
 
@@ -227,91 +167,60 @@ impl Cluster {
     }
 
     pub fn is_running(&self, id: u64) -> bool {
-        self.node(id).is_ok_and(|n| n.child.is_some())
-    }
-
-    /// The process id of node `id`, if it runs. `ip netns exec` and `env`
-    /// exec the next program, so this is `fenced` itself.
-    pub fn pid(&self, id: u64) -> Option<Pid> {
-        let child = self.node(id).ok()?.child.as_ref()?;
-        Some(Pid::from_raw(i32::try_from(child.id()).ok()?))
+        self.kit.is_running(id)
     }
 
     /// How many times node `id` has said in its log that it started from a
     /// snapshot (a restart that did not replay the whole log).
     pub fn snapshot_loads(&self, id: u64) -> usize {
-        self.node(id)
-            .ok()
-            .and_then(|n| std::fs::read_to_string(&n.log).ok())
-            .map_or(0, |text| text.matches("loaded snapshot").count())
+        self.kit.log_of(id).matches("loaded snapshot").count()
     }
 
     /// `kill -9` node `id`; returns whether it was running.
     pub fn kill9(&mut self, id: u64) -> Result<bool> {
-        let node = self.node_mut(id)?;
-        let Some(mut child) = node.child.take() else {
-            return Ok(false);
-        };
-        child.kill().with_context(|| format!("killing node {id}"))?;
-        child
-            .wait()
-            .with_context(|| format!("waiting for node {id}"))?;
-        tracing::info!(node = id, "killed");
-        Ok(true)
+        let killed = self.kit.kill(id)?;
+        if killed {
+            tracing::info!(node = id, "killed");
+        }
+        Ok(killed)
     }
 
     pub fn signal(&self, id: u64, signal: Signal) -> Result<()> {
-        let pid = self
-            .pid(id)
-            .with_context(|| format!("node {id} is not running"))?;
-        kill(pid, signal).with_context(|| format!("sending {signal} to node {id}"))
+        self.kit.signal(id, signal)
     }
 
     /// Whether node `id` is stopped by a signal, as the kernel reports it.
+    /// `ip netns exec` and `env` exec the next program, so the process is
+    /// `fenced` itself.
     pub fn is_stopped(&self, id: u64) -> bool {
-        let Some(pid) = self.pid(id) else {
-            return false;
-        };
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().next().map(|st| st == "T"))
-            })
-            .unwrap_or(false)
+        self.kit.is_paused(id)
+    }
+
+    /// The libfaketime offset file of node `id`, if under libfaketime.
+    pub fn faketime_file(&self, id: u64) -> Option<PathBuf> {
+        self.faketime.get(&id).cloned()
     }
 
     /// Sets node `id`'s wall-clock offset (libfaketime), e.g. "+3600" or "-600".
     pub fn set_wall_offset(&self, id: u64, offset: &str) -> Result<()> {
-        let node = self.node(id)?;
-        let f = node
-            .faketime_file
-            .as_ref()
+        let f = self
+            .faketime
+            .get(&id)
             .with_context(|| format!("node {id} does not run under libfaketime"))?;
         std::fs::write(f, format!("{offset}\n")).with_context(|| format!("writing {}", f.display()))
     }
 
-    /// Every node's log, for the record.
+    /// Kills every node (a paused one too).
     pub fn stop_all(&mut self) {
-        for n in &mut self.nodes {
-            if let Some(mut child) = n.child.take() {
-                if let Ok(pid) = i32::try_from(child.id()) {
-                    let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
-                }
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
+        self.kit.kill_all();
     }
 
     pub fn data_dirs(&self) -> Vec<PathBuf> {
-        self.nodes.iter().map(|n| n.data.clone()).collect()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.stop_all();
+        self.kit
+            .nodes()
+            .iter()
+            .map(|n| n.data_dir.clone())
+            .collect()
     }
 }
 

@@ -956,17 +956,7 @@ impl<'a> Nemesis<'a> {
                     .lock()
                     .await
                     .set_wall_offset(l, &format!("{secs:+}"))?;
-                let seen = probe_wall_offset(
-                    l,
-                    self.cluster
-                        .lock()
-                        .await
-                        .nodes
-                        .iter()
-                        .find(|n| n.id == l)
-                        .and_then(|n| n.faketime_file.clone()),
-                )
-                .await;
+                let seen = probe_wall_offset(l, self.cluster.lock().await.faketime_file(l)).await;
                 tokio::time::sleep(self.hold).await;
                 self.cluster.lock().await.set_wall_offset(l, "+0")?;
                 r.evidence = format!("wall clock under libfaketime seen {seen:?} s off");
@@ -991,13 +981,7 @@ impl<'a> Nemesis<'a> {
                         }
                     }
                     if flips == 0 {
-                        let file = self
-                            .cluster
-                            .lock()
-                            .await
-                            .nodes
-                            .first()
-                            .and_then(|n| n.faketime_file.clone());
+                        let file = self.cluster.lock().await.faketime_file(self.ids()[0]);
                         seen = probe_wall_offset(self.ids()[0], file).await;
                     }
                     flips += 1;

@@ -12,6 +12,7 @@ use std::{
 use anyhow::{Context, Result};
 use fenced_proto::v1::{kv_client::KvClient, lock_client::LockClient};
 use fenced_resource::FenceStore;
+use fenced_testkit::RunSettings;
 use serde::Serialize;
 
 use crate::{
@@ -237,20 +238,19 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
     let long_ttl_ms = (cfg.duration.as_millis() as u64 + 300_000).min(3_600_000);
     // The snapshots profile snapshots every 50 entries: several times a
     // second under the workload.
-    let snapshot_logs = if cfg.profile == "snapshots" {
-        "50"
-    } else {
-        "200"
-    };
-    let mut env = vec![
+    let snapshot_logs = if cfg.profile == "snapshots" { 50 } else { 200 };
+    // Authentication on: every call carries the run's token.
+    let (auth_tokens, auth_policy) = crate::auth::write_files(&dir)?;
+    let node_settings = RunSettings {
         // Often enough that a node killed a few seconds into a run
         // restarts from a snapshot (and a lagging one is sent one), not
         // only by replaying the whole log.
-        ("FENCED_SNAPSHOT_LOGS".into(), snapshot_logs.into()),
-        ("FENCED_REQUEST_TIMEOUT_MS".into(), "3000".into()),
-    ];
-    // Authentication on: every call carries the run's token.
-    env.extend(crate::auth::node_settings(&dir)?);
+        snapshot_logs: Some(snapshot_logs),
+        request_timeout_ms: Some(3000),
+        auth_tokens: Some(auth_tokens),
+        auth_policy: Some(auth_policy),
+        ..RunSettings::default()
+    };
     // TLS on: certificates from the binary under test, for the addresses
     // the nodes listen on.
     // The membership profile adds nodes with new ids, each in a slot of
@@ -259,12 +259,12 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
     let node_hosts: Vec<(u64, String)> = (1..=slots)
         .map(|id| (id, crate::net::node_addr(id)))
         .collect();
-    let pki = crate::tls::Pki::make(&cfg.fenced_bin, &dir.join("pki"), &node_hosts)
+    let pki = crate::tls::make_pki(&cfg.fenced_bin, &dir.join("pki"), &node_hosts)
         .context("making the run's certificates")?;
-    crate::tls::install(pki.client()?);
+    crate::tls::install(crate::tls::client_tls(&pki)?);
     let settings = NodeSettings {
         pki,
-        env,
+        settings: node_settings,
         skew_ppm: if clocks {
             vec![20_000, -20_000, 20_000]
         } else {

@@ -6,14 +6,14 @@
 //! still carries the bearer token.
 
 use std::{
-    path::{Path, PathBuf},
-    process::Command,
+    path::Path,
     sync::{Arc, RwLock},
     time::Duration,
 };
 
 use anyhow::{Context, Result};
 use fenced_proto::v1::{cluster_client::ClusterClient, StatusRequest};
+use fenced_testkit::Pki;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// The harness's client certificate names `fenced://client/<this>`. No
@@ -21,75 +21,27 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 /// token alone (the auth gate checks it).
 pub const CLIENT_NAME: &str = "jepsen-harness";
 
-/// A run's certificates, made by `fenced certs` into one directory.
-#[derive(Debug, Clone)]
-pub struct Pki {
-    pub dir: PathBuf,
+/// Makes the run's certificates in `dir` with `bin certs ...`: a CA, one
+/// for each `(id, address)` node and the harness's client certificate.
+pub fn make_pki(bin: &Path, dir: &Path, nodes: &[(u64, String)]) -> Result<Pki> {
+    let pki = Pki::new(bin, dir)?;
+    for (id, host) in nodes {
+        pki.node(*id, host)?;
+    }
+    pki.client(CLIENT_NAME)?;
+    Ok(pki)
 }
 
-impl Pki {
-    /// Makes a CA, a certificate for each `(id, address)` node and the
-    /// harness's client certificate in `dir` with `bin certs ...`.
-    pub fn make(bin: &Path, dir: &Path, nodes: &[(u64, String)]) -> Result<Pki> {
-        let pki = Pki {
-            dir: dir.to_path_buf(),
-        };
-        pki.certs(bin, &["ca"])?;
-        for (id, host) in nodes {
-            pki.certs(bin, &["node", "--id", &id.to_string(), "--host", host])?;
-        }
-        pki.certs(bin, &["client", "--name", CLIENT_NAME])?;
-        Ok(pki)
-    }
-
-    fn certs(&self, bin: &Path, args: &[&str]) -> Result<()> {
-        let out = Command::new(bin)
-            .arg("certs")
-            .args(args)
-            .arg("--dir")
-            .arg(&self.dir)
-            .output()
-            .with_context(|| format!("running {} certs {args:?}", bin.display()))?;
-        anyhow::ensure!(
-            out.status.success(),
-            "{} certs {args:?} failed: {}",
-            bin.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Ok(())
-    }
-
-    fn file(&self, name: &str) -> String {
-        self.dir.join(name).display().to_string()
-    }
-
-    /// Node `id`'s TLS settings.
-    pub fn node_env(&self, id: u64) -> Vec<(String, String)> {
-        vec![
-            (
-                "FENCED_TLS_CERT".into(),
-                self.file(&format!("node-{id}.pem")),
-            ),
-            (
-                "FENCED_TLS_KEY".into(),
-                self.file(&format!("node-{id}-key.pem")),
-            ),
-            ("FENCED_TLS_CA".into(), self.file("ca.pem")),
-        ]
-    }
-
-    /// The harness's side: the CA and its client certificate and key.
-    pub fn client(&self) -> Result<ClientTls> {
-        let read = |name: &str| {
-            let path = self.dir.join(name);
-            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
-        };
-        Ok(ClientTls {
-            ca: read("ca.pem")?,
-            cert: read(&format!("client-{CLIENT_NAME}.pem"))?,
-            key: read(&format!("client-{CLIENT_NAME}-key.pem"))?,
-        })
-    }
+/// The harness's side: the CA and its client certificate and key.
+pub fn client_tls(pki: &Pki) -> Result<ClientTls> {
+    let read =
+        |path: &Path| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
+    let (cert, key) = pki.client(CLIENT_NAME)?;
+    Ok(ClientTls {
+        ca: read(&pki.ca())?,
+        cert: read(&cert)?,
+        key: read(&key)?,
+    })
 }
 
 /// What the harness's TLS connections trust and show, in PEM.

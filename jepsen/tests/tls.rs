@@ -5,36 +5,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
-    net::TcpListener,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use fenced_jepsen::{auth, cluster, tls};
 use fenced_proto::v1::{lock_client::LockClient, DescribeRequest};
+use fenced_testkit::{Cluster, ClusterSpec, Pki, Tls};
 
-/// target/<profile>/deps/<test> -> target/<profile>/fenced
 fn fenced_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("fenced");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build -p fenced-server --bin fenced` first",
-        bin.display()
-    );
-    bin
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    fenced_testkit::workspace_bin("fenced").unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -44,46 +24,22 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-struct Node {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One `fenced run` node on loopback with the auth files, and with `pki`'s
-/// certificate for node 1 when given (plaintext otherwise).
-fn start(dir: &Path, pki: Option<&tls::Pki>) -> Node {
-    let (client, peer) = (free_port(), free_port());
-    let addr = format!("127.0.0.1:{client}");
-    let mut cmd = Command::new(fenced_bin());
-    cmd.args(["run", "--id", "1", "--data-dir"])
-        .arg(dir.join("data"))
-        .args([
-            "--listen",
-            &addr,
-            "--peer-listen",
-            &format!("127.0.0.1:{peer}"),
-            "--initial-cluster",
-            &format!("1=127.0.0.1:{peer}/{addr}"),
-        ])
-        .env_remove("FENCED_INSECURE")
-        .envs(auth::node_settings(dir).expect("auth files"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("node.log")).expect("log file"));
-    if let Some(pki) = pki {
-        cmd.envs(pki.node_env(1));
-    }
-    Node {
-        child: cmd.spawn().expect("starting fenced"),
-        addr,
-    }
+/// One `fenced run` node on loopback with the auth files, serving TLS with
+/// `pki`'s certificate for node 1 when given (plaintext otherwise), as the
+/// harness starts its nodes (through fenced-testkit).
+fn start(dir: &Path, pki: Option<&Pki>) -> (Cluster, String) {
+    let mut spec = ClusterSpec::loopback(&fenced_bin(), dir, 1).expect("ports");
+    let (tokens, policy) = auth::write_files(dir).expect("auth files");
+    spec.settings.auth_tokens = Some(tokens);
+    spec.settings.auth_policy = Some(policy);
+    spec.tls = pki.map(|pki| Tls {
+        pki: pki.clone(),
+        client: tls::CLIENT_NAME.into(),
+    });
+    let mut node = Cluster::new(spec);
+    node.start(1).expect("starting fenced");
+    let addr = node.endpoints()[0].clone();
+    (node, addr)
 }
 
 async fn describe_with_token(addr: &str) -> Result<(), tonic::Status> {
@@ -118,10 +74,10 @@ where
 /// The tests share the process-wide TLS configuration: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn make_pki(dir: &Path) -> tls::Pki {
-    let pki = tls::Pki::make(&fenced_bin(), &dir.join("pki"), &[(1, "127.0.0.1".into())])
+fn make_pki(dir: &Path) -> Pki {
+    let pki = tls::make_pki(&fenced_bin(), &dir.join("pki"), &[(1, "127.0.0.1".into())])
         .expect("fenced certs");
-    tls::install(pki.client().expect("client files"));
+    tls::install(tls::client_tls(&pki).expect("client files"));
     pki
 }
 
@@ -130,18 +86,18 @@ async fn a_tls_node_with_the_runs_certificates_passes_both_gates_and_serves_the_
     let _serial = SERIAL.lock().await;
     let dir = scratch("tls-on");
     let pki = make_pki(&dir);
-    let node = start(&dir, Some(&pki));
-    eventually(|| tls::check_enforced(&node.addr))
+    let (node, addr) = start(&dir, Some(&pki));
+    eventually(|| tls::check_enforced(&addr))
         .await
         .expect("the TLS gate passes a node serving TLS only");
-    tls::plaintext_refused(&node.addr)
+    tls::plaintext_refused(&addr)
         .await
         .expect("a plaintext call fails to connect");
-    auth::check_enforced(&node.addr)
+    auth::check_enforced(&addr)
         .await
         .expect("the auth gate passes over TLS");
     // The harness's own calls: TLS with its certificate, and the token.
-    eventually(|| describe_with_token(&node.addr))
+    eventually(|| describe_with_token(&addr))
         .await
         .expect("a describe over the harness's channel is served");
     drop(node);
@@ -153,9 +109,8 @@ async fn the_tls_gate_fails_a_plaintext_node() {
     let _serial = SERIAL.lock().await;
     let dir = scratch("tls-off");
     make_pki(&dir);
-    let node = start(&dir, None);
+    let (node, addr) = start(&dir, None);
     // Up and answering in plaintext (loopback needs no --insecure).
-    let addr = node.addr.clone();
     eventually(|| async {
         let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .expect("endpoint")
@@ -169,14 +124,14 @@ async fn the_tls_gate_fails_a_plaintext_node() {
     })
     .await
     .expect("the plaintext node serves");
-    let err = tls::plaintext_refused(&node.addr)
+    let err = tls::plaintext_refused(&addr)
         .await
         .expect_err("the plaintext check must fail a plaintext node");
     assert!(
         format!("{err:#}").contains("answered a plaintext call"),
         "{err:#}"
     );
-    let err = tls::check_enforced(&node.addr)
+    let err = tls::check_enforced(&addr)
         .await
         .expect_err("the TLS gate must fail a plaintext node");
     assert!(format!("{err:#}").contains("over TLS"), "{err:#}");

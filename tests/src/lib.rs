@@ -1,4 +1,5 @@
-//! A harness that runs real `fenced` processes on loopback.
+//! A harness that runs real `fenced` processes on loopback, through
+//! fenced-testkit's launcher; failures here are panics, as tests want them.
 //!
 //! The binaries come from the workspace's target directory: build them first
 //! (`cargo build --workspace --bins`, which `.ci/run` does).
@@ -6,106 +7,36 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
-    fs::File,
-    net::TcpListener,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
-    sync::{
-        atomic::{AtomicU32, Ordering},
-        OnceLock,
-    },
-    time::{Duration, Instant},
+    process::{Command, ExitStatus, Output, Stdio},
+    time::Duration,
 };
 
 use fenced_client::{Client, TlsOptions};
-use fenced_proto::v1::{cluster_client::ClusterClient, lock_client::LockClient, StatusResponse};
-use nix::{
-    sys::signal::{kill, Signal},
-    unistd::Pid,
-};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use fenced_proto::v1::{lock_client::LockClient, StatusResponse};
+use fenced_testkit::ClusterSpec;
+pub use fenced_testkit::NodeSpec;
+use nix::sys::signal::Signal;
+use tonic::transport::Channel;
 
 /// The directory holding the workspace's built binaries.
 pub fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> -> target/<profile>
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
+    fenced_testkit::bin_dir().expect("target dir")
 }
 
 /// The path of a workspace binary, e.g. `fenced` or `fencectl`.
 pub fn bin(name: &str) -> PathBuf {
-    let path = bin_dir().join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --workspace --bins` before the tests",
-        path.display()
-    );
-    path
+    fenced_testkit::workspace_bin(name).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Whether process `pid` exists and has not exited (a zombie has).
 pub fn pid_alive(pid: i32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
+    u32::try_from(pid).is_ok_and(fenced_testkit::pid_alive)
 }
 
-/// A free loopback port, below the kernel's ephemeral range (32768 and up
-/// on Linux): a port from `bind(0)` could be handed to another socket
-/// (an outgoing connection, another test's `bind(0)`) between this check and
-/// the node binding it, and the node would fail with "address in use". Each
-/// call in a process moves on to the next port, from a start that differs
-/// per process.
+/// A free loopback port (see [`fenced_testkit::free_port`]).
 pub fn free_port() -> u16 {
-    const LOW: u32 = 10_000;
-    const SPAN: u32 = 22_000;
-    static START: OnceLock<u32> = OnceLock::new();
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = *START.get_or_init(|| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        std::process::id().wrapping_mul(7_919).wrapping_add(nanos) % SPAN
-    });
-    for _ in 0..SPAN {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (LOW + (start + n) % SPAN) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free loopback port between {LOW} and {}", LOW + SPAN)
-}
-
-pub struct NodeProc {
-    pub id: u64,
-    pub client_port: u16,
-    pub peer_port: u16,
-    pub data_dir: PathBuf,
-    child: Option<Child>,
-    /// The node's stderr: its log.
-    pub log: PathBuf,
-    /// Started with `--join` (the endpoints of the other nodes) instead of
-    /// `--initial-cluster`.
-    pub join: bool,
-}
-
-impl NodeProc {
-    pub fn client_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
-    }
-
-    pub fn pid(&self) -> Option<Pid> {
-        self.child.as_ref().map(|c| Pid::from_raw(c.id() as i32))
-    }
-
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
-    }
+    fenced_testkit::free_port().unwrap()
 }
 
 /// One HTTP/1.1 request; returns the status code and body.
@@ -180,107 +111,48 @@ pub fn write_auth_files(
 }
 
 /// Certificates made by `fenced certs` in one directory: a CA, nodes by
-/// id and clients by name.
+/// id (for 127.0.0.1) and clients by name, each made on first use.
 #[derive(Debug, Clone)]
 pub struct Pki {
-    pub dir: PathBuf,
+    pub kit: fenced_testkit::Pki,
 }
 
 impl Pki {
     /// A new CA in `dir`.
     pub fn new(dir: &Path) -> Pki {
-        let pki = Pki {
-            dir: dir.to_path_buf(),
-        };
-        pki.certs(&["ca"]);
-        pki
-    }
-
-    /// Runs `fenced certs ARGS --dir DIR`; panics when it fails.
-    pub fn certs(&self, args: &[&str]) {
-        let out = Command::new(bin("fenced"))
-            .arg("certs")
-            .args(args)
-            .arg("--dir")
-            .arg(&self.dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "fenced certs {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        Pki {
+            kit: fenced_testkit::Pki::new(&bin("fenced"), dir).unwrap(),
+        }
     }
 
     pub fn ca(&self) -> PathBuf {
-        self.dir.join("ca.pem")
+        self.kit.ca()
     }
 
-    /// Node `id`'s certificate and key (made on first use, for 127.0.0.1).
+    /// Node `id`'s certificate and key, for 127.0.0.1.
     pub fn node(&self, id: u64) -> (PathBuf, PathBuf) {
-        let (cert, key) = (
-            self.dir.join(format!("node-{id}.pem")),
-            self.dir.join(format!("node-{id}-key.pem")),
-        );
-        if !cert.exists() {
-            self.certs(&["node", "--id", &id.to_string(), "--host", "127.0.0.1"]);
-        }
-        (cert, key)
+        self.kit.node(id, "127.0.0.1").unwrap()
     }
 
-    /// Service `name`'s server certificate and key for 127.0.0.1 (made on
-    /// first use).
+    /// Service `name`'s server certificate and key for 127.0.0.1.
     pub fn server(&self, name: &str) -> (PathBuf, PathBuf) {
-        let (cert, key) = (
-            self.dir.join(format!("server-{name}.pem")),
-            self.dir.join(format!("server-{name}-key.pem")),
-        );
-        if !cert.exists() {
-            self.certs(&["server", "--name", name, "--host", "127.0.0.1"]);
-        }
-        (cert, key)
+        self.kit.server(name, "127.0.0.1").unwrap()
     }
 
     /// A gRPC channel to `addr` trusting this CA, showing client `name`'s
     /// certificate when given.
     pub fn channel(&self, addr: &str, name: Option<&str>) -> Channel {
-        let read = |p: &Path| std::fs::read(p).unwrap();
-        let mut tls =
-            ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(&self.ca())));
-        if let Some(name) = name {
-            let (cert, key) = self.client(name);
-            tls = tls.identity(Identity::from_pem(read(&cert), read(&key)));
-        }
-        Channel::from_shared(format!("https://{addr}"))
-            .unwrap()
-            .tls_config(tls)
-            .unwrap()
-            .timeout(Duration::from_secs(5))
-            .connect_lazy()
+        self.kit.channel(addr, name).unwrap()
     }
 
-    /// Client `name`'s certificate and key (made on first use).
+    /// Client `name`'s certificate and key.
     pub fn client(&self, name: &str) -> (PathBuf, PathBuf) {
-        let (cert, key) = (
-            self.dir.join(format!("client-{name}.pem")),
-            self.dir.join(format!("client-{name}-key.pem")),
-        );
-        if !cert.exists() {
-            self.certs(&["client", "--name", name]);
-        }
-        (cert, key)
+        self.kit.client(name).unwrap()
     }
 
     /// Client options trusting this CA, with client `name`'s certificate.
     pub fn client_options(&self, name: Option<&str>) -> TlsOptions {
-        let options = TlsOptions::new().ca(self.ca());
-        match name {
-            Some(n) => {
-                let (cert, key) = self.client(n);
-                options.identity(cert, key)
-            }
-            None => options,
-        }
+        self.kit.client_options(name).unwrap()
     }
 }
 
@@ -289,10 +161,11 @@ pub const HARNESS_CLIENT: &str = "harness";
 
 /// A cluster of `fenced run` processes on loopback.
 pub struct Cluster {
-    pub nodes: Vec<NodeProc>,
-    pub dir: tempfile::TempDir,
+    /// Declared first: dropped (its nodes killed) before their directory.
+    kit: fenced_testkit::Cluster,
+    /// The `--initial-cluster` of the nodes started without `--join`.
     initial_cluster: String,
-    extra_env: Vec<(String, String)>,
+    pub dir: tempfile::TempDir,
     /// Set: the nodes run with TLS from these certificates.
     pub pki: Option<Pki>,
 }
@@ -314,21 +187,19 @@ impl Cluster {
     /// certificates made by `fenced certs`.
     pub async fn start_tls(n: u64, env: &[(&str, &str)]) -> Cluster {
         let mut cluster = Self::stopped(n, env);
-        let pki = Pki::new(&cluster.dir.path().join("pki"));
-        for id in 1..=n {
-            pki.node(id);
-        }
-        pki.client(HARNESS_CLIENT);
-        cluster.pki = Some(pki);
+        let spec = cluster.kit.spec().clone();
+        let spec = spec
+            .with_tls(&cluster.dir.path().join("pki"), HARNESS_CLIENT)
+            .unwrap();
+        cluster.pki = spec.tls.as_ref().map(|t| Pki { kit: t.pki.clone() });
+        cluster.kit = fenced_testkit::Cluster::new(spec);
         cluster.start_all().await;
         cluster
     }
 
     /// Starts every node and waits until they agree on a leader.
     pub async fn start_all(&mut self) {
-        for id in 1..=self.nodes.len() as u64 {
-            self.spawn(id);
-        }
+        self.kit.start_all().unwrap();
         self.wait_for_leader(Duration::from_secs(20)).await;
     }
 
@@ -336,37 +207,22 @@ impl Cluster {
     /// their data directories first.
     pub fn stopped(n: u64, env: &[(&str, &str)]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let nodes: Vec<NodeProc> = (1..=n)
-            .map(|id| NodeProc {
-                id,
-                client_port: free_port(),
-                peer_port: free_port(),
-                data_dir: dir.path().join(format!("node{id}")),
-                child: None,
-                log: dir.path().join(format!("node{id}.log")),
-                join: false,
-            })
-            .collect();
-        let initial_cluster = nodes
-            .iter()
-            .map(|n| {
-                format!(
-                    "{}=127.0.0.1:{}/127.0.0.1:{}",
-                    n.id, n.peer_port, n.client_port
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(",");
+        let mut spec = ClusterSpec::loopback(&bin("fenced"), dir.path(), n).unwrap();
+        for (k, v) in env {
+            spec.set_env(k, v);
+        }
+        let kit = fenced_testkit::Cluster::new(spec);
         Cluster {
-            nodes,
+            initial_cluster: kit.initial_cluster(),
+            kit,
             dir,
-            initial_cluster,
-            extra_env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
             pki: None,
         }
+    }
+
+    /// The nodes, started or not.
+    pub fn nodes(&self) -> &[NodeSpec] {
+        self.kit.nodes()
     }
 
     /// The `--initial-cluster` every node is started with.
@@ -374,131 +230,63 @@ impl Cluster {
         &self.initial_cluster
     }
 
-    fn node(&self, id: u64) -> &NodeProc {
-        self.nodes
-            .iter()
-            .find(|n| n.id == id)
-            .unwrap_or_else(|| panic!("no node {id} in this cluster"))
-    }
-
-    fn node_mut(&mut self, id: u64) -> &mut NodeProc {
-        self.nodes
-            .iter_mut()
-            .find(|n| n.id == id)
-            .unwrap_or_else(|| panic!("no node {id} in this cluster"))
+    fn node(&self, id: u64) -> &NodeSpec {
+        self.kit.node(id).unwrap()
     }
 
     /// Starts node `id` (again), with the same arguments as before.
     pub fn spawn(&mut self, id: u64) {
-        let initial = self.initial_cluster.clone();
-        let mut env = self.extra_env.clone();
-        if let Some(pki) = &self.pki {
-            let (cert, key) = pki.node(id);
-            for (k, v) in [
-                ("FENCED_TLS_CERT", cert),
-                ("FENCED_TLS_KEY", key),
-                ("FENCED_TLS_CA", pki.ca()),
-            ] {
-                env.insert(0, (k.to_string(), v.to_str().unwrap().to_string()));
-            }
-        }
-        let join = self
-            .nodes
-            .iter()
-            .filter(|n| n.id != id && n.is_running())
-            .map(NodeProc::client_addr)
-            .collect::<Vec<_>>()
-            .join(",");
-        let node = self.node_mut(id);
-        assert!(node.child.is_none(), "node {id} is already running");
-        let (membership_flag, membership) = if node.join {
-            ("--join", join)
-        } else {
-            ("--initial-cluster", initial)
-        };
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(&node.log)
-            .unwrap();
-        let mut cmd = Command::new(bin("fenced"));
-        cmd.args([
-            "run",
-            "--id",
-            &id.to_string(),
-            "--data-dir",
-            node.data_dir.to_str().unwrap(),
-            "--listen",
-            &format!("127.0.0.1:{}", node.client_port),
-            "--peer-listen",
-            &format!("127.0.0.1:{}", node.peer_port),
-            membership_flag,
-            &membership,
-        ])
-        .env("FENCED_LOG", "info,openraft=warn")
-        .stdout(Stdio::null())
-        .stderr(log);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        node.child = Some(cmd.spawn().unwrap());
+        self.kit.start(id).unwrap();
+    }
+
+    /// Starts node `id` (again) like [`Cluster::spawn`], with `env` added to
+    /// the cluster's settings for this start only.
+    pub fn spawn_with_env(&mut self, id: u64, env: &[(&str, &str)]) {
+        self.kit.start_with_env(id, env).unwrap();
     }
 
     /// `kill -9` node `id`.
     pub fn kill(&mut self, id: u64) {
-        if let Some(mut child) = self.node_mut(id).child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.kit.kill(id).unwrap();
     }
 
     /// Sends `signal` to node `id` without forgetting the process.
     pub fn signal(&self, id: u64, signal: Signal) {
-        if let Some(pid) = self.node(id).pid() {
-            kill(pid, signal).unwrap();
+        if self.kit.is_running(id) {
+            self.kit.signal(id, signal).unwrap();
         }
     }
 
     /// Sends `signal` to every running node (SIGSTOP freezes the cluster).
     pub fn signal_all(&self, signal: Signal) {
-        for n in self.nodes.iter().filter(|n| n.is_running()) {
-            self.signal(n.id, signal);
+        for id in self.kit.ids() {
+            self.signal(id, signal);
         }
     }
 
     /// Node `id`'s exit status if it has exited by itself (it then counts
     /// as stopped and can be spawned again).
-    pub fn exited(&mut self, id: u64) -> Option<std::process::ExitStatus> {
-        let node = self.node_mut(id);
-        let status = node.child.as_mut()?.try_wait().unwrap()?;
-        node.child = None;
-        Some(status)
+    pub fn exited(&mut self, id: u64) -> Option<ExitStatus> {
+        self.kit.exited(id).unwrap()
     }
 
     /// Everything node `id` has logged.
     pub fn log_of(&self, id: u64) -> String {
-        std::fs::read_to_string(&self.node(id).log).unwrap_or_default()
+        self.kit.log_of(id)
     }
 
-    /// SIGTERM node `id` and wait for it to exit; returns its exit status.
-    pub fn terminate(&mut self, id: u64, within: Duration) -> Option<std::process::ExitStatus> {
-        self.signal(id, Signal::SIGTERM);
-        let mut child = self.node_mut(id).child.take()?;
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
+    /// SIGTERM node `id` and wait for it to exit; returns its exit status
+    /// (None: it was not running, or was killed after `within`).
+    pub fn terminate(&mut self, id: u64, within: Duration) -> Option<ExitStatus> {
+        self.kit
+            .terminate(id, within)
+            .ok()
+            .map(|(status, _)| status)
     }
 
-    /// Client endpoints of the running nodes.
+    /// Client endpoints of the nodes.
     pub fn endpoints(&self) -> Vec<String> {
-        self.nodes.iter().map(NodeProc::client_addr).collect()
+        self.kit.endpoints()
     }
 
     pub fn client(&self) -> Client {
@@ -518,13 +306,7 @@ impl Cluster {
     }
 
     pub fn channel(&self, id: u64) -> Channel {
-        let addr = self.node(id).client_addr();
-        match &self.pki {
-            None => Channel::from_shared(format!("http://{addr}"))
-                .unwrap()
-                .connect_lazy(),
-            Some(pki) => pki.channel(&addr, Some(HARNESS_CLIENT)),
-        }
+        self.kit.channel(id).unwrap()
     }
 
     pub fn lock_client(&self, id: u64) -> LockClient<Channel> {
@@ -533,71 +315,29 @@ impl Cluster {
 
     /// The status of node `id`, if it answers within a second.
     pub async fn status(&self, id: u64) -> Option<StatusResponse> {
-        self.status_of(id, false).await
+        self.kit.status(id, false).await
     }
 
     /// The status of node `id` with the digest of its lease table.
     pub async fn status_with_digest(&self, id: u64) -> Option<StatusResponse> {
-        self.status_of(id, true).await
-    }
-
-    async fn status_of(&self, id: u64, with_digest: bool) -> Option<StatusResponse> {
-        let mut client = ClusterClient::new(self.channel(id));
-        let mut req = tonic::Request::new(fenced_proto::v1::StatusRequest { with_digest });
-        req.set_timeout(Duration::from_secs(1));
-        tokio::time::timeout(Duration::from_secs(2), client.status(req))
-            .await
-            .ok()?
-            .ok()
-            .map(|r| r.into_inner())
+        self.kit.status(id, true).await
     }
 
     /// Waits until every running node names the same leader; returns it.
     pub async fn wait_for_leader(&self, within: Duration) -> u64 {
-        let deadline = Instant::now() + within;
-        loop {
-            let mut leaders = Vec::new();
-            for n in self.nodes.iter().filter(|n| n.is_running()) {
-                leaders.push(self.status(n.id).await.map(|s| s.leader_id));
-            }
-            if let Some(Some(first)) = leaders.first() {
-                let agreed = leaders.iter().all(|l| *l == Some(*first));
-                let alive = self.nodes.iter().any(|n| n.id == *first && n.is_running());
-                if *first != 0 && agreed && alive {
-                    return *first;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no agreed leader within {within:?}: {leaders:?}\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.kit
+            .wait_for_leader(within)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// Waits until every running node has applied the same index; returns
     /// their statuses, each with its node's state digest.
     pub async fn wait_for_convergence(&self, within: Duration) -> Vec<StatusResponse> {
-        let deadline = Instant::now() + within;
-        loop {
-            let mut all = Vec::new();
-            for n in self.nodes.iter().filter(|n| n.is_running()) {
-                if let Some(s) = self.status_with_digest(n.id).await {
-                    all.push(s);
-                }
-            }
-            let running = self.nodes.iter().filter(|n| n.is_running()).count();
-            if all.len() == running
-                && all
-                    .windows(2)
-                    .all(|w| w[0].last_applied == w[1].last_applied)
-            {
-                return all;
-            }
-            assert!(Instant::now() < deadline, "nodes did not converge: {all:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.kit
+            .wait_for_convergence(within)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// Runs fencectl against this cluster.
@@ -618,44 +358,9 @@ impl Cluster {
 
     /// Every node's log, for failure messages.
     pub fn logs(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| {
-                let text = std::fs::read_to_string(&n.log).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                format!(
-                    "--- node {} ---\n{}",
-                    n.id,
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        self.kit.log_tails(15)
     }
-}
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for n in &mut self.nodes {
-            if let Some(mut child) = n.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-}
-
-/// The resident memory of process `pid`, in KiB (VmRSS in /proc).
-pub fn rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/<pid>/status")
-}
-
-impl Cluster {
     /// Starts every node, each with a `/metrics` listener of its own;
     /// returns their addresses by node id (index 0 is node 1).
     pub async fn start_with_metrics(n: u64, env: &[(&str, &str)]) -> (Cluster, Vec<String>) {
@@ -672,42 +377,33 @@ impl Cluster {
 
     /// The resident memory of node `id`, in KiB.
     pub fn rss_kib(&self, id: u64) -> u64 {
-        let pid = self.node(id).pid().expect("node is running");
-        rss_kib(pid.as_raw())
+        let pid = self.kit.pid(id).expect("node is running");
+        fenced_testkit::status_kib(pid, "VmRSS").expect("VmRSS in /proc/<pid>/status")
     }
 
     /// The peer port's address of node `id`.
     pub fn peer_addr(&self, id: u64) -> String {
-        format!("127.0.0.1:{}", self.node(id).peer_port)
+        self.node(id).peer_addr()
     }
 
     /// A new node `id` with an empty data dir, started with `--join` (the
     /// running nodes' client addresses); on fresh ports unless `ports`
     /// (client, peer) are given (a replacement at a dead node's address).
     pub fn join_node(&mut self, id: u64, ports: Option<(u16, u16)>) {
-        assert!(
-            self.nodes.iter().all(|n| n.id != id),
-            "node {id} exists already"
-        );
-        let (client_port, peer_port) = ports.unwrap_or_else(|| (free_port(), free_port()));
-        let dir = self.dir.path();
-        self.nodes.push(NodeProc {
-            id,
-            client_port,
-            peer_port,
-            data_dir: dir.join(format!("node{id}")),
-            child: None,
-            log: dir.join(format!("node{id}.log")),
-            join: true,
-        });
+        let mut node = NodeSpec::loopback(id, self.dir.path()).unwrap();
+        if let Some((client, peer)) = ports {
+            node.client_port = client;
+            node.peer_port = peer;
+        }
+        node.join = true;
+        self.kit.add(node).unwrap();
         self.spawn(id);
     }
 
     /// Forgets node `id` (killed first if running): it is no longer one of
     /// the cluster's endpoints.
     pub fn forget(&mut self, id: u64) {
-        self.kill(id);
-        self.nodes.retain(|n| n.id != id);
+        self.kit.forget(id).unwrap();
     }
 
     /// The (client, peer) ports of node `id`.
@@ -715,16 +411,14 @@ impl Cluster {
         let n = self.node(id);
         (n.client_port, n.peer_port)
     }
+}
 
-    /// Starts node `id` (again) like [`Cluster::spawn`], with `env` added to
-    /// the cluster's settings for this start only.
-    pub fn spawn_with_env(&mut self, id: u64, env: &[(&str, &str)]) {
-        let saved = self.extra_env.clone();
-        self.extra_env
-            .extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        self.spawn(id);
-        self.extra_env = saved;
-    }
+/// The resident memory of process `pid`, in KiB (VmRSS in /proc).
+pub fn rss_kib(pid: i32) -> u64 {
+    u32::try_from(pid)
+        .ok()
+        .and_then(|pid| fenced_testkit::status_kib(pid, "VmRSS"))
+        .expect("VmRSS in /proc/<pid>/status")
 }
 
 /// The PostgreSQL server `.ci/run` starts. In CI a missing server is a

@@ -141,7 +141,7 @@ async fn callers_without_a_known_token_are_unauthenticated() {
     // makes a forwarded identity believable.
     let peer = tonic::transport::Channel::from_shared(format!(
         "http://127.0.0.1:{}",
-        cluster.nodes[0].peer_port
+        cluster.nodes()[0].peer_port
     ))
     .unwrap()
     .connect_lazy();

@@ -140,7 +140,7 @@ async fn a_restored_cluster_grants_above_every_old_token_and_keeps_live_leases()
     let mut flipped = bytes.clone();
     flipped[bytes.len() / 2] ^= 0x40;
     std::fs::write(&damaged, &flipped).unwrap();
-    let target = &fresh.nodes[0].data_dir;
+    let target = &fresh.nodes()[0].data_dir;
     let out = restore(&damaged, target, 1, fresh.initial_cluster(), &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("checksum"), "{err}");
@@ -180,7 +180,7 @@ async fn a_restored_cluster_grants_above_every_old_token_and_keeps_live_leases()
 
     // The old file into a fresh three-node cluster.
     let mut fresh = fresh;
-    for node in &fresh.nodes {
+    for node in fresh.nodes() {
         let out = restore(&file, &node.data_dir, node.id, fresh.initial_cluster(), &[]);
         assert!(
             out.status.success(),
@@ -192,7 +192,7 @@ async fn a_restored_cluster_grants_above_every_old_token_and_keeps_live_leases()
     // A second restore into a data dir that now holds a node is refused.
     let out = restore(
         &file,
-        &fresh.nodes[0].data_dir,
+        &fresh.nodes()[0].data_dir,
         1,
         fresh.initial_cluster(),
         &[],
@@ -257,10 +257,10 @@ async fn a_survivor_recovers_as_a_one_node_cluster_above_every_old_token() {
     let survivor = 3;
     for id in [1, 2] {
         cluster.kill(id);
-        std::fs::remove_dir_all(&cluster.nodes[id as usize - 1].data_dir).unwrap();
+        std::fs::remove_dir_all(&cluster.nodes()[id as usize - 1].data_dir).unwrap();
     }
     cluster.terminate(survivor, Duration::from_secs(10));
-    let node = &cluster.nodes[survivor as usize - 1];
+    let node = &cluster.nodes()[survivor as usize - 1];
     let me = format!(
         "{survivor}=127.0.0.1:{}/127.0.0.1:{}",
         node.peer_port, node.client_port

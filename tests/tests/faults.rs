@@ -153,7 +153,7 @@ async fn every_acknowledged_grant_was_fsynced_on_a_majority_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_on_the_client_and_peer_ports_does_not_crash_a_node() {
     let cluster = Cluster::start(3).await;
-    let node = &cluster.nodes[0];
+    let node = &cluster.nodes()[0];
     let junk: Vec<Vec<u8>> = vec![
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
         b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\xff\xff\xff\xff\xff\xff\xff\xff\xff".to_vec(),

@@ -319,7 +319,7 @@ async fn a_node_without_a_leader_says_who_it_is_and_what_it_reaches() {
     let (out, err) = loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let out = Command::new(bin("fencectl"))
-            .args(["--endpoints", &cluster.nodes[0].client_addr()])
+            .args(["--endpoints", &cluster.nodes()[0].client_addr()])
             .args(["--timeout", "2s", "describe", "x"])
             .output()
             .unwrap();
@@ -342,7 +342,7 @@ async fn a_clean_start_of_fenced_run_logs_nothing_alarming() {
     cluster.wait_for_convergence(Duration::from_secs(20)).await;
     // A while of heartbeats after the election.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    for node in &cluster.nodes {
+    for node in cluster.nodes() {
         let text = std::fs::read_to_string(&node.log).unwrap();
         assert!(
             alarms(&text).is_empty(),

@@ -221,7 +221,7 @@ async fn ten_thousand_connections_are_refused_beyond_max_connections() {
     let started = Instant::now();
 
     let flood = open_connections(
-        &cluster.nodes[leader as usize - 1].client_addr(),
+        &cluster.nodes()[leader as usize - 1].client_addr(),
         10_000,
         500,
     )
@@ -307,7 +307,7 @@ async fn a_hundred_thousand_streams_are_served_without_starving_another_client()
     .await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let bystander = bystander_apart(
-        cluster.nodes[leader as usize - 1].client_addr(),
+        cluster.nodes()[leader as usize - 1].client_addr(),
         "bystander",
         Arc::clone(&stop),
     );
@@ -573,7 +573,7 @@ async fn a_silent_connection_is_closed_after_idle_timeout_and_an_idle_client_is_
         ("FENCED_IDLE_TIMEOUT_MS", "2000"),
     ])
     .await;
-    let addr = cluster.nodes[leader as usize - 1].client_addr();
+    let addr = cluster.nodes()[leader as usize - 1].client_addr();
     let mut bystander = Bystander::start(&cluster, leader, "idle").await;
     // A connection that never sends a byte, and one that sent half a preface.
     let silent = TcpStream::connect(&addr).await.unwrap();

@@ -52,7 +52,7 @@ async fn wait_for_health(endpoint: &str, code: i32, within: Duration) -> String 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_is_serving_only_while_the_node_knows_a_leader() {
     let mut cluster = Cluster::start(3).await;
-    for n in &cluster.nodes {
+    for n in cluster.nodes() {
         let out = wait_for_health(&n.client_addr(), 0, Duration::from_secs(5)).await;
         assert!(out.ends_with("SERVING"), "{out}");
         let peer = format!("127.0.0.1:{}", n.peer_port);
@@ -68,7 +68,7 @@ async fn health_is_serving_only_while_the_node_knows_a_leader() {
     for id in &others {
         cluster.kill(*id);
     }
-    let lone = cluster.nodes[(leader - 1) as usize].client_addr();
+    let lone = cluster.nodes()[(leader - 1) as usize].client_addr();
     let out = wait_for_health(&lone, 1, Duration::from_secs(10)).await;
     assert_eq!(out, format!("{lone}: NOT_SERVING"));
     assert_eq!(

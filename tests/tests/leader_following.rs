@@ -70,7 +70,7 @@ async fn work(client: &Client, tag: &str, rounds: usize) {
 
 fn client_addr(cluster: &Cluster, id: u64) -> String {
     cluster
-        .nodes
+        .nodes()
         .iter()
         .find(|n| n.id == id)
         .map(|n| n.client_addr())

@@ -251,7 +251,7 @@ async fn grow_replace_and_shrink_under_load() {
     let new_leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
     assert_ne!(new_leader, leader);
     let other = cluster
-        .nodes
+        .nodes()
         .iter()
         .map(|n| n.id)
         .find(|id| *id != new_leader)

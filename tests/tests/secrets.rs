@@ -86,7 +86,7 @@ async fn a_nodes_data_dir_is_private_to_its_owner() {
     client.describe("private-0").await.unwrap();
     let mut checked = 0;
     let mut stack: Vec<std::path::PathBuf> =
-        cluster.nodes.iter().map(|n| n.data_dir.clone()).collect();
+        cluster.nodes().iter().map(|n| n.data_dir.clone()).collect();
     while let Some(path) = stack.pop() {
         let meta = std::fs::metadata(&path).unwrap();
         let mode = meta.permissions().mode() & 0o777;

@@ -96,7 +96,7 @@ async fn a_node_whose_disk_fills_exits_74_and_keeps_every_acknowledged_grant() {
         return;
     }
     let mut cluster = Cluster::stopped(3, &[]);
-    let data = cluster.nodes[0].data_dir.clone();
+    let data = cluster.nodes()[0].data_dir.clone();
     let _tmpfs = Tmpfs::mount(&data, "16m");
     cluster.start_all().await;
 

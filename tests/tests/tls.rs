@@ -60,7 +60,7 @@ async fn a_tls_cluster_elects_grants_and_survives_a_leader_kill() {
     // without them a TLS port does not answer it.
     let (cert, key) = cluster.pki.as_ref().unwrap().node(follower);
     let ca = cluster.pki.as_ref().unwrap().ca();
-    let node = &cluster.nodes[(follower - 1) as usize];
+    let node = &cluster.nodes()[(follower - 1) as usize];
     for port in [node.client_port, node.peer_port] {
         let check = |tls: bool| {
             let mut cmd = Command::new(bin("fenced"));
@@ -243,7 +243,7 @@ async fn the_peer_port_admits_member_nodes_only() {
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     cluster.wait_for_convergence(Duration::from_secs(10)).await;
     let before = state(&cluster).await;
-    let peer_addr = format!("127.0.0.1:{}", cluster.nodes[0].peer_port);
+    let peer_addr = format!("127.0.0.1:{}", cluster.nodes()[0].peer_port);
 
     // Control: a member's certificate is let in and the connection waits
     // for frames.
@@ -306,7 +306,7 @@ async fn plaintext_to_a_tls_port_is_refused() {
     );
     // A Raft preface and frame in clear on the peer port: the node answers
     // with a TLS alert at most, never a Raft reply, and closes.
-    let mut tcp = TcpStream::connect(("127.0.0.1", cluster.nodes[0].peer_port))
+    let mut tcp = TcpStream::connect(("127.0.0.1", cluster.nodes()[0].peer_port))
         .await
         .unwrap();
     let mut bytes = PREFACE.to_vec();
@@ -491,7 +491,7 @@ async fn a_node_removed_from_the_membership_is_refused_on_the_peer_port() {
     let pki = cluster.pki.clone().unwrap();
     // A Raft connection node 3 holds open while it is removed.
     let (cert, key) = pki.node(3);
-    let peer_addr = format!("127.0.0.1:{}", cluster.nodes[0].peer_port);
+    let peer_addr = format!("127.0.0.1:{}", cluster.nodes()[0].peer_port);
     let mut held = tls_connect(&peer_addr, &pki.ca(), &cert, &key)
         .await
         .expect("a member's handshake");
@@ -605,7 +605,7 @@ async fn a_client_certificate_is_an_identity_the_policy_grants_by_prefix() {
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     for node in [leader, follower] {
-        let addr = cluster.nodes[(node - 1) as usize].client_addr();
+        let addr = cluster.nodes()[(node - 1) as usize].client_addr();
         let alice =
             Client::with_tls([addr.clone()], Some(&pki.client_options(Some("alice")))).unwrap();
         granted(&alice, &format!("orders/{node}")).await;

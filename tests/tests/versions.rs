@@ -36,7 +36,7 @@ fn copy_dir(from: &Path, to: &Path) {
 /// A one-node cluster whose node starts from the fixture's data directory.
 fn from_fixture() -> Cluster {
     let cluster = Cluster::stopped(1, &[]);
-    copy_dir(&fixture().join("data"), &cluster.nodes[0].data_dir);
+    copy_dir(&fixture().join("data"), &cluster.nodes()[0].data_dir);
     cluster
 }
 
@@ -98,7 +98,7 @@ async fn regenerate_the_v1_fixture() {
     cluster.terminate(1, Duration::from_secs(10)).unwrap();
     let data = fixture().join("data");
     let _ = std::fs::remove_dir_all(&data);
-    copy_dir(&cluster.nodes[0].data_dir, &data);
+    copy_dir(&cluster.nodes()[0].data_dir, &data);
     let expected =
         json!({"held": [leases[0], leases[1]], "released": leases[2], "last_token": last});
     std::fs::write(
@@ -167,7 +167,7 @@ async fn a_backup_of_this_release_restores() {
         .args(["restore", "--from"])
         .arg(fixture().join("backup.fncd"))
         .arg("--data-dir")
-        .arg(&cluster.nodes[0].data_dir)
+        .arg(&cluster.nodes()[0].data_dir)
         .args([
             "--node-id",
             "1",
@@ -200,7 +200,7 @@ async fn a_backup_of_this_release_restores() {
 /// it refused to start.
 fn refusal(damage: impl FnOnce(&Path)) -> String {
     let mut cluster = from_fixture();
-    damage(&cluster.nodes[0].data_dir);
+    damage(&cluster.nodes()[0].data_dir);
     cluster.spawn(1);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

@@ -1,23 +1,15 @@
-//! Starting and stopping the clusters under test, and reading their CPU time
-//! and memory from /proc.
+//! Starting and stopping the systems under test (fenced through
+//! fenced-testkit; etcd and PostgreSQL here), and reading their CPU time and
+//! memory from /proc.
 
 use std::{
     fs::File,
-    net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
-
-/// A free loopback port (bound, then released).
-pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")
-        .context("binding a loopback port")?
-        .local_addr()?
-        .port())
-}
+use fenced_testkit::{free_port, Cluster, ClusterSpec};
 
 /// A process this benchmark started; killed when dropped.
 pub struct Proc {
@@ -39,26 +31,6 @@ impl Proc {
 
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
-    }
-
-    /// SIGTERM, then wait up to `grace` for the process to exit (SIGKILL
-    /// after that). Returns how it ended and how long it took.
-    pub fn terminate(&mut self, grace: Duration) -> Result<(std::process::ExitStatus, Duration)> {
-        let mut child = self.child.take().context("the process is not running")?;
-        let started = Instant::now();
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).context("pid")?);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).context("SIGTERM")?;
-        loop {
-            if let Some(status) = child.try_wait()? {
-                return Ok((status, started.elapsed()));
-            }
-            if started.elapsed() > grace {
-                child.kill()?;
-                let status = child.wait()?;
-                bail!("did not exit within {grace:?} of SIGTERM ({status}); killed");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
     }
 
     /// SIGKILL and reap.
@@ -141,54 +113,64 @@ pub fn cpu_micros(pids: &[u32], ticks_per_second: u64) -> u64 {
 
 /// Resident memory of a process in bytes.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    fenced_testkit::status_kib(pid, "VmRSS").map(|kib| kib * 1024)
 }
 
 /// Peak resident memory of a process in bytes (VmHWM).
 pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    fenced_testkit::status_kib(pid, "VmHWM").map(|kib| kib * 1024)
 }
 
-/// One node's addresses and process.
-pub struct Member {
-    pub id: u64,
-    pub client_port: u16,
-    pub peer_port: u16,
-    pub data_dir: PathBuf,
-    pub proc: Option<Proc>,
+/// A three-node fenced cluster of the binary `bin` (a release build) in
+/// `dir/fenced`; with `tls`, certificates made by `fenced certs` there and
+/// every client of the run over TLS.
+pub fn fenced_cluster(bin: &Path, dir: &Path, tls: bool) -> Result<Cluster> {
+    let dir = dir.join("fenced");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut spec = ClusterSpec::loopback(bin, &dir, 3)?;
+    spec.set_env("FENCED_LOG", "warn");
+    // S4 holds 100,000 leases while S2 takes more: the table-wide bound
+    // (default 100,000) is not what is measured.
+    spec.settings.max_live_leases = Some(1_000_000);
+    if tls {
+        spec = spec.with_tls(&dir.join("pki"), "bench")?;
+        if let Some(t) = &spec.tls {
+            crate::systems::use_fenced_tls(t.pki.client_options(Some("bench"))?);
+        }
+    }
+    Ok(Cluster::new(spec))
+}
+
+/// One etcd member's addresses and process.
+struct Member {
+    id: u64,
+    client_port: u16,
+    peer_port: u16,
+    data_dir: PathBuf,
+    proc: Option<Proc>,
 }
 
 impl Member {
-    pub fn client_addr(&self) -> String {
+    fn client_addr(&self) -> String {
         format!("127.0.0.1:{}", self.client_port)
     }
 }
 
-/// Three members of fenced or etcd on loopback, started by the benchmark.
-pub struct LocalCluster {
-    pub kind: &'static str,
-    pub members: Vec<Member>,
-    pub dir: PathBuf,
+/// A three-member etcd cluster on loopback, started by the benchmark (etcd
+/// fsyncs its WAL by default).
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    dir: PathBuf,
     bin: PathBuf,
     initial: String,
-    /// With TLS: the directory of `fenced certs` output.
-    pki: Option<PathBuf>,
-    /// Environment every node starts with, after the defaults.
-    env: Vec<(String, String)>,
 }
 
-impl LocalCluster {
-    fn new(kind: &'static str, bin: PathBuf, dir: &Path, n: u64) -> Result<LocalCluster> {
-        let dir = dir.join(kind);
+impl EtcdCluster {
+    pub fn new(bin: PathBuf, dir: &Path) -> Result<EtcdCluster> {
+        let dir = dir.join("etcd");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut members = Vec::new();
-        for id in 1..=n {
+        for id in 1..=3 {
             members.push(Member {
                 id,
                 client_port: free_port()?,
@@ -197,79 +179,16 @@ impl LocalCluster {
                 proc: None,
             });
         }
-        Ok(LocalCluster {
-            kind,
-            members,
-            dir,
-            bin,
-            initial: String::new(),
-            pki: None,
-            env: Vec::new(),
-        })
-    }
-
-    /// A three-node fenced cluster of the binary `bin` (a release build).
-    pub fn fenced(bin: PathBuf, dir: &Path) -> Result<LocalCluster> {
-        let mut c = Self::new("fenced", bin, dir, 3)?;
-        c.initial = c
-            .members
-            .iter()
-            .map(|m| {
-                format!(
-                    "{}=127.0.0.1:{}/127.0.0.1:{}",
-                    m.id, m.peer_port, m.client_port
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(",");
-        Ok(c)
-    }
-
-    /// A three-member etcd cluster (etcd fsyncs its WAL by default).
-    pub fn etcd(bin: PathBuf, dir: &Path) -> Result<LocalCluster> {
-        let mut c = Self::new("etcd", bin, dir, 3)?;
-        c.initial = c
-            .members
+        let initial = members
             .iter()
             .map(|m| format!("e{}=http://127.0.0.1:{}", m.id, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
-        Ok(c)
-    }
-
-    /// Makes a CA, a certificate per node and one for the benchmark's
-    /// clients with `fenced certs`; the nodes start with TLS on both ports.
-    /// Returns the clients' options.
-    pub fn use_tls(&mut self) -> Result<fenced_client::TlsOptions> {
-        let pki = self.dir.join("pki");
-        let certs = |args: &[&str]| -> Result<()> {
-            let out = Command::new(&self.bin)
-                .arg("certs")
-                .args(args)
-                .arg("--dir")
-                .arg(&pki)
-                .output()
-                .context("running fenced certs")?;
-            if !out.status.success() {
-                bail!(
-                    "fenced certs {args:?}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            Ok(())
-        };
-        if !pki.join("ca.pem").exists() {
-            certs(&["ca"])?;
-            for m in &self.members {
-                certs(&["node", "--id", &m.id.to_string(), "--host", "127.0.0.1"])?;
-            }
-            certs(&["client", "--name", "bench"])?;
-        }
-        self.pki = Some(pki.clone());
-        Ok(fenced_client::TlsOptions {
-            ca: Some(pki.join("ca.pem")),
-            cert: Some(pki.join("client-bench.pem")),
-            key: Some(pki.join("client-bench-key.pem")),
+        Ok(EtcdCluster {
+            members,
+            dir,
+            bin,
+            initial,
         })
     }
 
@@ -284,89 +203,56 @@ impl LocalCluster {
             .collect()
     }
 
+    /// The member whose client address is `addr`.
+    pub fn id_at(&self, addr: &str) -> Option<u64> {
+        self.members
+            .iter()
+            .find(|m| m.client_addr() == addr)
+            .map(|m| m.id)
+    }
+
     /// Starts member `id` (again, with the same arguments).
     pub fn spawn(&mut self, id: u64) -> Result<()> {
-        let kind = self.kind;
-        let bin = self.bin.clone();
-        let initial = self.initial.clone();
-        let dir = self.dir.clone();
-        let pki = self.pki.clone();
+        let log = self.dir.join(format!("node{id}.log"));
+        let (bin, initial) = (self.bin.clone(), self.initial.clone());
         let m = self
             .members
             .iter_mut()
             .find(|m| m.id == id)
             .with_context(|| format!("no member {id}"))?;
-        let log = dir.join(format!("node{id}.log"));
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        // A restarted member finds its data dir and ignores the
+        // initial-cluster flags.
         let mut cmd = Command::new(&bin);
-        match kind {
-            "fenced" => {
-                cmd.args([
-                    "run",
-                    "--id",
-                    &id.to_string(),
-                    "--data-dir",
-                    &m.data_dir.display().to_string(),
-                    "--listen",
-                    &format!("127.0.0.1:{}", m.client_port),
-                    "--peer-listen",
-                    &format!("127.0.0.1:{}", m.peer_port),
-                    "--initial-cluster",
-                    &initial,
-                ])
-                .env("FENCED_LOG", "warn")
-                // S4 holds 100,000 leases while S2 takes more: the table-wide
-                // bound (default 100,000) is not what is measured.
-                .env("FENCED_MAX_LIVE_LEASES", "1000000");
-                if let Some(pki) = &pki {
-                    cmd.env("FENCED_TLS_CERT", pki.join(format!("node-{id}.pem")))
-                        .env("FENCED_TLS_KEY", pki.join(format!("node-{id}-key.pem")))
-                        .env("FENCED_TLS_CA", pki.join("ca.pem"));
-                }
-            }
-            _ => {
-                let client = format!("http://127.0.0.1:{}", m.client_port);
-                let peer = format!("http://127.0.0.1:{}", m.peer_port);
-                // A restarted member finds its data dir and ignores the
-                // initial-cluster flags.
-                cmd.args([
-                    "--name",
-                    &format!("e{id}"),
-                    "--data-dir",
-                    &m.data_dir.display().to_string(),
-                    "--listen-client-urls",
-                    &client,
-                    "--advertise-client-urls",
-                    &client,
-                    "--listen-peer-urls",
-                    &peer,
-                    "--initial-advertise-peer-urls",
-                    &peer,
-                    "--initial-cluster",
-                    &initial,
-                    "--initial-cluster-state",
-                    "new",
-                    "--initial-cluster-token",
-                    "fenced-bench",
-                    "--log-level",
-                    "warn",
-                ]);
-            }
-        }
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        m.proc = Some(Proc::spawn(&format!("{kind} {id}"), &mut cmd, &log)?);
+        cmd.args([
+            "--name",
+            &format!("e{id}"),
+            "--data-dir",
+            &m.data_dir.display().to_string(),
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+            "--initial-cluster",
+            &initial,
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            "fenced-bench",
+            "--log-level",
+            "warn",
+        ]);
+        m.proc = Some(Proc::spawn(&format!("etcd {id}"), &mut cmd, &log)?);
         Ok(())
     }
 
-    /// Sets `key` in the environment of every node started from now on.
-    pub fn set_env(&mut self, key: &str, value: &str) {
-        self.env.push((key.to_string(), value.to_string()));
-    }
-
     pub fn start_all(&mut self) -> Result<()> {
-        let ids: Vec<u64> = self.members.iter().map(|m| m.id).collect();
-        for id in ids {
+        for id in 1..=3 {
             self.spawn(id)?;
         }
         Ok(())
@@ -380,44 +266,72 @@ impl LocalCluster {
         }
     }
 
-    /// SIGTERM to member `id`; see [`Proc::terminate`].
-    pub fn terminate(
-        &mut self,
-        id: u64,
-        grace: Duration,
-    ) -> Result<(std::process::ExitStatus, Duration)> {
-        let m = self
-            .members
-            .iter_mut()
-            .find(|m| m.id == id)
-            .with_context(|| format!("no member {id}"))?;
-        m.proc
-            .as_mut()
-            .with_context(|| format!("member {id} is not running"))?
-            .terminate(grace)
+    pub fn log_tail(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| {
+                let log = self.dir.join(format!("node{}.log", m.id));
+                format!(
+                    "--- etcd {} ---\n{}",
+                    m.id,
+                    fenced_testkit::log_tail(&log, 8)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// A cluster the benchmark started for a system.
+pub enum Started {
+    /// Boxed: a spec carries every node's settings.
+    Fenced(Box<Cluster>),
+    Etcd(EtcdCluster),
+}
+
+impl Started {
+    pub fn pids(&self) -> Vec<u32> {
+        match self {
+            Started::Fenced(c) => c.pids(),
+            Started::Etcd(c) => c.pids(),
+        }
+    }
+
+    pub fn id_at(&self, addr: &str) -> Option<u64> {
+        match self {
+            Started::Fenced(c) => c.id_at(addr),
+            Started::Etcd(c) => c.id_at(addr),
+        }
+    }
+
+    /// `kill -9` member `id`.
+    pub fn kill(&mut self, id: u64) -> Result<()> {
+        match self {
+            Started::Fenced(c) => {
+                c.kill(id)?;
+            }
+            Started::Etcd(c) => c.kill(id),
+        }
+        Ok(())
+    }
+
+    /// Starts member `id` again.
+    pub fn spawn(&mut self, id: u64) -> Result<()> {
+        match self {
+            Started::Fenced(c) => c.start(id),
+            Started::Etcd(c) => c.spawn(id),
+        }
     }
 
     pub fn kill_all(&mut self) {
-        for m in &mut self.members {
-            if let Some(mut p) = m.proc.take() {
-                p.kill();
+        match self {
+            Started::Fenced(c) => c.kill_all(),
+            Started::Etcd(c) => {
+                for id in 1..=3 {
+                    c.kill(id);
+                }
             }
         }
-    }
-
-    pub fn log_tail(&self) -> String {
-        let mut out = String::new();
-        for m in &self.members {
-            let text = std::fs::read_to_string(self.dir.join(format!("node{}.log", m.id)))
-                .unwrap_or_default();
-            let lines: Vec<&str> = text.lines().rev().take(8).collect();
-            out.push_str(&format!("--- {} {} ---\n", self.kind, m.id));
-            for l in lines.into_iter().rev() {
-                out.push_str(l);
-                out.push('\n');
-            }
-        }
-        out
     }
 }
 

@@ -9,7 +9,7 @@ use std::{
 };
 
 use clap::Args;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     membership::Join,
@@ -20,7 +20,7 @@ use crate::{
 
 /// `fenced run` settings. Every one may also come from the TOML file given
 /// by `--config` (same names, with `_` instead of `-`).
-#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunSettings {
     /// This node's id (>= 1), unique in the cluster.
@@ -162,79 +162,58 @@ pub struct RunSettings {
     /// Require a client certificate signed by --tls-ca on the client port
     /// (it is optional there otherwise; the peer port always requires one).
     #[arg(long, env = "FENCED_CLIENT_CERT_AUTH")]
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_off")]
     pub client_cert_auth: bool,
     /// Serve `/metrics` over HTTPS with the node's certificate (client
     /// certificates optional); needs --tls-cert, --tls-key and --tls-ca.
     #[arg(long, env = "FENCED_METRICS_TLS")]
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_off")]
     pub metrics_tls: bool,
     /// Serve plaintext on a non-loopback address (refused otherwise);
     /// anyone who reaches the ports can then rewrite the lease table.
     #[arg(long, env = "FENCED_INSECURE")]
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_off")]
     pub insecure: bool,
 }
 
 impl RunSettings {
-    /// Fills what flags and environment left unset from `file`.
-    pub fn or_file(self, file: RunSettings) -> RunSettings {
-        RunSettings {
-            id: self.id.or(file.id),
-            data_dir: self.data_dir.or(file.data_dir),
-            listen: self.listen.or(file.listen),
-            peer_listen: self.peer_listen.or(file.peer_listen),
-            initial_cluster: self.initial_cluster.or(file.initial_cluster),
-            join: self.join.or(file.join),
-            advertise_peer: self.advertise_peer.or(file.advertise_peer),
-            advertise_client: self.advertise_client.or(file.advertise_client),
-            ttl_min_ms: self.ttl_min_ms.or(file.ttl_min_ms),
-            ttl_max_ms: self.ttl_max_ms.or(file.ttl_max_ms),
-            wait_max_ms: self.wait_max_ms.or(file.wait_max_ms),
-            election_timeout_ms: self.election_timeout_ms.or(file.election_timeout_ms),
-            heartbeat_ms: self.heartbeat_ms.or(file.heartbeat_ms),
-            snapshot_logs: self.snapshot_logs.or(file.snapshot_logs),
-            max_pending: self.max_pending.or(file.max_pending),
-            max_batch: self.max_batch.or(file.max_batch),
-            max_parked: self.max_parked.or(file.max_parked),
-            request_timeout_ms: self.request_timeout_ms.or(file.request_timeout_ms),
-            metrics_listen: self.metrics_listen.or(file.metrics_listen),
-            max_connections: self.max_connections.or(file.max_connections),
-            max_concurrent_streams: self.max_concurrent_streams.or(file.max_concurrent_streams),
-            http2_keepalive_interval_ms: self
-                .http2_keepalive_interval_ms
-                .or(file.http2_keepalive_interval_ms),
-            http2_keepalive_timeout_ms: self
-                .http2_keepalive_timeout_ms
-                .or(file.http2_keepalive_timeout_ms),
-            idle_timeout_ms: self.idle_timeout_ms.or(file.idle_timeout_ms),
-            max_live_leases: self.max_live_leases.or(file.max_live_leases),
-            max_waiters: self.max_waiters.or(file.max_waiters),
-            max_snapshot_bytes: self.max_snapshot_bytes.or(file.max_snapshot_bytes),
-            kv_max_keys: self.kv_max_keys.or(file.kv_max_keys),
-            kv_max_total_bytes: self.kv_max_total_bytes.or(file.kv_max_total_bytes),
-            test_clock_skew_ppm: self.test_clock_skew_ppm.or(file.test_clock_skew_ppm),
-            auth_tokens: self.auth_tokens.or(file.auth_tokens),
-            auth_policy: self.auth_policy.or(file.auth_policy),
-            max_leases_per_identity: self
-                .max_leases_per_identity
-                .or(file.max_leases_per_identity),
-            max_waiters_per_identity: self
-                .max_waiters_per_identity
-                .or(file.max_waiters_per_identity),
-            history_per_resource: self.history_per_resource.or(file.history_per_resource),
-            max_watchers: self.max_watchers.or(file.max_watchers),
-            max_watchers_per_identity: self
-                .max_watchers_per_identity
-                .or(file.max_watchers_per_identity),
-            watch_buffer: self.watch_buffer.or(file.watch_buffer),
-            tls_cert: self.tls_cert.or(file.tls_cert),
-            tls_key: self.tls_key.or(file.tls_key),
-            tls_ca: self.tls_ca.or(file.tls_ca),
-            client_cert_auth: self.client_cert_auth || file.client_cert_auth,
-            insecure: self.insecure || file.insecure,
-            metrics_tls: self.metrics_tls || file.metrics_tls,
+    /// Fills what flags and environment left unset from `file`. Every
+    /// setting merges alike: a value given wins, one left unset (a switch
+    /// left off) takes the file's.
+    pub fn or_file(self, file: RunSettings) -> Result<RunSettings, String> {
+        let mut merged = file.to_table()?;
+        merged.extend(self.to_table()?);
+        merged.try_into().map_err(|e| format!("settings: {e}"))
+    }
+
+    /// The settings given (a switch only when on), by config-file key.
+    fn to_table(&self) -> Result<toml::Table, String> {
+        toml::Table::try_from(self).map_err(|e| format!("settings: {e}"))
+    }
+
+    /// The `fenced run` flags that give these settings: what a launcher
+    /// passes to start a node with them. Flag names come from the same
+    /// declarations as `fenced run`'s own (the config-file key with `-`).
+    pub fn to_args(&self) -> Result<Vec<String>, String> {
+        let command = <Self as clap::Args>::augment_args(clap::Command::new("fenced run"));
+        let mut args = Vec::new();
+        for (key, value) in self.to_table()? {
+            let flag = command
+                .get_arguments()
+                .find(|a| a.get_id().as_str() == key)
+                .and_then(clap::Arg::get_long)
+                .ok_or_else(|| format!("{key}: no flag of `fenced run` gives it"))?;
+            match value {
+                toml::Value::Boolean(true) => args.push(format!("--{flag}")),
+                toml::Value::Boolean(false) => {}
+                // One argument with `=`: a negative number is not taken
+                // for a flag.
+                toml::Value::String(s) => args.push(format!("--{flag}={s}")),
+                toml::Value::Integer(i) => args.push(format!("--{flag}={i}")),
+                other => return Err(format!("{key}: {other:?} is not a flag value")),
+            }
         }
+        Ok(args)
     }
 
     /// Reads a TOML settings file.
@@ -492,6 +471,11 @@ impl RunSettings {
     }
 }
 
+/// A switch left off is not written (so a file's `true` is not undone).
+fn is_off(on: &bool) -> bool {
+    !*on
+}
+
 /// All three files or none; `client_cert_auth` needs them.
 fn tls_settings(
     cert: Option<PathBuf>,
@@ -721,9 +705,97 @@ mod tests {
             ..Default::default()
         };
         let file: RunSettings = toml::from_str("id = 1\ndata_dir = \"/var/lib/fenced\"").unwrap();
-        let merged = flags.or_file(file);
+        let merged = flags.or_file(file).unwrap();
         assert_eq!(merged.id, Some(2));
         assert_eq!(merged.data_dir, Some(PathBuf::from("/var/lib/fenced")));
+    }
+
+    /// `fenced run` parsing `args` (no environment involved: every flag given).
+    fn parse_run(args: &[String]) -> RunSettings {
+        use clap::FromArgMatches;
+        let command = <RunSettings as clap::Args>::augment_args(clap::Command::new("run"));
+        let matches = command
+            .try_get_matches_from(std::iter::once("run".to_string()).chain(args.iter().cloned()))
+            .unwrap();
+        RunSettings::from_arg_matches(&matches).unwrap()
+    }
+
+    /// Every setting given, each as the value 7 (a number, a path and an
+    /// address alike parse from it), `join` and `initial_cluster` in turn.
+    fn every_setting(skip: &str) -> Vec<String> {
+        let command = <RunSettings as clap::Args>::augment_args(clap::Command::new("run"));
+        let mut args = Vec::new();
+        for arg in command.get_arguments().filter(|a| a.get_id() != skip) {
+            args.push(format!("--{}", arg.get_long().unwrap()));
+            if arg.get_action().takes_values() {
+                args.push("7".into());
+            }
+        }
+        args
+    }
+
+    #[test]
+    fn each_setting_has_one_name_as_flag_variable_and_file_key() {
+        let command = <RunSettings as clap::Args>::augment_args(clap::Command::new("run"));
+        let mut n = 0;
+        for arg in command.get_arguments() {
+            let key = arg.get_id().as_str();
+            assert_eq!(arg.get_long(), Some(key.replace('_', "-").as_str()));
+            let env = arg.get_env().unwrap().to_str().unwrap();
+            assert_eq!(env, format!("FENCED_{}", key.to_ascii_uppercase()));
+            n += 1;
+        }
+        // Every flag is a file key: the settings with all given, as a file.
+        for skip in ["join", "initial_cluster"] {
+            let all = parse_run(&every_setting(skip));
+            let table = all.to_table().unwrap();
+            assert_eq!(table.len(), n - 1, "{table:?}");
+            let file: RunSettings = table.try_into().unwrap();
+            assert_eq!(file, all);
+        }
+    }
+
+    #[test]
+    fn a_launcher_gets_back_every_setting_from_its_flags() {
+        for skip in ["join", "initial_cluster"] {
+            let all = parse_run(&every_setting(skip));
+            assert!(all.id == Some(7) && all.insecure && all.data_dir.is_some());
+            assert_eq!(parse_run(&all.to_args().unwrap()), all);
+        }
+        let few = RunSettings {
+            id: Some(2),
+            listen: Some("127.0.0.1:7102".into()),
+            max_batch: Some(16),
+            ..Default::default()
+        };
+        assert_eq!(
+            few.to_args().unwrap(),
+            ["--id=2", "--listen=127.0.0.1:7102", "--max-batch=16"]
+        );
+        let skewed = RunSettings {
+            test_clock_skew_ppm: Some(-20_000),
+            initial_cluster: Some("1=127.0.0.1:7201/127.0.0.1:7101".into()),
+            ..Default::default()
+        };
+        assert_eq!(parse_run(&skewed.to_args().unwrap()), skewed);
+        assert!(RunSettings::default().to_args().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_switch_left_off_keeps_the_files() {
+        let file: RunSettings = toml::from_str(
+            "insecure = true
+max_batch = 8",
+        )
+        .unwrap();
+        let merged = RunSettings {
+            max_batch: Some(9),
+            ..Default::default()
+        }
+        .or_file(file)
+        .unwrap();
+        assert!(merged.insecure);
+        assert_eq!(merged.max_batch, Some(9));
     }
 
     #[test]
@@ -876,7 +948,7 @@ mod tests {
              max_waiters = 600\nidle_timeout_ms = 60000\nmax_snapshot_bytes = 2097152",
         )
         .unwrap();
-        let cfg = base().or_file(file).into_node_config().unwrap();
+        let cfg = base().or_file(file).unwrap().into_node_config().unwrap();
         assert_eq!(cfg.server_limits.max_connections, 100);
         assert_eq!(cfg.server_limits.max_concurrent_streams, 10);
         assert_eq!(cfg.server_limits.idle_timeout, Duration::from_secs(60));

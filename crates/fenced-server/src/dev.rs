@@ -22,8 +22,9 @@ use tokio::sync::mpsc;
 use tracing_subscriber::fmt::MakeWriter;
 
 use crate::{
+    config::RunSettings,
     node::{failed_path, Listeners, NodeConfig, RunningNode},
-    types::{Node, NodeId, Raft},
+    types::{NodeId, Raft},
 };
 
 /// The node counts `fenced dev` runs: odd, so that every majority is clear.
@@ -72,33 +73,28 @@ pub fn layout(dir: &Path, nodes: u8, base_port: u16) -> Vec<DevNode> {
         .collect()
 }
 
-/// The node configurations of `layout`.
+/// The node configurations of `layout`: each node's settings as `fenced
+/// run` would take them, checked the same way.
 pub fn configs(layout: &[DevNode]) -> Result<Vec<NodeConfig>, String> {
-    let members: BTreeMap<NodeId, Node> = layout
+    let initial_cluster = layout
         .iter()
-        .map(|n| {
-            (
-                n.id,
-                Node {
-                    peer_addr: n.peer.clone(),
-                    client_addr: n.client.clone(),
-                },
-            )
-        })
-        .collect();
-    let addr = |a: &str| a.parse().map_err(|e| format!("{a}: {e}"));
+        .map(|n| format!("{}={}/{}", n.id, n.peer, n.client))
+        .collect::<Vec<_>>()
+        .join(",");
     layout
         .iter()
         .map(|n| {
-            let mut cfg = NodeConfig::new(
-                n.id,
-                n.data_dir.clone(),
-                addr(&n.client)?,
-                addr(&n.peer)?,
-                members.clone(),
-            );
-            cfg.metrics_listen = Some(addr(&n.metrics)?);
-            Ok(cfg)
+            RunSettings {
+                id: Some(n.id),
+                data_dir: Some(n.data_dir.clone()),
+                listen: Some(n.client.clone()),
+                peer_listen: Some(n.peer.clone()),
+                initial_cluster: Some(initial_cluster.clone()),
+                metrics_listen: Some(n.metrics.clone()),
+                ..RunSettings::default()
+            }
+            .into_node_config()
+            .map_err(|e| format!("node {}: {e}", n.id))
         })
         .collect()
 }

@@ -452,7 +452,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         }
         Command::Run { config, settings } => {
             let settings = match config {
-                Some(path) => settings.or_file(RunSettings::from_file(&path)?),
+                Some(path) => settings.or_file(RunSettings::from_file(&path)?)?,
                 None => *settings,
             };
             settings.into_node_config()?

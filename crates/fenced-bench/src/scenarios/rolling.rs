@@ -20,7 +20,13 @@ use fenced_bench::check::TokenLedger;
 use fenced_client::{AcquireOutcome, Client};
 use fenced_core::OwnerId;
 
-use crate::{procs::LocalCluster, scenarios::nonce, systems::fenced_client};
+use super::Ctx;
+use crate::{
+    load::nonce,
+    procs::Started,
+    systems::{fenced_client, Kind},
+};
+use fenced_testkit::Cluster;
 
 /// What one rolling restart showed.
 pub struct RollingReport {
@@ -52,11 +58,63 @@ impl GrantClock {
     }
 }
 
+pub async fn run(cx: &mut Ctx<'_>) -> Result<()> {
+    if cx.kind != Kind::Fenced {
+        return Ok(());
+    }
+    let Some(Started::Fenced(cluster)) = cx.sut.cluster.as_mut() else {
+        return Ok(());
+    };
+    let (args, table, out) = (cx.args, &mut *cx.table, &mut *cx.out);
+    let ledger = &cx.ledger;
+    let r = rolling_restart(
+        cluster,
+        args.rolling_clients,
+        Duration::from_secs(1),
+        ledger,
+    )
+    .await?;
+    for (id, stopped, back) in &r.restarts {
+        println!(
+        "[fenced] rolling restart: node {id} exited {:.0} ms after SIGTERM, caught up {:.0} ms after its start",
+        stopped.as_secs_f64() * 1e3,
+        back.as_secs_f64() * 1e3
+    );
+    }
+    let gap_ms = r.longest_gap.as_secs_f64() * 1e3;
+    println!(
+    "[fenced] rolling restart of {} nodes, {} clients listing every endpoint: {} grants, longest gap between grants {gap_ms:.0} ms (target under 1000 ms), {} calls failed after the client's retries (target 0)",
+    r.restarts.len(),
+    args.rolling_clients,
+    r.grants,
+    r.errors
+);
+    table.put(
+        "Rolling restart: longest gap between grants (ms)",
+        Kind::Fenced,
+        gap_ms,
+        false,
+    );
+    table.put(
+        "Rolling restart: calls failed after retries",
+        Kind::Fenced,
+        r.errors as f64,
+        false,
+    );
+    if r.errors > 0 {
+        out.failures.push(format!(
+            "rolling restart: {} calls failed after the client's retries; first: {:?}",
+            r.errors, r.first_errors
+        ));
+    }
+    Ok(())
+}
+
 /// Restarts every node of `cluster` in turn (ids in order, whichever
 /// leads) while `clients` clients cycle acquire and release; `settle` is
 /// the pause after a node caught up before the next is stopped.
-pub async fn rolling_restart(
-    cluster: &mut LocalCluster,
+async fn rolling_restart(
+    cluster: &mut Cluster,
     clients: usize,
     settle: Duration,
     ledger: &Arc<TokenLedger>,
@@ -97,7 +155,7 @@ pub async fn rolling_restart(
     *clock.last.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
     clock.longest_us.store(0, Relaxed);
     let mut restarts = Vec::new();
-    let ids: Vec<u64> = cluster.members.iter().map(|m| m.id).collect();
+    let ids = cluster.ids();
     for id in ids {
         let (status, stopped_in) =
             tokio::task::block_in_place(|| cluster.terminate(id, Duration::from_secs(10)))
@@ -106,7 +164,7 @@ pub async fn rolling_restart(
             bail!("node {id} exited with {status} after SIGTERM");
         }
         let started = Instant::now();
-        cluster.spawn(id)?;
+        cluster.start(id)?;
         caught_up(&endpoints, id, Duration::from_secs(30)).await?;
         restarts.push((id, stopped_in, started.elapsed()));
         tokio::time::sleep(settle).await;

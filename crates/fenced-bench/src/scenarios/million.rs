@@ -15,9 +15,11 @@ use fenced_client::{AcquireOutcome, Client};
 use fenced_core::OwnerId;
 use fenced_proto::v1::TokenState;
 
+use super::Ctx;
 use crate::{
-    procs::{self, LocalCluster},
-    scenarios, systems,
+    load as scenarios, procs,
+    sut::fenced_bin,
+    systems::{self, Kind},
 };
 
 /// Every this many leases filled, one is kept as a sample to check after
@@ -53,23 +55,94 @@ fn list(v: &[f64]) -> String {
         .join("/")
 }
 
+pub async fn run(cx: &mut Ctx<'_>) -> Result<()> {
+    if cx.kind != Kind::Fenced || !cx.args.fenced_endpoints.is_empty() {
+        return Ok(());
+    }
+    if let Some(c) = cx.sut.cluster.as_mut() {
+        c.kill_all();
+    }
+    let (args, table) = (cx.args, &mut *cx.table);
+    let out = &mut *cx.out;
+    let n = usize::try_from(args.million_leases)?;
+    let clients = usize::try_from(args.million_clients)?;
+    let f = measure(&fenced_bin(args)?, cx.dir, n, clients).await?;
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    table.put(
+        &format!("million: fill {n} leases (s)"),
+        Kind::Fenced,
+        f.fill_s,
+        false,
+    );
+    table.put(
+        &format!("million: max node RSS with {n} leases (MB)"),
+        Kind::Fenced,
+        max(&f.rss_mb),
+        false,
+    );
+    table.put(
+        "million: max node peak RSS (MB)",
+        Kind::Fenced,
+        max(&f.peak_rss_mb),
+        false,
+    );
+    table.put(
+        "million: SIGTERM of the three nodes (s)",
+        Kind::Fenced,
+        f.shutdown_s,
+        false,
+    );
+    table.put(
+        "million: restart to serving (s)",
+        Kind::Fenced,
+        f.serving_s,
+        false,
+    );
+    table.put(
+        "million: restart to every node loaded (s)",
+        Kind::Fenced,
+        f.all_loaded_s,
+        false,
+    );
+    table.put(
+        "million: max node RSS after restart (MB)",
+        Kind::Fenced,
+        max(&f.rss_after_restart_mb),
+        false,
+    );
+    if max(&f.rss_mb) > 400.0 {
+        out.failures.push(format!(
+            "million: a node used {:.1} MB with {} leases (target 400 MB)",
+            max(&f.rss_mb),
+            f.leases
+        ));
+    }
+    if f.serving_s > 5.0 {
+        out.failures.push(format!(
+            "million: the restarted cluster served after {:.3} s (target 5 s)",
+            f.serving_s
+        ));
+    }
+    Ok(())
+}
+
 /// Fills a fresh cluster of `bin` with `n` live leases from `clients`
 /// clients, measures each node's memory, restarts every node (SIGTERM,
 /// then start) and times until the cluster serves again: a new grant
 /// succeeds and a sampled lease is described as held with its token. Then
 /// checks every sampled lease and that the next token is above all.
-pub async fn run(
-    bin: std::path::PathBuf,
+async fn measure(
+    bin: &std::path::Path,
     dir: &std::path::Path,
     n: usize,
     clients: usize,
 ) -> Result<Figures> {
     let mdir = dir.join("million");
     std::fs::create_dir_all(&mdir)?;
-    let mut c = LocalCluster::fenced(bin, &mdir)?;
-    c.set_env("FENCED_MAX_LIVE_LEASES", &(n + 10_000).to_string());
+    let mut c = procs::fenced_cluster(bin, &mdir, false)?;
+    c.spec_mut().settings.max_live_leases = Some(u64::try_from(n)? + 10_000);
     // The start-up's own timings (snapshot loaded, log replayed) are info.
-    c.set_env(
+    c.spec_mut().set_env(
         "FENCED_LOG",
         "warn,fenced_server::state_machine=info,fenced_server::node=info,fenced_server::election=info",
     );

@@ -1,0 +1,58 @@
+//! One way to run a local cluster of real `fenced` processes, for the
+//! integration tests (`tests/`), `fenced-bench` and `fenced-jepsen`.
+//!
+//! A [`ClusterSpec`] says what to start: the binary, each node's addresses,
+//! data directory, log file and the program it runs under (a network
+//! namespace, libfaketime), the settings every node gets and whether TLS is
+//! on. A [`Cluster`] starts, stops, kills, pauses and restarts its nodes,
+//! finds the leader, and kills whatever still runs when it is dropped. Node
+//! command lines come from `fenced run`'s own settings
+//! ([`fenced_server::config::RunSettings`]), so a flag renamed there is
+//! renamed here.
+
+mod cluster;
+mod pki;
+mod ports;
+mod procfs;
+
+pub use cluster::{Cluster, ClusterSpec, NodeSpec, Tls};
+pub use fenced_server::config::RunSettings;
+pub use pki::Pki;
+pub use ports::free_port;
+pub use procfs::{is_stopped, pid_alive, status_kib};
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+/// The directory of the running executable's workspace binaries: the
+/// executable's own (a binary such as `fenced-bench`), or its parent when
+/// it is a test under `target/<profile>/deps`.
+pub fn bin_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating this executable")?;
+    let dir = exe.parent().context("the executable's directory")?;
+    Ok(if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().unwrap_or(dir).to_path_buf()
+    } else {
+        dir.to_path_buf()
+    })
+}
+
+/// Workspace binary `name` (e.g. `fenced`) next to this executable; an
+/// error that says how to build it when it is missing.
+pub fn workspace_bin(name: &str) -> Result<PathBuf> {
+    let path = bin_dir()?.join(name);
+    anyhow::ensure!(
+        path.exists(),
+        "{} is missing: build it first (`cargo build --workspace --bins`)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The last `lines` lines of a log file ("" when it cannot be read).
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
