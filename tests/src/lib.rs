@@ -108,6 +108,28 @@ impl NodeProc {
     }
 }
 
+/// The value of one sample in node `addr`'s `/metrics` (0 when absent).
+pub async fn metric(addr: &str, sample: &str) -> u64 {
+    let (status, body) = http_get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `fenced_rpc_requests_total` of one Lock method answered OK, over every
+/// node's client port (`metrics`: each node's metrics address).
+pub async fn lock_rpcs_ok(metrics: &[String], method: &str) -> u64 {
+    let sample = format!(
+        "fenced_rpc_requests_total{{port=\"client\",method=\"fenced.v1.Lock/{method}\",code=\"OK\"}}"
+    );
+    let mut sum = 0;
+    for addr in metrics {
+        sum += metric(addr, &sample).await;
+    }
+    sum
+}
+
 /// One HTTP/1.1 request; returns the status code and body.
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     let (status, _, body) = http_get_with(addr, path, &[]).await;

@@ -387,6 +387,7 @@ async fn a_renewal_refused_after_expiry_and_a_new_grant_cancels_the_lease() {
             renew_every: Some(Duration::from_millis(1_850)),
             margin: Some(Duration::ZERO),
             no_jitter: true,
+            ..Default::default()
         });
     let lease = careless
         .lock("skewed", Duration::from_secs(2), Duration::ZERO)

@@ -75,8 +75,9 @@ struct Args {
     #[arg(long, default_value_t = 100_000)]
     s4_leases: usize,
     /// Clients holding S4's leases. On fenced each is one fenced_client
-    /// Client whose keeper renews all its leases in one RenewMany call per
-    /// interval; the anchors renew over 256 connections lease by lease.
+    /// Client whose leases live with its session, which its keeper keeps
+    /// alive in one KeepAlive call per interval; the anchors renew over 256
+    /// connections lease by lease.
     #[arg(long, default_value_t = 64)]
     s4_clients: usize,
     /// TTL of S4's leases; each is renewed every TTL/3.
@@ -913,7 +914,8 @@ fn micros_ms(m: Option<u64>) -> f64 {
 /// S4: S2 at 64 clients (closed loop) alone, then while `--s4-leases`
 /// leases are kept alive; reports both runs' throughput and p99, their
 /// ratios, and the renewals' latency. fenced keeps the leases as
-/// applications do, through `--s4-clients` clients' keepers (RenewMany);
+/// applications do, through `--s4-clients` clients' keepers (one session
+/// each, kept alive once per interval);
 /// the anchors renew lease by lease (etcd: one lease per key).
 async fn s4(
     args: &Args,

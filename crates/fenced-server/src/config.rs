@@ -136,6 +136,12 @@ pub struct RunSettings {
     /// Most waiting acquires in the whole cluster; waits beyond are refused.
     #[arg(long, env = "FENCED_MAX_WAITERS")]
     pub max_waiters: Option<u64>,
+    /// Most open sessions in the whole cluster; opens beyond are refused.
+    #[arg(long, env = "FENCED_MAX_SESSIONS")]
+    pub max_sessions: Option<u64>,
+    /// Most open sessions of one identity; opens beyond are refused.
+    #[arg(long, env = "FENCED_MAX_SESSIONS_PER_IDENTITY")]
+    pub max_sessions_per_identity: Option<u64>,
     /// Largest snapshot received from a leader, bytes.
     #[arg(long, env = "FENCED_MAX_SNAPSHOT_BYTES")]
     pub max_snapshot_bytes: Option<u64>,
@@ -210,6 +216,10 @@ impl RunSettings {
             idle_timeout_ms: self.idle_timeout_ms.or(file.idle_timeout_ms),
             max_live_leases: self.max_live_leases.or(file.max_live_leases),
             max_waiters: self.max_waiters.or(file.max_waiters),
+            max_sessions: self.max_sessions.or(file.max_sessions),
+            max_sessions_per_identity: self
+                .max_sessions_per_identity
+                .or(file.max_sessions_per_identity),
             max_snapshot_bytes: self.max_snapshot_bytes.or(file.max_snapshot_bytes),
             kv_max_keys: self.kv_max_keys.or(file.kv_max_keys),
             kv_max_total_bytes: self.kv_max_total_bytes.or(file.kv_max_total_bytes),
@@ -310,6 +320,20 @@ impl RunSettings {
             l.max_waiters,
             1,
             10_000_000,
+        )?;
+        l.max_sessions = bounded(
+            "max_sessions",
+            self.max_sessions,
+            l.max_sessions,
+            1,
+            1_000_000,
+        )?;
+        l.max_sessions_per_identity = bounded(
+            "max_sessions_per_identity",
+            self.max_sessions_per_identity,
+            l.max_sessions_per_identity,
+            1,
+            1_000_000,
         )?;
         l.validate().map_err(|e| e.to_string())?;
         cfg.election_timeout_ms = bounded(

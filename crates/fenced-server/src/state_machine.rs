@@ -251,6 +251,11 @@ impl Shared {
         self.read().table.live_leases()
     }
 
+    /// How many sessions are open.
+    pub fn sessions(&self) -> usize {
+        self.read().table.sessions()
+    }
+
     /// [`fenced_core::LeaseTable::leases`]: a pass over the records under
     /// `prefix`, so call it off the runtime thread.
     pub fn leases(&self, prefix: &str, now: ClusterTime, limit: usize) -> fenced_core::LeaseList {
@@ -563,6 +568,9 @@ impl StateMachine {
                 each.iter().for_each(|o| self.count(o));
                 return;
             }
+            Outcome::SessionAlive { .. } => &c.keep_alives,
+            Outcome::SessionRefused(_) | Outcome::KeptBySession => &c.refusals,
+            Outcome::SessionClosed { .. } => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -765,10 +773,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             .fetch_add(batch.commands.len() as u64, Ordering::Relaxed);
                         for (command, outcome) in batch.commands.iter().zip(&applied.outcomes) {
                             self.count(outcome);
-                            if let Outcome::Granted(g) = outcome {
+                            if let (Outcome::Granted(g), Some(resource), Some(owner)) =
+                                (outcome, command.resource(), command.owner())
+                            {
                                 tracing::debug!(
-                                    resource = %command.resource(),
-                                    owner = %command.owner(),
+                                    resource = %resource,
+                                    owner = %owner,
                                     token = g.token.get(),
                                     term,
                                     "granted"
@@ -794,6 +804,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                                     tracing::debug!(%resource, %owner, token = grant.token.get(), term, "granted to waiter");
                                 }
                                 Event::WaitElapsed { .. } => {}
+                                Event::SessionExpired { session, leases } => {
+                                    c.session_expiries.fetch_add(1, Ordering::Relaxed);
+                                    tracing::info!(%session, leases, term, "session lapsed; its leases ended");
+                                }
                             }
                         }
                         events.extend(applied.events);
