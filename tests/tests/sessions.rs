@@ -45,6 +45,14 @@ async fn one_client_keeps_2000_leases_in_its_session_with_one_command_per_interv
         let addr = metrics[0].clone();
         async move { metric(&addr, name).await }
     };
+    // The node sampled applies every grant before the count starts.
+    for _ in 0..100 {
+        if sample("fenced_live_leases").await == LEASES as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(every).await;
     assert_eq!(sample("fenced_open_sessions").await, 1, "one session");
     let commands = sample("fenced_applied_commands_total").await;
     let keep_alives = sample("fenced_session_keep_alives_total").await;
@@ -67,8 +75,13 @@ async fn one_client_keeps_2000_leases_in_its_session_with_one_command_per_interv
         (2..=4).contains(&keep_alives),
         "{keep_alives} keep-alives in three intervals"
     );
-    assert_eq!(calls, keep_alives, "each call is one keep-alive");
-    assert_eq!(keeper_calls, calls, "the keeper's calls are the server's");
+    // Each call is one keep-alive (the counters are read one after the
+    // other, so one call may fall between two readings).
+    assert!(calls.abs_diff(keep_alives) <= 1, "{calls} calls");
+    assert!(
+        keeper_calls.abs_diff(calls) <= 1,
+        "{keeper_calls} by the keeper"
+    );
     // ...and nothing else written: not one command per lease.
     assert!(
         commands <= keep_alives + 2,
@@ -86,7 +99,16 @@ async fn one_client_keeps_2000_leases_in_its_session_with_one_command_per_interv
     for lease in leases {
         lease.release().await.unwrap();
     }
-    assert_eq!(sample("fenced_live_leases").await, 0);
+    // The node sampled may apply the last releases a moment after the leader.
+    let mut live = sample("fenced_live_leases").await;
+    for _ in 0..50 {
+        if live == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        live = sample("fenced_live_leases").await;
+    }
+    assert_eq!(live, 0, "leases left after every release");
 }
 
 fn open_req(session: SessionId, ttl_ms: u64) -> v1::OpenSessionRequest {

@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     clock::Moment,
-    session::{sessions_unsupported, ClientSession, InSession, SessionAnswer, SESSION_GONE},
+    session::{
+        ended_reason, sessions_unsupported, ClientSession, InSession, SessionAnswer, SESSION_GONE,
+    },
     AcquireOutcome, Client, ClientError, LostReason, ReleaseOutcome, RenewItem, RenewOutcome,
 };
 
@@ -461,7 +463,9 @@ struct Due {
 /// A finished call of the keeper.
 enum Done {
     Renewals(Vec<Arc<Shared>>, Vec<Answer>),
-    KeepAlive(Arc<ClientSession>, Answer),
+    /// A keep-alive's answer and how many leases the cluster says the
+    /// session holds.
+    KeepAlive(Arc<ClientSession>, Answer, Option<u64>),
 }
 
 /// A renewal's answer for one lease.
@@ -515,7 +519,7 @@ impl Keeper {
         }
         let id = fenced_core::SessionId::random();
         match client.open_session_sent(id, ttl).await {
-            Ok((SessionAnswer::Alive, sent)) => {
+            Ok((SessionAnswer::Alive { .. }, sent)) => {
                 let opts = client.lease_options();
                 let session = Arc::new(ClientSession::new(
                     id,
@@ -607,6 +611,36 @@ impl Keeper {
         }))
     }
 
+    /// The leases kept in `session`.
+    fn in_session(&self, session: &Arc<ClientSession>) -> Vec<Arc<Shared>> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state
+            .leases
+            .iter()
+            .filter(|s| s.session.as_ref().is_some_and(|x| Arc::ptr_eq(x, session)))
+            .filter(|s| !s.is_over())
+            .cloned()
+            .collect()
+    }
+
+    /// The earliest local deadline of a lease still kept: the keeper tells
+    /// its loss then, even while a call is on the way.
+    fn first_deadline(&self) -> Option<Moment> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state
+            .leases
+            .iter()
+            .filter(|s| !s.is_over())
+            .map(|s| s.deadline())
+            .min()
+    }
+
+    /// Records the loss of every lease whose deadline has passed.
+    fn check_deadlines(&self) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.leases.retain(|s| !s.is_over() && s.check().is_ok());
+    }
+
     /// Counts a keep-alive of a session holding `leases` leases.
     fn note_keep_alive(&self, latency: Duration, answer: &Answer, leases: u64) {
         let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
@@ -687,11 +721,11 @@ async fn keep(client: Client) {
             let client = client.clone();
             calls.spawn(async move {
                 let started = std::time::Instant::now();
-                let answer = keep_alive(&client, &session).await;
+                let (answer, held) = keep_alive(&client, &session).await;
                 client
                     .keeper()
                     .note_keep_alive(started.elapsed(), &answer, leases);
-                Done::KeepAlive(session, answer)
+                Done::KeepAlive(session, answer, held)
             });
         }
         for chunk in chunks(due.leases) {
@@ -703,31 +737,76 @@ async fn keep(client: Client) {
                 Done::Renewals(chunk, answers)
             });
         }
-        while let Some(done) = calls.join_next().await {
+        loop {
+            // A deadline passing while a call is on the way is told at once.
+            let deadline = keeper.first_deadline();
+            let wait = deadline.map_or(Duration::from_secs(3600), |d| d.remaining());
+            let done = tokio::select! {
+                done = calls.join_next() => done,
+                _ = tokio::time::sleep(wait), if deadline.is_some() => {
+                    keeper.check_deadlines();
+                    continue;
+                }
+            };
             match done {
-                Ok(Done::Renewals(chunk, answers)) => {
+                None => break,
+                Some(Ok(Done::Renewals(chunk, answers))) => {
                     for (s, answer) in chunk.iter().zip(answers) {
                         settle(s, answer, opts);
                     }
                 }
-                Ok(Done::KeepAlive(session, answer)) => settle_session(&session, answer, opts),
-                Err(_) => {}
+                Some(Ok(Done::KeepAlive(session, answer, held))) => {
+                    settle_session(&session, answer, opts);
+                    let kept = keeper.in_session(&session);
+                    if held.is_some_and(|n| n < kept.len() as u64) {
+                        find_ended(&client, &session, kept).await;
+                    }
+                }
+                Some(Err(_)) => {}
             }
         }
     }
 }
 
-/// One keep-alive of `session`, within its deadline.
-async fn keep_alive(client: &Client, session: &ClientSession) -> Answer {
+/// Tells each of `kept` (leases of `session`) whether it ended without
+/// this client (released or superseded by someone holding its owner id and
+/// token), as a renewal would have: the cluster counted fewer leases in the
+/// session than the client keeps. One `ValidateTokens` read per 256 leases.
+async fn find_ended(client: &Client, session: &ClientSession, kept: Vec<Arc<Shared>>) {
+    for chunk in kept.chunks(fenced_core::MAX_VALIDATE_BATCH) {
+        let checks: Vec<(&str, u64)> = chunk
+            .iter()
+            .map(|s| (s.resource.as_str(), s.token))
+            .collect();
+        match client.validate_tokens(&checks).await {
+            Ok(resp) => {
+                for (s, v) in chunk.iter().zip(&resp.results) {
+                    if let Some(reason) = ended_reason(v) {
+                        s.lose(LossReason::Refused(reason));
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %e,
+                    "the session holds fewer leases than this client keeps, and which ended cannot be read");
+                return;
+            }
+        }
+    }
+}
+
+/// One keep-alive of `session`, within its deadline; with the number of
+/// leases the cluster says it holds.
+async fn keep_alive(client: &Client, session: &ClientSession) -> (Answer, Option<u64>) {
     let budget = session.deadline().remaining();
     match client.keep_alive_sent(session.id, budget).await {
-        Ok((SessionAnswer::Alive, sent)) => Answer::Renewed(sent),
-        Ok((SessionAnswer::Gone, _)) => Answer::Lost(LostReason::Expired),
+        Ok((SessionAnswer::Alive { leases }, sent)) => (Answer::Renewed(sent), Some(leases)),
+        Ok((SessionAnswer::Gone, _)) => (Answer::Lost(LostReason::Expired), None),
         Err(e) if e.is_transient() => {
             tracing::debug!(session = %session.id, error = %e, "keep-alive failed; retrying");
-            Answer::Retry
+            (Answer::Retry, None)
         }
-        Err(e) => Answer::Failed(e.to_string()),
+        Err(e) => (Answer::Failed(e.to_string()), None),
     }
 }
 

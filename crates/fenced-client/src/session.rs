@@ -93,7 +93,8 @@ impl ClientSession {
 
 /// The cluster's answer to an open or a keep-alive.
 pub(crate) enum SessionAnswer {
-    Alive,
+    /// Open, holding `leases` leases.
+    Alive { leases: u64 },
     /// The session is not open: every lease it held has ended.
     Gone,
 }
@@ -176,9 +177,23 @@ impl Client {
     }
 }
 
+/// Why a lease whose token `ValidateTokens` answered with `v` is over, or
+/// `None` while it is current.
+pub(crate) fn ended_reason(v: &v1::ValidateTokenResponse) -> Option<LostReason> {
+    match v1::TokenState::try_from(v.state) {
+        Ok(v1::TokenState::Current) => None,
+        Ok(v1::TokenState::Superseded) => Some(LostReason::Superseded {
+            current_token: v.current_token,
+        }),
+        Ok(v1::TokenState::Released) => Some(LostReason::Released),
+        Ok(v1::TokenState::Expired) => Some(LostReason::Expired),
+        _ => Some(LostReason::Unknown),
+    }
+}
+
 fn session_answer(resp: v1::SessionResponse, rpc: &str) -> Result<SessionAnswer, ClientError> {
     match resp.outcome {
-        Some(session_response::Outcome::Alive(_)) => Ok(SessionAnswer::Alive),
+        Some(session_response::Outcome::Alive(a)) => Ok(SessionAnswer::Alive { leases: a.leases }),
         Some(session_response::Outcome::Gone(_)) => Ok(SessionAnswer::Gone),
         None => Err(ClientError::Server(format!("{rpc}: empty response"))),
     }

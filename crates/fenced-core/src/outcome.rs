@@ -73,10 +73,12 @@ pub enum Outcome {
     /// [`Outcome::Lost`] per lease, in the order of its leases.
     Renewals(Vec<Outcome>),
     /// A session was opened or kept alive: it and every lease it holds run
-    /// until `expires_at` unless kept alive again.
+    /// until `expires_at` unless kept alive again. `leases` is how many it
+    /// holds (a client that counts more learns that some ended without it).
     SessionAlive {
         expires_at: ClusterTime,
         ttl_ms: u64,
+        leases: u64,
     },
     /// A session was closed (or was not live): `leases` of its leases ended
     /// with it.

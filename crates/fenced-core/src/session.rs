@@ -172,13 +172,17 @@ impl Ends {
                 leases: BTreeSet::new(),
             },
         );
-        Outcome::SessionAlive { expires_at, ttl_ms }
+        Outcome::SessionAlive {
+            expires_at,
+            ttl_ms,
+            leases: 0,
+        }
     }
 
     /// Extends session `id` by its TTL from `now` (never shortens it).
     pub fn keep_alive(&mut self, id: SessionId, identity: &str, now: ClusterTime) -> Outcome {
-        let (from, ttl_ms) = match self.check_owner(id, identity, now) {
-            Ok(s) => (s.expires_at, s.ttl_ms),
+        let (from, ttl_ms, leases) = match self.check_owner(id, identity, now) {
+            Ok(s) => (s.expires_at, s.ttl_ms, as_u64(s.leases.len())),
             Err(refusal) => return Outcome::SessionRefused(refusal),
         };
         let expires_at = from.max(now.plus_millis(ttl_ms));
@@ -187,7 +191,11 @@ impl Ends {
         }
         self.session_expiries.remove(&(from, id));
         self.session_expiries.insert((expires_at, id));
-        Outcome::SessionAlive { expires_at, ttl_ms }
+        Outcome::SessionAlive {
+            expires_at,
+            ttl_ms,
+            leases,
+        }
     }
 
     /// The first session that has run out at `now`.

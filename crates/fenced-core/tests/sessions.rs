@@ -92,7 +92,8 @@ fn session_with(n: usize) -> (LeaseTable, SessionId, Vec<(OwnerId, Grant)>) {
         one(&mut table, 0, open(s, ME, TTL)),
         Outcome::SessionAlive {
             expires_at: at(TTL),
-            ttl_ms: TTL
+            ttl_ms: TTL,
+            leases: 0
         }
     );
     let owners: Vec<OwnerId> = (0..n).map(|_| OwnerId::random()).collect();
@@ -124,7 +125,8 @@ fn a_lease_in_a_session_expires_with_it_and_a_keep_alive_extends_all_of_them() {
         applied.outcomes,
         vec![Outcome::SessionAlive {
             expires_at: at(15_000),
-            ttl_ms: TTL
+            ttl_ms: TTL,
+            leases: 50
         }]
     );
     for i in 0..50 {
@@ -295,7 +297,8 @@ fn a_retried_open_keeps_the_session_alive_and_never_shortens_it() {
         one(&mut table, 1_000, open(s, ME, 30_000)),
         Outcome::SessionAlive {
             expires_at: at(31_000),
-            ttl_ms: 30_000
+            ttl_ms: 30_000,
+            leases: 0
         }
     );
     assert_eq!(table.sessions(), 1);
@@ -304,7 +307,8 @@ fn a_retried_open_keeps_the_session_alive_and_never_shortens_it() {
         one(&mut table, 1_001, keep_alive(s, ME)),
         Outcome::SessionAlive {
             expires_at: at(31_001),
-            ttl_ms: 30_000
+            ttl_ms: 30_000,
+            leases: 0
         }
     );
 }

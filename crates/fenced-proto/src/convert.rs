@@ -128,9 +128,14 @@ fn session_refused(refusal: SessionRefusal) -> Option<Status> {
 pub fn session_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::SessionResponse, Status> {
     use v1::session_response::Outcome as O;
     let outcome = match outcome {
-        Outcome::SessionAlive { expires_at, ttl_ms } => O::Alive(v1::SessionAlive {
+        Outcome::SessionAlive {
+            expires_at,
+            ttl_ms,
+            leases,
+        } => O::Alive(v1::SessionAlive {
             expires_at_ms: expires_at.as_millis(),
             ttl_ms: *ttl_ms,
+            leases: *leases,
         }),
         Outcome::SessionRefused(r) => match session_refused(*r) {
             None => O::Gone(v1::SessionGone {}),
