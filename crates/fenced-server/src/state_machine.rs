@@ -1162,6 +1162,58 @@ mod tests {
     }
 
     #[test]
+    fn sessions_round_trip_through_a_snapshot_body() {
+        use fenced_core::{Batch, Command, OwnerId, ResourceName, SessionId};
+        let mut table = table_with(false);
+        let session = SessionId::random();
+        let applied = table.apply(&Batch {
+            stamp: ClusterTime::from_millis(10),
+            commands: vec![
+                Command::OpenSession {
+                    session,
+                    identity: "app".into(),
+                    ttl_ms: 20_000,
+                    bounds: fenced_core::Limits::default().session_bounds(),
+                },
+                Command::AcquireInSession {
+                    resource: ResourceName::new("kept").unwrap(),
+                    owner: OwnerId::random(),
+                    session,
+                    identity: "app".into(),
+                    capacity: fenced_core::Capacity::UNBOUNDED,
+                },
+            ],
+        });
+        assert!(matches!(applied.outcomes[1], Outcome::Granted(_)));
+        let body = SnapshotBody {
+            last_applied: Some(log_id(11)),
+            membership: membership(),
+            table: table.snapshot(),
+            kv: table.kv_snapshot(),
+        };
+        let bytes = codec::encode("snapshot", &body).unwrap();
+        let mut data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
+        assert_eq!(data.table.snapshot(), table.snapshot());
+        assert_eq!(
+            data.table.session(session),
+            Some((ClusterTime::from_millis(20_010), 1))
+        );
+        assert_eq!(data.table.live_leases(), 2);
+        // The restored session lapses with its lease, the other lease stays.
+        data.table.apply(&Batch {
+            stamp: ClusterTime::from_millis(20_010),
+            commands: vec![],
+        });
+        assert_eq!(data.table.live_leases(), 1);
+        assert!(
+            !data
+                .table
+                .describe("kept", ClusterTime::from_millis(20_010))
+                .held
+        );
+    }
+
+    #[test]
     fn the_fenced_store_round_trips_through_a_snapshot_body() {
         let table = table_with(true);
         let body = SnapshotBody {
