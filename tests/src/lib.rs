@@ -17,7 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_client::{Client, TlsOptions};
+use fenced_client::{Acquired, Client, Lease, TlsOptions};
 use fenced_proto::v1::{cluster_client::ClusterClient, lock_client::LockClient, StatusResponse};
 use nix::{
     sys::signal::{kill, Signal},
@@ -128,6 +128,29 @@ pub async fn lock_rpcs_ok(metrics: &[String], method: &str) -> u64 {
         sum += metric(addr, &sample).await;
     }
     sum
+}
+
+/// Leases `<prefix>00000`, `<prefix>00001`, ... (`n` of them) acquired
+/// through `client`, 32 acquires in flight; panics if one is held.
+pub async fn acquire_all(client: &Client, prefix: &str, n: usize, ttl: Duration) -> Vec<Lease> {
+    let mut taking = tokio::task::JoinSet::new();
+    let mut leases = Vec::with_capacity(n);
+    for i in 0..n {
+        let (client, resource) = (client.clone(), format!("{prefix}{i:05}"));
+        taking.spawn(async move {
+            match client.acquire(&resource, ttl).await.unwrap() {
+                Acquired::Granted(lease) => lease,
+                Acquired::Held { .. } => panic!("{resource} is held"),
+            }
+        });
+        while taking.len() >= 32 {
+            leases.push(taking.join_next().await.unwrap().unwrap());
+        }
+    }
+    while let Some(lease) = taking.join_next().await {
+        leases.push(lease.unwrap());
+    }
+    leases
 }
 
 /// One HTTP/1.1 request; returns the status code and body.

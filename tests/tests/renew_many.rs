@@ -10,8 +10,7 @@ use std::{path::Path, time::Duration};
 use fenced_client::{Acquired, Client, LeaseOptions};
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, renew_response};
-use fenced_tests::{lock_rpcs_ok as rpc_ok, metric, write_auth_files, Cluster};
-use tokio::task::JoinSet;
+use fenced_tests::{acquire_all, lock_rpcs_ok as rpc_ok, metric, write_auth_files, Cluster};
 use tonic::{metadata::MetadataValue, Code};
 
 /// A keeper that renews leases of their own in batches (no session).
@@ -51,23 +50,7 @@ async fn one_client_keeps_2000_leases_with_one_command_per_interval() {
     let client = cluster.client().with_lease_options(batch_renewed());
     let every = LeaseOptions::default().renew_interval(TTL);
 
-    let mut taking = JoinSet::new();
-    let mut leases = Vec::with_capacity(LEASES);
-    for i in 0..LEASES {
-        let client = client.clone();
-        taking.spawn(async move {
-            match client.acquire(&format!("keep/{i:05}"), TTL).await.unwrap() {
-                Acquired::Granted(lease) => lease,
-                Acquired::Held { .. } => panic!("keep/{i:05} is held"),
-            }
-        });
-        while taking.len() >= 32 {
-            leases.push(taking.join_next().await.unwrap().unwrap());
-        }
-    }
-    while let Some(lease) = taking.join_next().await {
-        leases.push(lease.unwrap());
-    }
+    let leases = acquire_all(&client, "keep/", LEASES, TTL).await;
     // Two intervals for the leases granted over several seconds to settle
     // into one call.
     tokio::time::sleep(2 * every).await;

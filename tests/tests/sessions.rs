@@ -8,11 +8,10 @@
 
 use std::time::Duration;
 
-use fenced_client::{Acquired, LeaseOptions};
+use fenced_client::LeaseOptions;
 use fenced_core::{OwnerId, SessionId};
 use fenced_proto::v1::{self, acquire_response, session_response};
-use fenced_tests::{lock_rpcs_ok, metric, write_auth_files, Cluster};
-use tokio::task::JoinSet;
+use fenced_tests::{acquire_all, lock_rpcs_ok, metric, write_auth_files, Cluster};
 use tonic::{metadata::MetadataValue, Code};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -23,23 +22,7 @@ async fn one_client_keeps_2000_leases_in_its_session_with_one_command_per_interv
     let client = cluster.client();
     let every = LeaseOptions::default().renew_interval(TTL);
 
-    let mut taking = JoinSet::new();
-    let mut leases = Vec::with_capacity(LEASES);
-    for i in 0..LEASES {
-        let client = client.clone();
-        taking.spawn(async move {
-            match client.acquire(&format!("sess/{i:05}"), TTL).await.unwrap() {
-                Acquired::Granted(lease) => lease,
-                Acquired::Held { .. } => panic!("sess/{i:05} is held"),
-            }
-        });
-        while taking.len() >= 32 {
-            leases.push(taking.join_next().await.unwrap().unwrap());
-        }
-    }
-    while let Some(lease) = taking.join_next().await {
-        leases.push(lease.unwrap());
-    }
+    let leases = acquire_all(&client, "sess/", LEASES, TTL).await;
     // Granted over several seconds: the session was kept alive meanwhile.
     let sample = |name: &'static str| {
         let addr = metrics[0].clone();

@@ -545,6 +545,20 @@ impl LockService {
         self.ctx.propose(command, deadline).await
     }
 
+    /// Proposes `command` and answers with `reply` of its outcome.
+    async fn decide<R>(
+        &self,
+        command: Command,
+        deadline: Option<Instant>,
+        reply: fn(&Outcome, ClusterTime) -> Result<R, Status>,
+    ) -> Result<Response<R>, Status> {
+        let (outcome, now) = self
+            .propose(command, deadline)
+            .await
+            .map_err(|e| self.ctx.propose_status(e))?;
+        reply(&outcome, now).map(Response::new)
+    }
+
     async fn answer_acquire(
         &self,
         req: Request<v1::AcquireRequest>,
@@ -632,11 +646,7 @@ impl LockService {
         let (resource, _) = Self::acquire_parts(&command)?;
         let identity = self.authorize(&req, Permission::Lock, "renew", &resource)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, renew);
-        let (outcome, now) = self
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        renew_reply(&outcome, now).map(Response::new)
+        self.decide(command, deadline, renew_reply).await
     }
 
     /// Every lease of the call in one command, hence one log entry at one
@@ -655,11 +665,7 @@ impl LockService {
             identity = self.authorize(&req, Permission::Lock, "renew", resource)?;
         }
         forward_or!(self.ctx, req, deadline, identity, LockClient, renew_many);
-        let (outcome, now) = self
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        renew_many_reply(&outcome, now).map(Response::new)
+        self.decide(command, deadline, renew_many_reply).await
     }
 
     async fn answer_release(
@@ -671,11 +677,7 @@ impl LockService {
         let (resource, _) = Self::acquire_parts(&command)?;
         let identity = self.authorize(&req, Permission::Lock, "release", &resource)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, release);
-        let (outcome, now) = self
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        release_reply(&outcome, now).map(Response::new)
+        self.decide(command, deadline, release_reply).await
     }
 
     /// A lease that lives with the caller's session; never waits.
@@ -707,11 +709,7 @@ impl LockService {
                 .quota
                 .admit_lease(id, &resource, owner, &self.ctx.shared)?;
         }
-        let (outcome, now) = self
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        acquire_reply(&outcome, now).map(Response::new)
+        self.decide(command, deadline, acquire_reply).await
     }
 
     async fn answer_open_session(
@@ -724,11 +722,7 @@ impl LockService {
         let command = open_session_command(req.get_ref(), who, &self.ctx.limits)
             .map_err(|e| invalid_argument(&e))?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, open_session);
-        let (outcome, now) = self
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        session_reply(&outcome, now).map(Response::new)
+        self.decide(command, deadline, session_reply).await
     }
 
     async fn answer_keep_alive(
@@ -741,11 +735,7 @@ impl LockService {
         let command = keep_alive_command(req.get_ref(), who, &self.ctx.limits)
             .map_err(|e| invalid_argument(&e))?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, keep_alive);
-        let (outcome, now) = self
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        session_reply(&outcome, now).map(Response::new)
+        self.decide(command, deadline, session_reply).await
     }
 
     async fn answer_close_session(
@@ -758,11 +748,7 @@ impl LockService {
         let command = close_session_command(req.get_ref(), who, &self.ctx.limits)
             .map_err(|e| invalid_argument(&e))?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, close_session);
-        let (outcome, now) = self
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        close_session_reply(&outcome, now).map(Response::new)
+        self.decide(command, deadline, close_session_reply).await
     }
 
     async fn answer_describe(
