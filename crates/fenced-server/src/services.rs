@@ -509,16 +509,23 @@ impl LockService {
             .ok_or_else(|| Status::internal("an acquire without a resource"))
     }
 
-    /// Who calls a session's open, keep-alive or close: the identity (empty
-    /// without auth), which needs `lock` on some prefix.
-    fn session_caller<T>(
+    /// A session's open, keep-alive or close, for the caller: its identity
+    /// (none without auth; the command records it as empty), which needs
+    /// `lock` on some prefix, and the command `build` makes for it.
+    fn session_command<T>(
         &self,
         req: &Request<T>,
         operation: &str,
-    ) -> Result<Option<String>, Status> {
-        self.ctx
-            .auth
-            .authorize(req, self.peer, Permission::Lock, operation, None)
+        build: fn(&T, &str, &Limits) -> Result<Command, fenced_core::InvalidArgument>,
+    ) -> Result<(Option<String>, Command), Status> {
+        let identity =
+            self.ctx
+                .auth
+                .authorize(req, self.peer, Permission::Lock, operation, None)?;
+        let who = identity.as_deref().unwrap_or("");
+        let command =
+            build(req.get_ref(), who, &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
+        Ok((identity, command))
     }
 
     fn authorize<T>(
@@ -717,10 +724,8 @@ impl LockService {
         req: Request<v1::OpenSessionRequest>,
     ) -> Result<Response<v1::SessionResponse>, Status> {
         let deadline = deadline_of(&req);
-        let identity = self.session_caller(&req, "open_session")?;
-        let who = identity.as_deref().unwrap_or("");
-        let command = open_session_command(req.get_ref(), who, &self.ctx.limits)
-            .map_err(|e| invalid_argument(&e))?;
+        let (identity, command) =
+            self.session_command(&req, "open_session", open_session_command)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, open_session);
         self.decide(command, deadline, session_reply).await
     }
@@ -730,10 +735,7 @@ impl LockService {
         req: Request<v1::KeepAliveRequest>,
     ) -> Result<Response<v1::SessionResponse>, Status> {
         let deadline = deadline_of(&req);
-        let identity = self.session_caller(&req, "keep_alive")?;
-        let who = identity.as_deref().unwrap_or("");
-        let command = keep_alive_command(req.get_ref(), who, &self.ctx.limits)
-            .map_err(|e| invalid_argument(&e))?;
+        let (identity, command) = self.session_command(&req, "keep_alive", keep_alive_command)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, keep_alive);
         self.decide(command, deadline, session_reply).await
     }
@@ -743,10 +745,8 @@ impl LockService {
         req: Request<v1::CloseSessionRequest>,
     ) -> Result<Response<v1::CloseSessionResponse>, Status> {
         let deadline = deadline_of(&req);
-        let identity = self.session_caller(&req, "close_session")?;
-        let who = identity.as_deref().unwrap_or("");
-        let command = close_session_command(req.get_ref(), who, &self.ctx.limits)
-            .map_err(|e| invalid_argument(&e))?;
+        let (identity, command) =
+            self.session_command(&req, "close_session", close_session_command)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, close_session);
         self.decide(command, deadline, close_session_reply).await
     }
