@@ -277,6 +277,9 @@ impl Worker {
                 reason: format!("{:?}", e.reason()),
                 current_token: e.current_token,
             }),
+            Some(acquire_response::Outcome::SessionGone(_)) => {
+                Err("a session's answer to an acquire without one".into())
+            }
             None => Err("empty acquire answer".into()),
         });
         self.ctx.rec.complete(&e, r.clone());

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use fenced_client::{Client, TlsOptions};
+use fenced_client::{Acquired, Client, Lease, TlsOptions};
 use fenced_proto::v1::{lock_client::LockClient, StatusResponse};
 use fenced_testkit::ClusterSpec;
 pub use fenced_testkit::NodeSpec;
@@ -37,6 +37,51 @@ pub fn pid_alive(pid: i32) -> bool {
 /// A free loopback port (see [`fenced_testkit::free_port`]).
 pub fn free_port() -> u16 {
     fenced_testkit::free_port().unwrap()
+}
+
+/// The value of one sample in node `addr`'s `/metrics` (0 when absent).
+pub async fn metric(addr: &str, sample: &str) -> u64 {
+    let (status, body) = http_get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `fenced_rpc_requests_total` of one Lock method answered OK, over every
+/// node's client port (`metrics`: each node's metrics address).
+pub async fn lock_rpcs_ok(metrics: &[String], method: &str) -> u64 {
+    let sample = format!(
+        "fenced_rpc_requests_total{{port=\"client\",method=\"fenced.v1.Lock/{method}\",code=\"OK\"}}"
+    );
+    let mut sum = 0;
+    for addr in metrics {
+        sum += metric(addr, &sample).await;
+    }
+    sum
+}
+
+/// Leases `<prefix>00000`, `<prefix>00001`, ... (`n` of them) acquired
+/// through `client`, 32 acquires in flight; panics if one is held.
+pub async fn acquire_all(client: &Client, prefix: &str, n: usize, ttl: Duration) -> Vec<Lease> {
+    let mut taking = tokio::task::JoinSet::new();
+    let mut leases = Vec::with_capacity(n);
+    for i in 0..n {
+        let (client, resource) = (client.clone(), format!("{prefix}{i:05}"));
+        taking.spawn(async move {
+            match client.acquire(&resource, ttl).await.unwrap() {
+                Acquired::Granted(lease) => lease,
+                Acquired::Held { .. } => panic!("{resource} is held"),
+            }
+        });
+        while taking.len() >= 32 {
+            leases.push(taking.join_next().await.unwrap().unwrap());
+        }
+    }
+    while let Some(lease) = taking.join_next().await {
+        leases.push(lease.unwrap());
+    }
+    leases
 }
 
 /// One HTTP/1.1 request; returns the status code and body.

@@ -90,12 +90,44 @@ async fn a_refused_renewal_cancels_the_lease_and_names_the_reason() {
     else {
         panic!("the resource should be free");
     };
+    // The lease lives in the client's session: the next keep-alive counts
+    // one lease fewer than the client keeps, and a read of the token says
+    // what became of it (superseded by the newer grant).
+    let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost())
+        .await
+        .unwrap();
+    assert_eq!(
+        reason,
+        LossReason::Refused(LostReason::Superseded {
+            current_token: newer.token()
+        })
+    );
+    assert!(lease.cancellation().is_cancelled());
+    assert!(newer.token() > lease.token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_of_its_own_refused_at_renewal_names_the_reason() {
+    let cluster = Cluster::start(3).await;
+    let client = cluster
+        .client()
+        .with_lease_options(fenced_client::LeaseOptions {
+            no_sessions: true,
+            ..Default::default()
+        });
+    let lease = client
+        .lock("refused-own", Duration::from_millis(1_500), Duration::ZERO)
+        .await
+        .unwrap();
+    let raw = cluster.client();
+    raw.release("refused-own", lease.owner(), lease.token())
+        .await
+        .unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost())
         .await
         .unwrap();
     assert_eq!(reason, LossReason::Refused(LostReason::Released));
     assert!(lease.cancellation().is_cancelled());
-    assert!(newer.token() > lease.token());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -387,6 +419,7 @@ async fn a_renewal_refused_after_expiry_and_a_new_grant_cancels_the_lease() {
             renew_every: Some(Duration::from_millis(1_850)),
             margin: Some(Duration::ZERO),
             no_jitter: true,
+            ..Default::default()
         });
     let lease = careless
         .lock("skewed", Duration::from_secs(2), Duration::ZERO)

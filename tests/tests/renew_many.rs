@@ -10,30 +10,15 @@ use std::{path::Path, time::Duration};
 use fenced_client::{Acquired, Client, LeaseOptions};
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, renew_response};
-use fenced_tests::{http_get, write_auth_files, Cluster};
-use tokio::task::JoinSet;
+use fenced_tests::{acquire_all, lock_rpcs_ok as rpc_ok, metric, write_auth_files, Cluster};
 use tonic::{metadata::MetadataValue, Code};
 
-/// The value of one sample in node `addr`'s `/metrics` (0 when absent).
-async fn metric(addr: &str, sample: &str) -> u64 {
-    let (status, body) = http_get(addr, "/metrics").await;
-    assert_eq!(status, 200);
-    body.lines()
-        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// `fenced_rpc_requests_total` of one Lock method answered OK, over every
-/// node's client port.
-async fn rpc_ok(metrics: &[String], method: &str) -> u64 {
-    let sample = format!(
-        "fenced_rpc_requests_total{{port=\"client\",method=\"fenced.v1.Lock/{method}\",code=\"OK\"}}"
-    );
-    let mut sum = 0;
-    for addr in metrics {
-        sum += metric(addr, &sample).await;
+/// A keeper that renews leases of their own in batches (no session).
+fn batch_renewed() -> LeaseOptions {
+    LeaseOptions {
+        no_sessions: true,
+        ..LeaseOptions::default()
     }
-    sum
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -60,27 +45,12 @@ async fn one_client_keeps_2000_leases_with_one_command_per_interval() {
     const LEASES: usize = 2_000;
     const TTL: Duration = Duration::from_secs(6);
     let (cluster, metrics) = Cluster::start_with_metrics(3, &[]).await;
-    // Renew every 2 s (a third of the TTL, the default).
-    let client = cluster.client();
+    // Renew every 2 s (a third of the TTL, the default); leases of their
+    // own, not in a session.
+    let client = cluster.client().with_lease_options(batch_renewed());
     let every = LeaseOptions::default().renew_interval(TTL);
 
-    let mut taking = JoinSet::new();
-    let mut leases = Vec::with_capacity(LEASES);
-    for i in 0..LEASES {
-        let client = client.clone();
-        taking.spawn(async move {
-            match client.acquire(&format!("keep/{i:05}"), TTL).await.unwrap() {
-                Acquired::Granted(lease) => lease,
-                Acquired::Held { .. } => panic!("keep/{i:05} is held"),
-            }
-        });
-        while taking.len() >= 32 {
-            leases.push(taking.join_next().await.unwrap().unwrap());
-        }
-    }
-    while let Some(lease) = taking.join_next().await {
-        leases.push(lease.unwrap());
-    }
+    let leases = acquire_all(&client, "keep/", LEASES, TTL).await;
     // Two intervals for the leases granted over several seconds to settle
     // into one call.
     tokio::time::sleep(2 * every).await;
@@ -132,7 +102,7 @@ async fn one_client_keeps_2000_leases_with_one_command_per_interval() {
 async fn a_lease_lost_in_a_batch_is_reported_to_its_handle_and_the_others_run_on() {
     const TTL: Duration = Duration::from_secs(3);
     let cluster = Cluster::start(3).await;
-    let client = cluster.client();
+    let client = cluster.client().with_lease_options(batch_renewed());
     let mut leases = Vec::new();
     for i in 0..20 {
         match client.acquire(&format!("mixed/{i}"), TTL).await.unwrap() {

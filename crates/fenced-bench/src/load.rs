@@ -445,9 +445,9 @@ pub async fn validate(
 }
 
 /// S4 on fenced as an application holds leases: `leases` leases spread over
-/// `clients` [`fenced_client::Client`]s (each given every endpoint), kept
-/// alive by each client's keeper, which renews all of a client's due leases
-/// in one RenewMany call.
+/// `clients` [`fenced_client::Client`]s (each given every endpoint), each
+/// client's leases in its session, which its keeper keeps alive in one
+/// KeepAlive call per interval.
 pub struct KeptLeases {
     clients: Vec<fenced_client::Client>,
     leases: Vec<fenced_client::Lease>,

@@ -65,8 +65,9 @@ pub struct Args {
     #[arg(long, default_value_t = 100_000)]
     pub s4_leases: usize,
     /// Clients holding S4's leases. On fenced each is one fenced_client
-    /// Client whose keeper renews all its leases in one RenewMany call per
-    /// interval; the anchors renew over 256 connections lease by lease.
+    /// Client whose leases live with its session, which its keeper keeps
+    /// alive in one KeepAlive call per interval; the anchors renew over 256
+    /// connections lease by lease.
     #[arg(long, default_value_t = 64)]
     pub s4_clients: usize,
     /// TTL of S4's leases; each is renewed every TTL/3.

@@ -575,23 +575,8 @@ impl Client {
                 async move { LockClient::new(ch).acquire(req).await }
             })
             .await?;
-        let resp = resp.into_inner();
-        let outcome = match resp.outcome {
-            Some(acquire_response::Outcome::Granted(g)) => Ok(AcquireOutcome::Granted {
-                token: g.token,
-                expires_at_ms: g.expires_at_ms,
-                ttl_ms: g.ttl_ms,
-                cluster_time_ms: resp.cluster_time_ms,
-            }),
-            Some(acquire_response::Outcome::Held(h)) => Ok(AcquireOutcome::Held {
-                current_token: h.current_token,
-                remaining_ms: h.remaining_ms,
-            }),
-            Some(acquire_response::Outcome::Ended(e)) => Ok(AcquireOutcome::Ended {
-                reason: LostReason::from_wire(e.reason, e.current_token),
-            }),
-            None => Err(ClientError::Server("acquire: empty response".into())),
-        }?;
+        let outcome = acquire_outcome(resp.into_inner())?
+            .ok_or_else(|| ClientError::Server("acquire: a session's answer".into()))?;
         Ok((outcome, sent))
     }
 
@@ -951,6 +936,30 @@ impl Client {
         }
         (out, attempts)
     }
+}
+
+/// An acquire's answer; `None` when it says the session it named is gone.
+pub(crate) fn acquire_outcome(
+    resp: v1::AcquireResponse,
+) -> Result<Option<AcquireOutcome>, ClientError> {
+    let outcome = match resp.outcome {
+        Some(acquire_response::Outcome::Granted(g)) => AcquireOutcome::Granted {
+            token: g.token,
+            expires_at_ms: g.expires_at_ms,
+            ttl_ms: g.ttl_ms,
+            cluster_time_ms: resp.cluster_time_ms,
+        },
+        Some(acquire_response::Outcome::Held(h)) => AcquireOutcome::Held {
+            current_token: h.current_token,
+            remaining_ms: h.remaining_ms,
+        },
+        Some(acquire_response::Outcome::Ended(e)) => AcquireOutcome::Ended {
+            reason: LostReason::from_wire(e.reason, e.current_token),
+        },
+        Some(acquire_response::Outcome::SessionGone(_)) => return Ok(None),
+        None => return Err(ClientError::Server("acquire: empty response".into())),
+    };
+    Ok(Some(outcome))
 }
 
 pub(crate) fn millis(d: Duration) -> u64 {

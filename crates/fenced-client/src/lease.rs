@@ -12,8 +12,11 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    clock::Moment, AcquireOutcome, Client, ClientError, LostReason, ReleaseOutcome, RenewItem,
-    RenewOutcome,
+    clock::Moment,
+    session::{
+        ended_reason, sessions_unsupported, ClientSession, InSession, SessionAnswer, SESSION_GONE,
+    },
+    AcquireOutcome, Client, ClientError, LostReason, ReleaseOutcome, RenewItem, RenewOutcome,
 };
 
 /// How a lease's keeper renews it and how early it gives up.
@@ -37,6 +40,10 @@ pub struct LeaseOptions {
     /// Renew exactly every `renew_every`, without the ±10% that keeps many
     /// clients from renewing in lockstep.
     pub no_jitter: bool,
+    /// Give every lease its own expiry, renewed in batches (`RenewMany`),
+    /// instead of acquiring it in the client's session (one keep-alive per
+    /// interval for all of them).
+    pub no_sessions: bool,
 }
 
 impl LeaseOptions {
@@ -88,6 +95,9 @@ struct Shared {
     owner: OwnerId,
     token: u64,
     ttl: Duration,
+    /// The session the lease lives with: its deadline is the session's, and
+    /// the keeper keeps the session alive instead of renewing the lease.
+    session: Option<Arc<ClientSession>>,
     deadline: Mutex<Moment>,
     /// When the keeper renews next (earlier when other leases are due).
     next_renew: Mutex<Moment>,
@@ -98,7 +108,10 @@ struct Shared {
 
 impl Shared {
     fn deadline(&self) -> Moment {
-        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+        match &self.session {
+            Some(session) => session.deadline(),
+            None => *self.deadline.lock().unwrap_or_else(PoisonError::into_inner),
+        }
     }
 
     fn set_deadline(&self, d: Moment) {
@@ -147,9 +160,16 @@ impl Shared {
         if let Some(reason) = self.loss.borrow().clone() {
             return Err(reason);
         }
-        if self.deadline().has_passed() {
-            self.lose(LossReason::DeadlinePassed);
-            return Err(LossReason::DeadlinePassed);
+        let ended = match &self.session {
+            Some(session) => session.ended(),
+            None => self
+                .deadline()
+                .has_passed()
+                .then_some(LossReason::DeadlinePassed),
+        };
+        if let Some(reason) = ended {
+            self.lose(reason.clone());
+            return Err(reason);
         }
         Ok(())
     }
@@ -210,6 +230,7 @@ impl LeaseHandle {
 }
 
 impl Lease {
+    /// A lease with its own expiry, granted by a request sent at `sent`.
     fn start(
         client: Client,
         resource: &str,
@@ -219,14 +240,58 @@ impl Lease {
         sent: Moment,
     ) -> Lease {
         let opts = client.lease_options();
+        let deadline = sent.plus(ttl).minus(opts.safety_margin(ttl));
+        let next_renew = sent.plus(opts.jittered(opts.renew_interval(ttl)));
+        Self::kept(
+            client,
+            resource,
+            owner,
+            token,
+            ttl,
+            None,
+            (deadline, next_renew),
+        )
+    }
+
+    /// A lease that lives with `session`.
+    fn start_in(
+        client: Client,
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+        session: Arc<ClientSession>,
+    ) -> Lease {
+        let (ttl, deadline) = (session.ttl, session.deadline());
+        Self::kept(
+            client,
+            resource,
+            owner,
+            token,
+            ttl,
+            Some(session),
+            (deadline, deadline),
+        )
+    }
+
+    /// Hands the lease to the client's keeper.
+    fn kept(
+        client: Client,
+        resource: &str,
+        owner: OwnerId,
+        token: u64,
+        ttl: Duration,
+        session: Option<Arc<ClientSession>>,
+        (deadline, next_renew): (Moment, Moment),
+    ) -> Lease {
         let (loss, _) = watch::channel(None);
         let shared = Arc::new(Shared {
             resource: resource.to_string(),
             owner,
             token,
             ttl,
-            deadline: Mutex::new(sent.plus(ttl).minus(opts.safety_margin(ttl))),
-            next_renew: Mutex::new(sent.plus(opts.jittered(opts.renew_interval(ttl)))),
+            session,
+            deadline: Mutex::new(deadline),
+            next_renew: Mutex::new(next_renew),
             loss,
             cancel: CancellationToken::new(),
             stop: CancellationToken::new(),
@@ -345,10 +410,11 @@ impl LeaseOptions {
 /// What a client's keeper did so far ([`Client::keeper_stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KeeperStats {
-    /// Renewal calls made (each renews up to `fenced_core::MAX_RENEW_BATCH`
-    /// leases in one replicated step).
+    /// Renewal calls made: session keep-alives, and batch renewals of
+    /// leases without a session (each renews up to
+    /// `fenced_core::MAX_RENEW_BATCH` leases in one replicated step).
     pub calls: u64,
-    /// Leases renewed.
+    /// Leases renewed (each lease of a session kept alive counts).
     pub renewed: u64,
     /// Leases the cluster reported lost.
     pub lost: u64,
@@ -359,14 +425,19 @@ pub struct KeeperStats {
 /// The most call latencies kept for [`Client::take_renewal_latencies`].
 const MAX_LATENCY_SAMPLES: usize = 100_000;
 
-/// Renews every lease held through one [`Client`], together: whenever one
-/// lease is due, every lease due within half its interval is renewed in the
-/// same `RenewMany` call, so a client's leases settle into one call per
-/// renewal interval, whatever their number (docs/DECISIONS.md, "Batch
-/// renewal"). One task per client, running while it keeps a lease.
+/// Keeps every lease held through one [`Client`] alive. A lease acquired
+/// without waiting lives with the client's session for its TTL, which one
+/// keep-alive per renewal interval extends, whatever the number of its
+/// leases (docs/DECISIONS.md, "Sessions"). Other leases (granted after a
+/// wait, or by a cluster without sessions) are renewed together: whenever
+/// one is due, every one due within half its interval is renewed in the
+/// same `RenewMany` call (docs/DECISIONS.md, "Batch renewal"). One task per
+/// client, running while it keeps a lease.
 #[derive(Default)]
 pub(crate) struct Keeper {
     state: Mutex<KeeperState>,
+    /// One session is opened at a time, so concurrent acquires share it.
+    opening: tokio::sync::Mutex<()>,
     pub(crate) wake: Notify,
     stats: Mutex<(KeeperStats, Vec<Duration>)>,
 }
@@ -374,7 +445,27 @@ pub(crate) struct Keeper {
 #[derive(Default)]
 struct KeeperState {
     leases: Vec<Arc<Shared>>,
+    /// The client's sessions, at most one per TTL in use.
+    sessions: Vec<Arc<ClientSession>>,
     running: bool,
+    /// The cluster answered that it has no sessions.
+    no_sessions: bool,
+}
+
+/// What the keeper is to do now.
+struct Due {
+    /// Leases without a session to renew.
+    leases: Vec<Arc<Shared>>,
+    /// Sessions to keep alive, with how many leases each holds.
+    sessions: Vec<(Arc<ClientSession>, u64)>,
+}
+
+/// A finished call of the keeper.
+enum Done {
+    Renewals(Vec<Arc<Shared>>, Vec<Answer>),
+    /// A keep-alive's answer and how many leases the cluster says the
+    /// session holds.
+    KeepAlive(Arc<ClientSession>, Answer, Option<u64>),
 }
 
 /// A renewal's answer for one lease.
@@ -389,6 +480,13 @@ enum Answer {
 impl Keeper {
     fn add(&self, client: &Client, lease: Arc<Shared>) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        // A session let go while its first acquire was on the way is kept
+        // again.
+        if let Some(session) = &lease.session {
+            if !state.sessions.iter().any(|s| Arc::ptr_eq(s, session)) {
+                state.sessions.push(Arc::clone(session));
+            }
+        }
         state.leases.push(lease);
         if !state.running {
             state.running = true;
@@ -398,34 +496,163 @@ impl Keeper {
         self.wake.notify_one();
     }
 
-    /// The leases to renew now, or when to look again, or `None` when there
-    /// is nothing left to keep (the task ends; the next lease starts one).
-    fn plan(&self, opts: LeaseOptions) -> Option<Result<Vec<Arc<Shared>>, Moment>> {
+    /// The session of `ttl` to acquire in: the open one, else a new one;
+    /// `None` when the cluster has no sessions.
+    pub(crate) async fn session_for(
+        &self,
+        client: &Client,
+        ttl: Duration,
+    ) -> Result<Option<Arc<ClientSession>>, ClientError> {
+        let _one_at_a_time = self.opening.lock().await;
+        {
+            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.no_sessions {
+                return Ok(None);
+            }
+            let open = state
+                .sessions
+                .iter()
+                .find(|s| s.ttl == ttl && s.ended().is_none());
+            if let Some(session) = open {
+                return Ok(Some(Arc::clone(session)));
+            }
+        }
+        let id = fenced_core::SessionId::random();
+        match client.open_session_sent(id, ttl).await {
+            Ok((SessionAnswer::Alive { .. }, sent)) => {
+                let opts = client.lease_options();
+                let session = Arc::new(ClientSession::new(
+                    id,
+                    ttl,
+                    sent.plus(ttl).minus(opts.safety_margin(ttl)),
+                    sent.plus(opts.jittered(opts.renew_interval(ttl))),
+                ));
+                tracing::debug!(session = %id, ttl_ms = crate::client::millis(ttl), "session opened");
+                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                state.sessions.push(Arc::clone(&session));
+                Ok(Some(session))
+            }
+            Ok((SessionAnswer::Gone, _)) => Err(ClientError::Server(
+                "open_session: a new session was answered as not open".into(),
+            )),
+            Err(e) if sessions_unsupported(&e) => {
+                tracing::info!(error = %e, "the cluster has no sessions; leases are renewed in batches");
+                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                state.no_sessions = true;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What to renew and keep alive now, or when to look again, or `None`
+    /// when there is nothing left to keep (the task ends; the next lease
+    /// starts one).
+    fn plan(&self, opts: LeaseOptions) -> Option<Result<Due, Moment>> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         // The deadline first: after a pause, never renew a lease that may
-        // already belong to someone else (`check` records the loss).
+        // already belong to someone else (`check` records the loss, also
+        // of every lease of a session that is over).
         state.leases.retain(|s| !s.is_over() && s.check().is_ok());
         if state.leases.is_empty() {
             state.running = false;
             return None;
         }
         let now = Moment::now();
-        let due = state.leases.iter().any(|s| s.next_renew() <= now);
-        if !due {
-            let wake = state
+        let held_in = |state: &KeeperState, session: &Arc<ClientSession>| {
+            let n = state
                 .leases
                 .iter()
-                .map(|s| s.next_renew().min(s.deadline()));
-            return Some(Err(wake.min().unwrap_or(now)));
+                .filter(|s| s.session.as_ref().is_some_and(|x| Arc::ptr_eq(x, session)))
+                .count();
+            u64::try_from(n).unwrap_or(u64::MAX)
+        };
+        let sessions: Vec<(Arc<ClientSession>, u64)> = state
+            .sessions
+            .iter()
+            .map(|session| (Arc::clone(session), held_in(&state, session)))
+            .collect();
+        // A session that holds no lease when its keep-alive is due is let
+        // go: it lapses on the cluster within its TTL, and the next acquire
+        // opens another.
+        let kept: Vec<(Arc<ClientSession>, u64)> = sessions
+            .into_iter()
+            .filter(|(s, n)| s.ended().is_none() && (*n > 0 || s.next_keep() > now))
+            .collect();
+        state.sessions = kept.iter().map(|(s, _)| Arc::clone(s)).collect();
+        let due_sessions: Vec<(Arc<ClientSession>, u64)> = kept
+            .iter()
+            .filter(|(s, n)| *n > 0 && s.next_keep() <= now)
+            .cloned()
+            .collect();
+        let own = || state.leases.iter().filter(|s| s.session.is_none());
+        let due = own().any(|s| s.next_renew() <= now);
+        if !due && due_sessions.is_empty() {
+            let leases = own().map(|s| s.next_renew().min(s.deadline()));
+            let sessions = kept
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(s, _)| s.next_keep().min(s.deadline()));
+            return Some(Err(leases.chain(sessions).min().unwrap_or(now)));
         }
         // Renewing early only lengthens a lease: every lease due within half
         // its interval joins this call rather than making its own.
-        Some(Ok(state
+        let leases = if due {
+            own()
+                .filter(|s| s.next_renew() <= now.plus(opts.renew_interval(s.ttl) / 2))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Some(Ok(Due {
+            leases,
+            sessions: due_sessions,
+        }))
+    }
+
+    /// The leases kept in `session`.
+    fn in_session(&self, session: &Arc<ClientSession>) -> Vec<Arc<Shared>> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state
             .leases
             .iter()
-            .filter(|s| s.next_renew() <= now.plus(opts.renew_interval(s.ttl) / 2))
+            .filter(|s| s.session.as_ref().is_some_and(|x| Arc::ptr_eq(x, session)))
+            .filter(|s| !s.is_over())
             .cloned()
-            .collect()))
+            .collect()
+    }
+
+    /// The earliest local deadline of a lease still kept: the keeper tells
+    /// its loss then, even while a call is on the way.
+    fn first_deadline(&self) -> Option<Moment> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state
+            .leases
+            .iter()
+            .filter(|s| !s.is_over())
+            .map(|s| s.deadline())
+            .min()
+    }
+
+    /// Records the loss of every lease whose deadline has passed.
+    fn check_deadlines(&self) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.leases.retain(|s| !s.is_over() && s.check().is_ok());
+    }
+
+    /// Counts a keep-alive of a session holding `leases` leases.
+    fn note_keep_alive(&self, latency: Duration, answer: &Answer, leases: u64) {
+        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        stats.0.calls += 1;
+        match answer {
+            Answer::Renewed(_) => stats.0.renewed += leases,
+            Answer::Lost(_) => stats.0.lost += leases,
+            Answer::Retry | Answer::Failed(_) => stats.0.failed_calls += 1,
+        }
+        if stats.1.len() < MAX_LATENCY_SAMPLES {
+            stats.1.push(latency);
+        }
     }
 
     fn note(&self, latency: Duration, answers: &[Answer]) {
@@ -490,23 +717,113 @@ async fn keep(client: Client) {
             Some(Ok(due)) => due,
         };
         let mut calls = tokio::task::JoinSet::new();
-        for chunk in chunks(due) {
+        for (session, leases) in due.sessions {
+            let client = client.clone();
+            calls.spawn(async move {
+                let started = std::time::Instant::now();
+                let (answer, held) = keep_alive(&client, &session).await;
+                client
+                    .keeper()
+                    .note_keep_alive(started.elapsed(), &answer, leases);
+                Done::KeepAlive(session, answer, held)
+            });
+        }
+        for chunk in chunks(due.leases) {
             let client = client.clone();
             calls.spawn(async move {
                 let started = std::time::Instant::now();
                 let answers = renew_chunk(&client, &chunk).await;
                 client.keeper().note(started.elapsed(), &answers);
-                (chunk, answers)
+                Done::Renewals(chunk, answers)
             });
         }
-        while let Some(done) = calls.join_next().await {
-            let Ok((chunk, answers)) = done else {
-                continue;
+        loop {
+            // A deadline passing while a call is on the way is told at once.
+            let deadline = keeper.first_deadline();
+            let wait = deadline.map_or(Duration::from_secs(3600), |d| d.remaining());
+            let done = tokio::select! {
+                done = calls.join_next() => done,
+                _ = tokio::time::sleep(wait), if deadline.is_some() => {
+                    keeper.check_deadlines();
+                    continue;
+                }
             };
-            for (s, answer) in chunk.iter().zip(answers) {
-                settle(s, answer, opts);
+            match done {
+                None => break,
+                Some(Ok(Done::Renewals(chunk, answers))) => {
+                    for (s, answer) in chunk.iter().zip(answers) {
+                        settle(s, answer, opts);
+                    }
+                }
+                Some(Ok(Done::KeepAlive(session, answer, held))) => {
+                    settle_session(&session, answer, opts);
+                    let kept = keeper.in_session(&session);
+                    if held.is_some_and(|n| n < kept.len() as u64) {
+                        find_ended(&client, &session, kept).await;
+                    }
+                }
+                Some(Err(_)) => {}
             }
         }
+    }
+}
+
+/// Tells each of `kept` (leases of `session`) whether it ended without
+/// this client (released or superseded by someone holding its owner id and
+/// token), as a renewal would have: the cluster counted fewer leases in the
+/// session than the client keeps. One `ValidateTokens` read per 256 leases.
+async fn find_ended(client: &Client, session: &ClientSession, kept: Vec<Arc<Shared>>) {
+    for chunk in kept.chunks(fenced_core::MAX_VALIDATE_BATCH) {
+        let checks: Vec<(&str, u64)> = chunk
+            .iter()
+            .map(|s| (s.resource.as_str(), s.token))
+            .collect();
+        match client.validate_tokens(&checks).await {
+            Ok(resp) => {
+                for (s, v) in chunk.iter().zip(&resp.results) {
+                    if let Some(reason) = ended_reason(v) {
+                        s.lose(LossReason::Refused(reason));
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %e,
+                    "the session holds fewer leases than this client keeps, and which ended cannot be read");
+                return;
+            }
+        }
+    }
+}
+
+/// One keep-alive of `session`, within its deadline; with the number of
+/// leases the cluster says it holds.
+async fn keep_alive(client: &Client, session: &ClientSession) -> (Answer, Option<u64>) {
+    let budget = session.deadline().remaining();
+    match client.keep_alive_sent(session.id, budget).await {
+        Ok((SessionAnswer::Alive { leases }, sent)) => (Answer::Renewed(sent), Some(leases)),
+        Ok((SessionAnswer::Gone, _)) => (Answer::Lost(LostReason::Expired), None),
+        Err(e) if e.is_transient() => {
+            tracing::debug!(session = %session.id, error = %e, "keep-alive failed; retrying");
+            (Answer::Retry, None)
+        }
+        Err(e) => (Answer::Failed(e.to_string()), None),
+    }
+}
+
+/// Records a keep-alive's answer: a new deadline for the session and every
+/// lease in it, or the end of all of them (told to each lease by the
+/// keeper's next look).
+fn settle_session(session: &ClientSession, answer: Answer, opts: LeaseOptions) {
+    let ttl = session.ttl;
+    match answer {
+        Answer::Renewed(sent) => {
+            session.extend(sent.plus(ttl).minus(opts.safety_margin(ttl)));
+            session.set_next_keep(sent.plus(opts.jittered(opts.renew_interval(ttl))));
+            tracing::debug!(session = %session.id, "session kept alive");
+        }
+        Answer::Lost(_) => session.end(SESSION_GONE),
+        Answer::Retry => session.set_next_keep(Moment::now().plus(Duration::from_millis(100))),
+        Answer::Failed(e) => session.end(LossReason::Failed(e)),
     }
 }
 
@@ -617,6 +934,26 @@ fn settle(s: &Shared, answer: Answer, opts: LeaseOptions) {
     }
 }
 
+/// The token of a grant, or the answer for a resource held by another.
+fn granted(resource: &str, outcome: AcquireOutcome) -> Result<Result<u64, Acquired>, ClientError> {
+    match outcome {
+        AcquireOutcome::Granted { token, .. } => Ok(Ok(token)),
+        AcquireOutcome::Held {
+            current_token,
+            remaining_ms,
+        } => Ok(Err(Acquired::Held {
+            current_token,
+            remaining_ms,
+        })),
+        // The owner id is fresh, so only a retry of this very attempt can
+        // find it spent: it was granted and lost before the reply came.
+        AcquireOutcome::Ended { reason } => Err(ClientError::AttemptEnded {
+            resource: resource.to_string(),
+            reason: reason.as_str().to_string(),
+        }),
+    }
+}
+
 /// The answer to [`Client::acquire`].
 pub enum Acquired {
     Granted(Lease),
@@ -662,29 +999,40 @@ impl Client {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Acquired, ClientError> {
+        // Without a wait, in the client's session of this TTL; a session
+        // found gone is replaced once.
+        if wait.is_zero() && !self.lease_options().no_sessions {
+            for _ in 0..2 {
+                let Some(session) = self.keeper().session_for(self, ttl).await? else {
+                    break;
+                };
+                let owner = OwnerId::random();
+                match self
+                    .acquire_in_session_sent(resource, owner, session.id)
+                    .await?
+                {
+                    (InSession::Gone, _) => session.end(SESSION_GONE),
+                    (InSession::Outcome(outcome), _) => {
+                        let token = granted(resource, outcome)?;
+                        return Ok(match token {
+                            Ok(token) => Acquired::Granted(Lease::start_in(
+                                self.clone(),
+                                resource,
+                                owner,
+                                token,
+                                session,
+                            )),
+                            Err(held) => held,
+                        });
+                    }
+                }
+            }
+        }
         let owner = OwnerId::random();
-        let (token, sent) = match self.acquire_sent(resource, owner, ttl, wait).await? {
-            (AcquireOutcome::Granted { token, .. }, sent) => (token, sent),
-            (
-                AcquireOutcome::Held {
-                    current_token,
-                    remaining_ms,
-                },
-                _,
-            ) => {
-                return Ok(Acquired::Held {
-                    current_token,
-                    remaining_ms,
-                })
-            }
-            // The owner id is fresh, so only a retry of this very attempt can
-            // find it spent: it was granted and lost before the reply came.
-            (AcquireOutcome::Ended { reason }, _) => {
-                return Err(ClientError::AttemptEnded {
-                    resource: resource.to_string(),
-                    reason: reason.as_str().to_string(),
-                })
-            }
+        let (outcome, sent) = self.acquire_sent(resource, owner, ttl, wait).await?;
+        let token = match granted(resource, outcome)? {
+            Ok(token) => token,
+            Err(held) => return Ok(held),
         };
         // A grant that came after waiting is timed from a request sent long
         // ago; one renewal now times it from a fresh request.

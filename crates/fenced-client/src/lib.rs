@@ -30,6 +30,7 @@ mod kv;
 mod leader;
 mod lease;
 mod members;
+mod session;
 mod tls;
 mod transport;
 

@@ -49,6 +49,30 @@ impl lock_server::Lock for Spent {
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
         Err(Status::unimplemented("not in this test"))
     }
+    async fn open_session(
+        &self,
+        _: Request<v1::OpenSessionRequest>,
+    ) -> Result<Response<v1::SessionResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn acquire_in_session(
+        &self,
+        _: Request<v1::AcquireInSessionRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn keep_alive(
+        &self,
+        _: Request<v1::KeepAliveRequest>,
+    ) -> Result<Response<v1::SessionResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+    async fn close_session(
+        &self,
+        _: Request<v1::CloseSessionRequest>,
+    ) -> Result<Response<v1::CloseSessionResponse>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
     async fn describe(
         &self,
         _: Request<v1::DescribeRequest>,

@@ -2,7 +2,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     Capacity, ClusterTime, InvalidArgument, KvBounds, KvKey, KvValue, Limits, OwnerId,
-    ResourceName, Token, MAX_RENEW_BATCH, MAX_RENEW_BATCH_BYTES,
+    ResourceName, SessionBounds, SessionId, Token, MAX_RENEW_BATCH, MAX_RENEW_BATCH_BYTES,
+    SESSION_IDENTITY_MAX_BYTES,
 };
 
 /// One client request, as replicated in the log.
@@ -67,6 +68,37 @@ pub enum Command {
     /// leases. Each lease is renewed or reported lost exactly as a
     /// `Renew` of its own would be ([`crate::Outcome::Renewals`]).
     RenewMany { leases: RenewLeases },
+    /// Open a session owned by `identity` (the caller as the server
+    /// authenticated it; empty without auth), live for `ttl_ms` unless kept
+    /// alive, within `bounds`. Opening a session the same identity already
+    /// has open is a keep-alive (a retried open).
+    OpenSession {
+        session: SessionId,
+        identity: String,
+        ttl_ms: u64,
+        bounds: SessionBounds,
+    },
+    /// Extend a session by its TTL from now: one write, however many leases
+    /// it holds.
+    KeepAlive {
+        session: SessionId,
+        identity: String,
+    },
+    /// End a session and, at the same cluster time, every lease it holds
+    /// (each as if released).
+    CloseSession {
+        session: SessionId,
+        identity: String,
+    },
+    /// [`Command::AcquireBounded`] without a wait, for a lease that has no
+    /// expiry of its own: it is live while `session` is, and ends with it.
+    AcquireInSession {
+        resource: ResourceName,
+        owner: OwnerId,
+        session: SessionId,
+        identity: String,
+        capacity: Capacity,
+    },
 }
 
 /// One lease of a [`Command::RenewMany`]: what a [`Command::Renew`] carries.
@@ -220,6 +252,15 @@ impl Command {
                         .map_err(|e| InvalidArgument::new("leases", format!("leases[{i}].{e}")))?;
                 }
             }
+            Command::OpenSession {
+                ttl_ms, identity, ..
+            } => {
+                limits.check_ttl_ms(*ttl_ms)?;
+                check_identity(identity)?;
+            }
+            Command::KeepAlive { identity, .. }
+            | Command::CloseSession { identity, .. }
+            | Command::AcquireInSession { identity, .. } => check_identity(identity)?,
             // Keys and values are bounded by their types.
             Command::Release { .. } | Command::KvPut { .. } | Command::KvDelete { .. } => {}
         }
@@ -227,30 +268,39 @@ impl Command {
     }
 
     /// The resource the command is about; for [`Command::RenewMany`], the
-    /// first lease's (see [`Command::resources`]).
-    pub fn resource(&self) -> &ResourceName {
+    /// first lease's (see [`Command::resources`]); none for a session's
+    /// open, keep-alive or close.
+    pub fn resource(&self) -> Option<&ResourceName> {
         match self {
-            Command::RenewMany { leases } => &leases.first().resource,
+            Command::RenewMany { leases } => Some(&leases.first().resource),
             Command::Acquire { resource, .. }
             | Command::AcquireBounded { resource, .. }
+            | Command::AcquireInSession { resource, .. }
             | Command::Renew { resource, .. }
             | Command::Release { resource, .. }
             | Command::KvPut { resource, .. }
-            | Command::KvDelete { resource, .. } => resource,
+            | Command::KvDelete { resource, .. } => Some(resource),
+            Command::OpenSession { .. }
+            | Command::KeepAlive { .. }
+            | Command::CloseSession { .. } => None,
         }
     }
 
     /// The owner id of the command; for [`Command::RenewMany`], the first
-    /// lease's.
-    pub fn owner(&self) -> OwnerId {
+    /// lease's; none for a session's open, keep-alive or close.
+    pub fn owner(&self) -> Option<OwnerId> {
         match self {
-            Command::RenewMany { leases } => leases.first().owner,
+            Command::RenewMany { leases } => Some(leases.first().owner),
             Command::Acquire { owner, .. }
             | Command::AcquireBounded { owner, .. }
+            | Command::AcquireInSession { owner, .. }
             | Command::Renew { owner, .. }
             | Command::Release { owner, .. }
             | Command::KvPut { owner, .. }
-            | Command::KvDelete { owner, .. } => *owner,
+            | Command::KvDelete { owner, .. } => Some(*owner),
+            Command::OpenSession { .. }
+            | Command::KeepAlive { .. }
+            | Command::CloseSession { .. } => None,
         }
     }
 
@@ -258,7 +308,7 @@ impl Command {
     pub fn resources(&self) -> Box<dyn Iterator<Item = &ResourceName> + '_> {
         match self {
             Command::RenewMany { leases } => Box::new(leases.iter().map(|l| &l.resource)),
-            other => Box::new(std::iter::once(other.resource())),
+            other => Box::new(other.resource().into_iter()),
         }
     }
 
@@ -273,6 +323,21 @@ impl Command {
             _ => 0,
         }
     }
+}
+
+/// The identity a session records as its owner: at most
+/// [`SESSION_IDENTITY_MAX_BYTES`] (empty when the server runs without auth).
+fn check_identity(identity: &str) -> Result<(), InvalidArgument> {
+    if identity.len() > SESSION_IDENTITY_MAX_BYTES {
+        return Err(InvalidArgument::new(
+            "identity",
+            format!(
+                "must be at most {SESSION_IDENTITY_MAX_BYTES} bytes, got {}",
+                identity.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The payload of one log entry: commands applied in order at one cluster

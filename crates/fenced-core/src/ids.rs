@@ -5,78 +5,103 @@ use uuid::Uuid;
 
 use crate::InvalidArgument;
 
-/// The id of ONE acquisition attempt, chosen by the client (a UUID).
-///
-/// Together with the token it is the capability to renew or release, so it is
-/// never shown to other clients. A new attempt uses a new id.
-///
-/// ```
-/// use fenced_core::OwnerId;
-/// let owner = OwnerId::random();
-/// assert_eq!(OwnerId::from_bytes(owner.as_bytes())?, owner);
-/// assert!(OwnerId::from_bytes(&[0; 16]).is_err()); // the nil UUID
-/// # Ok::<(), fenced_core::InvalidArgument>(())
-/// ```
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct OwnerId(Uuid);
+/// A UUID id chosen by the client, validated (never nil) with errors naming
+/// `$field`.
+macro_rules! uuid_id {
+    ($(#[$doc:meta])* $name:ident, $field:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        pub struct $name(Uuid);
 
-impl OwnerId {
-    /// A fresh random id (UUID v4) for a new acquisition attempt (feature
-    /// `random`, on for every crate of the workspace but the core itself).
-    #[cfg(feature = "random")]
-    pub fn random() -> Self {
-        Self(Uuid::new_v4())
-    }
+        impl $name {
+            /// A fresh random id (UUID v4) (feature `random`, on for every
+            /// crate of the workspace but the core itself).
+            #[cfg(feature = "random")]
+            pub fn random() -> Self {
+                Self(Uuid::new_v4())
+            }
 
-    /// Validates a UUID: the nil UUID is refused.
-    pub fn new(id: Uuid) -> Result<Self, InvalidArgument> {
-        if id.is_nil() {
-            return Err(InvalidArgument::new(
-                "owner_id",
-                "must be a non-nil UUID (16 bytes)",
-            ));
+            /// Validates a UUID: the nil UUID is refused.
+            pub fn new(id: Uuid) -> Result<Self, InvalidArgument> {
+                if id.is_nil() {
+                    return Err(InvalidArgument::new(
+                        $field,
+                        "must be a non-nil UUID (16 bytes)",
+                    ));
+                }
+                Ok(Self(id))
+            }
+
+            /// Validates 16 raw bytes from the wire.
+            pub fn from_bytes(bytes: &[u8]) -> Result<Self, InvalidArgument> {
+                let id = Uuid::from_slice(bytes).map_err(|_| {
+                    InvalidArgument::new(
+                        $field,
+                        format!("must be exactly 16 bytes (a UUID), got {}", bytes.len()),
+                    )
+                })?;
+                Self::new(id)
+            }
+
+            /// Parses the text form (`67e55044-10b1-426f-9247-bb680e5fe0c8`).
+            pub fn parse(text: &str) -> Result<Self, InvalidArgument> {
+                let id = Uuid::parse_str(text)
+                    .map_err(|e| InvalidArgument::new($field, format!("must be a UUID: {e}")))?;
+                Self::new(id)
+            }
+
+            pub fn as_bytes(&self) -> &[u8; 16] {
+                self.0.as_bytes()
+            }
+
+            pub fn as_uuid(&self) -> Uuid {
+                self.0
+            }
         }
-        Ok(Self(id))
-    }
 
-    /// Validates 16 raw bytes from the wire.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, InvalidArgument> {
-        let id = Uuid::from_slice(bytes).map_err(|_| {
-            InvalidArgument::new(
-                "owner_id",
-                format!("must be exactly 16 bytes (a UUID), got {}", bytes.len()),
-            )
-        })?;
-        Self::new(id)
-    }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
 
-    /// Parses the text form (`67e55044-10b1-426f-9247-bb680e5fe0c8`).
-    pub fn parse(text: &str) -> Result<Self, InvalidArgument> {
-        let id = Uuid::parse_str(text)
-            .map_err(|e| InvalidArgument::new("owner_id", format!("must be a UUID: {e}")))?;
-        Self::new(id)
-    }
-
-    pub fn as_bytes(&self) -> &[u8; 16] {
-        self.0.as_bytes()
-    }
-
-    pub fn as_uuid(&self) -> Uuid {
-        self.0
-    }
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+    };
 }
 
-impl fmt::Display for OwnerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
+uuid_id!(
+    /// The id of ONE acquisition attempt, chosen by the client (a UUID).
+    ///
+    /// Together with the token it is the capability to renew or release, so it is
+    /// never shown to other clients. A new attempt uses a new id.
+    ///
+    /// ```
+    /// use fenced_core::OwnerId;
+    /// let owner = OwnerId::random();
+    /// assert_eq!(OwnerId::from_bytes(owner.as_bytes())?, owner);
+    /// assert!(OwnerId::from_bytes(&[0; 16]).is_err()); // the nil UUID
+    /// # Ok::<(), fenced_core::InvalidArgument>(())
+    /// ```
+    OwnerId,
+    "owner_id"
+);
 
-impl fmt::Debug for OwnerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
+uuid_id!(
+    /// The id of a session ([`crate::Command::OpenSession`]), chosen by the
+    /// client (a UUID), so that a retried open finds the session it opened.
+    ///
+    /// ```
+    /// use fenced_core::SessionId;
+    /// let err = SessionId::from_bytes(&[1; 3]).unwrap_err();
+    /// assert_eq!(err.field(), "session_id");
+    /// ```
+    SessionId,
+    "session_id"
+);
 
 /// A fencing token: the ownership generation of a resource, always ≥ 1.
 ///

@@ -21,19 +21,20 @@ mod limits;
 mod name;
 mod observe;
 mod outcome;
+mod session;
 mod table;
 mod time;
 
 pub use command::{Batch, Command, RenewLease, RenewLeases};
 pub use error::InvalidArgument;
-pub use ids::{OwnerId, Token};
+pub use ids::{OwnerId, SessionId, Token};
 pub use kv::{
     KvBound, KvBounds, KvEntry, KvKey, KvRefusal, KvSnapshot, KvStore, KvValue, KV_KEY_MAX_BYTES,
     KV_SNAPSHOT_FORMAT_VERSION, KV_VALUE_MAX_BYTES,
 };
 pub use limits::{
-    Capacity, CapacityBound, Limits, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS, MAX_RENEW_BATCH,
-    MAX_RENEW_BATCH_BYTES, MAX_WAITERS_PER_RESOURCE,
+    Capacity, CapacityBound, Limits, SessionBounds, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS,
+    MAX_RENEW_BATCH, MAX_RENEW_BATCH_BYTES, MAX_WAITERS_PER_RESOURCE, SESSION_IDENTITY_MAX_BYTES,
 };
 pub use name::{ResourceName, RESOURCE_NAME_MAX_BYTES};
 pub use observe::{
@@ -41,7 +42,10 @@ pub use observe::{
     Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_VALIDATE_BATCH,
     WATCH_WINDOW,
 };
-pub use outcome::{Applied, Description, Event, Grant, LeaseList, LeaseView, LostReason, Outcome};
+pub use outcome::{
+    Applied, Description, Event, Grant, LeaseList, LeaseView, LostReason, Outcome, SessionBound,
+    SessionRefusal,
+};
 pub use table::{
     LeaseTable, SnapshotError, TableSnapshot, TableSnapshotRef, SNAPSHOT_FORMAT_VERSION,
 };

@@ -42,6 +42,18 @@ impl Capacity {
     };
 }
 
+/// How many sessions the table may hold: in all, and per identity. Carried
+/// by every [`crate::Command::OpenSession`], like [`Capacity`] by an acquire,
+/// so every replica refuses the same opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionBounds {
+    pub max_sessions: u64,
+    pub max_sessions_per_identity: u64,
+}
+
+/// The longest identity a session records as its owner, in bytes.
+pub const SESSION_IDENTITY_MAX_BYTES: usize = 256;
+
 /// Which [`Capacity`] bound refused an acquire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CapacityBound {
@@ -82,6 +94,10 @@ pub struct Limits {
     pub kv_max_keys: u64,
     /// Bytes of keys plus values in the fenced store (see [`KvBounds`]).
     pub kv_max_total_bytes: u64,
+    /// Open sessions in the whole table (see [`SessionBounds`]).
+    pub max_sessions: u64,
+    /// Open sessions of one identity (see [`SessionBounds`]).
+    pub max_sessions_per_identity: u64,
 }
 
 impl Default for Limits {
@@ -94,6 +110,8 @@ impl Default for Limits {
             max_waiters: 100_000,
             kv_max_keys: 100_000,
             kv_max_total_bytes: 64 * 1024 * 1024,
+            max_sessions: 10_000,
+            max_sessions_per_identity: 1_000,
         }
     }
 }
@@ -112,6 +130,14 @@ impl Limits {
         KvBounds {
             max_keys: self.kv_max_keys,
             max_total_bytes: self.kv_max_total_bytes,
+        }
+    }
+
+    /// The session bounds every open carries.
+    pub fn session_bounds(&self) -> SessionBounds {
+        SessionBounds {
+            max_sessions: self.max_sessions,
+            max_sessions_per_identity: self.max_sessions_per_identity,
         }
     }
 

@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::{CapacityBound, ClusterTime, KvRefusal, OwnerId, ResourceName, Token};
+use crate::{CapacityBound, ClusterTime, KvRefusal, OwnerId, ResourceName, SessionId, Token};
 
 /// A lease granted to an owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,6 +72,53 @@ pub enum Outcome {
     /// A batch renewal's answer: one [`Outcome::Renewed`] or
     /// [`Outcome::Lost`] per lease, in the order of its leases.
     Renewals(Vec<Outcome>),
+    /// A session was opened or kept alive: it and every lease it holds run
+    /// until `expires_at` unless kept alive again. `leases` is how many it
+    /// holds (a client that counts more learns that some ended without it).
+    SessionAlive {
+        expires_at: ClusterTime,
+        ttl_ms: u64,
+        leases: u64,
+    },
+    /// A session was closed (or was not live): `leases` of its leases ended
+    /// with it.
+    SessionClosed {
+        leases: u64,
+    },
+    /// A session command, or an acquire in a session, changed nothing.
+    SessionRefused(SessionRefusal),
+    /// A renew of a lease kept by its session changed nothing: the lease
+    /// runs as long as its session, which a keep-alive extends.
+    KeptBySession,
+}
+
+/// Why a session command changed nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionRefusal {
+    /// No such session is live: it lapsed, was closed, or never was opened.
+    /// Every lease it held has ended.
+    Gone,
+    /// The session belongs to another identity.
+    NotOwner,
+    /// Opening it would exceed a [`crate::SessionBounds`] bound.
+    Bound { bound: SessionBound, limit: u64 },
+}
+
+/// Which [`crate::SessionBounds`] bound refused an open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionBound {
+    Sessions,
+    SessionsPerIdentity,
+}
+
+impl SessionBound {
+    /// The setting's name, as spelled in the server's configuration.
+    pub fn setting(self) -> &'static str {
+        match self {
+            SessionBound::Sessions => "max_sessions",
+            SessionBound::SessionsPerIdentity => "max_sessions_per_identity",
+        }
+    }
 }
 
 /// Something that happened while applying an entry without being the direct
@@ -91,12 +138,16 @@ pub enum Event {
         current_token: Token,
         remaining_ms: u64,
     },
-    /// A lease ran out without being renewed or released.
+    /// A lease ran out without being renewed or released (also each lease
+    /// of a session that lapsed).
     Expired {
         resource: ResourceName,
         owner: OwnerId,
         token: Token,
     },
+    /// A session lapsed without a keep-alive; `leases` of its leases ended
+    /// with it, each also reported as [`Event::Expired`].
+    SessionExpired { session: SessionId, leases: u64 },
 }
 
 /// Everything one applied batch produced.

@@ -6,24 +6,50 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    observe::Window, Applied, Batch, Capacity, CapacityBound, Change, ChangeKind, ChangesAfter,
-    ClusterTime, Command, Compacted, Description, Event, Grant, HistoryEntry, KvSnapshot, KvStore,
-    LeaseEnd, LeaseList, LeaseView, LostReason, Outcome, OwnerId, ResourceName, Token, TokenState,
-    Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_IDLE_RECORDS,
-    MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
+    observe::Window,
+    session::{Ends, Session, Term},
+    Applied, Batch, Capacity, CapacityBound, Change, ChangeKind, ChangesAfter, ClusterTime,
+    Command, Compacted, Description, Event, Grant, HistoryEntry, KvSnapshot, KvStore, LeaseEnd,
+    LeaseList, LeaseView, LostReason, Outcome, OwnerId, ResourceName, SessionId, SessionRefusal,
+    Token, TokenState, Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE,
+    MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
 };
 
 /// The version of [`TableSnapshot`]'s layout. Bump it when the layout changes.
-/// Version 2 added the change window and the grant history; version 1
-/// snapshots still load (with no history and no changes kept).
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
+/// Version 2 added the change window and the grant history; version 3 the
+/// sessions. Older snapshots still load (version 1 with no history and no
+/// changes kept, both with no sessions).
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Lease {
+    owner: OwnerId,
+    token: Token,
+    term: Term,
+}
+
+/// A held lease as snapshots store it: with its expiry and TTL, its
+/// session's for a lease held by one (the sessions, stored after the
+/// records, say which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename = "Lease")]
+struct StoredLease {
     owner: OwnerId,
     token: Token,
     expires_at: ClusterTime,
     ttl_ms: u64,
+}
+
+impl Lease {
+    fn stored(&self, ends: &Ends) -> StoredLease {
+        let (expires_at, ttl_ms) = ends.end_of(&self.term);
+        StoredLease {
+            owner: self.owner,
+            token: self.token,
+            expires_at,
+            ttl_ms,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,7 +98,7 @@ struct Record {
 #[serde(rename = "Record")]
 struct StoredRecord {
     last_token: Token,
-    holder: Option<Lease>,
+    holder: Option<StoredLease>,
     ended: Option<Ended>,
     waiters: VecDeque<Waiter>,
     idle_seq: Option<u64>,
@@ -84,7 +110,7 @@ struct StoredRecord {
 #[serde(rename = "Record")]
 struct StoredRecordRef<'a> {
     last_token: Token,
-    holder: &'a Option<Lease>,
+    holder: Option<StoredLease>,
     ended: &'a Option<Ended>,
     waiters: &'a Waiters,
     idle_seq: Option<u64>,
@@ -165,20 +191,20 @@ impl Record {
         }
     }
 
-    fn stored(&self) -> StoredRecord {
+    fn stored(&self, ends: &Ends) -> StoredRecord {
         StoredRecord {
             last_token: self.last_token,
-            holder: self.holder.clone(),
+            holder: self.holder.as_ref().map(|l| l.stored(ends)),
             ended: self.ended.clone(),
             waiters: self.waiters.iter().cloned().collect(),
             idle_seq: self.idle_seq,
         }
     }
 
-    fn stored_ref(&self) -> StoredRecordRef<'_> {
+    fn stored_ref(&self, ends: &Ends) -> StoredRecordRef<'_> {
         StoredRecordRef {
             last_token: self.last_token,
-            holder: &self.holder,
+            holder: self.holder.as_ref().map(|l| l.stored(ends)),
             ended: &self.ended,
             waiters: &self.waiters,
             idle_seq: self.idle_seq,
@@ -225,6 +251,20 @@ impl Record {
     }
 }
 
+/// What an acquire asks for: a lease with its own TTL (waiting up to
+/// `wait_ms` if held), or one that lives with a session.
+#[derive(Debug, Clone, Copy)]
+enum Ask<'a> {
+    Own {
+        ttl_ms: u64,
+        wait_ms: u64,
+    },
+    InSession {
+        session: SessionId,
+        identity: &'a str,
+    },
+}
+
 /// The lease table: every resource's holder, token and waiters.
 ///
 /// A pure state machine: [`LeaseTable::apply`] takes a [`Batch`] stamped with
@@ -263,8 +303,8 @@ pub struct LeaseTable {
     /// Boxed: a map node then holds 11 small entries, not 11 records, so a
     /// node half full (as ordered inserts leave them) wastes little.
     records: BTreeMap<ResourceName, Box<Record>>,
-    /// Every held lease by expiry time.
-    expiries: BTreeSet<(ClusterTime, ResourceName)>,
+    /// When every held lease ends: by its own expiry, or with its session.
+    ends: Ends,
     /// Every waiter by the end of its wait.
     deadlines: BTreeSet<(ClusterTime, ResourceName, OwnerId)>,
     /// Idle resources, oldest first.
@@ -291,7 +331,7 @@ impl LeaseTable {
             now: ClusterTime::ZERO,
             last_token: 0,
             records: BTreeMap::new(),
-            expiries: BTreeSet::new(),
+            ends: Ends::default(),
             deadlines: BTreeSet::new(),
             idle: BTreeSet::new(),
             next_idle_seq: 0,
@@ -374,13 +414,14 @@ impl LeaseTable {
         } else if token > rec.last_token {
             TokenState::Unknown
         } else {
-            match (&rec.holder, &rec.ended) {
-                (Some(l), _) if l.token == token && l.expires_at > now => TokenState::Current {
-                    remaining_ms: l.expires_at.millis_since(now),
+            let end = rec.holder.as_ref().map(|l| self.ends.end_of(&l.term).0);
+            match (&rec.holder, &rec.ended, end) {
+                (Some(l), _, Some(end)) if l.token == token && end > now => TokenState::Current {
+                    remaining_ms: end.millis_since(now),
                 },
                 // Ran out, not yet swept: the next entry ends it as expired.
-                (Some(l), _) if l.token == token => TokenState::Expired,
-                (None, Some(e)) if e.token == token => match e.reason {
+                (Some(l), _, _) if l.token == token => TokenState::Expired,
+                (None, Some(e), _) if e.token == token => match e.reason {
                     EndReason::Released => TokenState::Released,
                     EndReason::Expired => TokenState::Expired,
                 },
@@ -448,7 +489,19 @@ impl LeaseTable {
 
     /// How many leases are held (not yet expired at [`LeaseTable::now`]).
     pub fn live_leases(&self) -> usize {
-        self.expiries.len()
+        self.ends.live_leases()
+    }
+
+    /// How many sessions are open.
+    pub fn sessions(&self) -> usize {
+        self.ends.sessions.len()
+    }
+
+    /// When session `session` lapses unless kept alive, and how many leases
+    /// it holds; `None` when it is not open.
+    pub fn session(&self, session: SessionId) -> Option<(ClusterTime, usize)> {
+        let s = self.ends.sessions.get(&session)?;
+        Some((s.expires_at, s.leases.len()))
     }
 
     /// How many waiters are queued, over every resource.
@@ -464,12 +517,13 @@ impl LeaseTable {
     /// The current holder of `resource` and its grant, if any.
     pub fn holder(&self, resource: &str) -> Option<(OwnerId, Grant)> {
         let lease = self.records.get(resource)?.holder.as_ref()?;
+        let (expires_at, ttl_ms) = self.ends.end_of(&lease.term);
         Some((
             lease.owner,
             Grant {
                 token: lease.token,
-                expires_at: lease.expires_at,
-                ttl_ms: lease.ttl_ms,
+                expires_at,
+                ttl_ms,
             },
         ))
     }
@@ -488,7 +542,11 @@ impl LeaseTable {
             return Err(LostReason::Unknown);
         };
         match &rec.holder {
-            Some(l) if l.owner == owner && l.token == token && l.expires_at > now => Ok(()),
+            Some(l)
+                if l.owner == owner && l.token == token && self.ends.end_of(&l.term).0 > now =>
+            {
+                Ok(())
+            }
             Some(l) if l.owner == owner && l.token == token => Err(LostReason::Expired),
             _ if token < rec.last_token => Err(LostReason::Superseded {
                 current_token: rec.last_token,
@@ -526,11 +584,15 @@ impl LeaseTable {
                 waiters: 0,
             };
         };
-        let live = rec.holder.as_ref().filter(|l| l.expires_at > now);
+        let live = rec
+            .holder
+            .as_ref()
+            .map(|l| self.ends.end_of(&l.term).0)
+            .filter(|end| *end > now);
         Description {
             last_token: rec.last_token.get(),
             held: live.is_some(),
-            remaining_ms: live.map_or(0, |l| l.expires_at.millis_since(now)),
+            remaining_ms: live.map_or(0, |end| end.millis_since(now)),
             waiters: u32::try_from(rec.waiters.len()).unwrap_or(u32::MAX),
         }
     }
@@ -547,15 +609,19 @@ impl LeaseTable {
             .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(|(name, _)| name.as_str().starts_with(prefix));
         for (name, rec) in under_prefix {
-            let Some(lease) = rec.holder.as_ref().filter(|l| l.expires_at > now) else {
+            let Some(lease) = rec.holder.as_ref() else {
                 continue;
             };
+            let (expires_at, ttl_ms) = self.ends.end_of(&lease.term);
+            if expires_at <= now {
+                continue;
+            }
             if list.rows.len() < limit {
                 list.rows.push(LeaseView {
                     resource: name.clone(),
                     token: lease.token.get(),
-                    remaining_ms: lease.expires_at.millis_since(now),
-                    ttl_ms: lease.ttl_ms,
+                    remaining_ms: expires_at.millis_since(now),
+                    ttl_ms,
                     waiters: u32::try_from(rec.waiters.len()).unwrap_or(u32::MAX),
                 });
             } else {
@@ -573,7 +639,7 @@ impl LeaseTable {
             .deadlines
             .iter()
             .filter_map(|(_, name, _)| self.records.get(name)?.holder.as_ref())
-            .map(|l| l.expires_at)
+            .map(|l| self.ends.end_of(&l.term).0)
             .min();
         match (first_deadline, contended_expiry) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -582,11 +648,12 @@ impl LeaseTable {
     }
 
     /// The earliest cluster time at which an entry would change something
-    /// without a command: a wait ending, or any lease running out (so that
-    /// expiries are recorded, with a revision, soon after they happen).
+    /// without a command: a wait ending, or any lease or session running
+    /// out (so that expiries are recorded, with a revision, soon after they
+    /// happen).
     pub fn next_sweep(&self) -> Option<ClusterTime> {
         let first_deadline = self.deadlines.first().map(|(t, _, _)| *t);
-        let first_expiry = self.expiries.first().map(|(t, _)| *t);
+        let first_expiry = self.ends.first_expiry();
         match (first_deadline, first_expiry) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -615,8 +682,10 @@ impl LeaseTable {
                 } => self.acquire(
                     resource,
                     *owner,
-                    *ttl_ms,
-                    *wait_ms,
+                    Ask::Own {
+                        ttl_ms: *ttl_ms,
+                        wait_ms: *wait_ms,
+                    },
                     Capacity::UNBOUNDED,
                     now,
                 ),
@@ -626,7 +695,57 @@ impl LeaseTable {
                     ttl_ms,
                     wait_ms,
                     capacity,
-                } => self.acquire(resource, *owner, *ttl_ms, *wait_ms, *capacity, now),
+                } => self.acquire(
+                    resource,
+                    *owner,
+                    Ask::Own {
+                        ttl_ms: *ttl_ms,
+                        wait_ms: *wait_ms,
+                    },
+                    *capacity,
+                    now,
+                ),
+                Command::AcquireInSession {
+                    resource,
+                    owner,
+                    session,
+                    identity,
+                    capacity,
+                } => self.acquire(
+                    resource,
+                    *owner,
+                    Ask::InSession {
+                        session: *session,
+                        identity,
+                    },
+                    *capacity,
+                    now,
+                ),
+                Command::OpenSession {
+                    session,
+                    identity,
+                    ttl_ms,
+                    bounds,
+                } => self.ends.open(*session, identity, *ttl_ms, *bounds, now),
+                Command::KeepAlive { session, identity } => {
+                    self.ends.keep_alive(*session, identity, now)
+                }
+                Command::CloseSession { session, identity } => {
+                    match self.ends.check_owner(*session, identity, now) {
+                        Ok(_) => {
+                            let leases = self.end_session(
+                                *session,
+                                EndReason::Released,
+                                now,
+                                &mut applied.events,
+                            );
+                            Outcome::SessionClosed { leases }
+                        }
+                        // Closing a session that is not open: a retried close.
+                        Err(SessionRefusal::Gone) => Outcome::SessionClosed { leases: 0 },
+                        Err(refusal) => Outcome::SessionRefused(refusal),
+                    }
+                }
                 Command::Renew {
                     resource,
                     owner,
@@ -695,15 +814,24 @@ impl LeaseTable {
                     resource: name.clone(),
                     owner,
                     current_token: lease.token,
-                    remaining_ms: lease.expires_at.millis_since(now),
+                    remaining_ms: self.ends.end_of(&lease.term).0.millis_since(now),
                 });
             }
         }
-        while let Some((expires_at, name)) = self.expiries.first().cloned() {
+        // Sessions first: a lapsed session's leases end together, in the
+        // session's order of names, before leases with their own expiry.
+        while let Some(id) = self.ends.first_lapsed(now) {
+            let leases = self.end_session(id, EndReason::Expired, now, events);
+            events.push(Event::SessionExpired {
+                session: id,
+                leases,
+            });
+        }
+        while let Some((expires_at, name)) = self.ends.own.first().cloned() {
             if expires_at > now {
                 break;
             }
-            self.expiries.pop_first();
+            self.ends.own.pop_first();
             let Some(rec) = self.records.get_mut(&name) else {
                 continue;
             };
@@ -729,22 +857,33 @@ impl LeaseTable {
         &mut self,
         name: &ResourceName,
         owner: OwnerId,
-        ttl_ms: u64,
-        wait_ms: u64,
+        ask: Ask<'_>,
         capacity: Capacity,
         now: ClusterTime,
     ) -> Outcome {
-        let ttl_ms = ttl_ms.max(1);
+        let (term, wait_ms) = match ask {
+            Ask::Own { ttl_ms, wait_ms } => {
+                let ttl_ms = ttl_ms.max(1);
+                let expires_at = now.plus_millis(ttl_ms);
+                (Term::Own { expires_at, ttl_ms }, wait_ms)
+            }
+            Ask::InSession { session, identity } => {
+                if let Err(refusal) = self.ends.check_owner(session, identity, now) {
+                    return Outcome::SessionRefused(refusal);
+                }
+                (Term::Session(session), 0)
+            }
+        };
         // Checked only where a lease or a waiter would be added: a holder
         // asking again, a renew, a release and a hand-off never are.
-        let leases_full = as_u64(self.expiries.len()) >= capacity.max_live_leases;
+        let leases_full = as_u64(self.ends.live_leases()) >= capacity.max_live_leases;
         let waiters_full = as_u64(self.deadlines.len()) >= capacity.max_waiters;
         let refuse = |bound, limit| Outcome::CapacityReached { bound, limit };
         let Some(rec) = self.records.get_mut(name) else {
             if leases_full {
                 return refuse(CapacityBound::LiveLeases, capacity.max_live_leases);
             }
-            return Outcome::Granted(self.grant(name, owner, ttl_ms, now));
+            return Outcome::Granted(self.grant(name, owner, term, now));
         };
         if let Some(reason) = rec.ended_attempt(owner) {
             return Outcome::Lost(reason);
@@ -753,31 +892,41 @@ impl LeaseTable {
         // another owner's live lease.
         #[cfg(feature = "canary-skip-lease-check")]
         if let Some(lease) = rec.holder.take_if(|l| l.owner != owner) {
-            self.expiries.remove(&(lease.expires_at, name.clone()));
-            return Outcome::Granted(self.grant(name, owner, ttl_ms, now));
+            self.ends.detach(name, &lease.term);
+            return Outcome::Granted(self.grant(name, owner, term, now));
         }
         match &mut rec.holder {
             // The holder asking again (its reply was lost): the same grant, with
             // the lease running at least `ttl_ms` from now, so a client that
-            // times its lease from the retry is still on the safe side.
+            // times its lease from the retry is still on the safe side. A
+            // lease of a session runs as its session does.
             Some(lease) if lease.owner == owner => {
-                let expires_at = lease.expires_at.max(now.plus_millis(ttl_ms));
-                if expires_at != lease.expires_at {
-                    self.expiries.remove(&(lease.expires_at, name.clone()));
-                    self.expiries.insert((expires_at, name.clone()));
-                    lease.expires_at = expires_at;
-                    lease.ttl_ms = ttl_ms;
+                if let (
+                    Term::Own {
+                        expires_at: old, ..
+                    },
+                    Term::Own { expires_at, ttl_ms },
+                ) = (lease.term, term)
+                {
+                    if expires_at > old {
+                        self.ends.reschedule(name, old, expires_at);
+                        lease.term = Term::Own { expires_at, ttl_ms };
+                    }
                 }
+                let (expires_at, ttl_ms) = self.ends.end_of(&lease.term);
                 Outcome::Granted(Grant {
                     token: lease.token,
-                    expires_at: lease.expires_at,
-                    ttl_ms: lease.ttl_ms,
+                    expires_at,
+                    ttl_ms,
                 })
             }
             Some(lease) => {
                 let held = Outcome::Held {
                     current_token: lease.token,
-                    remaining_ms: lease.expires_at.millis_since(now),
+                    remaining_ms: self.ends.end_of(&lease.term).0.millis_since(now),
+                };
+                let Term::Own { ttl_ms, .. } = term else {
+                    return held;
                 };
                 if wait_ms == 0 {
                     return held;
@@ -809,8 +958,53 @@ impl LeaseTable {
             // Free: waiters are granted in the step that ends a lease, so a
             // free resource has none queued.
             None if leases_full => refuse(CapacityBound::LiveLeases, capacity.max_live_leases),
-            None => Outcome::Granted(self.grant(name, owner, ttl_ms, now)),
+            None => Outcome::Granted(self.grant(name, owner, term, now)),
         }
+    }
+
+    /// Ends session `id` and, in this step, every lease it holds (`how`:
+    /// released for a close, expired for a lapse), handing each resource
+    /// to its first waiter. Returns how many leases ended.
+    fn end_session(
+        &mut self,
+        id: SessionId,
+        how: EndReason,
+        now: ClusterTime,
+        events: &mut Vec<Event>,
+    ) -> u64 {
+        let Some(session) = self.ends.remove(id) else {
+            return 0;
+        };
+        let mut ended = 0;
+        for name in &session.leases {
+            let Some(rec) = self.records.get_mut(name) else {
+                continue;
+            };
+            let Some(lease) = rec.holder.take_if(|l| l.term == Term::Session(id)) else {
+                continue;
+            };
+            ended += 1;
+            rec.ended = Some(Ended {
+                owner: lease.owner,
+                token: lease.token,
+                reason: how,
+            });
+            let kind = match how {
+                EndReason::Expired => {
+                    events.push(Event::Expired {
+                        resource: name.clone(),
+                        owner: lease.owner,
+                        token: lease.token,
+                    });
+                    ChangeKind::Expired
+                }
+                EndReason::Released => ChangeKind::Released,
+            };
+            self.record_change(name, kind, lease.token, lease.owner, now);
+            self.hand_off(name, now, events);
+            self.update_idle(name);
+        }
+        ended
     }
 
     fn renew(
@@ -827,11 +1021,15 @@ impl LeaseTable {
         };
         match &mut rec.holder {
             Some(lease) if lease.owner == owner && lease.token == token => {
+                let Term::Own {
+                    expires_at: old, ..
+                } = lease.term
+                else {
+                    return Outcome::KeptBySession;
+                };
                 let expires_at = now.plus_millis(ttl_ms);
-                self.expiries.remove(&(lease.expires_at, name.clone()));
-                self.expiries.insert((expires_at, name.clone()));
-                lease.expires_at = expires_at;
-                lease.ttl_ms = ttl_ms;
+                self.ends.reschedule(name, old, expires_at);
+                lease.term = Term::Own { expires_at, ttl_ms };
                 Outcome::Renewed { expires_at, ttl_ms }
             }
             _ => Outcome::Lost(rec.lost_reason(owner, token)),
@@ -858,7 +1056,7 @@ impl LeaseTable {
             .map_or((owner, token), |l| (l.owner, l.token));
         match &rec.holder {
             Some(lease) if lease.owner == owner && lease.token == token => {
-                self.expiries.remove(&(lease.expires_at, name.clone()));
+                self.ends.detach(name, &lease.term);
                 rec.holder = None;
                 rec.ended = Some(Ended {
                     owner,
@@ -882,18 +1080,12 @@ impl LeaseTable {
         &mut self,
         name: &ResourceName,
         owner: OwnerId,
-        ttl_ms: u64,
+        term: Term,
         now: ClusterTime,
     ) -> Grant {
         self.last_token += 1;
         let token = Token::issued(self.last_token);
-        let expires_at = now.plus_millis(ttl_ms);
-        let lease = Lease {
-            owner,
-            token,
-            expires_at,
-            ttl_ms,
-        };
+        let lease = Lease { owner, token, term };
         match self.records.get_mut(name) {
             Some(rec) => {
                 debug_assert!(rec.holder.is_none());
@@ -905,8 +1097,9 @@ impl LeaseTable {
                     .insert(name.clone(), Box::new(Record::new(token, lease)));
             }
         }
-        self.expiries.insert((expires_at, name.clone()));
+        self.ends.attach(name, &term);
         self.record_change(name, ChangeKind::Granted, token, owner, now);
+        let (expires_at, ttl_ms) = self.ends.end_of(&term);
         Grant {
             token,
             expires_at,
@@ -927,7 +1120,11 @@ impl LeaseTable {
         };
         self.deadlines
             .remove(&(waiter.deadline, name.clone(), waiter.owner));
-        let grant = self.grant(name, waiter.owner, waiter.ttl_ms, now);
+        let term = Term::Own {
+            expires_at: now.plus_millis(waiter.ttl_ms),
+            ttl_ms: waiter.ttl_ms,
+        };
+        let grant = self.grant(name, waiter.owner, term, now);
         events.push(Event::WaiterGranted {
             resource: name.clone(),
             owner: waiter.owner,
@@ -967,13 +1164,16 @@ impl LeaseTable {
     pub fn check_invariants(&self) -> Result<(), String> {
         // Sorted vectors, not sets: a table loaded from a snapshot of a
         // million leases is checked in a fraction of the time and memory.
-        let mut expiries = Vec::with_capacity(self.expiries.len());
+        let mut expiries = Vec::with_capacity(self.ends.own.len());
+        let mut session_leases: BTreeMap<SessionId, Vec<&ResourceName>> = BTreeMap::new();
         let mut deadlines = Vec::with_capacity(self.deadlines.len());
         let mut idle = Vec::with_capacity(self.idle.len());
         for (name, rec) in &self.records {
             self.check_one(name, rec)?;
-            if let Some(l) = &rec.holder {
-                expiries.push((l.expires_at, name));
+            match rec.holder.as_ref().map(|l| l.term) {
+                Some(Term::Own { expires_at, .. }) => expiries.push((expires_at, name)),
+                Some(Term::Session(id)) => session_leases.entry(id).or_default().push(name),
+                None => {}
             }
             for w in rec.waiters.iter() {
                 deadlines.push((w.deadline, name, w.owner));
@@ -986,8 +1186,20 @@ impl LeaseTable {
         expiries.sort_unstable();
         deadlines.sort_unstable();
         idle.sort_unstable();
-        if !self.expiries.iter().map(|(t, n)| (*t, n)).eq(expiries) {
+        if !self.ends.own.iter().map(|(t, n)| (*t, n)).eq(expiries) {
             return Err("expiry index does not match the holders".into());
+        }
+        self.ends.check(self.now)?;
+        for (id, session) in &self.ends.sessions {
+            let held = session_leases.remove(id).unwrap_or_default();
+            if !session.leases.iter().eq(held) {
+                return Err(format!("session {id}: its leases do not match the holders"));
+            }
+        }
+        if let Some(id) = session_leases.keys().next() {
+            return Err(format!(
+                "a lease is held by session {id}, which is not open"
+            ));
         }
         if !self
             .deadlines
@@ -1031,7 +1243,7 @@ impl LeaseTable {
             if l.token != rec.last_token {
                 return fail("holder's token is not the newest token");
             }
-            if l.expires_at <= self.now {
+            if self.ends.end_of(&l.term).0 <= self.now {
                 return fail("an expired lease is still held");
             }
         } else if !rec.waiters.is_empty() {
@@ -1056,7 +1268,7 @@ impl LeaseTable {
             records: self
                 .records
                 .iter()
-                .map(|(n, r)| (n.clone(), r.stored()))
+                .map(|(n, r)| (n.clone(), r.stored(&self.ends)))
                 .collect(),
             revision: self.window.revision,
             changes: self.window.changes.iter().cloned().collect(),
@@ -1065,6 +1277,12 @@ impl LeaseTable {
                 .iter()
                 .filter(|(_, r)| !r.history.is_empty())
                 .map(|(n, r)| (n.clone(), r.history.clone()))
+                .collect(),
+            sessions: self
+                .ends
+                .sessions
+                .iter()
+                .map(|(id, s)| (*id, s.clone()))
                 .collect(),
         }
     }
@@ -1088,6 +1306,18 @@ impl LeaseTable {
         table.window.changes = snapshot.changes.into();
         let mut history: BTreeMap<ResourceName, Vec<HistoryEntry>> =
             snapshot.history.into_iter().collect();
+        // Which session holds each lease held by one.
+        let mut held_by: BTreeMap<ResourceName, SessionId> = BTreeMap::new();
+        for (id, session) in &snapshot.sessions {
+            for name in &session.leases {
+                if held_by.insert(name.clone(), *id).is_some() {
+                    return Err(SnapshotError::Invariant(format!(
+                        "the lease of {name} is held by two sessions"
+                    )));
+                }
+            }
+        }
+        table.ends = Ends::with_sessions(snapshot.sessions).map_err(SnapshotError::Invariant)?;
         // Collected, then built in one pass each: a map built from sorted
         // entries has full nodes, and is built faster than by inserts.
         let mut expiries = Vec::new();
@@ -1095,8 +1325,23 @@ impl LeaseTable {
         let mut idle = Vec::new();
         let mut records = Vec::with_capacity(snapshot.records.len());
         for (name, rec) in snapshot.records {
-            if let Some(l) = &rec.holder {
-                expiries.push((l.expires_at, name.clone()));
+            let holder = rec.holder.map(|l| Lease {
+                owner: l.owner,
+                token: l.token,
+                term: match held_by.get(&name) {
+                    Some(id) => Term::Session(*id),
+                    None => Term::Own {
+                        expires_at: l.expires_at,
+                        ttl_ms: l.ttl_ms,
+                    },
+                },
+            });
+            if let Some(Lease {
+                term: Term::Own { expires_at, .. },
+                ..
+            }) = &holder
+            {
+                expiries.push((*expires_at, name.clone()));
             }
             for w in rec.waiters.iter() {
                 deadlines.push((w.deadline, name.clone(), w.owner));
@@ -1108,7 +1353,7 @@ impl LeaseTable {
             entries.shrink_to_fit();
             let record = Record {
                 last_token: rec.last_token,
-                holder: rec.holder,
+                holder,
                 ended: rec.ended,
                 waiters: Waiters::from(rec.waiters),
                 idle_seq: rec.idle_seq,
@@ -1128,7 +1373,7 @@ impl LeaseTable {
                 "a resource is recorded twice".into(),
             ));
         }
-        table.expiries = expiries.into_iter().collect();
+        table.ends.own = expiries.into_iter().collect();
         table.deadlines = deadlines.into_iter().collect();
         table.idle = idle.into_iter().collect();
         // CANARY (deliberately broken build for fenced-jepsen): a table loaded
@@ -1196,6 +1441,8 @@ pub struct TableSnapshot {
     revision: u64,
     changes: Vec<Change>,
     history: Vec<(ResourceName, Vec<HistoryEntry>)>,
+    // Version 3:
+    sessions: Vec<(SessionId, Session)>,
 }
 
 mod snapshot_format {
@@ -1206,8 +1453,8 @@ mod snapshot_format {
         Deserialize, Deserializer,
     };
 
-    use super::{StoredRecord, TableSnapshot};
-    use crate::{Change, ClusterTime, HistoryEntry, ResourceName};
+    use super::{Session, StoredRecord, TableSnapshot};
+    use crate::{Change, ClusterTime, HistoryEntry, ResourceName, SessionId};
 
     const FIELDS: &[&str] = &[
         "format_version",
@@ -1218,6 +1465,7 @@ mod snapshot_format {
         "revision",
         "changes",
         "history",
+        "sessions",
     ];
 
     struct SnapshotVisitor;
@@ -1245,11 +1493,15 @@ mod snapshot_format {
                 revision: 0,
                 changes: Vec::new(),
                 history: Vec::new(),
+                sessions: Vec::new(),
             };
             if format_version >= 2 {
                 snapshot.revision = seq.next_element()?.ok_or_else(|| missing(5))?;
                 snapshot.changes = seq.next_element()?.ok_or_else(|| missing(6))?;
                 snapshot.history = seq.next_element()?.ok_or_else(|| missing(7))?;
+            }
+            if format_version >= 3 {
+                snapshot.sessions = seq.next_element()?.ok_or_else(|| missing(8))?;
             }
             Ok(snapshot)
         }
@@ -1267,6 +1519,7 @@ mod snapshot_format {
                 revision: n.revision,
                 changes: n.changes,
                 history: n.history,
+                sessions: n.sessions,
             })
         }
     }
@@ -1284,6 +1537,8 @@ mod snapshot_format {
         changes: Vec<Change>,
         #[serde(default)]
         history: Vec<(ResourceName, Vec<HistoryEntry>)>,
+        #[serde(default)]
+        sessions: Vec<(SessionId, Session)>,
     }
 
     impl<'de> Deserialize<'de> for TableSnapshot {
@@ -1310,7 +1565,7 @@ impl Serialize for TableSnapshotRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let t = self.0;
-        let mut st = s.serialize_struct("TableSnapshot", 8)?;
+        let mut st = s.serialize_struct("TableSnapshot", 9)?;
         st.serialize_field("format_version", &SNAPSHOT_FORMAT_VERSION)?;
         st.serialize_field("now", &t.now)?;
         st.serialize_field("last_token", &t.last_token)?;
@@ -1319,6 +1574,7 @@ impl Serialize for TableSnapshotRef<'_> {
         st.serialize_field("revision", &t.window.revision)?;
         st.serialize_field("changes", &t.window.changes)?;
         st.serialize_field("history", &HistoriesRef(t))?;
+        st.serialize_field("sessions", &SessionsRef(t))?;
         st.end()
     }
 }
@@ -1330,7 +1586,21 @@ impl Serialize for RecordsRef<'_> {
         use serde::ser::SerializeSeq;
         let mut seq = s.serialize_seq(Some(self.0.records.len()))?;
         for (name, rec) in &self.0.records {
-            seq.serialize_element(&(name, rec.stored_ref()))?;
+            seq.serialize_element(&(name, rec.stored_ref(&self.0.ends)))?;
+        }
+        seq.end()
+    }
+}
+
+struct SessionsRef<'a>(&'a LeaseTable);
+
+impl Serialize for SessionsRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let sessions = &self.0.ends.sessions;
+        let mut seq = s.serialize_seq(Some(sessions.len()))?;
+        for entry in sessions {
+            seq.serialize_element(&entry)?;
         }
         seq.end()
     }

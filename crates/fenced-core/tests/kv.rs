@@ -502,8 +502,8 @@ proptest! {
                 }
             }
             for (command, outcome) in commands.iter().zip(&applied.outcomes) {
-                let r: usize = command.resource().as_str()[1..].parse().unwrap();
-                let o = owner_index(command.owner());
+                let r: usize = command.resource().unwrap().as_str()[1..].parse().unwrap();
+                let o = owner_index(command.owner().unwrap());
                 match (command, outcome) {
                     (Command::Acquire { .. }, Outcome::Granted(g)) => {
                         model.holders.insert(r, (o, g.token, g.expires_at));

@@ -192,7 +192,11 @@ impl Model {
         }
         let mut outcomes = vec![];
         for c in commands {
-            let name = c.resource().as_str().to_string();
+            let name = c
+                .resource()
+                .expect("every command of the model names a resource")
+                .as_str()
+                .to_string();
             let out = match c {
                 Command::Acquire {
                     owner,
@@ -276,13 +280,19 @@ impl Model {
                 // Capacity bounds are proven in tests/capacity.rs; the model
                 // drives the unbounded acquire.
                 // Fenced writes are proven in tests/kv.rs; batch renewals
-                // against single ones in tests/renew_many.rs.
+                // against single ones in tests/renew_many.rs; sessions in
+                // tests/sessions.rs.
                 Command::AcquireBounded { .. }
                 | Command::KvPut { .. }
                 | Command::KvDelete { .. }
-                | Command::RenewMany { .. } => {
+                | Command::RenewMany { .. }
+                | Command::OpenSession { .. }
+                | Command::KeepAlive { .. }
+                | Command::CloseSession { .. }
+                | Command::AcquireInSession { .. } => {
                     unreachable!(
-                        "the model sends no bounded acquire, fenced write or batch renewal"
+                        "the model sends no bounded acquire, fenced write, batch renewal or \
+                         session command"
                     )
                 }
                 Command::Release { owner, token, .. } => match self.res.get_mut(&name) {
@@ -406,7 +416,7 @@ proptest! {
             for (cmd, part) in parts {
                 if let Some(cmd) = cmd {
                     let out = &part.outcomes[0];
-                    let r = res_index(cmd.resource());
+                    let r = res_index(cmd.resource().expect("every command of the model names a resource"));
                     match (&cmd, out) {
                         (Command::Acquire { owner, .. }, Outcome::Granted(g)) => saw_grant(r, *owner, g, &mut live)?,
                         (Command::Acquire { owner, .. }, Outcome::Lost(_)) => {
@@ -457,6 +467,9 @@ proptest! {
                             saw_grant(r, *owner, grant, &mut live)?;
                         }
                         Event::WaitElapsed { .. } => {}
+                        Event::SessionExpired { .. } => {
+                            prop_assert!(false, "the model opens no session")
+                        }
                     }
                 }
             }

@@ -1,7 +1,7 @@
 use fenced_core::{
     CapacityBound, ChangeKind, ClusterTime, Command, Description, HistoryEntry, InvalidArgument,
-    Limits, LostReason, Outcome, OwnerId, RenewLease, RenewLeases, ResourceName, Token, TokenState,
-    Validation,
+    Limits, LostReason, Outcome, OwnerId, RenewLease, RenewLeases, ResourceName, SessionId,
+    SessionRefusal, Token, TokenState, Validation,
 };
 use tonic::Status;
 
@@ -35,6 +35,135 @@ pub fn acquire_command(
     };
     command.validate(limits)?;
     Ok(command)
+}
+
+/// A validated [`Command::AcquireInSession`] from the wire, for the caller
+/// `identity` (empty without auth), carrying the table-wide capacity.
+pub fn acquire_in_session_command(
+    req: &v1::AcquireInSessionRequest,
+    identity: &str,
+    limits: &Limits,
+) -> Result<Command, InvalidArgument> {
+    let command = Command::AcquireInSession {
+        resource: ResourceName::from_bytes(&req.resource)?,
+        owner: OwnerId::from_bytes(&req.owner_id)?,
+        session: SessionId::from_bytes(&req.session_id)?,
+        identity: identity.to_string(),
+        capacity: limits.capacity(),
+    };
+    command.validate(limits)?;
+    Ok(command)
+}
+
+/// A validated [`Command::OpenSession`] from the wire, for the caller
+/// `identity`, carrying the session bounds of `limits`.
+///
+/// ```
+/// use fenced_core::Limits;
+/// use fenced_proto::{open_session_command, v1::OpenSessionRequest};
+/// let req = OpenSessionRequest { session_id: vec![7; 16], ttl_ms: 10 };
+/// let err = open_session_command(&req, "", &Limits::default()).unwrap_err();
+/// assert_eq!(err.field(), "ttl_ms");
+/// ```
+pub fn open_session_command(
+    req: &v1::OpenSessionRequest,
+    identity: &str,
+    limits: &Limits,
+) -> Result<Command, InvalidArgument> {
+    let command = Command::OpenSession {
+        session: SessionId::from_bytes(&req.session_id)?,
+        identity: identity.to_string(),
+        ttl_ms: req.ttl_ms,
+        bounds: limits.session_bounds(),
+    };
+    command.validate(limits)?;
+    Ok(command)
+}
+
+/// A validated [`Command::KeepAlive`] from the wire.
+pub fn keep_alive_command(
+    req: &v1::KeepAliveRequest,
+    identity: &str,
+    limits: &Limits,
+) -> Result<Command, InvalidArgument> {
+    let command = Command::KeepAlive {
+        session: SessionId::from_bytes(&req.session_id)?,
+        identity: identity.to_string(),
+    };
+    command.validate(limits)?;
+    Ok(command)
+}
+
+/// A validated [`Command::CloseSession`] from the wire.
+pub fn close_session_command(
+    req: &v1::CloseSessionRequest,
+    identity: &str,
+    limits: &Limits,
+) -> Result<Command, InvalidArgument> {
+    let command = Command::CloseSession {
+        session: SessionId::from_bytes(&req.session_id)?,
+        identity: identity.to_string(),
+    };
+    command.validate(limits)?;
+    Ok(command)
+}
+
+/// The status of a refused session command, or `None` for
+/// [`SessionRefusal::Gone`], which is an answer, not an error.
+fn session_refused(refusal: SessionRefusal) -> Option<Status> {
+    match refusal {
+        SessionRefusal::Gone => None,
+        SessionRefusal::NotOwner => Some(Status::permission_denied(
+            "session_id: the session belongs to another identity; only the identity that \
+             opened it may keep it alive, close it or acquire in it",
+        )),
+        SessionRefusal::Bound { bound, limit } => Some(Status::resource_exhausted(format!(
+            "{}={limit}: that many sessions are open already; close one, or let one lapse",
+            bound.setting()
+        ))),
+    }
+}
+
+/// The reply to an open or a keep-alive.
+pub fn session_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::SessionResponse, Status> {
+    use v1::session_response::Outcome as O;
+    let outcome = match outcome {
+        Outcome::SessionAlive {
+            expires_at,
+            ttl_ms,
+            leases,
+        } => O::Alive(v1::SessionAlive {
+            expires_at_ms: expires_at.as_millis(),
+            ttl_ms: *ttl_ms,
+            leases: *leases,
+        }),
+        Outcome::SessionRefused(r) => match session_refused(*r) {
+            None => O::Gone(v1::SessionGone {}),
+            Some(status) => return Err(status),
+        },
+        other => return Err(unexpected(other, "session")),
+    };
+    Ok(v1::SessionResponse {
+        outcome: Some(outcome),
+        cluster_time_ms: now.as_millis(),
+    })
+}
+
+/// The reply to a close.
+pub fn close_session_reply(
+    outcome: &Outcome,
+    now: ClusterTime,
+) -> Result<v1::CloseSessionResponse, Status> {
+    match outcome {
+        Outcome::SessionClosed { leases } => Ok(v1::CloseSessionResponse {
+            leases_ended: *leases,
+            cluster_time_ms: now.as_millis(),
+        }),
+        Outcome::SessionRefused(r) => {
+            Err(session_refused(*r).unwrap_or_else(|| unexpected(outcome, "close_session")))
+        }
+        other => Err(unexpected(other, "close_session")),
+    }
 }
 
 /// A validated [`Command::Renew`] from the wire.
@@ -188,6 +317,10 @@ pub fn acquire_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::AcquireR
             )))
         }
         Outcome::CapacityReached { bound, limit } => return Err(capacity_reached(*bound, *limit)),
+        Outcome::SessionRefused(r) => match session_refused(*r) {
+            None => O::SessionGone(v1::SessionGone {}),
+            Some(status) => return Err(status),
+        },
         other => return Err(unexpected(other, "acquire")),
     };
     Ok(v1::AcquireResponse {
@@ -210,6 +343,12 @@ pub fn renew_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::RenewRespo
                 reason,
                 current_token,
             })
+        }
+        Outcome::KeptBySession => {
+            return Err(Status::failed_precondition(
+                "the lease lives with its session and has no expiry of its own: keep the \
+                 session alive (KeepAlive) instead of renewing the lease",
+            ))
         }
         other => return Err(unexpected(other, "renew")),
     };

@@ -72,7 +72,7 @@ proptest! {
         }
         let release = v1::ReleaseRequest { resource: resource.clone(), owner_id, token };
         if let Some(cmd) = check(release_command(&release)) {
-            prop_assert_eq!(cmd.resource().as_str().as_bytes(), &resource[..]);
+            prop_assert_eq!(cmd.resource().unwrap().as_str().as_bytes(), &resource[..]);
         }
         let describe = v1::DescribeRequest { resource: resource.clone(), allow_stale: false };
         if let Some(name) = check(describe_resource(&describe)) {

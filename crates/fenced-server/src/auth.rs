@@ -250,7 +250,11 @@ impl Policy {
         resource: Option<&str>,
     ) -> Result<(), Status> {
         let grants = self.grants.get(identity);
-        let allowed = grants.is_some_and(|g| g.allows(permission, resource.unwrap_or("")));
+        // `lock` with no resource (a session's calls): granted on some prefix.
+        let allowed = grants.is_some_and(|g| match (permission, resource) {
+            (Permission::Lock, None) => !g.lock.is_empty(),
+            (p, r) => g.allows(p, r.unwrap_or("")),
+        });
         if allowed {
             return Ok(());
         }

@@ -136,6 +136,12 @@ pub struct RunSettings {
     /// Most waiting acquires in the whole cluster; waits beyond are refused.
     #[arg(long, env = "FENCED_MAX_WAITERS")]
     pub max_waiters: Option<u64>,
+    /// Most open sessions in the whole cluster; opens beyond are refused.
+    #[arg(long, env = "FENCED_MAX_SESSIONS")]
+    pub max_sessions: Option<u64>,
+    /// Most open sessions of one identity; opens beyond are refused.
+    #[arg(long, env = "FENCED_MAX_SESSIONS_PER_IDENTITY")]
+    pub max_sessions_per_identity: Option<u64>,
     /// Largest snapshot received from a leader, bytes.
     #[arg(long, env = "FENCED_MAX_SNAPSHOT_BYTES")]
     pub max_snapshot_bytes: Option<u64>,
@@ -289,6 +295,20 @@ impl RunSettings {
             l.max_waiters,
             1,
             10_000_000,
+        )?;
+        l.max_sessions = bounded(
+            "max_sessions",
+            self.max_sessions,
+            l.max_sessions,
+            1,
+            1_000_000,
+        )?;
+        l.max_sessions_per_identity = bounded(
+            "max_sessions_per_identity",
+            self.max_sessions_per_identity,
+            l.max_sessions_per_identity,
+            1,
+            1_000_000,
         )?;
         l.validate().map_err(|e| e.to_string())?;
         cfg.election_timeout_ms = bounded(

@@ -18,6 +18,9 @@ pub struct Counters {
     pub lost: AtomicU64,
     pub releases: AtomicU64,
     pub expiries: AtomicU64,
+    /// Sessions opened or kept alive, and sessions that lapsed.
+    pub keep_alives: AtomicU64,
+    pub session_expiries: AtomicU64,
     /// Fenced writes applied, and refused by the fencing rule.
     pub kv_applied: AtomicU64,
     pub kv_refused: AtomicU64,
@@ -52,6 +55,8 @@ impl Default for Counters {
             lost: AtomicU64::new(0),
             releases: AtomicU64::new(0),
             expiries: AtomicU64::new(0),
+            keep_alives: AtomicU64::new(0),
+            session_expiries: AtomicU64::new(0),
             kv_applied: AtomicU64::new(0),
             kv_refused: AtomicU64::new(0),
             leader_changes: AtomicU64::new(0),

@@ -37,9 +37,9 @@ impl KvService {
         operation: &str,
         command: &fenced_core::Command,
     ) -> Result<Option<String>, Status> {
-        let key = match command {
-            fenced_core::Command::KvPut { key, .. }
-            | fenced_core::Command::KvDelete { key, .. } => key.as_str(),
+        let (key, resource) = match command {
+            fenced_core::Command::KvPut { key, resource, .. }
+            | fenced_core::Command::KvDelete { key, resource, .. } => (key.as_str(), resource),
             _ => return Err(Status::internal("not a fenced write")),
         };
         let auth = &self.ctx.auth;
@@ -48,7 +48,7 @@ impl KvService {
             self.peer,
             Permission::Lock,
             operation,
-            Some(command.resource().as_str()),
+            Some(resource.as_str()),
         )?;
         auth.authorize(req, self.peer, Permission::Lock, operation, Some(key))?;
         Ok(identity)

@@ -80,6 +80,16 @@ pub fn render(ctx: &NodeContext) -> String {
             &c.expiries,
         ),
         (
+            "fenced_session_keep_alives_total",
+            "Sessions opened or kept alive (one write each, however many leases the session holds).",
+            &c.keep_alives,
+        ),
+        (
+            "fenced_session_expiries_total",
+            "Sessions that lapsed without a keep-alive, ending every lease they held.",
+            &c.session_expiries,
+        ),
+        (
             "fenced_kv_applied_total",
             "Fenced puts and deletes applied.",
             &c.kv_applied,
@@ -307,6 +317,13 @@ pub fn render(ctx: &NodeContext) -> String {
         "Leases held and not yet expired.",
         "gauge",
         ctx.shared.live_leases(),
+    );
+    sample(
+        &mut out,
+        "fenced_open_sessions",
+        "Sessions open (opened and neither lapsed nor closed).",
+        "gauge",
+        ctx.shared.sessions(),
     );
     sample(
         &mut out,

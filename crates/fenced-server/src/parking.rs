@@ -113,7 +113,7 @@ impl Parking {
                         remaining_ms: *remaining_ms,
                     },
                 ),
-                Event::Expired { .. } => continue,
+                Event::Expired { .. } | Event::SessionExpired { .. } => continue,
             };
             if let Some((_, tx)) = slots.remove(&key) {
                 let _ = tx.send(end);

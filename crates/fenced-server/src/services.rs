@@ -10,11 +10,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_core::{ClusterTime, Limits, Outcome};
+use fenced_core::{ClusterTime, Command, Limits, Outcome, OwnerId, ResourceName};
 use fenced_proto::{
-    acquire_command, acquire_reply, describe_reply, describe_resource, history_reply,
-    history_request, invalid_argument, release_command, release_reply, renew_command,
-    renew_many_command, renew_many_reply, renew_reply,
+    acquire_command, acquire_in_session_command, acquire_reply, close_session_command,
+    close_session_reply, describe_reply, describe_resource, history_reply, history_request,
+    invalid_argument, keep_alive_command, open_session_command, release_command, release_reply,
+    renew_command, renew_many_command, renew_many_reply, renew_reply, session_reply,
     v1::{
         self, cluster_client::ClusterClient, cluster_server, lock_client::LockClient, lock_server,
     },
@@ -519,6 +520,34 @@ impl LockService {
         Self { ctx, peer }
     }
 
+    /// The resource and owner id of an acquire.
+    fn acquire_parts(command: &Command) -> Result<(ResourceName, OwnerId), Status> {
+        command
+            .resource()
+            .cloned()
+            .zip(command.owner())
+            .ok_or_else(|| Status::internal("an acquire without a resource"))
+    }
+
+    /// A session's open, keep-alive or close, for the caller: its identity
+    /// (none without auth; the command records it as empty), which needs
+    /// `lock` on some prefix, and the command `build` makes for it.
+    fn session_command<T>(
+        &self,
+        req: &Request<T>,
+        operation: &str,
+        build: fn(&T, &str, &Limits) -> Result<Command, fenced_core::InvalidArgument>,
+    ) -> Result<(Option<String>, Command), Status> {
+        let identity =
+            self.ctx
+                .auth
+                .authorize(req, self.peer, Permission::Lock, operation, None)?;
+        let who = identity.as_deref().unwrap_or("");
+        let command =
+            build(req.get_ref(), who, &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
+        Ok((identity, command))
+    }
+
     fn authorize<T>(
         &self,
         req: &Request<T>,
@@ -543,6 +572,20 @@ impl LockService {
         self.ctx.propose(command, deadline).await
     }
 
+    /// Proposes `command` and answers with `reply` of its outcome.
+    async fn decide<R>(
+        &self,
+        command: Command,
+        deadline: Option<Instant>,
+        reply: fn(&Outcome, ClusterTime) -> Result<R, Status>,
+    ) -> Result<Response<R>, Status> {
+        let (outcome, now) = self
+            .propose(command, deadline)
+            .await
+            .map_err(|e| self.ctx.propose_status(e))?;
+        reply(&outcome, now).map(Response::new)
+    }
+
     async fn answer_acquire(
         &self,
         req: Request<v1::AcquireRequest>,
@@ -550,7 +593,8 @@ impl LockService {
         let deadline = deadline_of(&req);
         let command =
             acquire_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
-        let identity = self.authorize(&req, Permission::Lock, "acquire", command.resource())?;
+        let (resource, owner) = Self::acquire_parts(&command)?;
+        let identity = self.authorize(&req, Permission::Lock, "acquire", &resource)?;
         let wait_ms = req.get_ref().wait_ms;
         forward_or!(
             self.ctx,
@@ -567,19 +611,15 @@ impl LockService {
             _ => None,
         };
         if let Some(id) = &identity {
-            self.ctx.quota.admit_lease(
-                id,
-                command.resource(),
-                command.owner(),
-                &self.ctx.shared,
-            )?;
+            self.ctx
+                .quota
+                .admit_lease(id, &resource, owner, &self.ctx.shared)?;
         }
-        let (resource, owner) = (command.resource().clone(), command.owner());
         let parked = if wait_ms > 0 {
             Some(
                 self.ctx
                     .parking
-                    .park(command.resource().clone(), command.owner())
+                    .park(resource.clone(), owner)
                     .map_err(|e| Status::resource_exhausted(e.to_string()))?,
             )
         } else {
@@ -630,13 +670,10 @@ impl LockService {
         let deadline = deadline_of(&req);
         let command =
             renew_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
-        let identity = self.authorize(&req, Permission::Lock, "renew", command.resource())?;
+        let (resource, _) = Self::acquire_parts(&command)?;
+        let identity = self.authorize(&req, Permission::Lock, "renew", &resource)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, renew);
-        let (outcome, now) = self
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        renew_reply(&outcome, now).map(Response::new)
+        self.decide(command, deadline, renew_reply).await
     }
 
     /// Every lease of the call in one command, hence one log entry at one
@@ -655,11 +692,7 @@ impl LockService {
             identity = self.authorize(&req, Permission::Lock, "renew", resource)?;
         }
         forward_or!(self.ctx, req, deadline, identity, LockClient, renew_many);
-        let (outcome, now) = self
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        renew_many_reply(&outcome, now).map(Response::new)
+        self.decide(command, deadline, renew_many_reply).await
     }
 
     async fn answer_release(
@@ -668,13 +701,74 @@ impl LockService {
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
         let deadline = deadline_of(&req);
         let command = release_command(req.get_ref()).map_err(|e| invalid_argument(&e))?;
-        let identity = self.authorize(&req, Permission::Lock, "release", command.resource())?;
+        let (resource, _) = Self::acquire_parts(&command)?;
+        let identity = self.authorize(&req, Permission::Lock, "release", &resource)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, release);
-        let (outcome, now) = self
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        release_reply(&outcome, now).map(Response::new)
+        self.decide(command, deadline, release_reply).await
+    }
+
+    /// A lease that lives with the caller's session; never waits.
+    async fn answer_acquire_in_session(
+        &self,
+        req: Request<v1::AcquireInSessionRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let resource =
+            ResourceName::from_bytes(&req.get_ref().resource).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Lock, "acquire_in_session", &resource)?;
+        let command = acquire_in_session_command(
+            req.get_ref(),
+            identity.as_deref().unwrap_or(""),
+            &self.ctx.limits,
+        )
+        .map_err(|e| invalid_argument(&e))?;
+        forward_or!(
+            self.ctx,
+            req,
+            deadline,
+            identity,
+            LockClient,
+            acquire_in_session
+        );
+        let (resource, owner) = Self::acquire_parts(&command)?;
+        if let Some(id) = &identity {
+            self.ctx
+                .quota
+                .admit_lease(id, &resource, owner, &self.ctx.shared)?;
+        }
+        self.decide(command, deadline, acquire_reply).await
+    }
+
+    async fn answer_open_session(
+        &self,
+        req: Request<v1::OpenSessionRequest>,
+    ) -> Result<Response<v1::SessionResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let (identity, command) =
+            self.session_command(&req, "open_session", open_session_command)?;
+        forward_or!(self.ctx, req, deadline, identity, LockClient, open_session);
+        self.decide(command, deadline, session_reply).await
+    }
+
+    async fn answer_keep_alive(
+        &self,
+        req: Request<v1::KeepAliveRequest>,
+    ) -> Result<Response<v1::SessionResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let (identity, command) = self.session_command(&req, "keep_alive", keep_alive_command)?;
+        forward_or!(self.ctx, req, deadline, identity, LockClient, keep_alive);
+        self.decide(command, deadline, session_reply).await
+    }
+
+    async fn answer_close_session(
+        &self,
+        req: Request<v1::CloseSessionRequest>,
+    ) -> Result<Response<v1::CloseSessionResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let (identity, command) =
+            self.session_command(&req, "close_session", close_session_command)?;
+        forward_or!(self.ctx, req, deadline, identity, LockClient, close_session);
+        self.decide(command, deadline, close_session_reply).await
     }
 
     async fn answer_describe(
@@ -840,6 +934,34 @@ impl lock_server::Lock for LockService {
         req: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
         self.ctx.hinted(self.answer_release(req).await)
+    }
+
+    async fn open_session(
+        &self,
+        req: Request<v1::OpenSessionRequest>,
+    ) -> Result<Response<v1::SessionResponse>, Status> {
+        self.ctx.hinted(self.answer_open_session(req).await)
+    }
+
+    async fn acquire_in_session(
+        &self,
+        req: Request<v1::AcquireInSessionRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        self.ctx.hinted(self.answer_acquire_in_session(req).await)
+    }
+
+    async fn keep_alive(
+        &self,
+        req: Request<v1::KeepAliveRequest>,
+    ) -> Result<Response<v1::SessionResponse>, Status> {
+        self.ctx.hinted(self.answer_keep_alive(req).await)
+    }
+
+    async fn close_session(
+        &self,
+        req: Request<v1::CloseSessionRequest>,
+    ) -> Result<Response<v1::CloseSessionResponse>, Status> {
+        self.ctx.hinted(self.answer_close_session(req).await)
     }
 
     async fn describe(

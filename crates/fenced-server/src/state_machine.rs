@@ -251,6 +251,11 @@ impl Shared {
         self.read().table.live_leases()
     }
 
+    /// How many sessions are open.
+    pub fn sessions(&self) -> usize {
+        self.read().table.sessions()
+    }
+
     /// [`fenced_core::LeaseTable::leases`]: a pass over the records under
     /// `prefix`, so call it off the runtime thread.
     pub fn leases(&self, prefix: &str, now: ClusterTime, limit: usize) -> fenced_core::LeaseList {
@@ -563,6 +568,9 @@ impl StateMachine {
                 each.iter().for_each(|o| self.count(o));
                 return;
             }
+            Outcome::SessionAlive { .. } => &c.keep_alives,
+            Outcome::SessionRefused(_) | Outcome::KeptBySession => &c.refusals,
+            Outcome::SessionClosed { .. } => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -765,10 +773,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             .fetch_add(batch.commands.len() as u64, Ordering::Relaxed);
                         for (command, outcome) in batch.commands.iter().zip(&applied.outcomes) {
                             self.count(outcome);
-                            if let Outcome::Granted(g) = outcome {
+                            if let (Outcome::Granted(g), Some(resource), Some(owner)) =
+                                (outcome, command.resource(), command.owner())
+                            {
                                 tracing::debug!(
-                                    resource = %command.resource(),
-                                    owner = %command.owner(),
+                                    resource = %resource,
+                                    owner = %owner,
                                     token = g.token.get(),
                                     term,
                                     "granted"
@@ -794,6 +804,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                                     tracing::debug!(%resource, %owner, token = grant.token.get(), term, "granted to waiter");
                                 }
                                 Event::WaitElapsed { .. } => {}
+                                Event::SessionExpired { session, leases } => {
+                                    c.session_expiries.fetch_add(1, Ordering::Relaxed);
+                                    tracing::info!(%session, leases, term, "session lapsed; its leases ended");
+                                }
                             }
                         }
                         events.extend(applied.events);
@@ -1145,6 +1159,58 @@ mod tests {
         assert_eq!(data.last_applied, Some(log_id(7)));
         assert_eq!(data.table.snapshot(), table.snapshot());
         assert!(data.table.kv().is_empty());
+    }
+
+    #[test]
+    fn sessions_round_trip_through_a_snapshot_body() {
+        use fenced_core::{Batch, Command, OwnerId, ResourceName, SessionId};
+        let mut table = table_with(false);
+        let session = SessionId::random();
+        let applied = table.apply(&Batch {
+            stamp: ClusterTime::from_millis(10),
+            commands: vec![
+                Command::OpenSession {
+                    session,
+                    identity: "app".into(),
+                    ttl_ms: 20_000,
+                    bounds: fenced_core::Limits::default().session_bounds(),
+                },
+                Command::AcquireInSession {
+                    resource: ResourceName::new("kept").unwrap(),
+                    owner: OwnerId::random(),
+                    session,
+                    identity: "app".into(),
+                    capacity: fenced_core::Capacity::UNBOUNDED,
+                },
+            ],
+        });
+        assert!(matches!(applied.outcomes[1], Outcome::Granted(_)));
+        let body = SnapshotBody {
+            last_applied: Some(log_id(11)),
+            membership: membership(),
+            table: table.snapshot(),
+            kv: table.kv_snapshot(),
+        };
+        let bytes = codec::encode("snapshot", &body).unwrap();
+        let mut data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
+        assert_eq!(data.table.snapshot(), table.snapshot());
+        assert_eq!(
+            data.table.session(session),
+            Some((ClusterTime::from_millis(20_010), 1))
+        );
+        assert_eq!(data.table.live_leases(), 2);
+        // The restored session lapses with its lease, the other lease stays.
+        data.table.apply(&Batch {
+            stamp: ClusterTime::from_millis(20_010),
+            commands: vec![],
+        });
+        assert_eq!(data.table.live_leases(), 1);
+        assert!(
+            !data
+                .table
+                .describe("kept", ClusterTime::from_millis(20_010))
+                .held
+        );
     }
 
     #[test]

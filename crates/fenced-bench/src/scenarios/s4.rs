@@ -29,7 +29,8 @@ const S4_RENEW_WORKERS: usize = 256;
 /// S4: S2 at 64 clients (closed loop) alone, then while `--s4-leases`
 /// leases are kept alive; reports both runs' throughput and p99, their
 /// ratios, and the renewals' latency. fenced keeps the leases as
-/// applications do, through `--s4-clients` clients' keepers (RenewMany);
+/// applications do, through `--s4-clients` clients' keepers (one session
+/// each, kept alive once per interval);
 /// the anchors renew lease by lease (etcd: one lease per key).
 pub async fn run(cx: &mut Ctx<'_>) -> Result<()> {
     s4(cx.args, &cx.sut, cx.kind, cx.duration, &cx.ledger, cx.table).await
