@@ -65,7 +65,7 @@ pub enum Command {
     /// [`Command::Renew`] for each of a bounded list of leases, in order, in
     /// one log entry at one cluster time: the keep-alive of one client's
     /// leases. Each lease is renewed or reported lost exactly as a
-    /// `Renew` of its own would be ([`crate::Outcome::Renewals`]).
+    /// `Renew` of its own would be ([`crate::Outcome::RenewMany`]).
     RenewMany { leases: RenewLeases },
 }
 

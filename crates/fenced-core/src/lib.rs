@@ -41,7 +41,10 @@ pub use observe::{
     Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_VALIDATE_BATCH,
     WATCH_WINDOW,
 };
-pub use outcome::{Applied, Description, Event, Grant, LeaseList, LeaseView, LostReason, Outcome};
+pub use outcome::{
+    AcquireOutcome, Applied, CommandOutcome, Description, Event, Grant, KvDeleteOutcome,
+    KvPutOutcome, LeaseList, LeaseView, LostReason, Outcome, ReleaseOutcome, RenewOutcome,
+};
 pub use table::{
     LeaseTable, SnapshotError, TableSnapshot, TableSnapshotRef, SNAPSHOT_FORMAT_VERSION,
 };

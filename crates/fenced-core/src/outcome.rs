@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::{CapacityBound, ClusterTime, KvRefusal, OwnerId, ResourceName, Token};
+use crate::{CapacityBound, ClusterTime, KvBound, KvRefusal, OwnerId, ResourceName, Token};
 
 /// A lease granted to an owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -11,8 +11,10 @@ pub struct Grant {
     pub ttl_ms: u64,
 }
 
-/// Why a renew or release by a non-holder changed nothing, or why an
-/// acquire's attempt is over.
+/// Why a lease is gone: the answer to a renew or release by a non-holder,
+/// to a fenced write that does not hold its lease, or to an acquire whose
+/// attempt is over. The one loss reason of the core, the server's
+/// conversions and the clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LostReason {
     /// The lease ran out before this request was applied.
@@ -26,10 +28,23 @@ pub enum LostReason {
     Unknown,
 }
 
-/// The result of applying one command. Refusals are normal concurrency, not
-/// errors.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Outcome {
+impl LostReason {
+    /// The reason as one word: `expired`, `released`, `superseded`, `unknown`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LostReason::Expired => "expired",
+            LostReason::Released => "released",
+            LostReason::Superseded { .. } => "superseded",
+            LostReason::Unknown => "unknown",
+        }
+    }
+}
+
+/// What an acquire ([`crate::Command::Acquire`] or
+/// [`crate::Command::AcquireBounded`]) produced. Refusals are normal
+/// concurrency, not errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AcquireOutcome {
     Granted(Grant),
     /// Another owner holds the resource.
     Held {
@@ -45,33 +60,135 @@ pub enum Outcome {
     WaitQueueFull {
         max_waiters: u32,
     },
-    Renewed {
-        expires_at: ClusterTime,
-        ttl_ms: u64,
-    },
-    /// A renew found the lease gone; or an acquire came from an owner id
-    /// whose lease on the resource already ended (owner ids are single-use
-    /// per attempt, so it is not granted a second lease).
-    Lost(LostReason),
-    Released,
-    NotHolder(LostReason),
+    /// The owner id's lease on the resource already ended (owner ids are
+    /// single-use per attempt, so it is not granted a second lease).
+    Ended(LostReason),
     /// The acquire would have added a live lease or a waiter beyond the
     /// table-wide bound it carried; nothing changed.
     CapacityReached {
         bound: CapacityBound,
         limit: u64,
     },
-    /// A fenced put or delete was applied. `revision` is the store's
-    /// revision after it; `existed` says whether the key had a value.
-    KvApplied {
-        revision: u64,
-        existed: bool,
+}
+
+/// What a renew ([`crate::Command::Renew`], or one lease of a
+/// [`crate::Command::RenewMany`]) produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RenewOutcome {
+    Renewed {
+        expires_at: ClusterTime,
+        ttl_ms: u64,
     },
-    /// A fenced put or delete was not applied; nothing changed.
-    KvRefused(KvRefusal),
-    /// A batch renewal's answer: one [`Outcome::Renewed`] or
-    /// [`Outcome::Lost`] per lease, in the order of its leases.
-    Renewals(Vec<Outcome>),
+    /// The lease is gone; it is never revived.
+    Lost(LostReason),
+}
+
+/// What a release ([`crate::Command::Release`]) produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReleaseOutcome {
+    /// Released now, or by an earlier copy of the same request.
+    Released,
+    NotHolder(LostReason),
+}
+
+/// What a fenced put ([`crate::Command::KvPut`]) produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvPutOutcome {
+    /// Applied. `revision` is the store's revision after it; `existed`
+    /// says whether the key had a value.
+    Applied { revision: u64, existed: bool },
+    /// Not applied by the fencing rule; nothing changed.
+    Refused(KvRefusal),
+    /// The store is full; nothing changed.
+    BoundReached { bound: KvBound, limit: u64 },
+}
+
+/// What a fenced delete ([`crate::Command::KvDelete`]) produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvDeleteOutcome {
+    /// Applied. `revision` is the store's revision after it; `existed`
+    /// says whether the key had a value.
+    Applied { revision: u64, existed: bool },
+    /// Not applied by the fencing rule; nothing changed.
+    Refused(KvRefusal),
+}
+
+/// The result of applying one command: its command's own outcome type, so
+/// a reply is built from exactly the cases its command can produce.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Acquire(AcquireOutcome),
+    Renew(RenewOutcome),
+    Release(ReleaseOutcome),
+    KvPut(KvPutOutcome),
+    KvDelete(KvDeleteOutcome),
+    /// One outcome per lease of a [`crate::Command::RenewMany`], in the
+    /// order of its leases.
+    RenewMany(Vec<RenewOutcome>),
+}
+
+/// A command's own outcome type, taken out of the [`Outcome`] that
+/// [`crate::LeaseTable::apply`] returned for that command. `apply` answers
+/// every command with its own variant (test
+/// `every_command_is_answered_with_its_own_outcome_type`), so this fails
+/// only when given the outcome of another command.
+pub trait CommandOutcome: Sized {
+    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome>;
+}
+
+impl CommandOutcome for AcquireOutcome {
+    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
+        match outcome {
+            Outcome::Acquire(o) => Ok(o),
+            other => Err(other),
+        }
+    }
+}
+
+impl CommandOutcome for RenewOutcome {
+    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
+        match outcome {
+            Outcome::Renew(o) => Ok(o),
+            other => Err(other),
+        }
+    }
+}
+
+impl CommandOutcome for ReleaseOutcome {
+    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
+        match outcome {
+            Outcome::Release(o) => Ok(o),
+            other => Err(other),
+        }
+    }
+}
+
+impl CommandOutcome for KvPutOutcome {
+    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
+        match outcome {
+            Outcome::KvPut(o) => Ok(o),
+            other => Err(other),
+        }
+    }
+}
+
+impl CommandOutcome for KvDeleteOutcome {
+    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
+        match outcome {
+            Outcome::KvDelete(o) => Ok(o),
+            other => Err(other),
+        }
+    }
+}
+
+/// A [`crate::Command::RenewMany`]'s outcomes, one per lease.
+impl CommandOutcome for Vec<RenewOutcome> {
+    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
+        match outcome {
+            Outcome::RenewMany(o) => Ok(o),
+            other => Err(other),
+        }
+    }
 }
 
 /// Something that happened while applying an entry without being the direct

@@ -6,10 +6,11 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    observe::Window, Applied, Batch, Capacity, CapacityBound, Change, ChangeKind, ChangesAfter,
-    ClusterTime, Command, Compacted, Description, Event, Grant, HistoryEntry, KvSnapshot, KvStore,
-    LeaseEnd, LeaseList, LeaseView, LostReason, Outcome, OwnerId, ResourceName, Token, TokenState,
-    Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_IDLE_RECORDS,
+    observe::Window, AcquireOutcome, Applied, Batch, Capacity, CapacityBound, Change, ChangeKind,
+    ChangesAfter, ClusterTime, Command, Compacted, Description, Event, Grant, HistoryEntry,
+    KvSnapshot, KvStore, LeaseEnd, LeaseList, LeaseView, LostReason, Outcome, OwnerId,
+    ReleaseOutcome, RenewOutcome, ResourceName, Token, TokenState, Validation,
+    DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_IDLE_RECORDS,
     MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
 };
 
@@ -246,13 +247,13 @@ impl Record {
 ///
 /// let at = |ms| ClusterTime::from_millis(ms);
 /// let out = table.apply(&Batch { stamp: at(0), commands: vec![acquire(a)] });
-/// let Outcome::Granted(first) = out.outcomes[0] else { panic!() };
+/// let Outcome::Acquire(AcquireOutcome::Granted(first)) = out.outcomes[0] else { panic!() };
 ///
 /// // B is refused while A's lease runs, and granted a higher token after it expires.
 /// let out = table.apply(&Batch { stamp: at(1_000), commands: vec![acquire(b)] });
-/// assert!(matches!(out.outcomes[0], Outcome::Held { .. }));
+/// assert!(matches!(out.outcomes[0], Outcome::Acquire(AcquireOutcome::Held { .. })));
 /// let out = table.apply(&Batch { stamp: at(30_000), commands: vec![acquire(b)] });
-/// let Outcome::Granted(second) = out.outcomes[0] else { panic!() };
+/// let Outcome::Acquire(AcquireOutcome::Granted(second)) = out.outcomes[0] else { panic!() };
 /// assert!(second.token > first.token);
 /// # Ok::<(), fenced_core::InvalidArgument>(())
 /// ```
@@ -612,32 +613,40 @@ impl LeaseTable {
                     owner,
                     ttl_ms,
                     wait_ms,
-                } => self.acquire(
+                } => Outcome::Acquire(self.acquire(
                     resource,
                     *owner,
                     *ttl_ms,
                     *wait_ms,
                     Capacity::UNBOUNDED,
                     now,
-                ),
+                )),
                 Command::AcquireBounded {
                     resource,
                     owner,
                     ttl_ms,
                     wait_ms,
                     capacity,
-                } => self.acquire(resource, *owner, *ttl_ms, *wait_ms, *capacity, now),
+                } => Outcome::Acquire(
+                    self.acquire(resource, *owner, *ttl_ms, *wait_ms, *capacity, now),
+                ),
                 Command::Renew {
                     resource,
                     owner,
                     token,
                     ttl_ms,
-                } => self.renew(resource, *owner, *token, *ttl_ms, now),
+                } => Outcome::Renew(self.renew(resource, *owner, *token, *ttl_ms, now)),
                 Command::Release {
                     resource,
                     owner,
                     token,
-                } => self.release(resource, *owner, *token, now, &mut applied.events),
+                } => Outcome::Release(self.release(
+                    resource,
+                    *owner,
+                    *token,
+                    now,
+                    &mut applied.events,
+                )),
                 Command::KvPut {
                     key,
                     value,
@@ -651,7 +660,7 @@ impl LeaseTable {
                     // a put is applied whoever holds the resource.
                     #[cfg(feature = "canary-kv-skip-holder-check")]
                     let holder = holder.or(Ok(()));
-                    self.kv.put(holder, key, value, resource, *token, *bounds)
+                    Outcome::KvPut(self.kv.put(holder, key, value, resource, *token, *bounds))
                 }
                 Command::KvDelete {
                     key,
@@ -660,9 +669,9 @@ impl LeaseTable {
                     token,
                 } => {
                     let holder = self.check_holder(resource.as_str(), *owner, *token, now);
-                    self.kv.delete(holder, key, *token)
+                    Outcome::KvDelete(self.kv.delete(holder, key, *token))
                 }
-                Command::RenewMany { leases } => Outcome::Renewals(
+                Command::RenewMany { leases } => Outcome::RenewMany(
                     leases
                         .iter()
                         .map(|l| self.renew(&l.resource, l.owner, l.token, l.ttl_ms, now))
@@ -733,28 +742,28 @@ impl LeaseTable {
         wait_ms: u64,
         capacity: Capacity,
         now: ClusterTime,
-    ) -> Outcome {
+    ) -> AcquireOutcome {
         let ttl_ms = ttl_ms.max(1);
         // Checked only where a lease or a waiter would be added: a holder
         // asking again, a renew, a release and a hand-off never are.
         let leases_full = as_u64(self.expiries.len()) >= capacity.max_live_leases;
         let waiters_full = as_u64(self.deadlines.len()) >= capacity.max_waiters;
-        let refuse = |bound, limit| Outcome::CapacityReached { bound, limit };
+        let refuse = |bound, limit| AcquireOutcome::CapacityReached { bound, limit };
         let Some(rec) = self.records.get_mut(name) else {
             if leases_full {
                 return refuse(CapacityBound::LiveLeases, capacity.max_live_leases);
             }
-            return Outcome::Granted(self.grant(name, owner, ttl_ms, now));
+            return AcquireOutcome::Granted(self.grant(name, owner, ttl_ms, now));
         };
         if let Some(reason) = rec.ended_attempt(owner) {
-            return Outcome::Lost(reason);
+            return AcquireOutcome::Ended(reason);
         }
         // CANARY (deliberately broken build for fenced-jepsen): grants over
         // another owner's live lease.
         #[cfg(feature = "canary-skip-lease-check")]
         if let Some(lease) = rec.holder.take_if(|l| l.owner != owner) {
             self.expiries.remove(&(lease.expires_at, name.clone()));
-            return Outcome::Granted(self.grant(name, owner, ttl_ms, now));
+            return AcquireOutcome::Granted(self.grant(name, owner, ttl_ms, now));
         }
         match &mut rec.holder {
             // The holder asking again (its reply was lost): the same grant, with
@@ -768,14 +777,14 @@ impl LeaseTable {
                     lease.expires_at = expires_at;
                     lease.ttl_ms = ttl_ms;
                 }
-                Outcome::Granted(Grant {
+                AcquireOutcome::Granted(Grant {
                     token: lease.token,
                     expires_at: lease.expires_at,
                     ttl_ms: lease.ttl_ms,
                 })
             }
             Some(lease) => {
-                let held = Outcome::Held {
+                let held = AcquireOutcome::Held {
                     current_token: lease.token,
                     remaining_ms: lease.expires_at.millis_since(now),
                 };
@@ -783,12 +792,12 @@ impl LeaseTable {
                     return held;
                 }
                 if let Some(pos) = rec.waiters.iter().position(|w| w.owner == owner) {
-                    return Outcome::Waiting {
+                    return AcquireOutcome::Waiting {
                         position: position_u32(pos + 1),
                     };
                 }
                 if rec.waiters.len() >= MAX_WAITERS_PER_RESOURCE {
-                    return Outcome::WaitQueueFull {
+                    return AcquireOutcome::WaitQueueFull {
                         max_waiters: position_u32(MAX_WAITERS_PER_RESOURCE),
                     };
                 }
@@ -802,14 +811,14 @@ impl LeaseTable {
                     deadline,
                 });
                 self.deadlines.insert((deadline, name.clone(), owner));
-                Outcome::Waiting {
+                AcquireOutcome::Waiting {
                     position: position_u32(rec.waiters.len()),
                 }
             }
             // Free: waiters are granted in the step that ends a lease, so a
             // free resource has none queued.
             None if leases_full => refuse(CapacityBound::LiveLeases, capacity.max_live_leases),
-            None => Outcome::Granted(self.grant(name, owner, ttl_ms, now)),
+            None => AcquireOutcome::Granted(self.grant(name, owner, ttl_ms, now)),
         }
     }
 
@@ -820,10 +829,10 @@ impl LeaseTable {
         token: Token,
         ttl_ms: u64,
         now: ClusterTime,
-    ) -> Outcome {
+    ) -> RenewOutcome {
         let ttl_ms = ttl_ms.max(1);
         let Some(rec) = self.records.get_mut(name) else {
-            return Outcome::Lost(LostReason::Unknown);
+            return RenewOutcome::Lost(LostReason::Unknown);
         };
         match &mut rec.holder {
             Some(lease) if lease.owner == owner && lease.token == token => {
@@ -832,9 +841,9 @@ impl LeaseTable {
                 self.expiries.insert((expires_at, name.clone()));
                 lease.expires_at = expires_at;
                 lease.ttl_ms = ttl_ms;
-                Outcome::Renewed { expires_at, ttl_ms }
+                RenewOutcome::Renewed { expires_at, ttl_ms }
             }
-            _ => Outcome::Lost(rec.lost_reason(owner, token)),
+            _ => RenewOutcome::Lost(rec.lost_reason(owner, token)),
         }
     }
 
@@ -845,9 +854,9 @@ impl LeaseTable {
         token: Token,
         now: ClusterTime,
         events: &mut Vec<Event>,
-    ) -> Outcome {
+    ) -> ReleaseOutcome {
         let Some(rec) = self.records.get_mut(name) else {
-            return Outcome::NotHolder(LostReason::Unknown);
+            return ReleaseOutcome::NotHolder(LostReason::Unknown);
         };
         // CANARY (deliberately broken build for fenced-jepsen): any owner id
         // and token release the current lease.
@@ -867,12 +876,12 @@ impl LeaseTable {
                 });
                 self.record_change(name, ChangeKind::Released, token, owner, now);
                 self.hand_off(name, now, events);
-                Outcome::Released
+                ReleaseOutcome::Released
             }
             _ => match rec.lost_reason(owner, token) {
                 // A retried release whose first reply was lost.
-                LostReason::Released => Outcome::Released,
-                reason => Outcome::NotHolder(reason),
+                LostReason::Released => ReleaseOutcome::Released,
+                reason => ReleaseOutcome::NotHolder(reason),
             },
         }
     }
@@ -1391,7 +1400,7 @@ mod token_floor_tests {
             }],
         });
         match &applied.outcomes[0] {
-            Outcome::Granted(g) => g.token.get(),
+            Outcome::Acquire(AcquireOutcome::Granted(g)) => g.token.get(),
             other => panic!("not granted: {other:?}"),
         }
     }

@@ -69,7 +69,7 @@ fn expired_and_released_leases_are_not_listed() {
         stamp: at(0),
         commands: vec![acquire("a", a, 1_000, 0), acquire("b", b, 5_000, 0)],
     });
-    let Outcome::Granted(grant_b) = out.outcomes[1] else {
+    let Outcome::Acquire(AcquireOutcome::Granted(grant_b)) = out.outcomes[1] else {
         panic!("{out:?}")
     };
     // Expired by `now` although no batch has ended it yet.

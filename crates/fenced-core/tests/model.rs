@@ -210,7 +210,7 @@ impl Model {
                     {
                         let r = &self.res[&name];
                         let (_, t, released) = r.ended.unwrap();
-                        Outcome::Lost(if r.last_token > t {
+                        Outcome::Acquire(AcquireOutcome::Ended(if r.last_token > t {
                             LostReason::Superseded {
                                 current_token: Token::new(r.last_token).unwrap(),
                             }
@@ -218,9 +218,11 @@ impl Model {
                             LostReason::Released
                         } else {
                             LostReason::Expired
-                        })
+                        }))
                     }
-                    None => Outcome::Granted(self.grant(&name, *owner, *ttl_ms)),
+                    None => Outcome::Acquire(AcquireOutcome::Granted(
+                        self.grant(&name, *owner, *ttl_ms),
+                    )),
                     Some((o, token, exp, _)) if o == *owner => {
                         let exp = exp.max(now + ttl_ms);
                         let r = self.res.get_mut(&name).unwrap();
@@ -229,28 +231,28 @@ impl Model {
                             h.2 = exp;
                             h.3 = *ttl_ms;
                         }
-                        Outcome::Granted(Grant {
+                        Outcome::Acquire(AcquireOutcome::Granted(Grant {
                             token: Token::new(token).unwrap(),
                             expires_at: ClusterTime::from_millis(h.2),
                             ttl_ms: h.3,
-                        })
+                        }))
                     }
                     Some((_, token, exp, _)) => {
                         let r = self.res.get_mut(&name).unwrap();
                         if *wait_ms == 0 {
-                            Outcome::Held {
+                            Outcome::Acquire(AcquireOutcome::Held {
                                 current_token: Token::new(token).unwrap(),
                                 remaining_ms: exp - now,
-                            }
+                            })
                         } else if let Some(p) = r.waiters.iter().position(|w| w.0 == *owner) {
-                            Outcome::Waiting {
+                            Outcome::Acquire(AcquireOutcome::Waiting {
                                 position: p as u32 + 1,
-                            }
+                            })
                         } else {
                             r.waiters.push((*owner, *ttl_ms, now + wait_ms));
-                            Outcome::Waiting {
+                            Outcome::Acquire(AcquireOutcome::Waiting {
                                 position: r.waiters.len() as u32,
-                            }
+                            })
                         }
                     }
                 },
@@ -260,17 +262,19 @@ impl Model {
                     ttl_ms,
                     ..
                 } => match self.res.get_mut(&name) {
-                    None => Outcome::Lost(LostReason::Unknown),
+                    None => Outcome::Renew(RenewOutcome::Lost(LostReason::Unknown)),
                     Some(r) => match &mut r.holder {
                         Some(h) if h.0 == *owner && h.1 == token.get() => {
                             h.2 = now + ttl_ms;
                             h.3 = *ttl_ms;
-                            Outcome::Renewed {
+                            Outcome::Renew(RenewOutcome::Renewed {
                                 expires_at: ClusterTime::from_millis(h.2),
                                 ttl_ms: *ttl_ms,
-                            }
+                            })
                         }
-                        _ => Outcome::Lost(Self::reason(r, *owner, token.get())),
+                        _ => {
+                            Outcome::Renew(RenewOutcome::Lost(Self::reason(r, *owner, token.get())))
+                        }
                     },
                 },
                 // Capacity bounds are proven in tests/capacity.rs; the model
@@ -286,17 +290,17 @@ impl Model {
                     )
                 }
                 Command::Release { owner, token, .. } => match self.res.get_mut(&name) {
-                    None => Outcome::NotHolder(LostReason::Unknown),
+                    None => Outcome::Release(ReleaseOutcome::NotHolder(LostReason::Unknown)),
                     Some(r) => match r.holder {
                         Some(h) if h.0 == *owner && h.1 == token.get() => {
                             r.holder = None;
                             r.ended = Some((*owner, token.get(), true));
                             self.hand_off(&name, &mut events);
-                            Outcome::Released
+                            Outcome::Release(ReleaseOutcome::Released)
                         }
                         _ => match Self::reason(r, *owner, token.get()) {
-                            LostReason::Released => Outcome::Released,
-                            reason => Outcome::NotHolder(reason),
+                            LostReason::Released => Outcome::Release(ReleaseOutcome::Released),
+                            reason => Outcome::Release(ReleaseOutcome::NotHolder(reason)),
                         },
                     },
                 },
@@ -408,25 +412,25 @@ proptest! {
                     let out = &part.outcomes[0];
                     let r = res_index(cmd.resource());
                     match (&cmd, out) {
-                        (Command::Acquire { owner, .. }, Outcome::Granted(g)) => saw_grant(r, *owner, g, &mut live)?,
-                        (Command::Acquire { owner, .. }, Outcome::Lost(_)) => {
+                        (Command::Acquire { owner, .. }, Outcome::Acquire(AcquireOutcome::Granted(g))) => saw_grant(r, *owner, g, &mut live)?,
+                        (Command::Acquire { owner, .. }, Outcome::Acquire(AcquireOutcome::Ended(_))) => {
                             // Refused only for an attempt whose lease really ended.
                             prop_assert!(ended.iter().any(|(o, _)| o == owner), "acquire refused an unspent owner id");
                             prop_assert!(live[r].is_none_or(|(o, _, exp)| o != *owner || exp <= now), "the holder's retry was refused");
                         }
-                        (Command::Acquire { .. }, Outcome::Held { current_token, .. }) => {
+                        (Command::Acquire { .. }, Outcome::Acquire(AcquireOutcome::Held { current_token, .. })) => {
                             let (_, t, exp) = live[r].unwrap();
                             prop_assert_eq!(t, current_token.get());
                             prop_assert!(exp > now, "refused for an expired lease");
                         }
-                        (Command::Renew { owner, token, .. }, Outcome::Renewed { expires_at, .. }) => {
+                        (Command::Renew { owner, token, .. }, Outcome::Renew(RenewOutcome::Renewed { expires_at, .. })) => {
                             let (o, t, exp) = live[r].unwrap();
                             prop_assert_eq!((o, t), (*owner, token.get()), "renewed by a non-holder");
                             prop_assert!(exp > now, "an expired lease was revived");
                             prop_assert!(!ended.contains(&(o, t)), "an ended lease was renewed");
                             live[r] = Some((o, t, expires_at.as_millis()));
                         }
-                        (Command::Release { owner, token, .. }, Outcome::Released) => {
+                        (Command::Release { owner, token, .. }, Outcome::Release(ReleaseOutcome::Released)) => {
                             if let Some((o, t, _)) = live[r] {
                                 if (o, t) == (*owner, token.get()) {
                                     live[r] = None;

@@ -43,7 +43,7 @@ fn apply(table: &mut LeaseTable, ms: u64, commands: Vec<Command>) -> Vec<Outcome
 
 fn token(outcome: &Outcome) -> Token {
     match outcome {
-        Outcome::Granted(g) => g.token,
+        Outcome::Acquire(AcquireOutcome::Granted(g)) => g.token,
         other => panic!("expected a grant, got {other:?}"),
     }
 }
@@ -68,7 +68,7 @@ fn grants_releases_and_expiries_are_numbered_in_apply_order() {
     // C waits for x; x is released and C is granted in the same entry.
     apply(&mut t, 10, vec![acquire("jobs/x", c, 60_000)]);
     let out = apply(&mut t, 20, vec![release("jobs/x", a, tx)]);
-    assert_eq!(out[0], Outcome::Released);
+    assert_eq!(out[0], Outcome::Release(ReleaseOutcome::Released));
     // y runs out: the sweep of the next entry records it.
     apply(&mut t, TTL + 5, vec![]);
     let all = t.changes_after(0, "", 100).unwrap();

@@ -52,7 +52,7 @@ fn grant(table: &mut LeaseTable, ms: u64, res: &str, owner: OwnerId) -> Token {
         }],
     );
     match out.outcomes[0] {
-        Outcome::Granted(g) => g.token,
+        Outcome::Acquire(AcquireOutcome::Granted(g)) => g.token,
         ref other => panic!("{res}: not granted: {other:?}"),
     }
 }
@@ -107,23 +107,23 @@ fn each_lease_gets_its_own_outcome_and_no_lost_lease_is_revived() {
             lease("live", other, live, TTL),
         ])],
     );
-    let Outcome::Renewals(each) = &out.outcomes[0] else {
+    let Outcome::RenewMany(each) = &out.outcomes[0] else {
         panic!("not a batch answer: {:?}", out.outcomes[0]);
     };
     assert_eq!(
         each,
         &vec![
-            Outcome::Renewed {
+            RenewOutcome::Renewed {
                 expires_at: at(22_000),
                 ttl_ms: TTL
             },
-            Outcome::Lost(LostReason::Released),
-            Outcome::Lost(LostReason::Expired),
-            Outcome::Lost(LostReason::Superseded {
+            RenewOutcome::Lost(LostReason::Released),
+            RenewOutcome::Lost(LostReason::Expired),
+            RenewOutcome::Lost(LostReason::Superseded {
                 current_token: newer
             }),
-            Outcome::Lost(LostReason::Unknown),
-            Outcome::Lost(LostReason::Unknown),
+            RenewOutcome::Lost(LostReason::Unknown),
+            RenewOutcome::Lost(LostReason::Unknown),
         ]
     );
     // Nothing lost came back; the renewed lease kept its token.
@@ -148,11 +148,11 @@ fn leases_renewed_together_lapse_together_at_one_cluster_time() {
         .collect();
     // Granted at different times; one keep-alive aligns them.
     let out = apply(&mut t, 5_000, vec![renew_many(leases)]);
-    let Outcome::Renewals(each) = &out.outcomes[0] else {
+    let Outcome::RenewMany(each) = &out.outcomes[0] else {
         panic!("{:?}", out.outcomes[0]);
     };
     assert!(each.iter().all(|o| *o
-        == Outcome::Renewed {
+        == RenewOutcome::Renewed {
             expires_at: at(15_000),
             ttl_ms: TTL
         }));
@@ -179,7 +179,7 @@ fn a_retried_batch_renews_again_and_changes_nothing_else() {
     let out = apply(&mut t, 1_500, vec![cmd]);
     assert_eq!(
         out.outcomes[0],
-        Outcome::Renewals(vec![Outcome::Renewed {
+        Outcome::RenewMany(vec![RenewOutcome::Renewed {
             expires_at: at(11_500),
             ttl_ms: TTL
         }])
@@ -304,7 +304,13 @@ proptest! {
         let mut each = t;
         let batched = apply(&mut one, ms + gap, vec![renew_many(leases)]);
         let separate = apply(&mut each, ms + gap, singles);
-        prop_assert_eq!(&batched.outcomes, &vec![Outcome::Renewals(separate.outcomes)]);
+        let renewed_singly: Vec<RenewOutcome> = separate
+            .outcomes
+            .into_iter()
+            .map(RenewOutcome::from_outcome)
+            .collect::<Result<_, _>>()
+            .map_err(|o| TestCaseError::fail(format!("a renew answered with {o:?}")))?;
+        prop_assert_eq!(&batched.outcomes, &vec![Outcome::RenewMany(renewed_singly)]);
         prop_assert_eq!(batched.events, separate.events);
         prop_assert_eq!(one.snapshot(), each.snapshot());
     }

@@ -1,7 +1,7 @@
 use fenced_core::{
-    CapacityBound, ChangeKind, ClusterTime, Command, Description, HistoryEntry, InvalidArgument,
-    Limits, LostReason, Outcome, OwnerId, RenewLease, RenewLeases, ResourceName, Token, TokenState,
-    Validation,
+    AcquireOutcome, CapacityBound, ChangeKind, ClusterTime, Command, Description, HistoryEntry,
+    InvalidArgument, Limits, LostReason, OwnerId, ReleaseOutcome, RenewLease, RenewLeases,
+    RenewOutcome, ResourceName, Token, TokenState, Validation,
 };
 use tonic::Status;
 
@@ -99,20 +99,11 @@ pub fn renew_many_command(
 }
 
 /// The reply to a batch renewal: one [`renew_reply`] per lease.
-pub fn renew_many_reply(
-    outcome: &Outcome,
-    now: ClusterTime,
-) -> Result<v1::RenewManyResponse, Status> {
-    let Outcome::Renewals(each) = outcome else {
-        return Err(unexpected(outcome, "renew_many"));
-    };
-    Ok(v1::RenewManyResponse {
-        results: each
-            .iter()
-            .map(|o| renew_reply(o, now))
-            .collect::<Result<_, _>>()?,
+pub fn renew_many_reply(each: &[RenewOutcome], now: ClusterTime) -> v1::RenewManyResponse {
+    v1::RenewManyResponse {
+        results: each.iter().map(|o| renew_reply(o, now)).collect(),
         cluster_time_ms: now.as_millis(),
-    })
+    }
 }
 
 /// A validated [`Command::Release`] from the wire.
@@ -129,7 +120,9 @@ pub fn describe_resource(req: &v1::DescribeRequest) -> Result<ResourceName, Inva
     ResourceName::from_bytes(&req.resource)
 }
 
-fn reason_parts(reason: LostReason) -> (i32, u64) {
+/// A loss reason as the wire carries it: the reason and, when superseded,
+/// the newest token (0 otherwise).
+pub fn lost_reason_parts(reason: LostReason) -> (v1::LostReason, u64) {
     let (r, current) = match reason {
         LostReason::Expired => (v1::LostReason::Expired, 0),
         LostReason::Released => (v1::LostReason::Released, 0),
@@ -138,11 +131,21 @@ fn reason_parts(reason: LostReason) -> (i32, u64) {
         }
         LostReason::Unknown => (v1::LostReason::Unknown, 0),
     };
-    (r as i32, current)
+    (r, current)
 }
 
-fn unexpected(outcome: &Outcome, rpc: &str) -> Status {
-    Status::internal(format!("{rpc}: unexpected outcome {outcome:?}"))
+/// A loss reason from the wire; an unknown code is [`LostReason::Unknown`],
+/// and a superseded one without a valid newest token too (tokens start at 1).
+pub fn lost_reason_from_wire(reason: i32, current_token: u64) -> LostReason {
+    match v1::LostReason::try_from(reason) {
+        Ok(v1::LostReason::Expired) => LostReason::Expired,
+        Ok(v1::LostReason::Released) => LostReason::Released,
+        Ok(v1::LostReason::Superseded) => match Token::new(current_token) {
+            Ok(current_token) => LostReason::Superseded { current_token },
+            Err(_) => LostReason::Unknown,
+        },
+        _ => LostReason::Unknown,
+    }
 }
 
 /// RESOURCE_EXHAUSTED naming the setting that refused an acquire and its value.
@@ -158,37 +161,47 @@ pub fn capacity_reached(bound: CapacityBound, limit: u64) -> Status {
     ))
 }
 
-/// The reply to an acquire whose outcome is final (not `Waiting`).
-pub fn acquire_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::AcquireResponse, Status> {
+/// The reply to an acquire whose outcome is final: a `Waiting` outcome
+/// (answered later, when the wait ends) is UNAVAILABLE here, outcome unknown.
+pub fn acquire_reply(
+    outcome: &AcquireOutcome,
+    now: ClusterTime,
+) -> Result<v1::AcquireResponse, Status> {
     use v1::acquire_response::Outcome as O;
     let outcome = match outcome {
-        Outcome::Granted(g) => O::Granted(v1::Granted {
+        AcquireOutcome::Granted(g) => O::Granted(v1::Granted {
             token: g.token.get(),
             expires_at_ms: g.expires_at.as_millis(),
             ttl_ms: g.ttl_ms,
         }),
-        Outcome::Held {
+        AcquireOutcome::Held {
             current_token,
             remaining_ms,
         } => O::Held(v1::Held {
             current_token: current_token.get(),
             remaining_ms: *remaining_ms,
         }),
-        Outcome::Lost(reason) => {
-            let (reason, current_token) = reason_parts(*reason);
+        AcquireOutcome::Ended(reason) => {
+            let (reason, current_token) = lost_reason_parts(*reason);
             O::Ended(v1::Ended {
-                reason,
+                reason: reason as i32,
                 current_token,
             })
         }
-        Outcome::WaitQueueFull { max_waiters } => {
+        AcquireOutcome::WaitQueueFull { max_waiters } => {
             return Err(Status::resource_exhausted(format!(
                 "wait_ms: the resource already has the maximum of {max_waiters} waiters; \
                  retry later or acquire without waiting"
             )))
         }
-        Outcome::CapacityReached { bound, limit } => return Err(capacity_reached(*bound, *limit)),
-        other => return Err(unexpected(other, "acquire")),
+        AcquireOutcome::CapacityReached { bound, limit } => {
+            return Err(capacity_reached(*bound, *limit))
+        }
+        AcquireOutcome::Waiting { .. } => {
+            return Err(Status::unavailable(
+                "acquire: still waiting, the outcome is unknown; retry with the same owner_id",
+            ))
+        }
     };
     Ok(v1::AcquireResponse {
         outcome: Some(outcome),
@@ -197,46 +210,44 @@ pub fn acquire_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::AcquireR
 }
 
 /// The reply to a renew.
-pub fn renew_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::RenewResponse, Status> {
+pub fn renew_reply(outcome: &RenewOutcome, now: ClusterTime) -> v1::RenewResponse {
     use v1::renew_response::Outcome as O;
     let outcome = match outcome {
-        Outcome::Renewed { expires_at, ttl_ms } => O::Renewed(v1::Renewed {
+        RenewOutcome::Renewed { expires_at, ttl_ms } => O::Renewed(v1::Renewed {
             expires_at_ms: expires_at.as_millis(),
             ttl_ms: *ttl_ms,
         }),
-        Outcome::Lost(reason) => {
-            let (reason, current_token) = reason_parts(*reason);
+        RenewOutcome::Lost(reason) => {
+            let (reason, current_token) = lost_reason_parts(*reason);
             O::Lost(v1::Lost {
-                reason,
+                reason: reason as i32,
                 current_token,
             })
         }
-        other => return Err(unexpected(other, "renew")),
     };
-    Ok(v1::RenewResponse {
+    v1::RenewResponse {
         outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
-    })
+    }
 }
 
 /// The reply to a release.
-pub fn release_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::ReleaseResponse, Status> {
+pub fn release_reply(outcome: &ReleaseOutcome, now: ClusterTime) -> v1::ReleaseResponse {
     use v1::release_response::Outcome as O;
     let outcome = match outcome {
-        Outcome::Released => O::Released(v1::Released {}),
-        Outcome::NotHolder(reason) => {
-            let (reason, current_token) = reason_parts(*reason);
+        ReleaseOutcome::Released => O::Released(v1::Released {}),
+        ReleaseOutcome::NotHolder(reason) => {
+            let (reason, current_token) = lost_reason_parts(*reason);
             O::NotHolder(v1::NotHolder {
-                reason,
+                reason: reason as i32,
                 current_token,
             })
         }
-        other => return Err(unexpected(other, "release")),
     };
-    Ok(v1::ReleaseResponse {
+    v1::ReleaseResponse {
         outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
-    })
+    }
 }
 
 /// The reply to a describe.

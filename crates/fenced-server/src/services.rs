@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_core::{ClusterTime, Limits, Outcome};
+use fenced_core::{AcquireOutcome, ClusterTime, CommandOutcome, Limits};
 use fenced_proto::{
     acquire_command, acquire_reply, describe_reply, describe_resource, history_reply,
     history_request, invalid_argument, release_command, release_reply, renew_command,
@@ -282,13 +282,13 @@ impl NodeContext {
         self.time.stamp_or_floor(term)
     }
 
-    /// Proposes `command` and waits for its outcome, at most the request
-    /// timeout.
-    pub(crate) async fn propose(
+    /// Proposes `command` and waits for its outcome, of the command's own
+    /// type `T`, at most the request timeout.
+    pub(crate) async fn propose<T: CommandOutcome>(
         &self,
         command: fenced_core::Command,
         deadline: Option<Instant>,
-    ) -> Result<(Outcome, ClusterTime), ProposeError> {
+    ) -> Result<(T, ClusterTime), ProposeError> {
         match tokio::time::timeout(
             self.request_timeout,
             self.proposer.propose(command, deadline),
@@ -416,6 +416,7 @@ pub(crate) fn propose_status(e: ProposeError) -> Status {
             Status::unavailable(e.to_string())
         }
         ProposeError::DeadlineExceeded => Status::deadline_exceeded(e.to_string()),
+        ProposeError::Internal(_) => Status::internal(e.to_string()),
     }
 }
 
@@ -515,11 +516,11 @@ impl LockService {
         )
     }
 
-    async fn propose(
+    async fn propose<T: CommandOutcome>(
         &self,
         command: fenced_core::Command,
         deadline: Option<Instant>,
-    ) -> Result<(Outcome, ClusterTime), ProposeError> {
+    ) -> Result<(T, ClusterTime), ProposeError> {
         self.ctx.propose(command, deadline).await
     }
 
@@ -566,10 +567,10 @@ impl LockService {
             None
         };
         let (outcome, now) = self
-            .propose(command, deadline)
+            .propose::<AcquireOutcome>(command, deadline)
             .await
             .map_err(|e| self.ctx.propose_status(e))?;
-        let (Outcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
+        let (AcquireOutcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
             return acquire_reply(&outcome, now).map(Response::new);
         };
         let wait = Duration::from_millis(wait_ms) + WAIT_GRACE;
@@ -590,12 +591,12 @@ impl LockService {
                 if let Some(id) = &identity {
                     self.ctx.quota.granted(id, &resource, owner);
                 }
-                Outcome::Granted(grant)
+                AcquireOutcome::Granted(grant)
             }
             WaitEnd::Elapsed {
                 current_token,
                 remaining_ms,
-            } => Outcome::Held {
+            } => AcquireOutcome::Held {
                 current_token,
                 remaining_ms,
             },
@@ -616,7 +617,7 @@ impl LockService {
             .propose(command, deadline)
             .await
             .map_err(|e| self.ctx.propose_status(e))?;
-        renew_reply(&outcome, now).map(Response::new)
+        Ok(Response::new(renew_reply(&outcome, now)))
     }
 
     /// Every lease of the call in one command, hence one log entry at one
@@ -635,11 +636,11 @@ impl LockService {
             identity = self.authorize(&req, Permission::Lock, "renew", resource)?;
         }
         forward_or!(self.ctx, req, deadline, identity, LockClient, renew_many);
-        let (outcome, now) = self
-            .propose(command, deadline)
+        let (outcomes, now) = self
+            .propose::<Vec<_>>(command, deadline)
             .await
             .map_err(|e| self.ctx.propose_status(e))?;
-        renew_many_reply(&outcome, now).map(Response::new)
+        Ok(Response::new(renew_many_reply(&outcomes, now)))
     }
 
     async fn answer_release(
@@ -654,7 +655,7 @@ impl LockService {
             .propose(command, deadline)
             .await
             .map_err(|e| self.ctx.propose_status(e))?;
-        release_reply(&outcome, now).map(Response::new)
+        Ok(Response::new(release_reply(&outcome, now)))
     }
 
     async fn answer_describe(

@@ -14,9 +14,9 @@ use std::{
 };
 
 use fenced_core::{
-    CapacityBound, ChangesAfter, ClusterTime, Compacted, Description, Event, HistoryEntry, KvBound,
-    KvEntry, KvRefusal, KvSnapshot, LeaseTable, Outcome, TableSnapshot, TableSnapshotRef, Token,
-    Validation,
+    AcquireOutcome, CapacityBound, ChangesAfter, ClusterTime, Compacted, Description, Event,
+    HistoryEntry, KvBound, KvDeleteOutcome, KvEntry, KvPutOutcome, KvSnapshot, LeaseTable, Outcome,
+    ReleaseOutcome, RenewOutcome, TableSnapshot, TableSnapshotRef, Token, Validation,
 };
 use openraft::{
     storage::RaftStateMachine, AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder,
@@ -542,29 +542,43 @@ impl StateMachine {
     fn count(&self, outcome: &Outcome) {
         let c = &self.shared.counters;
         let counter = match outcome {
-            Outcome::Granted(_) => &c.grants,
-            Outcome::Held { .. } | Outcome::WaitQueueFull { .. } => &c.refusals,
-            Outcome::Waiting { .. } => return,
-            Outcome::Renewed { .. } => &c.renewals,
-            Outcome::Lost(_) => &c.lost,
-            Outcome::Released => &c.releases,
-            Outcome::NotHolder(_) => &c.refusals,
-            Outcome::CapacityReached { bound, .. } => match bound {
-                CapacityBound::LiveLeases => &c.limits.live_leases,
-                CapacityBound::Waiters => &c.limits.waiters,
+            Outcome::Acquire(o) => match o {
+                AcquireOutcome::Granted(_) => &c.grants,
+                AcquireOutcome::Held { .. } | AcquireOutcome::WaitQueueFull { .. } => &c.refusals,
+                AcquireOutcome::Waiting { .. } => return,
+                AcquireOutcome::Ended(_) => &c.lost,
+                AcquireOutcome::CapacityReached { bound, .. } => match bound {
+                    CapacityBound::LiveLeases => &c.limits.live_leases,
+                    CapacityBound::Waiters => &c.limits.waiters,
+                },
             },
-            Outcome::KvApplied { .. } => &c.kv_applied,
-            Outcome::KvRefused(KvRefusal::Bound { bound, .. }) => match bound {
+            Outcome::Renew(o) => self.renew_counter(o),
+            Outcome::Release(ReleaseOutcome::Released) => &c.releases,
+            Outcome::Release(ReleaseOutcome::NotHolder(_)) => &c.refusals,
+            Outcome::KvPut(KvPutOutcome::Applied { .. })
+            | Outcome::KvDelete(KvDeleteOutcome::Applied { .. }) => &c.kv_applied,
+            Outcome::KvPut(KvPutOutcome::BoundReached { bound, .. }) => match bound {
                 KvBound::Keys => &c.limits.kv_keys,
                 KvBound::TotalBytes => &c.limits.kv_bytes,
             },
-            Outcome::KvRefused(_) => &c.kv_refused,
-            Outcome::Renewals(each) => {
-                each.iter().for_each(|o| self.count(o));
+            Outcome::KvPut(KvPutOutcome::Refused(_))
+            | Outcome::KvDelete(KvDeleteOutcome::Refused(_)) => &c.kv_refused,
+            Outcome::RenewMany(each) => {
+                for o in each {
+                    self.renew_counter(o).fetch_add(1, Ordering::Relaxed);
+                }
                 return;
             }
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn renew_counter(&self, outcome: &RenewOutcome) -> &AtomicU64 {
+        let c = &self.shared.counters;
+        match outcome {
+            RenewOutcome::Renewed { .. } => &c.renewals,
+            RenewOutcome::Lost(_) => &c.lost,
+        }
     }
 }
 
@@ -765,7 +779,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             .fetch_add(batch.commands.len() as u64, Ordering::Relaxed);
                         for (command, outcome) in batch.commands.iter().zip(&applied.outcomes) {
                             self.count(outcome);
-                            if let Outcome::Granted(g) = outcome {
+                            if let Outcome::Acquire(AcquireOutcome::Granted(g)) = outcome {
                                 tracing::debug!(
                                     resource = %command.resource(),
                                     owner = %command.owner(),
@@ -1122,10 +1136,11 @@ mod tests {
             stamp: ClusterTime::from_millis(5),
             commands,
         });
-        assert!(applied
-            .outcomes
-            .iter()
-            .all(|o| matches!(o, Outcome::Granted(_) | Outcome::KvApplied { .. })));
+        assert!(applied.outcomes.iter().all(|o| matches!(
+            o,
+            Outcome::Acquire(AcquireOutcome::Granted(_))
+                | Outcome::KvPut(KvPutOutcome::Applied { .. })
+        )));
         table
     }
 
