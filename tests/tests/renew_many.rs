@@ -8,7 +8,7 @@
 use std::{path::Path, time::Duration};
 
 use fenced_client::{Acquired, Client, LeaseOptions};
-use fenced_core::OwnerId;
+use fenced_core::{OwnerId, Token};
 use fenced_proto::v1::{self, renew_response};
 use fenced_tests::{http_get, write_auth_files, Cluster};
 use tokio::task::JoinSet;
@@ -169,7 +169,7 @@ fn renew_req(resource: &str, owner: OwnerId, token: u64, ttl_ms: u64) -> v1::Ren
     }
 }
 
-async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -> u64 {
+async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -> Token {
     match client
         .acquire_once(resource, owner, ttl, Duration::ZERO)
         .await
@@ -196,9 +196,9 @@ async fn a_follower_forwards_a_batch_and_each_lease_gets_its_answer() {
         .lock_client(follower)
         .renew_many(v1::RenewManyRequest {
             leases: vec![
-                renew_req("fwd/held", a, held, 20_000),
-                renew_req("fwd/gone", b, gone, 20_000),
-                renew_req("fwd/never", a, held, 20_000),
+                renew_req("fwd/held", a, held.get(), 20_000),
+                renew_req("fwd/gone", b, gone.get(), 20_000),
+                renew_req("fwd/never", a, held.get(), 20_000),
             ],
         })
         .await
@@ -223,9 +223,9 @@ async fn a_follower_forwards_a_batch_and_each_lease_gets_its_answer() {
     // Not revived, token unchanged.
     let d = client.describe("fwd/gone").await.unwrap();
     assert!(!d.held);
-    assert_eq!(d.last_token, gone);
+    assert_eq!(d.last_token, gone.get());
     let d = client.describe("fwd/held").await.unwrap();
-    assert!(d.held && d.last_token == held);
+    assert!(d.held && d.last_token == held.get());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -330,8 +330,8 @@ async fn a_batch_naming_a_resource_not_permitted_renews_nothing() {
         async move { lock.renew_many(req).await }
     };
     let err = call(vec![
-        renew_req("orders/1", owner, token, 4_000),
-        renew_req("payroll/1", owner, token, 4_000),
+        renew_req("orders/1", owner, token.get(), 4_000),
+        renew_req("payroll/1", owner, token.get(), 4_000),
     ])
     .await
     .unwrap_err();
@@ -345,7 +345,7 @@ async fn a_batch_naming_a_resource_not_permitted_renews_nothing() {
         d.remaining_ms
     );
     // The same call without the foreign resource is served.
-    let ok = call(vec![renew_req("orders/1", owner, token, 4_000)])
+    let ok = call(vec![renew_req("orders/1", owner, token.get(), 4_000)])
         .await
         .unwrap()
         .into_inner();

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fenced_client::{Client, ClientError, Lease, LeaseOptions, LossReason};
+use fenced_client::{Client, ClientError, Lease, LeaseLoss, LeaseOptions, Token};
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
@@ -58,7 +58,7 @@ fn granted_line(lease: &Lease, json_out: bool) {
     }
 }
 
-fn lost_line(lease_resource: &str, token: u64, reason: &LossReason, json_out: bool) {
+fn lost_line(lease_resource: &str, token: Token, reason: &LeaseLoss, json_out: bool) {
     if json_out {
         println!(
             "{}",

@@ -127,7 +127,7 @@ async fn run(args: &Args) -> Result<u8, Box<dyn std::error::Error>> {
         .put(PutRequest {
             key: key.clone().into_bytes(),
             resource: lock.clone().into_bytes(),
-            token: Some(lease.token()),
+            token: Some(lease.token().get()),
             owner_id: lease.owner().as_bytes().to_vec(),
             value: statement.into_bytes(),
             mode: FenceMode::AllowEqual as i32,

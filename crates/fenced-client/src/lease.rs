@@ -7,14 +7,11 @@ use std::{
     time::Duration,
 };
 
-use fenced_core::OwnerId;
+use fenced_core::{LostReason, OwnerId, ReleaseOutcome, RenewOutcome, Token};
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    clock::Moment, AcquireOutcome, Client, ClientError, LostReason, ReleaseOutcome, RenewItem,
-    RenewOutcome,
-};
+use crate::{clock::Moment, AcquireOutcome, Client, ClientError, RenewItem};
 
 /// How a lease's keeper renews it and how early it gives up.
 ///
@@ -51,9 +48,10 @@ impl LeaseOptions {
     }
 }
 
-/// Why a lease ended.
+/// Why a [`Lease`] ended for this client: the cluster's own reason when it
+/// refused a renewal, or what the client saw itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LossReason {
+pub enum LeaseLoss {
     /// The cluster refused a renewal: the lease had expired, was released or
     /// was granted to a newer owner.
     Refused(LostReason),
@@ -67,18 +65,18 @@ pub enum LossReason {
     Failed(String),
 }
 
-impl fmt::Display for LossReason {
+impl fmt::Display for LeaseLoss {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LossReason::Refused(LostReason::Superseded { current_token }) => {
+            LeaseLoss::Refused(LostReason::Superseded { current_token }) => {
                 write!(f, "renewal refused: superseded by token {current_token}")
             }
-            LossReason::Refused(r) => write!(f, "renewal refused: {}", r.as_str()),
-            LossReason::DeadlinePassed => {
+            LeaseLoss::Refused(r) => write!(f, "renewal refused: {}", r.as_str()),
+            LeaseLoss::DeadlinePassed => {
                 f.write_str("no successful renewal before the local deadline")
             }
-            LossReason::Released => f.write_str("released"),
-            LossReason::Failed(e) => write!(f, "renewal failed: {e}"),
+            LeaseLoss::Released => f.write_str("released"),
+            LeaseLoss::Failed(e) => write!(f, "renewal failed: {e}"),
         }
     }
 }
@@ -86,12 +84,12 @@ impl fmt::Display for LossReason {
 struct Shared {
     resource: String,
     owner: OwnerId,
-    token: u64,
+    token: Token,
     ttl: Duration,
     deadline: Mutex<Moment>,
     /// When the keeper renews next (earlier when other leases are due).
     next_renew: Mutex<Moment>,
-    loss: watch::Sender<Option<LossReason>>,
+    loss: watch::Sender<Option<LeaseLoss>>,
     cancel: CancellationToken,
     stop: CancellationToken,
 }
@@ -126,7 +124,7 @@ impl Shared {
 
     /// Fires the cancellation token, then records the loss once and says so:
     /// whoever sees the recorded loss also sees the token fired.
-    fn lose(&self, reason: LossReason) {
+    fn lose(&self, reason: LeaseLoss) {
         self.cancel.cancel();
         let first = self.loss.send_if_modified(|current| {
             if current.is_none() {
@@ -136,20 +134,20 @@ impl Shared {
                 false
             }
         });
-        if first && reason != LossReason::Released {
-            tracing::warn!(resource = %self.resource, owner = %self.owner, token = self.token, %reason, "lease lost");
+        if first && reason != LeaseLoss::Released {
+            tracing::warn!(resource = %self.resource, owner = %self.owner, token = self.token.get(), %reason, "lease lost");
         }
     }
 
     /// The loss, also when only the deadline says so and the keeper has not
     /// run yet (a process that was frozen sees it on its first look).
-    fn check(&self) -> Result<(), LossReason> {
+    fn check(&self) -> Result<(), LeaseLoss> {
         if let Some(reason) = self.loss.borrow().clone() {
             return Err(reason);
         }
         if self.deadline().has_passed() {
-            self.lose(LossReason::DeadlinePassed);
-            return Err(LossReason::DeadlinePassed);
+            self.lose(LeaseLoss::DeadlinePassed);
+            return Err(LeaseLoss::DeadlinePassed);
         }
         Ok(())
     }
@@ -194,7 +192,7 @@ impl LeaseHandle {
         self.shared.owner
     }
 
-    pub fn token(&self) -> u64 {
+    pub fn token(&self) -> Token {
         self.shared.token
     }
 
@@ -204,7 +202,7 @@ impl LeaseHandle {
     }
 
     /// `Ok` while the lease is held by the local deadline; the reason otherwise.
-    pub fn check(&self) -> Result<(), LossReason> {
+    pub fn check(&self) -> Result<(), LeaseLoss> {
         self.shared.check()
     }
 }
@@ -214,7 +212,7 @@ impl Lease {
         client: Client,
         resource: &str,
         owner: OwnerId,
-        token: u64,
+        token: Token,
         ttl: Duration,
         sent: Moment,
     ) -> Lease {
@@ -249,7 +247,7 @@ impl Lease {
     }
 
     /// The fencing token: carry it with every protected write.
-    pub fn token(&self) -> u64 {
+    pub fn token(&self) -> Token {
         self.shared.token
     }
 
@@ -273,19 +271,19 @@ impl Lease {
     }
 
     /// `Ok` while the lease is held by the local deadline; the reason otherwise.
-    pub fn check(&self) -> Result<(), LossReason> {
+    pub fn check(&self) -> Result<(), LeaseLoss> {
         self.shared.check()
     }
 
     /// Waits until the lease is lost or released, and says why.
-    pub async fn lost(&self) -> LossReason {
+    pub async fn lost(&self) -> LeaseLoss {
         let mut rx = self.shared.loss.subscribe();
         loop {
             if let Some(reason) = rx.borrow_and_update().clone() {
                 return reason;
             }
             if rx.changed().await.is_err() {
-                return LossReason::Released;
+                return LeaseLoss::Released;
             }
         }
     }
@@ -301,7 +299,7 @@ impl Lease {
     pub async fn release(mut self) -> Result<ReleaseOutcome, ClientError> {
         self.released = true;
         self.stop_keeper();
-        self.shared.lose(LossReason::Released);
+        self.shared.lose(LeaseLoss::Released);
         let s = &self.shared;
         self.client.release(&s.resource, s.owner, s.token).await
     }
@@ -320,7 +318,7 @@ impl Drop for Lease {
             return;
         }
         self.stop_keeper();
-        self.shared.lose(LossReason::Released);
+        self.shared.lose(LeaseLoss::Released);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let client = self.client.clone();
             let s = Arc::clone(&self.shared);
@@ -609,11 +607,11 @@ fn settle(s: &Shared, answer: Answer, opts: LeaseOptions) {
             let deadline = sent.plus(s.ttl).minus(opts.safety_margin(s.ttl));
             s.set_deadline(deadline.max(s.deadline()));
             s.set_next_renew(sent.plus(opts.jittered(opts.renew_interval(s.ttl))));
-            tracing::debug!(resource = %s.resource, token = s.token, "lease renewed");
+            tracing::debug!(resource = %s.resource, token = s.token.get(), "lease renewed");
         }
-        Answer::Lost(reason) => s.lose(LossReason::Refused(reason)),
+        Answer::Lost(reason) => s.lose(LeaseLoss::Refused(reason)),
         Answer::Retry => s.set_next_renew(Moment::now().plus(Duration::from_millis(100))),
-        Answer::Failed(e) => s.lose(LossReason::Failed(e)),
+        Answer::Failed(e) => s.lose(LeaseLoss::Failed(e)),
     }
 }
 
@@ -622,7 +620,7 @@ pub enum Acquired {
     Granted(Lease),
     /// Another owner holds the resource.
     Held {
-        current_token: u64,
+        current_token: Token,
         remaining_ms: u64,
     },
 }
@@ -696,7 +694,7 @@ impl Client {
                     return Err(ClientError::LeaseLost {
                         resource: resource.to_string(),
                         token,
-                        reason: LossReason::Refused(reason).to_string(),
+                        reason: LeaseLoss::Refused(reason).to_string(),
                     })
                 }
             }
