@@ -80,7 +80,7 @@ async fn a_refused_renewal_cancels_the_lease_and_names_the_reason() {
     // Someone holding the capability (owner id AND token) ends the lease
     // behind the keeper's back, and a new owner takes it.
     let raw = cluster.client();
-    raw.release("refused", lease.owner(), lease.token())
+    raw.release("refused", lease.owner_id(), lease.token())
         .await
         .unwrap();
     let Acquired::Granted(newer) = raw

@@ -44,19 +44,17 @@ async fn every_outcome_through_fencectl_json_with_exit_codes() {
     );
     assert_eq!((code, again["token"].as_u64()), (0, Some(token)));
 
-    let (code, renewed) = run(
-        &cluster,
-        &[
-            "renew",
-            "cli-res",
-            "--owner-id",
-            &owner,
-            "--token",
-            &token_s,
-            "--ttl",
-            "20s",
-        ],
-    );
+    let renew = [
+        "renew",
+        "cli-res",
+        "--owner-id",
+        &owner,
+        "--token",
+        &token_s,
+        "--ttl",
+        "20s",
+    ];
+    let (code, renewed) = run(&cluster, &renew);
     assert_eq!((code, renewed["status"].as_str()), (0, Some("renewed")));
     assert_eq!(renewed["ttl_ms"], 20_000);
 
@@ -99,19 +97,7 @@ async fn every_outcome_through_fencectl_json_with_exit_codes() {
     );
     assert_eq!((code, released["status"].as_str()), (0, Some("released")));
 
-    let (code, lost) = run(
-        &cluster,
-        &[
-            "renew",
-            "cli-res",
-            "--owner-id",
-            &owner,
-            "--token",
-            &token_s,
-            "--ttl",
-            "20s",
-        ],
-    );
+    let (code, lost) = run(&cluster, &renew);
     assert_eq!(
         (code, lost["status"].as_str(), lost["reason"].as_str()),
         (3, Some("lost"), Some("released"))

@@ -144,7 +144,7 @@ async fn a_lease_lost_in_a_batch_is_reported_to_its_handle_and_the_others_run_on
     // token are the capability).
     let victim = &leases[7];
     client
-        .release(victim.resource(), victim.owner(), victim.token())
+        .release(victim.resource(), victim.owner_id(), victim.token())
         .await
         .unwrap();
     let reason = tokio::time::timeout(3 * TTL, victim.lost()).await.unwrap();

@@ -252,7 +252,7 @@ pub enum AcquireOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RenewItem<'a> {
     pub resource: &'a str,
-    pub owner: OwnerId,
+    pub owner_id: OwnerId,
     pub token: Token,
     pub ttl: Duration,
 }
@@ -505,17 +505,17 @@ impl Client {
 
     /// One acquire call, without a keeper: the lease is yours to renew. Waits
     /// up to `wait` on the server if the resource is held. Retries after an
-    /// ambiguous failure use the same `owner`, so a lost reply yields the same
+    /// ambiguous failure use the same `owner_id`, so a lost reply yields the same
     /// grant, never a second token. Most code wants [`Client::acquire`] or
     /// [`Client::lock`], which return a self-renewing [`crate::Lease`].
     pub async fn acquire_once(
         &self,
         resource: &str,
-        owner: OwnerId,
+        owner_id: OwnerId,
         ttl: Duration,
         wait: Duration,
     ) -> Result<AcquireOutcome, ClientError> {
-        self.acquire_sent(resource, owner, ttl, wait)
+        self.acquire_sent(resource, owner_id, ttl, wait)
             .await
             .map(|(o, _)| o)
     }
@@ -523,7 +523,7 @@ impl Client {
     pub(crate) async fn acquire_sent(
         &self,
         resource: &str,
-        owner: OwnerId,
+        owner_id: OwnerId,
         ttl: Duration,
         wait: Duration,
     ) -> Result<(AcquireOutcome, Moment), ClientError> {
@@ -534,7 +534,7 @@ impl Client {
                 let wait_left = wait.saturating_sub(started.elapsed());
                 let req = v1::AcquireRequest {
                     resource: resource.as_bytes().to_vec(),
-                    owner_id: owner.as_bytes().to_vec(),
+                    owner_id: owner_id.as_bytes().to_vec(),
                     ttl_ms: millis(ttl),
                     wait_ms: millis(wait_left),
                 };
@@ -562,15 +562,15 @@ impl Client {
         Ok((outcome, sent))
     }
 
-    /// Extends the lease held with (`owner`, `token`); the token stays.
+    /// Extends the lease held with (`owner_id`, `token`); the token stays.
     pub async fn renew(
         &self,
         resource: &str,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
         ttl: Duration,
     ) -> Result<RenewOutcome, ClientError> {
-        self.renew_sent(resource, owner, token, ttl, self.inner.call_timeout)
+        self.renew_sent(resource, owner_id, token, ttl, self.inner.call_timeout)
             .await
             .map(|(o, _)| o)
     }
@@ -578,14 +578,14 @@ impl Client {
     pub(crate) async fn renew_sent(
         &self,
         resource: &str,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
         ttl: Duration,
         budget: Duration,
     ) -> Result<(RenewOutcome, Moment), ClientError> {
         let req = v1::RenewRequest {
             resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
+            owner_id: owner_id.as_bytes().to_vec(),
             token: token.get(),
             ttl_ms: millis(ttl),
         };
@@ -622,7 +622,7 @@ impl Client {
                 .iter()
                 .map(|l| v1::RenewRequest {
                     resource: l.resource.as_bytes().to_vec(),
-                    owner_id: l.owner.as_bytes().to_vec(),
+                    owner_id: l.owner_id.as_bytes().to_vec(),
                     token: l.token.get(),
                     ttl_ms: millis(l.ttl),
                 })
@@ -649,16 +649,16 @@ impl Client {
         Ok((outcomes, sent))
     }
 
-    /// Ends the lease held with (`owner`, `token`).
+    /// Ends the lease held with (`owner_id`, `token`).
     pub async fn release(
         &self,
         resource: &str,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
     ) -> Result<ReleaseOutcome, ClientError> {
         let req = v1::ReleaseRequest {
             resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
+            owner_id: owner_id.as_bytes().to_vec(),
             token: token.get(),
         };
         let resp = self

@@ -53,21 +53,21 @@ fn written(
 }
 
 impl Client {
-    /// Writes `value` under `key` if (`resource`, `owner`, `token`) is the
+    /// Writes `value` under `key` if (`resource`, `owner_id`, `token`) is the
     /// resource's current lease when the write is applied.
     pub async fn kv_put(
         &self,
         key: &str,
         value: &[u8],
         resource: &str,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
     ) -> Result<KvWrite, ClientError> {
         let req = v1::KvPutRequest {
             key: key.as_bytes().to_vec(),
             value: value.to_vec(),
             resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
+            owner_id: owner_id.as_bytes().to_vec(),
             token: token.get(),
         };
         let resp = self
@@ -90,13 +90,13 @@ impl Client {
         &self,
         key: &str,
         resource: &str,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
     ) -> Result<KvWrite, ClientError> {
         let req = v1::KvDeleteRequest {
             key: key.as_bytes().to_vec(),
             resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
+            owner_id: owner_id.as_bytes().to_vec(),
             token: token.get(),
         };
         let resp = self
@@ -155,14 +155,14 @@ impl Lease {
     /// it is still the resource's current lease in the cluster.
     pub async fn kv_put(&self, key: &str, value: &[u8]) -> Result<KvWrite, ClientError> {
         self.client()
-            .kv_put(key, value, self.resource(), self.owner(), self.token())
+            .kv_put(key, value, self.resource(), self.owner_id(), self.token())
             .await
     }
 
     /// Removes `key`, fenced by this lease.
     pub async fn kv_delete(&self, key: &str) -> Result<KvWrite, ClientError> {
         self.client()
-            .kv_delete(key, self.resource(), self.owner(), self.token())
+            .kv_delete(key, self.resource(), self.owner_id(), self.token())
             .await
     }
 }

@@ -135,7 +135,7 @@ impl Shared {
             }
         });
         if first && reason != LeaseLoss::Released {
-            tracing::warn!(resource = %self.resource, owner = %self.owner, token = self.token.get(), %reason, "lease lost");
+            tracing::warn!(resource = %self.resource, owner_id = %self.owner, token = self.token.get(), %reason, "lease lost");
         }
     }
 
@@ -188,7 +188,7 @@ impl LeaseHandle {
         &self.shared.resource
     }
 
-    pub fn owner(&self) -> OwnerId {
+    pub fn owner_id(&self) -> OwnerId {
         self.shared.owner
     }
 
@@ -242,7 +242,7 @@ impl Lease {
     }
 
     /// The owner id of this acquisition.
-    pub fn owner(&self) -> OwnerId {
+    pub fn owner_id(&self) -> OwnerId {
         self.shared.owner
     }
 
@@ -546,7 +546,7 @@ async fn renew_chunk(client: &Client, chunk: &[Arc<Shared>]) -> Vec<Answer> {
         .iter()
         .map(|s| RenewItem {
             resource: &s.resource,
-            owner: s.owner,
+            owner_id: s.owner,
             token: s.token,
             ttl: s.ttl,
         })

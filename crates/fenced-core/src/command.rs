@@ -16,21 +16,21 @@ pub enum Command {
     /// a held resource queues the owner instead of refusing it.
     Acquire {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         ttl_ms: u64,
         wait_ms: u64,
     },
     /// Extend the holder's lease, keeping its token.
     Renew {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
         ttl_ms: u64,
     },
     /// End the holder's lease; the next waiter, if any, is granted at once.
     Release {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
     },
     /// [`Command::Acquire`] under the table-wide [`Capacity`] the leader's
@@ -39,19 +39,19 @@ pub enum Command {
     /// that logs written before it still decode.
     AcquireBounded {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         ttl_ms: u64,
         wait_ms: u64,
         capacity: Capacity,
     },
-    /// Write `value` under `key` if `owner` and `token` are the current,
+    /// Write `value` under `key` if `owner_id` and `token` are the current,
     /// unexpired holder of `resource` when the entry is applied, and the
     /// key was never written with a higher token; within `bounds`.
     KvPut {
         key: KvKey,
         value: KvValue,
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
         bounds: KvBounds,
     },
@@ -59,7 +59,7 @@ pub enum Command {
     KvDelete {
         key: KvKey,
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
     },
     /// [`Command::Renew`] for each of a bounded list of leases, in order, in
@@ -73,7 +73,7 @@ pub enum Command {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RenewLease {
     pub resource: ResourceName,
-    pub owner: OwnerId,
+    pub owner_id: OwnerId,
     pub token: Token,
     pub ttl_ms: u64,
 }
@@ -94,7 +94,7 @@ impl RenewLease {
 /// use fenced_core::{OwnerId, RenewLease, RenewLeases, ResourceName, Token, MAX_RENEW_BATCH};
 /// let lease = RenewLease {
 ///     resource: ResourceName::new("billing:run")?,
-///     owner: OwnerId::random(),
+///     owner_id: OwnerId::random(),
 ///     token: Token::new(7)?,
 ///     ttl_ms: 10_000,
 /// };
@@ -192,7 +192,7 @@ impl Command {
     /// use fenced_core::{Command, Limits, OwnerId, ResourceName};
     /// let cmd = Command::Acquire {
     ///     resource: ResourceName::new("billing:run")?,
-    ///     owner: OwnerId::random(),
+    ///     owner_id: OwnerId::random(),
     ///     ttl_ms: 30_000,
     ///     wait_ms: 0,
     /// };
@@ -242,15 +242,15 @@ impl Command {
 
     /// The owner id of the command; for [`Command::RenewMany`], the first
     /// lease's.
-    pub fn owner(&self) -> OwnerId {
+    pub fn owner_id(&self) -> OwnerId {
         match self {
-            Command::RenewMany { leases } => leases.first().owner,
-            Command::Acquire { owner, .. }
-            | Command::AcquireBounded { owner, .. }
-            | Command::Renew { owner, .. }
-            | Command::Release { owner, .. }
-            | Command::KvPut { owner, .. }
-            | Command::KvDelete { owner, .. } => *owner,
+            Command::RenewMany { leases } => leases.first().owner_id,
+            Command::Acquire { owner_id, .. }
+            | Command::AcquireBounded { owner_id, .. }
+            | Command::Renew { owner_id, .. }
+            | Command::Release { owner_id, .. }
+            | Command::KvPut { owner_id, .. }
+            | Command::KvDelete { owner_id, .. } => *owner_id,
         }
     }
 

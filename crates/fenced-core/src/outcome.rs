@@ -136,60 +136,30 @@ pub trait CommandOutcome: Sized {
     fn from_outcome(outcome: Outcome) -> Result<Self, Outcome>;
 }
 
-impl CommandOutcome for AcquireOutcome {
-    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
-        match outcome {
-            Outcome::Acquire(o) => Ok(o),
-            other => Err(other),
+/// `CommandOutcome` for each command's type: the variant of [`Outcome`]
+/// that holds it.
+macro_rules! command_outcome {
+    ($($outcome:ty => $variant:ident),* $(,)?) => {$(
+        impl CommandOutcome for $outcome {
+            fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
+                match outcome {
+                    Outcome::$variant(o) => Ok(o),
+                    other => Err(other),
+                }
+            }
         }
-    }
+    )*};
 }
 
-impl CommandOutcome for RenewOutcome {
-    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
-        match outcome {
-            Outcome::Renew(o) => Ok(o),
-            other => Err(other),
-        }
-    }
-}
-
-impl CommandOutcome for ReleaseOutcome {
-    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
-        match outcome {
-            Outcome::Release(o) => Ok(o),
-            other => Err(other),
-        }
-    }
-}
-
-impl CommandOutcome for KvPutOutcome {
-    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
-        match outcome {
-            Outcome::KvPut(o) => Ok(o),
-            other => Err(other),
-        }
-    }
-}
-
-impl CommandOutcome for KvDeleteOutcome {
-    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
-        match outcome {
-            Outcome::KvDelete(o) => Ok(o),
-            other => Err(other),
-        }
-    }
-}
-
-/// A [`crate::Command::RenewMany`]'s outcomes, one per lease.
-impl CommandOutcome for Vec<RenewOutcome> {
-    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
-        match outcome {
-            Outcome::RenewMany(o) => Ok(o),
-            other => Err(other),
-        }
-    }
-}
+command_outcome!(
+    AcquireOutcome => Acquire,
+    RenewOutcome => Renew,
+    ReleaseOutcome => Release,
+    KvPutOutcome => KvPut,
+    KvDeleteOutcome => KvDelete,
+    // A `RenewMany`'s outcomes, one per lease.
+    Vec<RenewOutcome> => RenewMany,
+);
 
 /// Something that happened while applying an entry without being the direct
 /// answer to one of its commands.
@@ -198,20 +168,20 @@ pub enum Event {
     /// A queued owner was granted the resource.
     WaiterGranted {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         grant: Grant,
     },
     /// A queued owner's wait ran out; the resource is still held.
     WaitElapsed {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         current_token: Token,
         remaining_ms: u64,
     },
     /// A lease ran out without being renewed or released.
     Expired {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
     },
 }

@@ -243,7 +243,7 @@ impl Record {
 /// let mut table = LeaseTable::new();
 /// let (a, b) = (OwnerId::random(), OwnerId::random());
 /// let res = ResourceName::new("statement:account-1842:2026-07")?;
-/// let acquire = |owner| Command::Acquire { resource: res.clone(), owner, ttl_ms: 30_000, wait_ms: 0 };
+/// let acquire = |owner_id| Command::Acquire { resource: res.clone(), owner_id, ttl_ms: 30_000, wait_ms: 0 };
 ///
 /// let at = |ms| ClusterTime::from_millis(ms);
 /// let out = table.apply(&Batch { stamp: at(0), commands: vec![acquire(a)] });
@@ -419,7 +419,7 @@ impl LeaseTable {
             }
             entries.push(HistoryEntry {
                 token,
-                owner,
+                owner_id: owner,
                 granted_at: now,
                 end: None,
             });
@@ -610,7 +610,7 @@ impl LeaseTable {
             let outcome = match command {
                 Command::Acquire {
                     resource,
-                    owner,
+                    owner_id: owner,
                     ttl_ms,
                     wait_ms,
                 } => Outcome::Acquire(self.acquire(
@@ -623,7 +623,7 @@ impl LeaseTable {
                 )),
                 Command::AcquireBounded {
                     resource,
-                    owner,
+                    owner_id: owner,
                     ttl_ms,
                     wait_ms,
                     capacity,
@@ -632,13 +632,13 @@ impl LeaseTable {
                 ),
                 Command::Renew {
                     resource,
-                    owner,
+                    owner_id: owner,
                     token,
                     ttl_ms,
                 } => Outcome::Renew(self.renew(resource, *owner, *token, *ttl_ms, now)),
                 Command::Release {
                     resource,
-                    owner,
+                    owner_id: owner,
                     token,
                 } => Outcome::Release(self.release(
                     resource,
@@ -651,7 +651,7 @@ impl LeaseTable {
                     key,
                     value,
                     resource,
-                    owner,
+                    owner_id: owner,
                     token,
                     bounds,
                 } => {
@@ -665,7 +665,7 @@ impl LeaseTable {
                 Command::KvDelete {
                     key,
                     resource,
-                    owner,
+                    owner_id: owner,
                     token,
                 } => {
                     let holder = self.check_holder(resource.as_str(), *owner, *token, now);
@@ -674,7 +674,7 @@ impl LeaseTable {
                 Command::RenewMany { leases } => Outcome::RenewMany(
                     leases
                         .iter()
-                        .map(|l| self.renew(&l.resource, l.owner, l.token, l.ttl_ms, now))
+                        .map(|l| self.renew(&l.resource, l.owner_id, l.token, l.ttl_ms, now))
                         .collect(),
                 ),
             };
@@ -702,7 +702,7 @@ impl LeaseTable {
             if let Some(lease) = &rec.holder {
                 events.push(Event::WaitElapsed {
                     resource: name.clone(),
-                    owner,
+                    owner_id: owner,
                     current_token: lease.token,
                     remaining_ms: lease.expires_at.millis_since(now),
                 });
@@ -724,7 +724,7 @@ impl LeaseTable {
                 });
                 events.push(Event::Expired {
                     resource: name.clone(),
-                    owner: lease.owner,
+                    owner_id: lease.owner,
                     token: lease.token,
                 });
                 self.record_change(&name, ChangeKind::Expired, lease.token, lease.owner, now);
@@ -939,7 +939,7 @@ impl LeaseTable {
         let grant = self.grant(name, waiter.owner, waiter.ttl_ms, now);
         events.push(Event::WaiterGranted {
             resource: name.clone(),
-            owner: waiter.owner,
+            owner_id: waiter.owner,
             grant,
         });
     }
@@ -1394,7 +1394,7 @@ mod token_floor_tests {
             stamp: ClusterTime::from_millis(at),
             commands: vec![Command::Acquire {
                 resource: ResourceName::new(resource).unwrap(),
-                owner: OwnerId::random(),
+                owner_id: OwnerId::random(),
                 ttl_ms: 1_000,
                 wait_ms: 0,
             }],
@@ -1435,18 +1435,18 @@ mod snapshot_ref_tests {
             let command = match step % 3 {
                 0 => Command::Acquire {
                     resource,
-                    owner,
+                    owner_id: owner,
                     ttl_ms: 50,
                     wait_ms: 40,
                 },
                 1 => Command::Release {
                     resource,
-                    owner,
+                    owner_id: owner,
                     token: Token::new(table.last_token().max(1)).unwrap(),
                 },
                 _ => Command::Acquire {
                     resource,
-                    owner,
+                    owner_id: owner,
                     ttl_ms: 500,
                     wait_ms: 0,
                 },

@@ -14,7 +14,7 @@ fn at(ms: u64) -> ClusterTime {
 fn bounded(res: &str, owner: OwnerId, wait_ms: u64, leases: u64, waiters: u64) -> Command {
     Command::AcquireBounded {
         resource: ResourceName::new(res).unwrap(),
-        owner,
+        owner_id: owner,
         ttl_ms: TTL,
         wait_ms,
         capacity: Capacity {
@@ -78,7 +78,7 @@ fn live_leases_beyond_the_bound_are_refused_and_holders_keep_theirs() {
         3,
         Command::Renew {
             resource: ResourceName::new("r1").unwrap(),
-            owner: owners[1],
+            owner_id: owners[1],
             token: grants[1].token,
             ttl_ms: TTL,
         },
@@ -92,7 +92,7 @@ fn live_leases_beyond_the_bound_are_refused_and_holders_keep_theirs() {
         4,
         Command::Release {
             resource: ResourceName::new("r2").unwrap(),
-            owner: owners[2],
+            owner_id: owners[2],
             token: grants[2].token,
         },
     );
@@ -150,12 +150,12 @@ fn a_hand_off_to_a_waiter_is_not_refused_at_the_lease_bound() {
         stamp: at(2),
         commands: vec![Command::Release {
             resource: ResourceName::new("r").unwrap(),
-            owner: holder,
+            owner_id: holder,
             token: g.token,
         }],
     });
     assert!(
-        matches!(&out.events[..], [Event::WaiterGranted { owner, .. }] if *owner == waiter),
+        matches!(&out.events[..], [Event::WaiterGranted { owner_id: owner, .. }] if *owner == waiter),
         "{:?}",
         out.events
     );
@@ -171,7 +171,7 @@ fn an_acquire_from_an_older_log_is_unbounded() {
             0,
             Command::Acquire {
                 resource: ResourceName::new(&format!("r{i}")).unwrap(),
-                owner: OwnerId::random(),
+                owner_id: OwnerId::random(),
                 ttl_ms: TTL,
                 wait_ms: 0,
             },

@@ -18,7 +18,7 @@ fn at(ms: u64) -> ClusterTime {
 fn acquire(res: &str, owner: OwnerId) -> Command {
     Command::Acquire {
         resource: name(res),
-        owner,
+        owner_id: owner,
         ttl_ms: TTL,
         wait_ms: 0,
     }
@@ -27,7 +27,7 @@ fn acquire(res: &str, owner: OwnerId) -> Command {
 fn acquire_waiting(res: &str, owner: OwnerId, wait_ms: u64) -> Command {
     Command::Acquire {
         resource: name(res),
-        owner,
+        owner_id: owner,
         ttl_ms: TTL,
         wait_ms,
     }
@@ -36,7 +36,7 @@ fn acquire_waiting(res: &str, owner: OwnerId, wait_ms: u64) -> Command {
 fn renew(res: &str, owner: OwnerId, token: Token) -> Command {
     Command::Renew {
         resource: name(res),
-        owner,
+        owner_id: owner,
         token,
         ttl_ms: TTL,
     }
@@ -45,7 +45,7 @@ fn renew(res: &str, owner: OwnerId, token: Token) -> Command {
 fn release(res: &str, owner: OwnerId, token: Token) -> Command {
     Command::Release {
         resource: name(res),
-        owner,
+        owner_id: owner,
         token,
     }
 }
@@ -474,7 +474,12 @@ fn waiters_are_granted_in_arrival_order_in_the_same_step_as_the_release() {
             applied.outcomes,
             vec![Outcome::Release(ReleaseOutcome::Released)]
         );
-        let [Event::WaiterGranted { owner, grant, .. }] = applied.events.as_slice() else {
+        let [Event::WaiterGranted {
+            owner_id: owner,
+            grant,
+            ..
+        }] = applied.events.as_slice()
+        else {
             panic!("expected one hand-off, got {:?}", applied.events);
         };
         assert_eq!(owner, w);
@@ -497,7 +502,7 @@ fn a_waiter_is_granted_when_the_lease_expires() {
     });
     assert!(matches!(
         applied.events.as_slice(),
-        [Event::Expired { .. }, Event::WaiterGranted { owner, grant, .. }]
+        [Event::Expired { .. }, Event::WaiterGranted { owner_id: owner, grant, .. }]
             if *owner == w && grant.token > g.token
     ));
 }
@@ -517,7 +522,7 @@ fn a_wait_that_elapses_leaves_no_trace() {
         applied.events,
         vec![Event::WaitElapsed {
             resource: name(RES),
-            owner: w,
+            owner_id: w,
             current_token: g.token,
             remaining_ms: TTL - 1_000
         }]

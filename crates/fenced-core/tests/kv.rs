@@ -26,7 +26,7 @@ fn name(s: &str) -> ResourceName {
 fn acquire(res: &str, owner: OwnerId) -> Command {
     Command::Acquire {
         resource: name(res),
-        owner,
+        owner_id: owner,
         ttl_ms: TTL,
         wait_ms: 0,
     }
@@ -44,7 +44,7 @@ fn put_within(
         key: KvKey::new(key).unwrap(),
         value: KvValue::new(value.to_vec()).unwrap(),
         resource: name(res),
-        owner,
+        owner_id: owner,
         token,
         bounds,
     }
@@ -154,7 +154,7 @@ fn an_expired_or_released_lease_writes_nothing() {
         TTL + 1,
         Command::Release {
             resource: name("r2"),
-            owner: b,
+            owner_id: b,
             token: tb,
         },
     );
@@ -202,7 +202,7 @@ fn puts_are_ordered_with_grants_inside_one_entry() {
         commands: vec![
             Command::Release {
                 resource: name("job"),
-                owner: a,
+                owner_id: a,
                 token: ta,
             },
             put("k", b"late", "job", a, ta),
@@ -246,7 +246,7 @@ fn a_keys_tokens_never_go_backwards_across_resources() {
             Command::KvDelete {
                 key: KvKey::new("shared").unwrap(),
                 resource: name("r1"),
-                owner: a,
+                owner_id: a,
                 token: ta,
             }
         )),
@@ -265,7 +265,7 @@ fn a_delete_is_fenced_like_a_put() {
     let delete = |owner, token| Command::KvDelete {
         key: KvKey::new("k").unwrap(),
         resource: name("job"),
-        owner,
+        owner_id: owner,
         token,
     };
     assert_eq!(
@@ -490,14 +490,14 @@ proptest! {
                     Step::Advance(ms) => { now += ms; continue; }
                     Step::Acquire { res, owner } => acquire(&format!("r{res}"), owners[owner]),
                     Step::Renew { res, owner } => Command::Renew {
-                        resource: res_name(res), owner: owners[owner], token: token_of(res, owner), ttl_ms: TTL,
+                        resource: res_name(res), owner_id: owners[owner], token: token_of(res, owner), ttl_ms: TTL,
                     },
                     Step::Release { res, owner } => Command::Release {
-                        resource: res_name(res), owner: owners[owner], token: token_of(res, owner),
+                        resource: res_name(res), owner_id: owners[owner], token: token_of(res, owner),
                     },
                     Step::Put { res, owner, key } => put(&format!("k{key}"), &[key as u8; 3], &format!("r{res}"), owners[owner], token_of(res, owner)),
                     Step::Delete { res, owner, key } => Command::KvDelete {
-                        key: key_name(key), resource: res_name(res), owner: owners[owner], token: token_of(res, owner),
+                        key: key_name(key), resource: res_name(res), owner_id: owners[owner], token: token_of(res, owner),
                     },
                 });
             }
@@ -513,7 +513,7 @@ proptest! {
             }
             for (command, outcome) in commands.iter().zip(&applied.outcomes) {
                 let r: usize = command.resource().as_str()[1..].parse().unwrap();
-                let o = owner_index(command.owner());
+                let o = owner_index(command.owner_id());
                 match (command, outcome) {
                     (Command::Acquire { .. }, Outcome::Acquire(AcquireOutcome::Granted(g))) => {
                         model.holders.insert(r, (o, g.token, g.expires_at));

@@ -12,7 +12,7 @@ fn at(ms: u64) -> ClusterTime {
 fn acquire(res: &str, owner: OwnerId, ttl_ms: u64, wait_ms: u64) -> Command {
     Command::Acquire {
         resource: ResourceName::new(res).unwrap(),
-        owner,
+        owner_id: owner,
         ttl_ms,
         wait_ms,
     }
@@ -80,7 +80,7 @@ fn expired_and_released_leases_are_not_listed() {
         stamp: at(2_000),
         commands: vec![Command::Release {
             resource: ResourceName::new("b").unwrap(),
-            owner: b,
+            owner_id: b,
             token: grant_b.token,
         }],
     });

@@ -125,7 +125,7 @@ impl Model {
             let grant = self.grant(name, owner, ttl);
             events.push(Event::WaiterGranted {
                 resource: ResourceName::new(name).unwrap(),
-                owner,
+                owner_id: owner,
                 grant,
             });
         }
@@ -167,7 +167,7 @@ impl Model {
             let (_, token, exp, _) = r.holder.unwrap();
             events.push(Event::WaitElapsed {
                 resource: ResourceName::new(&name).unwrap(),
-                owner,
+                owner_id: owner,
                 current_token: Token::new(token).unwrap(),
                 remaining_ms: exp.saturating_sub(now),
             });
@@ -185,7 +185,7 @@ impl Model {
             r.ended = Some((owner, token, false));
             events.push(Event::Expired {
                 resource: ResourceName::new(&name).unwrap(),
-                owner,
+                owner_id: owner,
                 token: Token::new(token).unwrap(),
             });
             self.hand_off(&name, &mut events);
@@ -195,7 +195,7 @@ impl Model {
             let name = c.resource().as_str().to_string();
             let out = match c {
                 Command::Acquire {
-                    owner,
+                    owner_id: owner,
                     ttl_ms,
                     wait_ms,
                     ..
@@ -257,7 +257,7 @@ impl Model {
                     }
                 },
                 Command::Renew {
-                    owner,
+                    owner_id: owner,
                     token,
                     ttl_ms,
                     ..
@@ -289,7 +289,11 @@ impl Model {
                         "the model sends no bounded acquire, fenced write or batch renewal"
                     )
                 }
-                Command::Release { owner, token, .. } => match self.res.get_mut(&name) {
+                Command::Release {
+                    owner_id: owner,
+                    token,
+                    ..
+                } => match self.res.get_mut(&name) {
                     None => Outcome::Release(ReleaseOutcome::NotHolder(LostReason::Unknown)),
                     Some(r) => match r.holder {
                         Some(h) if h.0 == *owner && h.1 == token.get() => {
@@ -355,17 +359,17 @@ proptest! {
             let commands: Vec<Command> = step.ops.iter().map(|op| match *op {
                 Op::Acquire { res, owner, ttl_ms, wait_ms } => Command::Acquire {
                     resource: ResourceName::new(RESOURCES[res]).unwrap(),
-                    owner: owners[owner], ttl_ms, wait_ms,
+                    owner_id: owners[owner], ttl_ms, wait_ms,
                 },
                 Op::Renew { res, owner, token_pick, ttl_ms } => Command::Renew {
                     resource: ResourceName::new(RESOURCES[res]).unwrap(),
-                    owner: owners[owner],
+                    owner_id: owners[owner],
                     token: pick_token(&granted, res, owner, token_pick),
                     ttl_ms,
                 },
                 Op::Release { res, owner, token_pick } => Command::Release {
                     resource: ResourceName::new(RESOURCES[res]).unwrap(),
-                    owner: owners[owner],
+                    owner_id: owners[owner],
                     token: pick_token(&granted, res, owner, token_pick),
                 },
             }).collect();
@@ -412,8 +416,8 @@ proptest! {
                     let out = &part.outcomes[0];
                     let r = res_index(cmd.resource());
                     match (&cmd, out) {
-                        (Command::Acquire { owner, .. }, Outcome::Acquire(AcquireOutcome::Granted(g))) => saw_grant(r, *owner, g, &mut live)?,
-                        (Command::Acquire { owner, .. }, Outcome::Acquire(AcquireOutcome::Ended(_))) => {
+                        (Command::Acquire { owner_id: owner, .. }, Outcome::Acquire(AcquireOutcome::Granted(g))) => saw_grant(r, *owner, g, &mut live)?,
+                        (Command::Acquire { owner_id: owner, .. }, Outcome::Acquire(AcquireOutcome::Ended(_))) => {
                             // Refused only for an attempt whose lease really ended.
                             prop_assert!(ended.iter().any(|(o, _)| o == owner), "acquire refused an unspent owner id");
                             prop_assert!(live[r].is_none_or(|(o, _, exp)| o != *owner || exp <= now), "the holder's retry was refused");
@@ -423,14 +427,14 @@ proptest! {
                             prop_assert_eq!(t, current_token.get());
                             prop_assert!(exp > now, "refused for an expired lease");
                         }
-                        (Command::Renew { owner, token, .. }, Outcome::Renew(RenewOutcome::Renewed { expires_at, .. })) => {
+                        (Command::Renew { owner_id: owner, token, .. }, Outcome::Renew(RenewOutcome::Renewed { expires_at, .. })) => {
                             let (o, t, exp) = live[r].unwrap();
                             prop_assert_eq!((o, t), (*owner, token.get()), "renewed by a non-holder");
                             prop_assert!(exp > now, "an expired lease was revived");
                             prop_assert!(!ended.contains(&(o, t)), "an ended lease was renewed");
                             live[r] = Some((o, t, expires_at.as_millis()));
                         }
-                        (Command::Release { owner, token, .. }, Outcome::Release(ReleaseOutcome::Released)) => {
+                        (Command::Release { owner_id: owner, token, .. }, Outcome::Release(ReleaseOutcome::Released)) => {
                             if let Some((o, t, _)) = live[r] {
                                 if (o, t) == (*owner, token.get()) {
                                     live[r] = None;
@@ -447,7 +451,7 @@ proptest! {
                 }
                 for ev in &part.events {
                     match ev {
-                        Event::Expired { resource, owner, token } => {
+                        Event::Expired { resource, owner_id: owner, token } => {
                             let r = res_index(resource);
                             let (o, t, exp) = live[r].unwrap();
                             prop_assert_eq!((o, t), (*owner, token.get()));
@@ -455,7 +459,7 @@ proptest! {
                             ended.push((o, t));
                             live[r] = None;
                         }
-                        Event::WaiterGranted { resource, owner, grant } => {
+                        Event::WaiterGranted { resource, owner_id: owner, grant } => {
                             let r = res_index(resource);
                             prop_assert!(live[r].is_none(), "handed off while held");
                             saw_grant(r, *owner, grant, &mut live)?;

@@ -107,7 +107,7 @@ fn command(step: &Step) -> Command {
             wait,
         } => Command::Acquire {
             resource: res(r),
-            owner: owner(o),
+            owner_id: owner(o),
             ttl_ms: 50,
             wait_ms: if wait { 30 } else { 0 },
         },
@@ -117,7 +117,7 @@ fn command(step: &Step) -> Command {
             room,
         } => Command::AcquireBounded {
             resource: res(r),
-            owner: owner(o),
+            owner_id: owner(o),
             ttl_ms: 50,
             wait_ms: 30,
             capacity: Capacity {
@@ -131,7 +131,7 @@ fn command(step: &Step) -> Command {
             token: t,
         } => Command::Renew {
             resource: res(r),
-            owner: owner(o),
+            owner_id: owner(o),
             token: token(t),
             ttl_ms: 50,
         },
@@ -141,7 +141,7 @@ fn command(step: &Step) -> Command {
             token: t,
         } => Command::Release {
             resource: res(r),
-            owner: owner(o),
+            owner_id: owner(o),
             token: token(t),
         },
         Step::Put {
@@ -153,7 +153,7 @@ fn command(step: &Step) -> Command {
             key: KvKey::new(&format!("k{r}")).unwrap(),
             value: KvValue::new(b"v".to_vec()).unwrap(),
             resource: res(r),
-            owner: owner(o),
+            owner_id: owner(o),
             token: token(t),
             bounds: KvBounds {
                 max_keys: room,
@@ -167,7 +167,7 @@ fn command(step: &Step) -> Command {
         } => Command::KvDelete {
             key: KvKey::new(&format!("k{r}")).unwrap(),
             resource: res(r),
-            owner: owner(o),
+            owner_id: owner(o),
             token: token(t),
         },
         Step::RenewMany { leases } => Command::RenewMany {
@@ -176,7 +176,7 @@ fn command(step: &Step) -> Command {
                     .into_iter()
                     .map(|(r, o, t)| RenewLease {
                         resource: res(r),
-                        owner: owner(o),
+                        owner_id: owner(o),
                         token: token(t),
                         ttl_ms: 50,
                     })

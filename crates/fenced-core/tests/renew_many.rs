@@ -19,7 +19,7 @@ fn at(ms: u64) -> ClusterTime {
 fn lease(res: &str, owner: OwnerId, token: Token, ttl_ms: u64) -> RenewLease {
     RenewLease {
         resource: name(res),
-        owner,
+        owner_id: owner,
         token,
         ttl_ms,
     }
@@ -46,7 +46,7 @@ fn grant(table: &mut LeaseTable, ms: u64, res: &str, owner: OwnerId) -> Token {
         ms,
         vec![Command::Acquire {
             resource: name(res),
-            owner,
+            owner_id: owner,
             ttl_ms: TTL,
             wait_ms: 0,
         }],
@@ -70,7 +70,7 @@ fn each_lease_gets_its_own_outcome_and_no_lost_lease_is_revived() {
         100,
         vec![Command::Release {
             resource: name("released"),
-            owner: o,
+            owner_id: o,
             token: released,
         }],
     );
@@ -89,7 +89,7 @@ fn each_lease_gets_its_own_outcome_and_no_lost_lease_is_revived() {
         11_600,
         vec![Command::Release {
             resource: name("superseded"),
-            owner: other,
+            owner_id: other,
             token: newer,
         }],
     );
@@ -272,11 +272,11 @@ proptest! {
             ms += 700;
             let commands = match op {
                 Op::Acquire(r, o) => vec![Command::Acquire {
-                    resource: res(r), owner: owners[o], ttl_ms: TTL, wait_ms: 0,
+                    resource: res(r), owner_id: owners[o], ttl_ms: TTL, wait_ms: 0,
                 }],
                 Op::Release(r, o) => match t.holder(res(r).as_str()) {
                     Some((_, g)) => vec![Command::Release {
-                        resource: res(r), owner: owners[o], token: g.token,
+                        resource: res(r), owner_id: owners[o], token: g.token,
                     }],
                     None => vec![],
                 },
@@ -289,7 +289,7 @@ proptest! {
             .iter()
             .map(|&(r, o, back, ttl_ms)| RenewLease {
                 resource: res(r),
-                owner: owners[o],
+                owner_id: owners[o],
                 token: Token::new(last.saturating_sub(back).max(1)).unwrap(),
                 ttl_ms,
             })
@@ -297,7 +297,7 @@ proptest! {
         let singles: Vec<Command> = leases
             .iter()
             .map(|l| Command::Renew {
-                resource: l.resource.clone(), owner: l.owner, token: l.token, ttl_ms: l.ttl_ms,
+                resource: l.resource.clone(), owner_id: l.owner_id, token: l.token, ttl_ms: l.ttl_ms,
             })
             .collect();
         let mut one = t.clone();

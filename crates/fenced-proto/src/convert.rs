@@ -28,7 +28,7 @@ pub fn acquire_command(
 ) -> Result<Command, InvalidArgument> {
     let command = Command::AcquireBounded {
         resource: ResourceName::from_bytes(&req.resource)?,
-        owner: OwnerId::from_bytes(&req.owner_id)?,
+        owner_id: OwnerId::from_bytes(&req.owner_id)?,
         ttl_ms: req.ttl_ms,
         wait_ms: req.wait_ms,
         capacity: limits.capacity(),
@@ -41,7 +41,7 @@ pub fn acquire_command(
 pub fn renew_command(req: &v1::RenewRequest, limits: &Limits) -> Result<Command, InvalidArgument> {
     let command = Command::Renew {
         resource: ResourceName::from_bytes(&req.resource)?,
-        owner: OwnerId::from_bytes(&req.owner_id)?,
+        owner_id: OwnerId::from_bytes(&req.owner_id)?,
         token: Token::new(req.token)?,
         ttl_ms: req.ttl_ms,
     };
@@ -83,7 +83,7 @@ pub fn renew_many_command(
             let lease = || {
                 Ok::<_, InvalidArgument>(RenewLease {
                     resource: ResourceName::from_bytes(&l.resource)?,
-                    owner: OwnerId::from_bytes(&l.owner_id)?,
+                    owner_id: OwnerId::from_bytes(&l.owner_id)?,
                     token: Token::new(l.token)?,
                     ttl_ms: l.ttl_ms,
                 })
@@ -110,7 +110,7 @@ pub fn renew_many_reply(each: &[RenewOutcome], now: ClusterTime) -> v1::RenewMan
 pub fn release_command(req: &v1::ReleaseRequest) -> Result<Command, InvalidArgument> {
     Ok(Command::Release {
         resource: ResourceName::from_bytes(&req.resource)?,
-        owner: OwnerId::from_bytes(&req.owner_id)?,
+        owner_id: OwnerId::from_bytes(&req.owner_id)?,
         token: Token::new(req.token)?,
     })
 }
@@ -349,7 +349,7 @@ pub fn history_reply(entries: &[HistoryEntry], now: ClusterTime) -> v1::HistoryR
             .iter()
             .map(|e| v1::HistoryEntry {
                 token: e.token.get(),
-                owner_id: e.owner.as_bytes().to_vec(),
+                owner_id: e.owner_id.as_bytes().to_vec(),
                 granted_at_ms: e.granted_at.as_millis(),
                 ended_at_ms: e.end.map_or(0, |end| end.at.as_millis()),
                 ended: e

@@ -30,7 +30,7 @@ pub fn kv_put_command(req: &v1::KvPutRequest, limits: &Limits) -> Result<Command
         key: KvKey::from_bytes(&req.key)?,
         value: KvValue::new(req.value.as_slice())?,
         resource: ResourceName::from_bytes(&req.resource)?,
-        owner: OwnerId::from_bytes(&req.owner_id)?,
+        owner_id: OwnerId::from_bytes(&req.owner_id)?,
         token: Token::new(req.token)?,
         bounds: limits.kv_bounds(),
     })
@@ -41,7 +41,7 @@ pub fn kv_delete_command(req: &v1::KvDeleteRequest) -> Result<Command, InvalidAr
     Ok(Command::KvDelete {
         key: KvKey::from_bytes(&req.key)?,
         resource: ResourceName::from_bytes(&req.resource)?,
-        owner: OwnerId::from_bytes(&req.owner_id)?,
+        owner_id: OwnerId::from_bytes(&req.owner_id)?,
         token: Token::new(req.token)?,
     })
 }

@@ -303,7 +303,7 @@ async fn run(
             for p in &expired {
                 if let Some(c) = &p.command {
                     // The owner id is a capability: debug level only.
-                    tracing::debug!(resource = %c.resource(), owner = %c.owner(), term,
+                    tracing::debug!(resource = %c.resource(), owner_id = %c.owner_id(), term,
                         "command dropped unproposed: its caller's deadline passed");
                 }
             }

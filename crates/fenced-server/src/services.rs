@@ -551,16 +551,16 @@ impl LockService {
             self.ctx.quota.admit_lease(
                 id,
                 command.resource(),
-                command.owner(),
+                command.owner_id(),
                 &self.ctx.shared,
             )?;
         }
-        let (resource, owner) = (command.resource().clone(), command.owner());
+        let (resource, owner) = (command.resource().clone(), command.owner_id());
         let parked = if wait_ms > 0 {
             Some(
                 self.ctx
                     .parking
-                    .park(command.resource().clone(), command.owner())
+                    .park(command.resource().clone(), command.owner_id())
                     .map_err(|e| Status::resource_exhausted(e.to_string()))?,
             )
         } else {

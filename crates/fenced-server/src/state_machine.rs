@@ -782,7 +782,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             if let Outcome::Acquire(AcquireOutcome::Granted(g)) = outcome {
                                 tracing::debug!(
                                     resource = %command.resource(),
-                                    owner = %command.owner(),
+                                    owner_id = %command.owner_id(),
                                     token = g.token.get(),
                                     term,
                                     "granted"
@@ -793,19 +793,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             match event {
                                 Event::Expired {
                                     resource,
-                                    owner,
+                                    owner_id: owner,
                                     token,
                                 } => {
                                     c.expiries.fetch_add(1, Ordering::Relaxed);
-                                    tracing::debug!(%resource, %owner, token = token.get(), term, "lease expired");
+                                    tracing::debug!(%resource, owner_id = %owner, token = token.get(), term, "lease expired");
                                 }
                                 Event::WaiterGranted {
                                     resource,
-                                    owner,
+                                    owner_id: owner,
                                     grant,
                                 } => {
                                     c.grants.fetch_add(1, Ordering::Relaxed);
-                                    tracing::debug!(%resource, %owner, token = grant.token.get(), term, "granted to waiter");
+                                    tracing::debug!(%resource, owner_id = %owner, token = grant.token.get(), term, "granted to waiter");
                                 }
                                 Event::WaitElapsed { .. } => {}
                             }
@@ -1115,7 +1115,7 @@ mod tests {
         let resource = ResourceName::new("job").unwrap();
         let mut commands = vec![Command::Acquire {
             resource: resource.clone(),
-            owner,
+            owner_id: owner,
             ttl_ms: 60_000,
             wait_ms: 0,
         }];
@@ -1124,7 +1124,7 @@ mod tests {
                 key: KvKey::new("job/state").unwrap(),
                 value: KvValue::new(vec![7u8; 1000]).unwrap(),
                 resource,
-                owner,
+                owner_id: owner,
                 token: fenced_core::Token::new(1).unwrap(),
                 bounds: KvBounds {
                     max_keys: 10,

@@ -61,7 +61,7 @@ async fn cluster(dir: &std::path::Path, n: u64) -> Vec<RunningNode> {
 fn acquire(resource: &ResourceName, owner: OwnerId) -> Command {
     Command::Acquire {
         resource: resource.clone(),
-        owner,
+        owner_id: owner,
         ttl_ms: 30_000,
         wait_ms: 0,
     }
