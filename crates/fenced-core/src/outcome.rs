@@ -211,7 +211,7 @@ pub struct Description {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseView {
     pub resource: crate::ResourceName,
-    pub token: u64,
+    pub token: Token,
     /// Milliseconds left at the `now` the list was made for.
     pub remaining_ms: u64,
     pub ttl_ms: u64,

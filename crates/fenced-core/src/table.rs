@@ -554,7 +554,7 @@ impl LeaseTable {
             if list.rows.len() < limit {
                 list.rows.push(LeaseView {
                     resource: name.clone(),
-                    token: lease.token.get(),
+                    token: lease.token,
                     remaining_ms: lease.expires_at.millis_since(now),
                     ttl_ms: lease.ttl_ms,
                     waiters: u32::try_from(rec.waiters.len()).unwrap_or(u32::MAX),

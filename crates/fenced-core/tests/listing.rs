@@ -46,7 +46,7 @@ fn lists_live_leases_under_the_prefix_in_name_order_with_a_count_of_the_rest() {
     );
     assert_eq!(all.rows[1].waiters, 0);
     // Tokens are the ones granted: one counter, in command order.
-    assert_eq!(first.token, 2);
+    assert_eq!(first.token.get(), 2);
 
     let bounded = table.leases("orders/", at(4_000), 2);
     assert_eq!(names(&bounded), ["orders/1", "orders/2"]);

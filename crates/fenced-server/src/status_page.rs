@@ -552,7 +552,7 @@ mod tests {
             leases: LeaseList {
                 rows: vec![LeaseView {
                     resource: ResourceName::new(resource).unwrap(),
-                    token: 42,
+                    token: fenced_core::Token::new(42).unwrap(),
                     remaining_ms: 1_500,
                     ttl_ms: 90_000,
                     waiters: 3,
