@@ -13,7 +13,7 @@ use std::{
 };
 
 use fenced_client::{AcquireOutcome, Client};
-use fenced_core::OwnerId;
+use fenced_core::{OwnerId, Token};
 use fenced_tests::{bin, Cluster};
 use serde_json::Value;
 
@@ -52,7 +52,7 @@ fn save(cluster: &Cluster, file: &Path) -> Value {
 }
 
 /// Acquires `resource` for a new owner; returns the token and expiry.
-async fn grant(client: &Client, resource: &str, ttl: Duration) -> (u64, u64) {
+async fn grant(client: &Client, resource: &str, ttl: Duration) -> (Token, u64) {
     match client
         .acquire_once(resource, OwnerId::random(), ttl, Duration::ZERO)
         .await
@@ -95,7 +95,7 @@ async fn grants(client: &Client, resources: &[String], n: usize) -> u64 {
                     }
                 };
                 client.release(resource, owner, token).await.unwrap();
-                highest = highest.max(token);
+                highest = highest.max(token.get());
             }
             highest
         });
@@ -130,7 +130,7 @@ async fn a_restored_cluster_grants_above_every_old_token_and_keeps_live_leases()
 
     // The old cluster goes on granting after the backup.
     let highest_old = grants(&client, &resources, 1_000).await;
-    assert!(highest_old > held_token);
+    assert!(highest_old > held_token.get());
     drop(old);
 
     // A damaged or truncated file is refused by name and writes nothing.
@@ -153,7 +153,7 @@ async fn a_restored_cluster_grants_above_every_old_token_and_keeps_live_leases()
         "{err}"
     );
     // A floor below the backup's own tokens is refused.
-    let low = (held_token - 1).to_string();
+    let low = (held_token.get() - 1).to_string();
     let out = restore(
         &file,
         target,
@@ -238,7 +238,7 @@ async fn a_restored_cluster_grants_above_every_old_token_and_keeps_live_leases()
     for name in &names {
         let (token, _) = grant(&client, name, Duration::from_secs(5)).await;
         assert!(
-            token > highest_old,
+            token.get() > highest_old,
             "{name}: token {token} is not above {highest_old}, issued by the old cluster"
         );
     }
@@ -251,7 +251,7 @@ async fn a_survivor_recovers_as_a_one_node_cluster_above_every_old_token() {
     let resources: Vec<String> = (0..10).map(|i| format!("jobs/{i}")).collect();
     let highest = grants(&client, &resources, 200).await;
     let (held_token, _) = grant(&client, "jobs/held", Duration::from_secs(30)).await;
-    let highest = highest.max(held_token);
+    let highest = highest.max(held_token.get());
 
     // Two nodes die with their data; the third is stopped for the recovery.
     let survivor = 3;
@@ -340,7 +340,7 @@ async fn a_survivor_recovers_as_a_one_node_cluster_above_every_old_token() {
     for name in resources.iter().map(String::as_str).chain(["jobs/new"]) {
         let (token, _) = grant(&client, name, Duration::from_secs(5)).await;
         assert!(
-            token > highest,
+            token.get() > highest,
             "{name}: token {token} is not above {highest}"
         );
     }

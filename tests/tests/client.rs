@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_client::{Acquired, ClientError, LossReason, LostReason};
+use fenced_client::{Acquired, ClientError, LeaseLoss, LostReason};
 use fenced_core::OwnerId;
 use fenced_tests::{bin, Cluster};
 use nix::sys::signal::Signal;
@@ -28,7 +28,7 @@ async fn the_keeper_renews_past_many_ttls_and_the_token_stays() {
     assert!(!lease.cancellation().is_cancelled());
     assert_eq!(lease.token(), token);
     let d = client.describe("kept-alive").await.unwrap();
-    assert!(d.held && d.last_token == token, "{d:?}");
+    assert!(d.held && d.last_token == token.get(), "{d:?}");
     lease.release().await.unwrap();
     assert!(!client.describe("kept-alive").await.unwrap().held);
 }
@@ -59,8 +59,8 @@ async fn an_unreachable_cluster_cancels_the_lease_before_the_cluster_could_expir
         "cancelled {:?} after the deadline",
         fired - deadline
     );
-    assert_eq!(lease.check(), Err(LossReason::DeadlinePassed));
-    assert_eq!(lease.lost().await, LossReason::DeadlinePassed);
+    assert_eq!(lease.check(), Err(LeaseLoss::DeadlinePassed));
+    assert_eq!(lease.lost().await, LeaseLoss::DeadlinePassed);
     // The cluster lets the lease go too, and the next owner gets a higher token.
     let next = client
         .lock("unreachable", ttl, Duration::from_secs(30))
@@ -80,7 +80,7 @@ async fn a_refused_renewal_cancels_the_lease_and_names_the_reason() {
     // Someone holding the capability (owner id AND token) ends the lease
     // behind the keeper's back, and a new owner takes it.
     let raw = cluster.client();
-    raw.release("refused", lease.owner(), lease.token())
+    raw.release("refused", lease.owner_id(), lease.token())
         .await
         .unwrap();
     let Acquired::Granted(newer) = raw
@@ -98,7 +98,7 @@ async fn a_refused_renewal_cancels_the_lease_and_names_the_reason() {
         .unwrap();
     assert_eq!(
         reason,
-        LossReason::Refused(LostReason::Superseded {
+        LeaseLoss::Refused(LostReason::Superseded {
             current_token: newer.token()
         })
     );
@@ -120,13 +120,13 @@ async fn a_lease_of_its_own_refused_at_renewal_names_the_reason() {
         .await
         .unwrap();
     let raw = cluster.client();
-    raw.release("refused-own", lease.owner(), lease.token())
+    raw.release("refused-own", lease.owner_id(), lease.token())
         .await
         .unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost())
         .await
         .unwrap();
-    assert_eq!(reason, LossReason::Refused(LostReason::Released));
+    assert_eq!(reason, LeaseLoss::Refused(LostReason::Released));
     assert!(lease.cancellation().is_cancelled());
 }
 
@@ -156,7 +156,7 @@ async fn a_frozen_worker_sees_its_loss_as_soon_as_it_resumes() {
         .lock("frozen", Duration::from_secs(10), Duration::from_secs(5))
         .await
         .unwrap();
-    assert!(newer.token() > old_token);
+    assert!(newer.token().get() > old_token);
     // With the whole cluster frozen too, no round trip can tell the worker
     // anything: it must see the loss from its own deadline.
     cluster.signal_all(Signal::SIGSTOP);
@@ -259,7 +259,7 @@ async fn a_wait_that_elapses_is_not_granted_and_leaves_no_trace() {
     assert_eq!(d.waiters, 0);
     assert_eq!(
         d.last_token,
-        holder.token(),
+        holder.token().get(),
         "no token was issued to the waiter"
     );
 }
@@ -293,7 +293,7 @@ async fn renewals_continue_across_a_leader_kill_and_no_held_lease_is_reported_lo
         );
         let d = client.describe(lease.resource()).await.unwrap();
         assert!(
-            d.held && d.last_token == lease.token(),
+            d.held && d.last_token == lease.token().get(),
             "{}: {d:?}",
             lease.resource()
         );
@@ -442,7 +442,7 @@ async fn a_renewal_refused_after_expiry_and_a_new_grant_cancels_the_lease() {
     let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost())
         .await
         .unwrap();
-    assert_eq!(reason, LossReason::Refused(LostReason::Expired));
+    assert_eq!(reason, LeaseLoss::Refused(LostReason::Expired));
     assert!(lease.cancellation().is_cancelled());
     assert!(lease.check().is_err());
 }
@@ -463,7 +463,7 @@ async fn with_lease_runs_the_work_then_releases_and_drops_it_when_the_lease_is_l
         )
         .await
         .unwrap();
-    assert!(token >= 1);
+    assert!(token.get() >= 1);
     assert!(
         !client.describe("with-lease").await.unwrap().held,
         "released after the work"

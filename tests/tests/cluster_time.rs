@@ -8,14 +8,14 @@
 use std::time::{Duration, Instant};
 
 use fenced_client::{AcquireOutcome, Client, RenewOutcome};
-use fenced_core::OwnerId;
+use fenced_core::{OwnerId, Token};
 use fenced_proto::v1::DescribeResponse;
 use fenced_tests::Cluster;
 
 /// The nodes' defaults (crates/fenced-server/src/node.rs).
 const HEARTBEAT: Duration = Duration::from_millis(100);
 
-async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -> u64 {
+async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -> Token {
     match client
         .acquire_once(resource, owner, ttl, Duration::ZERO)
         .await
@@ -43,14 +43,14 @@ async fn describe(client: &Client, resource: &str) -> DescribeResponse {
 
 /// A 2 s lease on "r" left to run out in a quiet period longer than it;
 /// describe says free. Returns the owner, its token and that describe.
-async fn an_expired_lease(client: &Client) -> (OwnerId, u64, DescribeResponse) {
+async fn an_expired_lease(client: &Client) -> (OwnerId, Token, DescribeResponse) {
     let owner = OwnerId::random();
     let token = grant(client, "r", owner, Duration::from_secs(2)).await;
     // Nothing is written while the lease runs out.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before = describe(client, "r").await;
     assert!(!before.held, "the 2 s lease is still held after 5 s");
-    assert_eq!(before.last_token, token);
+    assert_eq!(before.last_token, token.get());
     (owner, token, before)
 }
 
@@ -58,7 +58,7 @@ async fn an_expired_lease(client: &Client) -> (OwnerId, u64, DescribeResponse) {
 /// lower, and a renewal lost.
 async fn assert_still_over(
     client: &Client,
-    (owner, token, before): (OwnerId, u64, DescribeResponse),
+    (owner, token, before): (OwnerId, Token, DescribeResponse),
     what: &str,
 ) {
     let after = describe(client, "r").await;

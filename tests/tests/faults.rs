@@ -9,13 +9,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_client::{AcquireOutcome, Client};
+use fenced_client::{AcquireOutcome, Client, Token};
 use fenced_core::OwnerId;
 use fenced_tests::Cluster;
 
 const TTL: Duration = Duration::from_secs(60);
 
-async fn grant(client: &Client, resource: &str) -> u64 {
+async fn grant(client: &Client, resource: &str) -> Token {
     match client
         .acquire_once(resource, OwnerId::random(), TTL, Duration::ZERO)
         .await
@@ -27,7 +27,7 @@ async fn grant(client: &Client, resource: &str) -> u64 {
 }
 
 /// Takes and releases `resource` `n` times; returns every token granted.
-async fn cycle(client: &Client, resource: &str, n: usize) -> Vec<u64> {
+async fn cycle(client: &Client, resource: &str, n: usize) -> Vec<Token> {
     let mut tokens = Vec::new();
     for _ in 0..n {
         let owner = OwnerId::random();
@@ -72,7 +72,7 @@ async fn killing_the_leader_loses_no_grant_and_tokens_keep_rising() {
     for (res, token) in &acknowledged {
         let d = client.describe(res).await.unwrap();
         assert!(d.held, "{res} lost its lease");
-        assert_eq!(d.last_token, *token, "{res}");
+        assert_eq!(d.last_token, token.get(), "{res}");
     }
     // Failover budget: 3 × the election timeout (500–1000 ms) plus the time
     // it takes to notice; generous on a loaded 2-core machine.
@@ -107,7 +107,7 @@ async fn after_killing_all_three_and_restarting_tokens_continue_upward() {
     let client = cluster.client();
     let d = client.describe("kept").await.unwrap();
     assert!(
-        d.held && d.last_token == held,
+        d.held && d.last_token == held.get(),
         "the held lease survived: {d:?}"
     );
     let next = cycle(&client, "restart", 1).await[0];

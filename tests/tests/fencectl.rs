@@ -40,16 +40,21 @@ async fn every_outcome_through_fencectl_json_with_exit_codes() {
     // The same owner again: the same grant (a retry after a lost reply).
     let (code, again) = run(
         &cluster,
-        &["acquire", "cli-res", "--ttl", "30s", "--owner", &owner],
+        &["acquire", "cli-res", "--ttl", "30s", "--owner-id", &owner],
     );
     assert_eq!((code, again["token"].as_u64()), (0, Some(token)));
 
-    let (code, renewed) = run(
-        &cluster,
-        &[
-            "renew", "cli-res", "--owner", &owner, "--token", &token_s, "--ttl", "20s",
-        ],
-    );
+    let renew = [
+        "renew",
+        "cli-res",
+        "--owner-id",
+        &owner,
+        "--token",
+        &token_s,
+        "--ttl",
+        "20s",
+    ];
+    let (code, renewed) = run(&cluster, &renew);
     assert_eq!((code, renewed["status"].as_str()), (0, Some("renewed")));
     assert_eq!(renewed["ttl_ms"], 20_000);
 
@@ -65,7 +70,12 @@ async fn every_outcome_through_fencectl_json_with_exit_codes() {
     let (code, not_holder) = run(
         &cluster,
         &[
-            "release", "cli-res", "--owner", stranger, "--token", &token_s,
+            "release",
+            "cli-res",
+            "--owner-id",
+            stranger,
+            "--token",
+            &token_s,
         ],
     );
     assert_eq!(
@@ -76,16 +86,18 @@ async fn every_outcome_through_fencectl_json_with_exit_codes() {
 
     let (code, released) = run(
         &cluster,
-        &["release", "cli-res", "--owner", &owner, "--token", &token_s],
+        &[
+            "release",
+            "cli-res",
+            "--owner-id",
+            &owner,
+            "--token",
+            &token_s,
+        ],
     );
     assert_eq!((code, released["status"].as_str()), (0, Some("released")));
 
-    let (code, lost) = run(
-        &cluster,
-        &[
-            "renew", "cli-res", "--owner", &owner, "--token", &token_s, "--ttl", "20s",
-        ],
-    );
+    let (code, lost) = run(&cluster, &renew);
     assert_eq!(
         (code, lost["status"].as_str(), lost["reason"].as_str()),
         (3, Some("lost"), Some("released"))
@@ -94,12 +106,13 @@ async fn every_outcome_through_fencectl_json_with_exit_codes() {
     // The owner id is spent: acquiring with it again grants nothing.
     let (code, ended) = run(
         &cluster,
-        &["acquire", "cli-res", "--ttl", "30s", "--owner", &owner],
+        &["acquire", "cli-res", "--ttl", "30s", "--owner-id", &owner],
     );
     assert_eq!(
         (code, ended["status"].as_str(), ended["reason"].as_str()),
         (3, Some("ended"), Some("released"))
     );
+    // `--owner`, the flag's name before `--owner-id`, still works (hidden).
     let out = cluster.fencectl(&["acquire", "cli-res", "--ttl", "30s", "--owner", &owner]);
     assert_eq!(out.status.code(), Some(3));
     let text = String::from_utf8_lossy(&out.stdout);
@@ -115,7 +128,7 @@ async fn every_outcome_through_fencectl_json_with_exit_codes() {
 
     let (code, superseded) = run(
         &cluster,
-        &["acquire", "cli-res", "--ttl", "30s", "--owner", &owner],
+        &["acquire", "cli-res", "--ttl", "30s", "--owner-id", &owner],
     );
     assert_eq!(
         (code, superseded["reason"].as_str()),

@@ -15,7 +15,7 @@ use std::{
 };
 
 use fenced_client::{AcquireOutcome, Client};
-use fenced_core::OwnerId;
+use fenced_core::{OwnerId, Token};
 use fenced_tests::Cluster;
 use nix::sys::signal::Signal;
 
@@ -23,7 +23,11 @@ const ELECTION_TIMEOUT_MS: u64 = 1_000;
 
 /// Acquire-release cycles on `resource` until `stop`; returns the tokens
 /// granted, in order, and every error the client gave up with.
-async fn load(client: Client, resource: String, stop: Arc<AtomicBool>) -> (Vec<u64>, Vec<String>) {
+async fn load(
+    client: Client,
+    resource: String,
+    stop: Arc<AtomicBool>,
+) -> (Vec<Token>, Vec<String>) {
     let (mut tokens, mut errors) = (Vec::new(), Vec::new());
     while !stop.load(Ordering::Relaxed) {
         let owner = OwnerId::random();
@@ -102,7 +106,7 @@ async fn a_terminated_leader_hands_over_within_a_fraction_of_an_election_timeout
     // Let the load run on under the new leader, then stop it.
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, Ordering::Relaxed);
-    let mut per_resource: HashMap<usize, Vec<u64>> = HashMap::new();
+    let mut per_resource: HashMap<usize, Vec<Token>> = HashMap::new();
     for (i, w) in workers.into_iter().enumerate() {
         let (tokens, errors) = w.await.unwrap();
         assert!(errors.is_empty(), "clients saw errors: {errors:?}");

@@ -7,12 +7,14 @@
 
 use std::{io::Write, time::Duration};
 
-use fenced_client::{AcquireOutcome, Acquired, Client, ClientError, KvRefusal, KvWrite};
+use fenced_client::{
+    AcquireOutcome, Acquired, Client, ClientError, KvRefusal, KvWrite, LostReason, Token,
+};
 use fenced_core::{OwnerId, KV_VALUE_MAX_BYTES};
 use fenced_tests::{bin, Cluster};
 use serde_json::Value;
 
-async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -> u64 {
+async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -> Token {
     match client
         .acquire_once(resource, owner, ttl, Duration::ZERO)
         .await
@@ -103,7 +105,7 @@ async fn an_expired_or_superseded_token_never_writes() {
             .kv_put("report/out", b"a-late", "report", a, ta)
             .await
             .unwrap(),
-        KvWrite::Refused(KvRefusal::Expired)
+        KvWrite::Refused(KvRefusal::Lease(LostReason::Expired))
     );
 
     // B is granted: A's token is superseded, and B's put applies.
@@ -114,7 +116,9 @@ async fn an_expired_or_superseded_token_never_writes() {
             .kv_put("report/out", b"a-later", "report", a, ta)
             .await
             .unwrap(),
-        KvWrite::Refused(KvRefusal::Superseded { current_token: tb })
+        KvWrite::Refused(KvRefusal::Lease(LostReason::Superseded {
+            current_token: tb
+        }))
     );
     applied(
         client
@@ -128,7 +132,7 @@ async fn an_expired_or_superseded_token_never_writes() {
             .kv_put("report/out", b"x", "report", OwnerId::random(), tb)
             .await
             .unwrap(),
-        KvWrite::Refused(KvRefusal::Unknown)
+        KvWrite::Refused(KvRefusal::Lease(LostReason::Unknown))
     );
     // Released: refused too.
     client.release("report", b, tb).await.unwrap();
@@ -137,7 +141,7 @@ async fn an_expired_or_superseded_token_never_writes() {
             .kv_put("report/out", b"b-late", "report", b, tb)
             .await
             .unwrap(),
-        KvWrite::Refused(KvRefusal::Released)
+        KvWrite::Refused(KvRefusal::Lease(LostReason::Released))
     );
     let read = client.kv_get("report/out").await.unwrap().unwrap();
     assert_eq!((read.value.as_slice(), read.token), (&b"b"[..], tb));
@@ -286,7 +290,7 @@ async fn fencectl_kv_put_get_and_refusals_with_exit_codes() {
     assert_eq!(v["value"], "from stdin");
     assert_eq!(
         (v["resource"].as_str(), v["token"].as_u64()),
-        (Some("cli"), Some(token))
+        (Some("cli"), Some(token.get()))
     );
     let (code, v) = fencectl_json(&cluster, &["kv", "get", "cli/none"], None);
     assert_eq!((code, v["status"].as_str()), (3, Some("not_found")));
@@ -305,7 +309,7 @@ async fn fencectl_kv_put_get_and_refusals_with_exit_codes() {
     let (code, v) = put("cli/a", &["late"], None);
     assert_eq!((code, v["status"].as_str()), (3, Some("refused")), "{v}");
     assert_eq!(v["reason"], "superseded");
-    assert_eq!(v["current_token"].as_u64(), Some(token2));
+    assert_eq!(v["current_token"].as_u64(), Some(token2.get()));
 
     // An oversized value from a file never leaves fencectl: exit 2.
     let dir = tempfile::tempdir().unwrap();

@@ -5,13 +5,13 @@
 use std::time::Duration;
 
 use fenced_client::{AcquireOutcome, LostReason, ReleaseOutcome, RenewOutcome};
-use fenced_core::OwnerId;
+use fenced_core::{OwnerId, Token};
 use fenced_proto::v1;
 use fenced_tests::Cluster;
 
 const TTL: Duration = Duration::from_secs(30);
 
-fn token_of(outcome: AcquireOutcome) -> u64 {
+fn token_of(outcome: AcquireOutcome) -> Token {
     match outcome {
         AcquireOutcome::Granted { token, .. } => token,
         other => panic!("expected a grant, got {other:?}"),
@@ -32,7 +32,7 @@ async fn every_outcome_end_to_end_through_grpc() {
             .await
             .unwrap(),
     );
-    assert!(ta >= 1);
+    assert!(ta.get() >= 1);
     match client
         .acquire_once(res, b, TTL, Duration::ZERO)
         .await
@@ -54,7 +54,7 @@ async fn every_outcome_end_to_end_through_grpc() {
     ));
     let d = client.describe(res).await.unwrap();
     assert!(d.held);
-    assert_eq!(d.last_token, ta);
+    assert_eq!(d.last_token, ta.get());
     // a stranger cannot renew or release
     assert_eq!(
         client.renew(res, b, ta, TTL).await.unwrap(),
@@ -130,7 +130,7 @@ async fn any_node_answers_by_forwarding_to_the_leader() {
         t
     );
     let d = client.describe("via-follower").await.unwrap();
-    assert!(d.held && d.last_token == t);
+    assert!(d.held && d.last_token == t.get());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,7 +185,7 @@ async fn an_acquire_retried_after_a_lost_reply_returns_the_same_token() {
     }
     assert_eq!(
         client.describe("lost-reply").await.unwrap().last_token,
-        first
+        first.get()
     );
 }
 

@@ -82,7 +82,7 @@ fn start_load(
                         .await
                     {
                         Ok(AcquireOutcome::Granted { token, .. }) => {
-                            ledger.record(&resource, token);
+                            ledger.record(&resource, token.get());
                             // A lost release only leaves the lease to expire.
                             let sent = Instant::now();
                             match client.release(&resource, owner, token).await {
@@ -94,7 +94,7 @@ fn start_load(
                                     // finds the next owner. That owner's
                                     // grant must not have reached it before
                                     // this release was even sent.
-                                    let other = ledger.seen_at(&resource, current_token);
+                                    let other = ledger.seen_at(&resource, current_token.get());
                                     assert!(
                                         other.is_none_or(|at| at > sent),
                                         "{resource}: token {current_token} was granted while \

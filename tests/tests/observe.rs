@@ -16,14 +16,14 @@ use std::{
 };
 
 use fenced_client::{AcquireOutcome, Client, ClientError, ReleaseOutcome};
-use fenced_core::OwnerId;
+use fenced_core::{OwnerId, Token};
 use fenced_proto::v1::{self, watch_response::Body};
 use fenced_tests::{bin, write_auth_files, Cluster};
 use tonic::{metadata::MetadataValue, Code};
 
 const TTL: Duration = Duration::from_secs(30);
 
-async fn grant(client: &Client, resource: &str, ttl: Duration) -> (OwnerId, u64) {
+async fn grant(client: &Client, resource: &str, ttl: Duration) -> (OwnerId, Token) {
     let owner = OwnerId::random();
     match client
         .acquire_once(resource, owner, ttl, Duration::ZERO)
@@ -33,6 +33,10 @@ async fn grant(client: &Client, resource: &str, ttl: Duration) -> (OwnerId, u64)
         AcquireOutcome::Granted { token, .. } => (owner, token),
         other => panic!("expected a grant on {resource}, got {other:?}"),
     }
+}
+
+fn token(value: u64) -> Token {
+    Token::new(value).unwrap()
 }
 
 fn state(v: &v1::ValidateTokenResponse) -> v1::TokenState {
@@ -51,7 +55,7 @@ async fn validate_token_tells_current_superseded_expired_and_released() {
     let (a, ta) = grant(&client, "jobs/v", TTL).await;
     let v = via_follower.validate_token("jobs/v", ta).await.unwrap();
     assert_eq!(state(&v), v1::TokenState::Current);
-    assert_eq!(v.current_token, ta);
+    assert_eq!(v.current_token, ta.get());
     assert!(v.remaining_ms > 25_000 && v.remaining_ms <= 30_000, "{v:?}");
     assert!(v.cluster_time_ms > 0);
 
@@ -67,10 +71,13 @@ async fn validate_token_tells_current_superseded_expired_and_released() {
     let (_, tb) = grant(&client, "jobs/v", Duration::from_secs(1)).await;
     let v = client.validate_token("jobs/v", ta).await.unwrap();
     assert_eq!(state(&v), v1::TokenState::Superseded);
-    assert_eq!(v.current_token, tb);
-    let v = client.validate_token("jobs/v", tb + 1).await.unwrap();
+    assert_eq!(v.current_token, tb.get());
+    let v = client
+        .validate_token("jobs/v", token(tb.get() + 1))
+        .await
+        .unwrap();
     assert_eq!(state(&v), v1::TokenState::Unknown);
-    let v = client.validate_token("jobs/none", 1).await.unwrap();
+    let v = client.validate_token("jobs/none", token(1)).await.unwrap();
     assert_eq!(state(&v), v1::TokenState::Unknown);
     assert_eq!(v.current_token, 0);
 
@@ -104,20 +111,31 @@ async fn validate_token_tells_current_superseded_expired_and_released() {
         other => panic!("expected INVALID_ARGUMENT on {field}, got {other:?}"),
     };
     bad(
-        client.validate_token("jobs/v", 0).await.unwrap_err(),
-        "token",
+        client.validate_token("", token(1)).await.unwrap_err(),
+        "resource",
     );
-    bad(client.validate_token("", 1).await.unwrap_err(), "resource");
     bad(client.validate_tokens(&[]).await.unwrap_err(), "checks");
-    let many: Vec<(&str, u64)> = (0..257).map(|_| ("jobs/v", 1)).collect();
+    let many: Vec<(&str, Token)> = (0..257).map(|_| ("jobs/v", token(1))).collect();
     let e = client.validate_tokens(&many).await.unwrap_err();
     assert!(e.to_string().contains("1 to 256"), "{e}");
     bad(e, "checks");
-    let e = client
-        .validate_tokens(&[("jobs/v", 1), ("jobs/v", 0)])
+    // A token of 0 cannot be made as a `Token`: sent as the wire has it.
+    let mut lock = cluster.lock_client(follower);
+    let check = |token| v1::ValidateTokenRequest {
+        resource: b"jobs/v".to_vec(),
+        token,
+    };
+    let e = lock.validate_token(check(0)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("token"), "{}", e.message());
+    let e = lock
+        .validate_tokens(v1::ValidateTokensRequest {
+            checks: vec![check(1), check(0)],
+        })
         .await
         .unwrap_err();
-    assert!(e.to_string().contains("checks[1].token"), "{e}");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("checks[1].token"), "{}", e.message());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,12 +163,12 @@ async fn history_keeps_the_last_grants_through_a_restart_of_every_node() {
 
     let check = |h: &v1::HistoryResponse| {
         assert_eq!(h.entries.len(), 3, "bounded at 3: {h:?}");
-        assert_eq!(h.entries[0].token, live_token);
+        assert_eq!(h.entries[0].token, live_token.get());
         assert_eq!(h.entries[0].owner_id, live_owner.as_bytes().to_vec());
         assert_eq!(h.entries[0].ended_at_ms, 0);
         assert_eq!(h.entries[0].ended, v1::EventKind::Unspecified as i32);
         for (entry, (owner, token)) in h.entries[1..].iter().zip(grants.iter().rev()) {
-            assert_eq!(entry.token, *token);
+            assert_eq!(entry.token, token.get());
             assert_eq!(entry.owner_id, owner.as_bytes().to_vec());
             assert_eq!(entry.ended, v1::EventKind::Released as i32);
             assert!(entry.ended_at_ms >= entry.granted_at_ms && entry.granted_at_ms > 0);
@@ -174,7 +192,7 @@ async fn history_keeps_the_last_grants_through_a_restart_of_every_node() {
     let out = cluster.fencectl(&["--json", "history", "jobs/h"]);
     assert!(out.status.success(), "{out:?}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["entries"][0]["token"], live_token);
+    assert_eq!(v["entries"][0]["token"], live_token.get());
     assert_eq!(v["entries"][0]["ended"], "live");
     assert_eq!(v["entries"][1]["ended"], "released");
 }
@@ -262,10 +280,16 @@ async fn a_watch_resumed_across_leader_kills_misses_nothing_and_repeats_nothing(
                 else {
                     continue;
                 };
-                acked.lock().unwrap().push((token, v1::EventKind::Granted));
+                acked
+                    .lock()
+                    .unwrap()
+                    .push((token.get(), v1::EventKind::Granted));
                 if let Ok(ReleaseOutcome::Released) = client.release(&resource, owner, token).await
                 {
-                    acked.lock().unwrap().push((token, v1::EventKind::Released));
+                    acked
+                        .lock()
+                        .unwrap()
+                        .push((token.get(), v1::EventKind::Released));
                 }
             }
         }));
@@ -289,7 +313,7 @@ async fn a_watch_resumed_across_leader_kills_misses_nothing_and_repeats_nothing(
     // A marker written last: once the watcher has it, it has everything.
     let (_, marker) = grant(&client, "jobs/marker", TTL).await;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !seen.lock().unwrap().iter().any(|e| e.token == marker) {
+    while !seen.lock().unwrap().iter().any(|e| e.token == marker.get()) {
         assert!(Instant::now() < deadline, "the watcher never caught up");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -318,7 +342,7 @@ async fn a_watch_resumed_across_leader_kills_misses_nothing_and_repeats_nothing(
             "acknowledged {kind:?} of token {token} never seen"
         );
     }
-    assert!(got.contains(&(expiring, v1::EventKind::Expired as i32)));
+    assert!(got.contains(&(expiring.get(), v1::EventKind::Expired as i32)));
 
     // Any node, asked from before the first event, tells the same story
     // with the same revisions.
@@ -474,12 +498,15 @@ async fn reads_need_the_read_role_and_watchers_are_bounded() {
         other => panic!("{what}: expected PERMISSION_DENIED, got {other:?}"),
     };
     denied(
-        alice.validate_token("billing/1", 1).await.map(|_| ()),
+        alice
+            .validate_token("billing/1", Token::new(1).unwrap())
+            .await
+            .map(|_| ()),
         "validate",
     );
     denied(
         alice
-            .validate_tokens(&[("orders/1", token), ("billing/1", 1)])
+            .validate_tokens(&[("orders/1", token), ("billing/1", Token::new(1).unwrap())])
             .await
             .map(|_| ()),
         "validate a batch with one resource not granted",
@@ -583,7 +610,7 @@ async fn fencectl_watch_prints_one_line_per_event_and_resumes_from_a_revision() 
         .collect();
     let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["granted", "released", "granted"]);
-    assert_eq!(lines[0]["token"], token);
+    assert_eq!(lines[0]["token"], token.get());
     assert_eq!(lines[0]["resource"], "cli/a");
     assert_eq!(lines[2]["resource"], "cli/b");
     assert_eq!(lines[0]["revision"], first);
@@ -656,7 +683,7 @@ async fn require_current_refuses_a_released_token_and_fails_closed() {
     let (a, ta) = grant(&client, "ledger/1", TTL).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let first = loop {
-        match put_current(&addr, "ledger/1", a, ta, "one").await {
+        match put_current(&addr, "ledger/1", a, ta.get(), "one").await {
             Ok(r) => break r,
             Err(e) if Instant::now() < deadline && e.code() == Code::Unavailable => {
                 tokio::time::sleep(Duration::from_millis(100)).await
@@ -668,7 +695,7 @@ async fn require_current_refuses_a_released_token_and_fails_closed() {
 
     // Released: not older than the highest token, but no longer current.
     client.release("ledger/1", a, ta).await.unwrap();
-    let e = put_current(&addr, "ledger/1", a, ta, "late")
+    let e = put_current(&addr, "ledger/1", a, ta.get(), "late")
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
@@ -679,7 +706,9 @@ async fn require_current_refuses_a_released_token_and_fails_closed() {
 
     let (b, tb) = grant(&client, "ledger/1", TTL).await;
     assert!(accepted(
-        &put_current(&addr, "ledger/1", b, tb, "two").await.unwrap()
+        &put_current(&addr, "ledger/1", b, tb.get(), "two")
+            .await
+            .unwrap()
     ));
 
     // No cluster: the write is refused in bounded time, not applied.
@@ -687,7 +716,7 @@ async fn require_current_refuses_a_released_token_and_fails_closed() {
         cluster.kill(id);
     }
     let started = Instant::now();
-    let e = put_current(&addr, "ledger/1", b, tb, "three")
+    let e = put_current(&addr, "ledger/1", b, tb.get(), "three")
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
@@ -710,7 +739,7 @@ async fn require_current_refuses_a_released_token_and_fails_closed() {
         .unwrap()
         .into_inner();
     assert_eq!(got.value, b"two");
-    assert_eq!(got.token, tb);
+    assert_eq!(got.token, tb.get());
     svc.kill().unwrap();
     svc.wait().unwrap();
 }

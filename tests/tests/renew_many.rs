@@ -8,7 +8,7 @@
 use std::{path::Path, time::Duration};
 
 use fenced_client::{Acquired, Client, LeaseOptions};
-use fenced_core::OwnerId;
+use fenced_core::{OwnerId, Token};
 use fenced_proto::v1::{self, renew_response};
 use fenced_tests::{acquire_all, lock_rpcs_ok as rpc_ok, metric, write_auth_files, Cluster};
 use tonic::{metadata::MetadataValue, Code};
@@ -114,7 +114,7 @@ async fn a_lease_lost_in_a_batch_is_reported_to_its_handle_and_the_others_run_on
     // token are the capability).
     let victim = &leases[7];
     client
-        .release(victim.resource(), victim.owner(), victim.token())
+        .release(victim.resource(), victim.owner_id(), victim.token())
         .await
         .unwrap();
     let reason = tokio::time::timeout(3 * TTL, victim.lost()).await.unwrap();
@@ -139,7 +139,7 @@ fn renew_req(resource: &str, owner: OwnerId, token: u64, ttl_ms: u64) -> v1::Ren
     }
 }
 
-async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -> u64 {
+async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -> Token {
     match client
         .acquire_once(resource, owner, ttl, Duration::ZERO)
         .await
@@ -166,9 +166,9 @@ async fn a_follower_forwards_a_batch_and_each_lease_gets_its_answer() {
         .lock_client(follower)
         .renew_many(v1::RenewManyRequest {
             leases: vec![
-                renew_req("fwd/held", a, held, 20_000),
-                renew_req("fwd/gone", b, gone, 20_000),
-                renew_req("fwd/never", a, held, 20_000),
+                renew_req("fwd/held", a, held.get(), 20_000),
+                renew_req("fwd/gone", b, gone.get(), 20_000),
+                renew_req("fwd/never", a, held.get(), 20_000),
             ],
         })
         .await
@@ -193,9 +193,9 @@ async fn a_follower_forwards_a_batch_and_each_lease_gets_its_answer() {
     // Not revived, token unchanged.
     let d = client.describe("fwd/gone").await.unwrap();
     assert!(!d.held);
-    assert_eq!(d.last_token, gone);
+    assert_eq!(d.last_token, gone.get());
     let d = client.describe("fwd/held").await.unwrap();
-    assert!(d.held && d.last_token == held);
+    assert!(d.held && d.last_token == held.get());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,8 +300,8 @@ async fn a_batch_naming_a_resource_not_permitted_renews_nothing() {
         async move { lock.renew_many(req).await }
     };
     let err = call(vec![
-        renew_req("orders/1", owner, token, 4_000),
-        renew_req("payroll/1", owner, token, 4_000),
+        renew_req("orders/1", owner, token.get(), 4_000),
+        renew_req("payroll/1", owner, token.get(), 4_000),
     ])
     .await
     .unwrap_err();
@@ -315,7 +315,7 @@ async fn a_batch_naming_a_resource_not_permitted_renews_nothing() {
         d.remaining_ms
     );
     // The same call without the foreign resource is served.
-    let ok = call(vec![renew_req("orders/1", owner, token, 4_000)])
+    let ok = call(vec![renew_req("orders/1", owner, token.get(), 4_000)])
         .await
         .unwrap()
         .into_inner();

@@ -766,7 +766,15 @@ async fn fencectl_resource_put_and_get_report_in_json() {
     };
     let put_args = |token: &str, value: &str| {
         vec![
-            "resource", "put", "report", "--token", token, "--owner", &owner, "--value", value,
+            "resource",
+            "put",
+            "report",
+            "--token",
+            token,
+            "--owner-id",
+            &owner,
+            "--value",
+            value,
         ]
         .into_iter()
         .map(str::to_string)

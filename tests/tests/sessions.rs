@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use fenced_client::LeaseOptions;
-use fenced_core::{OwnerId, SessionId};
+use fenced_core::{OwnerId, SessionId, Token};
 use fenced_proto::v1::{self, acquire_response, session_response};
 use fenced_tests::{acquire_all, lock_rpcs_ok, metric, write_auth_files, Cluster};
 use tonic::{metadata::MetadataValue, Code};
@@ -162,12 +162,15 @@ async fn a_lapsed_session_ends_every_lease_at_once_and_a_waiter_gets_one() {
     });
     // No keep-alive: the session lapses about 2 s after its open.
     let lease = waiting.await.unwrap().unwrap();
-    assert!(lease.token() > tokens[2], "a higher token after the lapse");
+    assert!(
+        lease.token().get() > tokens[2],
+        "a higher token after the lapse"
+    );
     let client = cluster.client();
     let mut ends = Vec::new();
     for (i, token) in tokens.iter().enumerate() {
         let v = client
-            .validate_token(&format!("lapse/{i}"), *token)
+            .validate_token(&format!("lapse/{i}"), Token::new(*token).unwrap())
             .await
             .unwrap();
         assert_ne!(v.state, v1::TokenState::Current as i32, "lapse/{i}");
@@ -235,7 +238,10 @@ async fn closing_a_session_releases_its_leases_and_renewing_one_is_refused() {
     assert_eq!(closed.into_inner().leases_ended, 2);
     let client = cluster.client();
     assert!(!client.describe("close/a").await.unwrap().held);
-    let v = client.validate_token("close/a", token).await.unwrap();
+    let v = client
+        .validate_token("close/a", Token::new(token).unwrap())
+        .await
+        .unwrap();
     assert_eq!(v.state, v1::TokenState::Released as i32);
     // A retried close is answered the same way, with nothing left to end.
     let again = lock.close_session(close_req(session)).await.unwrap();

@@ -75,7 +75,7 @@ async fn acquire(client: &Client, resource: &str) -> u64 {
         )
         .await
     {
-        Ok(AcquireOutcome::Granted { token, .. }) => token,
+        Ok(AcquireOutcome::Granted { token, .. }) => token.get(),
         other => panic!("expected a grant of {resource}, got {other:?}"),
     }
 }

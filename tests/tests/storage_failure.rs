@@ -83,7 +83,7 @@ async fn grant(client: &Client) -> Option<u64> {
     {
         Ok(AcquireOutcome::Granted { token, .. }) => {
             let _ = client.release("disk", owner, token).await;
-            Some(token)
+            Some(token.get())
         }
         _ => None,
     }

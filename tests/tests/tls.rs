@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_client::{Acquired, Client, ClientError, Lease};
+use fenced_client::{Acquired, Client, ClientError, Lease, Token};
 use fenced_tests::{bin, free_port, Cluster, Pki};
 use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
 use tokio::{
@@ -25,7 +25,7 @@ use tokio::{
 /// What a Raft connection starts with (crates/fenced-server/src/network.rs).
 const PREFACE: &[u8; 8] = b"fncdrft2";
 
-async fn granted(client: &Client, resource: &str) -> u64 {
+async fn granted(client: &Client, resource: &str) -> Token {
     held(client, resource).await.token()
 }
 
@@ -754,7 +754,7 @@ async fn a_node_whose_membership_lags_admits_a_leader_that_joined_after_it() {
     }
     assert!(leader >= 4, "node 4 or 5 never led");
     let token = granted(&cluster.client_of(leader), "written-while-3-was-down").await;
-    assert!(token > 0);
+    assert!(token.get() > 0);
     let applied = cluster
         .status(leader)
         .await

@@ -12,7 +12,7 @@ use std::{
 };
 
 use fenced_client::{AcquireOutcome, RenewOutcome};
-use fenced_core::OwnerId;
+use fenced_core::{OwnerId, Token};
 use fenced_tests::{bin, Cluster};
 use serde_json::{json, Value};
 
@@ -70,7 +70,7 @@ async fn regenerate_the_v1_fixture() {
         .release(
             "fixture/c",
             OwnerId::parse(c["owner"].as_str().unwrap()).unwrap(),
-            c["token"].as_u64().unwrap(),
+            Token::new(c["token"].as_u64().unwrap()).unwrap(),
         )
         .await
         .unwrap();
@@ -85,7 +85,7 @@ async fn regenerate_the_v1_fixture() {
             panic!("not granted")
         };
         client.release("fixture/d", owner, token).await.unwrap();
-        last = token;
+        last = token.get();
     }
     // A linearizable read makes the cluster time durable (cluster-time).
     assert!(client.describe("fixture/a").await.unwrap().held);
@@ -117,9 +117,9 @@ async fn a_data_dir_of_this_release_opens_with_its_tokens_and_leases() {
     let client = cluster.client();
     for held in expected["held"].as_array().unwrap() {
         let resource = held["resource"].as_str().unwrap();
-        let token = held["token"].as_u64().unwrap();
+        let token = Token::new(held["token"].as_u64().unwrap()).unwrap();
         let d = client.describe(resource).await.unwrap();
-        assert!(d.held && d.last_token == token, "{resource}: {d:?}");
+        assert!(d.held && d.last_token == token.get(), "{resource}: {d:?}");
         // The holder's capability still works: same owner, same token.
         let owner = OwnerId::parse(held["owner"].as_str().unwrap()).unwrap();
         let renewed = client
@@ -154,7 +154,7 @@ async fn a_data_dir_of_this_release_opens_with_its_tokens_and_leases() {
         panic!("not granted")
     };
     assert!(
-        token > last,
+        token.get() > last,
         "token {token} is not above the fixture's {last}"
     );
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fenced_client::{Client, ClientError, Lease, LeaseOptions, LossReason};
+use fenced_client::{Client, ClientError, Lease, LeaseLoss, LeaseOptions, Token};
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
@@ -46,19 +46,19 @@ fn granted_line(lease: &Lease, json_out: bool) {
         println!(
             "{}",
             json!({"status": "granted", "resource": lease.resource(), "token": lease.token(),
-                "owner_id": lease.owner().to_string(), "ttl_ms": lease.ttl().as_millis() as u64})
+                "owner_id": lease.owner_id().to_string(), "ttl_ms": lease.ttl().as_millis() as u64})
         );
     } else {
         println!(
             "granted {}: token {}, owner {}; holding (Ctrl-C releases)",
             lease.resource(),
             lease.token(),
-            lease.owner()
+            lease.owner_id()
         );
     }
 }
 
-fn lost_line(lease_resource: &str, token: u64, reason: &LossReason, json_out: bool) {
+fn lost_line(lease_resource: &str, token: Token, reason: &LeaseLoss, json_out: bool) {
     if json_out {
         println!(
             "{}",
@@ -175,7 +175,7 @@ pub async fn run(
         .args(command)
         .env("FENCED_RESOURCE", resource)
         .env("FENCED_FENCING_TOKEN", lease.token().to_string())
-        .env("FENCED_OWNER_ID", lease.owner().to_string())
+        .env("FENCED_OWNER_ID", lease.owner_id().to_string())
         .env("FENCED_ENDPOINTS", client.endpoints().join(","))
         .spawn();
     let mut supervised = match spawned {
@@ -191,7 +191,7 @@ pub async fn run(
         println!(
             "{}",
             json!({"status": "running", "resource": resource, "token": lease.token(),
-                "owner_id": lease.owner().to_string(), "pid": supervised.child.id()})
+                "owner_id": lease.owner_id().to_string(), "pid": supervised.child.id()})
         );
     }
     tokio::select! {

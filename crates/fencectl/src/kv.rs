@@ -3,11 +3,11 @@
 use std::{io::Read, path::PathBuf};
 
 use clap::Subcommand;
-use fenced_client::{Client, ClientError, KvRefusal, KvWrite};
+use fenced_client::{Client, ClientError, KvRefusal, KvWrite, LostReason, Token};
 use fenced_core::KV_VALUE_MAX_BYTES;
 use serde_json::json;
 
-use crate::{owner_id, Report};
+use crate::{owner_id, token, Report};
 
 #[derive(Subcommand)]
 pub enum KvCmd {
@@ -86,7 +86,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn write_report(op: &str, key: &str, resource: &str, token: u64, outcome: KvWrite) -> Report {
+fn write_report(op: &str, key: &str, resource: &str, token: Token, outcome: KvWrite) -> Report {
     match outcome {
         KvWrite::Applied {
             revision, existed, ..
@@ -101,7 +101,7 @@ fn write_report(op: &str, key: &str, resource: &str, token: u64, outcome: KvWrit
                 "token": token, "reason": reason.as_str()});
             let mut text = format!("{op} {key}: refused, token {token} {}", reason.as_str());
             match reason {
-                KvRefusal::Superseded { current_token } => {
+                KvRefusal::Lease(LostReason::Superseded { current_token }) => {
                     value["current_token"] = json!(current_token);
                     text.push_str(&format!(" (current token {current_token})"));
                 }
@@ -132,7 +132,7 @@ pub async fn execute(
             value_file,
             resource,
             owner_id: owner,
-            token,
+            token: token_value,
         } => {
             let value = match (value, value_file) {
                 (_, Some(path)) => read_value(&path)?,
@@ -143,7 +143,7 @@ pub async fn execute(
                     ))
                 }
             };
-            let owner = owner_id(&owner)?;
+            let (owner, token) = (owner_id(&owner)?, token(token_value)?);
             let outcome = client.kv_put(&key, &value, &resource, owner, token).await?;
             Ok(write_report("put", &key, &resource, token, outcome))
         }
@@ -151,9 +151,9 @@ pub async fn execute(
             key,
             resource,
             owner_id: owner,
-            token,
+            token: token_value,
         } => {
-            let owner = owner_id(&owner)?;
+            let (owner, token) = (owner_id(&owner)?, token(token_value)?);
             let outcome = client.kv_delete(&key, &resource, owner, token).await?;
             Ok(write_report("delete", &key, &resource, token, outcome))
         }

@@ -18,9 +18,9 @@ mod supervise;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use fenced_client::{
-    AcquireOutcome, Client, ClientError, ReleaseOutcome, RenewOutcome, TlsOptions, DEV_ENDPOINTS,
+    AcquireOutcome, Client, ClientError, LostReason, OwnerId, ReleaseOutcome, RenewOutcome,
+    TlsOptions, Token, DEV_ENDPOINTS,
 };
-use fenced_core::OwnerId;
 use serde_json::{json, Value};
 
 #[derive(Parser)]
@@ -101,7 +101,7 @@ enum Cmd {
     #[command(after_help = "Examples:
   fencectl acquire demo --ttl 30s
   fencectl acquire statement:2026-07 --ttl 2m --wait 10s
-  fencectl --json acquire demo --ttl 30s --owner 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21")]
+  fencectl --json acquire demo --ttl 30s --owner-id 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21")]
     Acquire {
         resource: String,
         /// Lease length, e.g. 30s, 2m.
@@ -109,19 +109,20 @@ enum Cmd {
         ttl: Duration,
         /// This attempt's owner id; a new random one if omitted. Reuse it only
         /// to retry the same attempt.
-        #[arg(long)]
-        owner: Option<String>,
+        #[arg(long = "owner-id", alias = "owner")]
+        owner_id: Option<String>,
         /// Wait on the server this long for a held resource.
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         wait: Duration,
     },
     /// Extend a lease you hold; the token stays the same.
     #[command(after_help = "Examples:
-  fencectl renew demo --owner 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21 --token 1 --ttl 30s")]
+  fencectl renew demo --owner-id 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21 --token 1 --ttl 30s")]
     Renew {
         resource: String,
-        #[arg(long)]
-        owner: String,
+        /// The owner id the lease was granted to.
+        #[arg(long = "owner-id", alias = "owner")]
+        owner_id: String,
         #[arg(long)]
         token: u64,
         #[arg(long, value_parser = humantime::parse_duration)]
@@ -129,11 +130,12 @@ enum Cmd {
     },
     /// End a lease you hold.
     #[command(after_help = "Examples:
-  fencectl release demo --owner 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21 --token 1")]
+  fencectl release demo --owner-id 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21 --token 1")]
     Release {
         resource: String,
-        #[arg(long)]
-        owner: String,
+        /// The owner id the lease was granted to.
+        #[arg(long = "owner-id", alias = "owner")]
+        owner_id: String,
         #[arg(long)]
         token: u64,
     },
@@ -202,7 +204,7 @@ enum Cmd {
     #[command(
         subcommand,
         after_help = "Examples:
-  fencectl resource put invoice-7 --token 4 --owner $OWNER --value paid
+  fencectl resource put invoice-7 --token 4 --owner-id $OWNER --value paid
   fencectl resource get invoice-7"
     )]
     Resource(resource::ResourceCmd),
@@ -291,6 +293,11 @@ fn owner_id(text: &str) -> Result<OwnerId, ClientError> {
     OwnerId::parse(text).map_err(|e| ClientError::InvalidArgument(e.to_string()))
 }
 
+/// A `--token` argument: tokens start at 1.
+fn token(value: u64) -> Result<Token, ClientError> {
+    Token::new(value).map_err(|e| ClientError::InvalidArgument(e.to_string()))
+}
+
 async fn execute(
     client: &Client,
     tls: Option<&TlsOptions>,
@@ -340,7 +347,7 @@ async fn execute(
         Cmd::Acquire {
             resource,
             ttl,
-            owner,
+            owner_id: owner,
             wait,
         } => {
             let owner = match owner {
@@ -377,30 +384,37 @@ async fn execute(
         }
         Cmd::Renew {
             resource,
-            owner,
-            token,
+            owner_id: owner,
+            token: value,
             ttl,
         } => {
-            let owner = owner_id(&owner)?;
+            let (owner, token) = (owner_id(&owner)?, token(value)?);
             match client.renew(&resource, owner, token, ttl).await? {
-                RenewOutcome::Renewed {
-                    expires_at_ms,
-                    ttl_ms,
-                } => Report {
+                RenewOutcome::Renewed { expires_at, ttl_ms } => Report {
                     value: json!({"status": "renewed", "resource": resource, "token": token,
-                        "ttl_ms": ttl_ms, "expires_at_ms": expires_at_ms}),
+                        "ttl_ms": ttl_ms, "expires_at_ms": expires_at.as_millis()}),
                     text: format!("renewed {resource}: token {token}, ttl {ttl_ms} ms"),
                     code: 0,
                 },
                 RenewOutcome::Lost(reason) => lost_report("lost", &resource, token, reason),
+                // A refusal, like `held`: the lease lives with its session.
+                RenewOutcome::KeptBySession => Report {
+                    value: json!({"status": "kept_by_session", "resource": resource,
+                        "token": token}),
+                    text: format!(
+                        "not renewed {resource}: token {token} is kept by its session; \
+                         keep the session alive instead"
+                    ),
+                    code: 3,
+                },
             }
         }
         Cmd::Release {
             resource,
-            owner,
-            token,
+            owner_id: owner,
+            token: value,
         } => {
-            let owner = owner_id(&owner)?;
+            let (owner, token) = (owner_id(&owner)?, token(value)?);
             match client.release(&resource, owner, token).await? {
                 ReleaseOutcome::Released => Report {
                     value: json!({"status": "released", "resource": resource, "token": token}),
@@ -445,8 +459,11 @@ async fn execute(
                 code: 0,
             }
         }
-        Cmd::Validate { resource, token } => {
-            let (value, text, code) = observe::validate(client, &resource, token).await?;
+        Cmd::Validate {
+            resource,
+            token: value,
+        } => {
+            let (value, text, code) = observe::validate(client, &resource, token(value)?).await?;
             Report { value, text, code }
         }
         Cmd::Status => {
@@ -495,12 +512,7 @@ async fn execute(
     })
 }
 
-fn lost_report(
-    status: &str,
-    resource: &str,
-    token: u64,
-    reason: fenced_client::LostReason,
-) -> Report {
+fn lost_report(status: &str, resource: &str, token: Token, reason: LostReason) -> Report {
     let value =
         json!({"status": status, "resource": resource, "token": token, "reason": reason.as_str()});
     let text = format!("{status} {resource}: token {token}, {}", reason.as_str());
@@ -508,7 +520,7 @@ fn lost_report(
 }
 
 /// An acquire whose owner id's lease already ended: nothing was granted.
-fn ended_report(resource: &str, owner: OwnerId, reason: fenced_client::LostReason) -> Report {
+fn ended_report(resource: &str, owner: OwnerId, reason: LostReason) -> Report {
     let value = json!({"status": "ended", "resource": resource, "owner_id": owner.to_string(),
         "reason": reason.as_str()});
     let text = format!(
@@ -519,8 +531,8 @@ fn ended_report(resource: &str, owner: OwnerId, reason: fenced_client::LostReaso
 }
 
 /// Adds the current token of a superseded lease; an expected refusal exits 3.
-fn refusal_report(mut value: Value, mut text: String, reason: fenced_client::LostReason) -> Report {
-    if let fenced_client::LostReason::Superseded { current_token } = reason {
+fn refusal_report(mut value: Value, mut text: String, reason: LostReason) -> Report {
+    if let LostReason::Superseded { current_token } = reason {
         value["current_token"] = json!(current_token);
         text.push_str(&format!(" (current token {current_token})"));
     }

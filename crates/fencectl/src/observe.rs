@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use fenced_client::{Client, ClientError};
-use fenced_core::OwnerId;
+use fenced_client::{Client, ClientError, OwnerId, Token};
 use fenced_proto::v1::{self, watch_response::Body};
 use serde_json::{json, Value};
 use tonic::Code;
@@ -155,7 +154,7 @@ pub async fn history(
 pub async fn validate(
     client: &Client,
     resource: &str,
-    token: u64,
+    token: Token,
 ) -> Result<(Value, String, u8), ClientError> {
     let v = client.validate_token(resource, token).await?;
     let state = match v1::TokenState::try_from(v.state) {

@@ -31,8 +31,8 @@ pub(crate) enum ResourceCmd {
     /// Write VALUE to KEY if TOKEN is not older than the highest token the
     /// service accepted for it. Exit 3 if the write is rejected (final).
     #[command(after_help = "Examples:
-  fencectl resource put invoice-7 --token 4 --owner $OWNER --value paid
-  fencectl resource put report --resource reports --token 4 --owner $OWNER \\
+  fencectl resource put invoice-7 --token 4 --owner-id $OWNER --value paid
+  fencectl resource put report --resource reports --token 4 --owner-id $OWNER \\
     --value v2 --expected-version 3 --endpoint 127.0.0.1:7300")]
     Put {
         key: String,
@@ -40,8 +40,8 @@ pub(crate) enum ResourceCmd {
         #[arg(long)]
         token: u64,
         /// The owner id of your lease.
-        #[arg(long)]
-        owner: String,
+        #[arg(long = "owner-id", alias = "owner")]
+        owner_id: String,
         #[arg(long)]
         value: String,
         /// The lock resource the token was granted for; default KEY.
@@ -143,7 +143,7 @@ pub(crate) async fn execute(
         ResourceCmd::Put {
             key,
             token,
-            owner,
+            owner_id: owner,
             value,
             resource,
             mode,

@@ -391,7 +391,7 @@ pub async fn validate(
                 Ok(fenced_client::AcquireOutcome::Granted { token, .. }) => token,
                 other => bail!("validate: {resource} not granted: {other:?}"),
             };
-            let pairs: Vec<(&str, u64)> = (0..batch).map(|_| (resource.as_str(), token)).collect();
+            let pairs: Vec<_> = (0..batch).map(|_| (resource.as_str(), token)).collect();
             barrier.wait().await;
             let end = Instant::now() + duration;
             let mut ops = 0u64;
@@ -493,7 +493,7 @@ pub async fn keeper_load(
                     let (resource, got) = done.context("acquire task")?;
                     match got.map_err(|e| anyhow::anyhow!("{resource}: {e}"))? {
                         fenced_client::Acquired::Granted(lease) => {
-                            ledger.record(&resource, lease.token())?;
+                            ledger.record(&resource, lease.token().get())?;
                             held.push(lease);
                         }
                         fenced_client::Acquired::Held { .. } => {

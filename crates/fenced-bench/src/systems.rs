@@ -5,8 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use fenced_client::{AcquireOutcome, Client, ReleaseOutcome, RenewOutcome};
-use fenced_core::OwnerId;
+use fenced_client::{AcquireOutcome, Client, OwnerId, ReleaseOutcome, RenewOutcome, Token};
 use tonic::transport::Channel;
 
 /// Generated from proto/: the etcd v3 subset.
@@ -89,6 +88,12 @@ pub enum Target {
 pub struct Grant {
     pub token: u64,
     handle: Handle,
+}
+
+/// A fenced grant's token, typed again for the client (the ledger and the
+/// other systems keep the number).
+fn fenced_token(grant: &Grant) -> Result<Token> {
+    Token::new(grant.token).map_err(|e| anyhow!("fenced grant: {e}"))
 }
 
 #[derive(Debug, Clone)]
@@ -328,7 +333,7 @@ impl Session {
                     .map_err(|e| anyhow!("fenced acquire {resource}: {e}"))?
                 {
                     AcquireOutcome::Granted { token, .. } => Ok(Some(Grant {
-                        token,
+                        token: token.get(),
                         handle: Handle::Fenced(owner),
                     })),
                     // Ended: a retry of this fresh attempt came after its
@@ -411,7 +416,7 @@ impl Session {
         match (self, &grant.handle) {
             (Session::Fenced(client), Handle::Fenced(owner)) => Ok(matches!(
                 client
-                    .release(resource, *owner, grant.token)
+                    .release(resource, *owner, fenced_token(grant)?)
                     .await
                     .map_err(|e| anyhow!("fenced release {resource}: {e}"))?,
                 ReleaseOutcome::Released
@@ -459,7 +464,7 @@ impl Session {
         match (self, &grant.handle) {
             (Session::Fenced(client), Handle::Fenced(owner)) => Ok(matches!(
                 client
-                    .renew(resource, *owner, grant.token, ttl)
+                    .renew(resource, *owner, fenced_token(grant)?, ttl)
                     .await
                     .map_err(|e| anyhow!("fenced renew {resource}: {e}"))?,
                 RenewOutcome::Renewed { .. }

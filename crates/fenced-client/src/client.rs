@@ -6,10 +6,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_core::OwnerId;
-use fenced_proto::v1::{
-    self, acquire_response, cluster_client::ClusterClient, lock_client::LockClient,
-    maintenance_client::MaintenanceClient, release_response, renew_response,
+use fenced_core::{LostReason, OwnerId, ReleaseOutcome, RenewOutcome, Token};
+use fenced_proto::{
+    lost_reason_from_wire,
+    v1::{
+        self, acquire_response, cluster_client::ClusterClient, lock_client::LockClient,
+        maintenance_client::MaintenanceClient, release_response, renew_response,
+    },
 };
 use tonic::{
     metadata::{Ascii, MetadataValue},
@@ -77,7 +80,7 @@ pub enum ClientError {
     #[error("lease on {resource} (token {token}) lost: {reason}")]
     LeaseLost {
         resource: String,
-        token: u64,
+        token: Token,
         reason: String,
     },
     /// The acquisition attempt's lease ended before its grant reached this
@@ -90,7 +93,7 @@ pub enum ClientError {
     #[error("not granted within the wait: {resource} is held by token {current_token} for {remaining_ms} ms more")]
     NotGranted {
         resource: String,
-        current_token: u64,
+        current_token: Token,
         remaining_ms: u64,
     },
 }
@@ -221,19 +224,21 @@ pub(crate) fn unavailable_message(attempts: &[(String, Option<Attempt>)]) -> Str
     )
 }
 
-/// The result of an acquire.
+/// The answer of the Acquire call: its three final cases (a server waits
+/// out a queued acquire itself, and answers a full queue or table with
+/// [`ClientError::ResourceExhausted`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireOutcome {
     /// The lease is yours: carry `token` with every protected write.
     Granted {
-        token: u64,
+        token: Token,
         expires_at_ms: u64,
         ttl_ms: u64,
         cluster_time_ms: u64,
     },
     /// Another owner holds it.
     Held {
-        current_token: u64,
+        current_token: Token,
         remaining_ms: u64,
     },
     /// This owner id's lease on the resource already ended (`reason`): owner
@@ -243,71 +248,33 @@ pub enum AcquireOutcome {
     Ended { reason: LostReason },
 }
 
-/// Why a lease is gone (renew) or why a release changed nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LostReason {
-    Expired,
-    Released,
-    Superseded { current_token: u64 },
-    Unknown,
-}
-
-impl LostReason {
-    fn from_wire(reason: i32, current_token: u64) -> Self {
-        match v1::LostReason::try_from(reason) {
-            Ok(v1::LostReason::Expired) => LostReason::Expired,
-            Ok(v1::LostReason::Released) => LostReason::Released,
-            Ok(v1::LostReason::Superseded) => LostReason::Superseded { current_token },
-            _ => LostReason::Unknown,
-        }
-    }
-
-    /// The reason as one word: `expired`, `released`, `superseded`, `unknown`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            LostReason::Expired => "expired",
-            LostReason::Released => "released",
-            LostReason::Superseded { .. } => "superseded",
-            LostReason::Unknown => "unknown",
-        }
-    }
-}
-
-/// The result of a renew.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RenewOutcome {
-    Renewed { expires_at_ms: u64, ttl_ms: u64 },
-    Lost(LostReason),
-}
-
 /// One lease of a [`Client::renew_many`] call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RenewItem<'a> {
     pub resource: &'a str,
-    pub owner: OwnerId,
-    pub token: u64,
+    pub owner_id: OwnerId,
+    pub token: Token,
     pub ttl: Duration,
+}
+
+/// A token from an answer: tokens start at 1, so 0 is a broken answer.
+pub(crate) fn answered_token(rpc: &str, field: &str, value: u64) -> Result<Token, ClientError> {
+    Token::new(value)
+        .map_err(|_| ClientError::Server(format!("{rpc}: the answer's {field} is 0, not a token")))
 }
 
 fn renew_outcome(resp: v1::RenewResponse) -> Result<RenewOutcome, ClientError> {
     match resp.outcome {
         Some(renew_response::Outcome::Renewed(r)) => Ok(RenewOutcome::Renewed {
-            expires_at_ms: r.expires_at_ms,
+            expires_at: fenced_core::ClusterTime::from_millis(r.expires_at_ms),
             ttl_ms: r.ttl_ms,
         }),
-        Some(renew_response::Outcome::Lost(l)) => Ok(RenewOutcome::Lost(LostReason::from_wire(
+        Some(renew_response::Outcome::Lost(l)) => Ok(RenewOutcome::Lost(lost_reason_from_wire(
             l.reason,
             l.current_token,
         ))),
         None => Err(ClientError::Server("renew: empty response".into())),
     }
-}
-
-/// The result of a release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReleaseOutcome {
-    Released,
-    NotHolder(LostReason),
 }
 
 /// A connection to a fenced cluster. Cheap to clone: clones share the
@@ -538,17 +505,17 @@ impl Client {
 
     /// One acquire call, without a keeper: the lease is yours to renew. Waits
     /// up to `wait` on the server if the resource is held. Retries after an
-    /// ambiguous failure use the same `owner`, so a lost reply yields the same
+    /// ambiguous failure use the same `owner_id`, so a lost reply yields the same
     /// grant, never a second token. Most code wants [`Client::acquire`] or
     /// [`Client::lock`], which return a self-renewing [`crate::Lease`].
     pub async fn acquire_once(
         &self,
         resource: &str,
-        owner: OwnerId,
+        owner_id: OwnerId,
         ttl: Duration,
         wait: Duration,
     ) -> Result<AcquireOutcome, ClientError> {
-        self.acquire_sent(resource, owner, ttl, wait)
+        self.acquire_sent(resource, owner_id, ttl, wait)
             .await
             .map(|(o, _)| o)
     }
@@ -556,7 +523,7 @@ impl Client {
     pub(crate) async fn acquire_sent(
         &self,
         resource: &str,
-        owner: OwnerId,
+        owner_id: OwnerId,
         ttl: Duration,
         wait: Duration,
     ) -> Result<(AcquireOutcome, Moment), ClientError> {
@@ -567,7 +534,7 @@ impl Client {
                 let wait_left = wait.saturating_sub(started.elapsed());
                 let req = v1::AcquireRequest {
                     resource: resource.as_bytes().to_vec(),
-                    owner_id: owner.as_bytes().to_vec(),
+                    owner_id: owner_id.as_bytes().to_vec(),
                     ttl_ms: millis(ttl),
                     wait_ms: millis(wait_left),
                 };
@@ -580,15 +547,15 @@ impl Client {
         Ok((outcome, sent))
     }
 
-    /// Extends the lease held with (`owner`, `token`); the token stays.
+    /// Extends the lease held with (`owner_id`, `token`); the token stays.
     pub async fn renew(
         &self,
         resource: &str,
-        owner: OwnerId,
-        token: u64,
+        owner_id: OwnerId,
+        token: Token,
         ttl: Duration,
     ) -> Result<RenewOutcome, ClientError> {
-        self.renew_sent(resource, owner, token, ttl, self.inner.call_timeout)
+        self.renew_sent(resource, owner_id, token, ttl, self.inner.call_timeout)
             .await
             .map(|(o, _)| o)
     }
@@ -596,15 +563,15 @@ impl Client {
     pub(crate) async fn renew_sent(
         &self,
         resource: &str,
-        owner: OwnerId,
-        token: u64,
+        owner_id: OwnerId,
+        token: Token,
         ttl: Duration,
         budget: Duration,
     ) -> Result<(RenewOutcome, Moment), ClientError> {
         let req = v1::RenewRequest {
             resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
-            token,
+            owner_id: owner_id.as_bytes().to_vec(),
+            token: token.get(),
             ttl_ms: millis(ttl),
         };
         let (resp, sent) = self
@@ -640,8 +607,8 @@ impl Client {
                 .iter()
                 .map(|l| v1::RenewRequest {
                     resource: l.resource.as_bytes().to_vec(),
-                    owner_id: l.owner.as_bytes().to_vec(),
-                    token: l.token,
+                    owner_id: l.owner_id.as_bytes().to_vec(),
+                    token: l.token.get(),
                     ttl_ms: millis(l.ttl),
                 })
                 .collect(),
@@ -667,17 +634,17 @@ impl Client {
         Ok((outcomes, sent))
     }
 
-    /// Ends the lease held with (`owner`, `token`).
+    /// Ends the lease held with (`owner_id`, `token`).
     pub async fn release(
         &self,
         resource: &str,
-        owner: OwnerId,
-        token: u64,
+        owner_id: OwnerId,
+        token: Token,
     ) -> Result<ReleaseOutcome, ClientError> {
         let req = v1::ReleaseRequest {
             resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
-            token,
+            owner_id: owner_id.as_bytes().to_vec(),
+            token: token.get(),
         };
         let resp = self
             .with_retries(self.inner.call_timeout, |ch, left| {
@@ -690,7 +657,7 @@ impl Client {
         match resp.outcome {
             Some(release_response::Outcome::Released(_)) => Ok(ReleaseOutcome::Released),
             Some(release_response::Outcome::NotHolder(n)) => Ok(ReleaseOutcome::NotHolder(
-                LostReason::from_wire(n.reason, n.current_token),
+                lost_reason_from_wire(n.reason, n.current_token),
             )),
             None => Err(ClientError::Server("release: empty response".into())),
         }
@@ -717,11 +684,11 @@ impl Client {
     pub async fn validate_token(
         &self,
         resource: &str,
-        token: u64,
+        token: Token,
     ) -> Result<v1::ValidateTokenResponse, ClientError> {
         let req = v1::ValidateTokenRequest {
             resource: resource.as_bytes().to_vec(),
-            token,
+            token: token.get(),
         };
         Ok(self
             .with_retries(self.inner.call_timeout, |ch, left| {
@@ -736,14 +703,14 @@ impl Client {
     /// [`Client::validate_token`] for many pairs, answered at one point.
     pub async fn validate_tokens(
         &self,
-        checks: &[(&str, u64)],
+        checks: &[(&str, Token)],
     ) -> Result<v1::ValidateTokensResponse, ClientError> {
         let req = v1::ValidateTokensRequest {
             checks: checks
                 .iter()
                 .map(|(r, t)| v1::ValidateTokenRequest {
                     resource: r.as_bytes().to_vec(),
-                    token: *t,
+                    token: t.get(),
                 })
                 .collect(),
         };
@@ -944,17 +911,17 @@ pub(crate) fn acquire_outcome(
 ) -> Result<Option<AcquireOutcome>, ClientError> {
     let outcome = match resp.outcome {
         Some(acquire_response::Outcome::Granted(g)) => AcquireOutcome::Granted {
-            token: g.token,
+            token: answered_token("acquire", "token", g.token)?,
             expires_at_ms: g.expires_at_ms,
             ttl_ms: g.ttl_ms,
             cluster_time_ms: resp.cluster_time_ms,
         },
         Some(acquire_response::Outcome::Held(h)) => AcquireOutcome::Held {
-            current_token: h.current_token,
+            current_token: answered_token("acquire", "current_token", h.current_token)?,
             remaining_ms: h.remaining_ms,
         },
         Some(acquire_response::Outcome::Ended(e)) => AcquireOutcome::Ended {
-            reason: LostReason::from_wire(e.reason, e.current_token),
+            reason: lost_reason_from_wire(e.reason, e.current_token),
         },
         Some(acquire_response::Outcome::SessionGone(_)) => return Ok(None),
         None => return Err(ClientError::Server("acquire: empty response".into())),

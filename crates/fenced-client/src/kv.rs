@@ -2,57 +2,16 @@
 //! a put carries a lease (resource, owner id, token) and is applied only if
 //! that lease is the resource's current one when the write is decided.
 
-use fenced_core::OwnerId;
-use fenced_proto::v1::{self, kv_client::KvClient, kv_delete_response, kv_put_response};
+use fenced_core::{KvRefusal, OwnerId, Token};
+use fenced_proto::{
+    kv_refusal_from_wire,
+    v1::{self, kv_client::KvClient, kv_delete_response, kv_put_response},
+};
 
-use crate::{client::ATTEMPT_TIMEOUT, Client, ClientError, Lease};
-
-/// Why a fenced write was not applied. Final for that token: never retry
-/// it with the same token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvRefusal {
-    Expired,
-    Released,
-    /// A newer owner holds (or held) the resource; its token.
-    Superseded {
-        current_token: u64,
-    },
-    /// No such lease: wrong owner id or token, or no longer remembered.
-    Unknown,
-    /// The key was last written with a higher token (under another resource).
-    KeyHasNewerToken {
-        key_token: u64,
-    },
-}
-
-impl KvRefusal {
-    fn from_wire(r: &v1::KvRefused) -> Self {
-        use v1::KvRefusalReason as R;
-        match R::try_from(r.reason) {
-            Ok(R::Expired) => KvRefusal::Expired,
-            Ok(R::Released) => KvRefusal::Released,
-            Ok(R::Superseded) => KvRefusal::Superseded {
-                current_token: r.current_token,
-            },
-            Ok(R::KeyHasNewerToken) => KvRefusal::KeyHasNewerToken {
-                key_token: r.current_token,
-            },
-            _ => KvRefusal::Unknown,
-        }
-    }
-
-    /// The reason as one word: `expired`, `released`, `superseded`,
-    /// `unknown`, `key_has_newer_token`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            KvRefusal::Expired => "expired",
-            KvRefusal::Released => "released",
-            KvRefusal::Superseded { .. } => "superseded",
-            KvRefusal::Unknown => "unknown",
-            KvRefusal::KeyHasNewerToken { .. } => "key_has_newer_token",
-        }
-    }
-}
+use crate::{
+    client::{answered_token, ATTEMPT_TIMEOUT},
+    Client, ClientError, Lease,
+};
 
 /// The result of a fenced put or delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +32,7 @@ pub struct KvRead {
     pub value: Vec<u8>,
     /// The resource and token of the lease that wrote it.
     pub resource: String,
-    pub token: u64,
+    pub token: Token,
     pub revision: u64,
 }
 
@@ -88,28 +47,28 @@ fn written(
             existed: a.existed,
             cluster_time_ms,
         }),
-        Some(Err(r)) => Ok(KvWrite::Refused(KvRefusal::from_wire(&r))),
+        Some(Err(r)) => Ok(KvWrite::Refused(kv_refusal_from_wire(&r))),
         None => Err(ClientError::Server(format!("{rpc}: empty response"))),
     }
 }
 
 impl Client {
-    /// Writes `value` under `key` if (`resource`, `owner`, `token`) is the
+    /// Writes `value` under `key` if (`resource`, `owner_id`, `token`) is the
     /// resource's current lease when the write is applied.
     pub async fn kv_put(
         &self,
         key: &str,
         value: &[u8],
         resource: &str,
-        owner: OwnerId,
-        token: u64,
+        owner_id: OwnerId,
+        token: Token,
     ) -> Result<KvWrite, ClientError> {
         let req = v1::KvPutRequest {
             key: key.as_bytes().to_vec(),
             value: value.to_vec(),
             resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
-            token,
+            owner_id: owner_id.as_bytes().to_vec(),
+            token: token.get(),
         };
         let resp = self
             .with_retries(self.call_timeout(), |ch, left| {
@@ -131,14 +90,14 @@ impl Client {
         &self,
         key: &str,
         resource: &str,
-        owner: OwnerId,
-        token: u64,
+        owner_id: OwnerId,
+        token: Token,
     ) -> Result<KvWrite, ClientError> {
         let req = v1::KvDeleteRequest {
             key: key.as_bytes().to_vec(),
             resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
-            token,
+            owner_id: owner_id.as_bytes().to_vec(),
+            token: token.get(),
         };
         let resp = self
             .with_retries(self.call_timeout(), |ch, left| {
@@ -174,10 +133,13 @@ impl Client {
             .await?
             .0
             .into_inner();
-        Ok(resp.found.then_some(KvRead {
+        if !resp.found {
+            return Ok(None);
+        }
+        Ok(Some(KvRead {
+            token: answered_token("kv_get", "token", resp.token)?,
             value: resp.value,
             resource: resp.resource,
-            token: resp.token,
             revision: resp.revision,
         }))
     }
@@ -193,14 +155,14 @@ impl Lease {
     /// it is still the resource's current lease in the cluster.
     pub async fn kv_put(&self, key: &str, value: &[u8]) -> Result<KvWrite, ClientError> {
         self.client()
-            .kv_put(key, value, self.resource(), self.owner(), self.token())
+            .kv_put(key, value, self.resource(), self.owner_id(), self.token())
             .await
     }
 
     /// Removes `key`, fenced by this lease.
     pub async fn kv_delete(&self, key: &str) -> Result<KvWrite, ClientError> {
         self.client()
-            .kv_delete(key, self.resource(), self.owner(), self.token())
+            .kv_delete(key, self.resource(), self.owner_id(), self.token())
             .await
     }
 }

@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use fenced_core::OwnerId;
+use fenced_core::{LostReason, OwnerId, ReleaseOutcome, RenewOutcome, Token};
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -16,7 +16,7 @@ use crate::{
     session::{
         ended_reason, sessions_unsupported, ClientSession, InSession, SessionAnswer, SESSION_GONE,
     },
-    AcquireOutcome, Client, ClientError, LostReason, ReleaseOutcome, RenewItem, RenewOutcome,
+    AcquireOutcome, Client, ClientError, RenewItem,
 };
 
 /// How a lease's keeper renews it and how early it gives up.
@@ -58,9 +58,10 @@ impl LeaseOptions {
     }
 }
 
-/// Why a lease ended.
+/// Why a [`Lease`] ended for this client: the cluster's own reason when it
+/// refused a renewal, or what the client saw itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LossReason {
+pub enum LeaseLoss {
     /// The cluster refused a renewal: the lease had expired, was released or
     /// was granted to a newer owner.
     Refused(LostReason),
@@ -74,18 +75,18 @@ pub enum LossReason {
     Failed(String),
 }
 
-impl fmt::Display for LossReason {
+impl fmt::Display for LeaseLoss {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LossReason::Refused(LostReason::Superseded { current_token }) => {
+            LeaseLoss::Refused(LostReason::Superseded { current_token }) => {
                 write!(f, "renewal refused: superseded by token {current_token}")
             }
-            LossReason::Refused(r) => write!(f, "renewal refused: {}", r.as_str()),
-            LossReason::DeadlinePassed => {
+            LeaseLoss::Refused(r) => write!(f, "renewal refused: {}", r.as_str()),
+            LeaseLoss::DeadlinePassed => {
                 f.write_str("no successful renewal before the local deadline")
             }
-            LossReason::Released => f.write_str("released"),
-            LossReason::Failed(e) => write!(f, "renewal failed: {e}"),
+            LeaseLoss::Released => f.write_str("released"),
+            LeaseLoss::Failed(e) => write!(f, "renewal failed: {e}"),
         }
     }
 }
@@ -93,7 +94,7 @@ impl fmt::Display for LossReason {
 struct Shared {
     resource: String,
     owner: OwnerId,
-    token: u64,
+    token: Token,
     ttl: Duration,
     /// The session the lease lives with: its deadline is the session's, and
     /// the keeper keeps the session alive instead of renewing the lease.
@@ -101,7 +102,7 @@ struct Shared {
     deadline: Mutex<Moment>,
     /// When the keeper renews next (earlier when other leases are due).
     next_renew: Mutex<Moment>,
-    loss: watch::Sender<Option<LossReason>>,
+    loss: watch::Sender<Option<LeaseLoss>>,
     cancel: CancellationToken,
     stop: CancellationToken,
 }
@@ -139,7 +140,7 @@ impl Shared {
 
     /// Fires the cancellation token, then records the loss once and says so:
     /// whoever sees the recorded loss also sees the token fired.
-    fn lose(&self, reason: LossReason) {
+    fn lose(&self, reason: LeaseLoss) {
         self.cancel.cancel();
         let first = self.loss.send_if_modified(|current| {
             if current.is_none() {
@@ -149,14 +150,14 @@ impl Shared {
                 false
             }
         });
-        if first && reason != LossReason::Released {
-            tracing::warn!(resource = %self.resource, owner = %self.owner, token = self.token, %reason, "lease lost");
+        if first && reason != LeaseLoss::Released {
+            tracing::warn!(resource = %self.resource, owner_id = %self.owner, token = self.token.get(), %reason, "lease lost");
         }
     }
 
     /// The loss, also when only the deadline says so and the keeper has not
     /// run yet (a process that was frozen sees it on its first look).
-    fn check(&self) -> Result<(), LossReason> {
+    fn check(&self) -> Result<(), LeaseLoss> {
         if let Some(reason) = self.loss.borrow().clone() {
             return Err(reason);
         }
@@ -165,7 +166,7 @@ impl Shared {
             None => self
                 .deadline()
                 .has_passed()
-                .then_some(LossReason::DeadlinePassed),
+                .then_some(LeaseLoss::DeadlinePassed),
         };
         if let Some(reason) = ended {
             self.lose(reason.clone());
@@ -210,11 +211,11 @@ impl LeaseHandle {
         &self.shared.resource
     }
 
-    pub fn owner(&self) -> OwnerId {
+    pub fn owner_id(&self) -> OwnerId {
         self.shared.owner
     }
 
-    pub fn token(&self) -> u64 {
+    pub fn token(&self) -> Token {
         self.shared.token
     }
 
@@ -224,7 +225,7 @@ impl LeaseHandle {
     }
 
     /// `Ok` while the lease is held by the local deadline; the reason otherwise.
-    pub fn check(&self) -> Result<(), LossReason> {
+    pub fn check(&self) -> Result<(), LeaseLoss> {
         self.shared.check()
     }
 }
@@ -235,7 +236,7 @@ impl Lease {
         client: Client,
         resource: &str,
         owner: OwnerId,
-        token: u64,
+        token: Token,
         ttl: Duration,
         sent: Moment,
     ) -> Lease {
@@ -258,7 +259,7 @@ impl Lease {
         client: Client,
         resource: &str,
         owner: OwnerId,
-        token: u64,
+        token: Token,
         session: Arc<ClientSession>,
     ) -> Lease {
         let (ttl, deadline) = (session.ttl, session.deadline());
@@ -278,7 +279,7 @@ impl Lease {
         client: Client,
         resource: &str,
         owner: OwnerId,
-        token: u64,
+        token: Token,
         ttl: Duration,
         session: Option<Arc<ClientSession>>,
         (deadline, next_renew): (Moment, Moment),
@@ -309,12 +310,12 @@ impl Lease {
     }
 
     /// The owner id of this acquisition.
-    pub fn owner(&self) -> OwnerId {
+    pub fn owner_id(&self) -> OwnerId {
         self.shared.owner
     }
 
     /// The fencing token: carry it with every protected write.
-    pub fn token(&self) -> u64 {
+    pub fn token(&self) -> Token {
         self.shared.token
     }
 
@@ -338,19 +339,19 @@ impl Lease {
     }
 
     /// `Ok` while the lease is held by the local deadline; the reason otherwise.
-    pub fn check(&self) -> Result<(), LossReason> {
+    pub fn check(&self) -> Result<(), LeaseLoss> {
         self.shared.check()
     }
 
     /// Waits until the lease is lost or released, and says why.
-    pub async fn lost(&self) -> LossReason {
+    pub async fn lost(&self) -> LeaseLoss {
         let mut rx = self.shared.loss.subscribe();
         loop {
             if let Some(reason) = rx.borrow_and_update().clone() {
                 return reason;
             }
             if rx.changed().await.is_err() {
-                return LossReason::Released;
+                return LeaseLoss::Released;
             }
         }
     }
@@ -366,7 +367,7 @@ impl Lease {
     pub async fn release(mut self) -> Result<ReleaseOutcome, ClientError> {
         self.released = true;
         self.stop_keeper();
-        self.shared.lose(LossReason::Released);
+        self.shared.lose(LeaseLoss::Released);
         let s = &self.shared;
         self.client.release(&s.resource, s.owner, s.token).await
     }
@@ -385,7 +386,7 @@ impl Drop for Lease {
             return;
         }
         self.stop_keeper();
-        self.shared.lose(LossReason::Released);
+        self.shared.lose(LeaseLoss::Released);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let client = self.client.clone();
             let s = Arc::clone(&self.shared);
@@ -774,7 +775,7 @@ async fn keep(client: Client) {
 /// session than the client keeps. One `ValidateTokens` read per 256 leases.
 async fn find_ended(client: &Client, session: &ClientSession, kept: Vec<Arc<Shared>>) {
     for chunk in kept.chunks(fenced_core::MAX_VALIDATE_BATCH) {
-        let checks: Vec<(&str, u64)> = chunk
+        let checks: Vec<(&str, Token)> = chunk
             .iter()
             .map(|s| (s.resource.as_str(), s.token))
             .collect();
@@ -782,7 +783,7 @@ async fn find_ended(client: &Client, session: &ClientSession, kept: Vec<Arc<Shar
             Ok(resp) => {
                 for (s, v) in chunk.iter().zip(&resp.results) {
                     if let Some(reason) = ended_reason(v) {
-                        s.lose(LossReason::Refused(reason));
+                        s.lose(LeaseLoss::Refused(reason));
                     }
                 }
             }
@@ -823,7 +824,7 @@ fn settle_session(session: &ClientSession, answer: Answer, opts: LeaseOptions) {
         }
         Answer::Lost(_) => session.end(SESSION_GONE),
         Answer::Retry => session.set_next_keep(Moment::now().plus(Duration::from_millis(100))),
-        Answer::Failed(e) => session.end(LossReason::Failed(e)),
+        Answer::Failed(e) => session.end(LeaseLoss::Failed(e)),
     }
 }
 
@@ -865,7 +866,7 @@ async fn renew_chunk(client: &Client, chunk: &[Arc<Shared>]) -> Vec<Answer> {
         .iter()
         .map(|s| RenewItem {
             resource: &s.resource,
-            owner: s.owner,
+            owner_id: s.owner,
             token: s.token,
             ttl: s.ttl,
         })
@@ -876,6 +877,7 @@ async fn renew_chunk(client: &Client, chunk: &[Arc<Shared>]) -> Vec<Answer> {
             .map(|o| match o {
                 RenewOutcome::Renewed { .. } => Answer::Renewed(sent),
                 RenewOutcome::Lost(reason) => Answer::Lost(reason),
+                RenewOutcome::KeptBySession => Answer::Failed(KEPT_BY_SESSION.into()),
             })
             .collect(),
         Err(e) if e.is_transient() => {
@@ -910,10 +912,15 @@ async fn renew_chunk(client: &Client, chunk: &[Arc<Shared>]) -> Vec<Answer> {
     }
 }
 
+/// A lease of a session is never renewed on its own: its keeper keeps the
+/// session alive instead (the server refuses such a renew).
+const KEPT_BY_SESSION: &str = "renew: the lease is kept by its session";
+
 fn single_answer(r: Result<(RenewOutcome, Moment), ClientError>) -> Answer {
     match r {
         Ok((RenewOutcome::Renewed { .. }, sent)) => Answer::Renewed(sent),
         Ok((RenewOutcome::Lost(reason), _)) => Answer::Lost(reason),
+        Ok((RenewOutcome::KeptBySession, _)) => Answer::Failed(KEPT_BY_SESSION.into()),
         Err(e) if e.is_transient() => Answer::Retry,
         Err(e) => Answer::Failed(e.to_string()),
     }
@@ -926,16 +933,19 @@ fn settle(s: &Shared, answer: Answer, opts: LeaseOptions) {
             let deadline = sent.plus(s.ttl).minus(opts.safety_margin(s.ttl));
             s.set_deadline(deadline.max(s.deadline()));
             s.set_next_renew(sent.plus(opts.jittered(opts.renew_interval(s.ttl))));
-            tracing::debug!(resource = %s.resource, token = s.token, "lease renewed");
+            tracing::debug!(resource = %s.resource, token = s.token.get(), "lease renewed");
         }
-        Answer::Lost(reason) => s.lose(LossReason::Refused(reason)),
+        Answer::Lost(reason) => s.lose(LeaseLoss::Refused(reason)),
         Answer::Retry => s.set_next_renew(Moment::now().plus(Duration::from_millis(100))),
-        Answer::Failed(e) => s.lose(LossReason::Failed(e)),
+        Answer::Failed(e) => s.lose(LeaseLoss::Failed(e)),
     }
 }
 
 /// The token of a grant, or the answer for a resource held by another.
-fn granted(resource: &str, outcome: AcquireOutcome) -> Result<Result<u64, Acquired>, ClientError> {
+fn granted(
+    resource: &str,
+    outcome: AcquireOutcome,
+) -> Result<Result<Token, Acquired>, ClientError> {
     match outcome {
         AcquireOutcome::Granted { token, .. } => Ok(Ok(token)),
         AcquireOutcome::Held {
@@ -959,7 +969,7 @@ pub enum Acquired {
     Granted(Lease),
     /// Another owner holds the resource.
     Held {
-        current_token: u64,
+        current_token: Token,
         remaining_ms: u64,
     },
 }
@@ -1044,8 +1054,11 @@ impl Client {
                     return Err(ClientError::LeaseLost {
                         resource: resource.to_string(),
                         token,
-                        reason: LossReason::Refused(reason).to_string(),
+                        reason: LeaseLoss::Refused(reason).to_string(),
                     })
+                }
+                (RenewOutcome::KeptBySession, _) => {
+                    return Err(ClientError::Server(KEPT_BY_SESSION.into()))
                 }
             }
         } else {

@@ -35,6 +35,11 @@ mod tls;
 mod transport;
 
 pub use client::*;
-pub use kv::{KvRead, KvRefusal, KvWrite};
-pub use lease::{Acquired, KeeperStats, Lease, LeaseHandle, LeaseOptions, LossReason};
+/// The core's own types, so a client's answers are the ones the cluster
+/// decides with.
+pub use fenced_core::{
+    ClusterTime, KvRefusal, LostReason, OwnerId, ReleaseOutcome, RenewOutcome, Token,
+};
+pub use kv::{KvRead, KvWrite};
+pub use lease::{Acquired, KeeperStats, Lease, LeaseHandle, LeaseLoss, LeaseOptions};
 pub use tls::TlsOptions;

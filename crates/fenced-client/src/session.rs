@@ -8,13 +8,13 @@ use std::{
     time::Duration,
 };
 
-use fenced_core::{OwnerId, SessionId};
+use fenced_core::{OwnerId, SessionId, Token};
 use fenced_proto::v1::{self, lock_client::LockClient, session_response};
 
 use crate::{
     client::{acquire_outcome, millis, ATTEMPT_TIMEOUT},
     clock::Moment,
-    AcquireOutcome, Client, ClientError, LossReason, LostReason,
+    AcquireOutcome, Client, ClientError, LeaseLoss, LostReason,
 };
 
 /// One session as the client keeps it.
@@ -27,7 +27,7 @@ pub(crate) struct ClientSession {
     deadline: Mutex<Moment>,
     next_keep: Mutex<Moment>,
     /// Why the session is over, once the cluster said so.
-    ended: Mutex<Option<LossReason>>,
+    ended: Mutex<Option<LeaseLoss>>,
 }
 
 impl ClientSession {
@@ -67,7 +67,7 @@ impl ClientSession {
 
     /// Why the session is over: the cluster ended it, or its local deadline
     /// passed.
-    pub(crate) fn ended(&self) -> Option<LossReason> {
+    pub(crate) fn ended(&self) -> Option<LeaseLoss> {
         if let Some(reason) = self
             .ended
             .lock()
@@ -78,11 +78,11 @@ impl ClientSession {
         }
         self.deadline()
             .has_passed()
-            .then_some(LossReason::DeadlinePassed)
+            .then_some(LeaseLoss::DeadlinePassed)
     }
 
     /// Records that the session is over (the first reason stays).
-    pub(crate) fn end(&self, reason: LossReason) {
+    pub(crate) fn end(&self, reason: LeaseLoss) {
         let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
         if ended.is_none() {
             tracing::warn!(session = %self.id, %reason, "session over; its leases are lost");
@@ -109,7 +109,7 @@ pub(crate) enum InSession {
 /// The reason a lease of a session that the cluster no longer has open is
 /// lost: it lapsed (or was closed, which this client never does while a
 /// lease is in it).
-pub(crate) const SESSION_GONE: LossReason = LossReason::Refused(LostReason::Expired);
+pub(crate) const SESSION_GONE: LeaseLoss = LeaseLoss::Refused(LostReason::Expired);
 
 impl Client {
     /// Opens session `id` for `ttl`; returns the answer and when the
@@ -182,8 +182,9 @@ impl Client {
 pub(crate) fn ended_reason(v: &v1::ValidateTokenResponse) -> Option<LostReason> {
     match v1::TokenState::try_from(v.state) {
         Ok(v1::TokenState::Current) => None,
-        Ok(v1::TokenState::Superseded) => Some(LostReason::Superseded {
-            current_token: v.current_token,
+        Ok(v1::TokenState::Superseded) => Some(match Token::new(v.current_token) {
+            Ok(current_token) => LostReason::Superseded { current_token },
+            Err(_) => LostReason::Unknown,
         }),
         Ok(v1::TokenState::Released) => Some(LostReason::Released),
         Ok(v1::TokenState::Expired) => Some(LostReason::Expired),

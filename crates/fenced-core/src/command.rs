@@ -17,21 +17,21 @@ pub enum Command {
     /// a held resource queues the owner instead of refusing it.
     Acquire {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         ttl_ms: u64,
         wait_ms: u64,
     },
     /// Extend the holder's lease, keeping its token.
     Renew {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
         ttl_ms: u64,
     },
     /// End the holder's lease; the next waiter, if any, is granted at once.
     Release {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
     },
     /// [`Command::Acquire`] under the table-wide [`Capacity`] the leader's
@@ -40,19 +40,19 @@ pub enum Command {
     /// that logs written before it still decode.
     AcquireBounded {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         ttl_ms: u64,
         wait_ms: u64,
         capacity: Capacity,
     },
-    /// Write `value` under `key` if `owner` and `token` are the current,
+    /// Write `value` under `key` if `owner_id` and `token` are the current,
     /// unexpired holder of `resource` when the entry is applied, and the
     /// key was never written with a higher token; within `bounds`.
     KvPut {
         key: KvKey,
         value: KvValue,
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
         bounds: KvBounds,
     },
@@ -60,13 +60,13 @@ pub enum Command {
     KvDelete {
         key: KvKey,
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
     },
     /// [`Command::Renew`] for each of a bounded list of leases, in order, in
     /// one log entry at one cluster time: the keep-alive of one client's
     /// leases. Each lease is renewed or reported lost exactly as a
-    /// `Renew` of its own would be ([`crate::Outcome::Renewals`]).
+    /// `Renew` of its own would be ([`crate::Outcome::RenewMany`]).
     RenewMany { leases: RenewLeases },
     /// Open a session owned by `identity` (the caller as the server
     /// authenticated it; empty without auth), live for `ttl_ms` unless kept
@@ -94,7 +94,7 @@ pub enum Command {
     /// expiry of its own: it is live while `session` is, and ends with it.
     AcquireInSession {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         session: SessionId,
         identity: String,
         capacity: Capacity,
@@ -105,7 +105,7 @@ pub enum Command {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RenewLease {
     pub resource: ResourceName,
-    pub owner: OwnerId,
+    pub owner_id: OwnerId,
     pub token: Token,
     pub ttl_ms: u64,
 }
@@ -126,7 +126,7 @@ impl RenewLease {
 /// use fenced_core::{OwnerId, RenewLease, RenewLeases, ResourceName, Token, MAX_RENEW_BATCH};
 /// let lease = RenewLease {
 ///     resource: ResourceName::new("billing:run")?,
-///     owner: OwnerId::random(),
+///     owner_id: OwnerId::random(),
 ///     token: Token::new(7)?,
 ///     ttl_ms: 10_000,
 /// };
@@ -224,7 +224,7 @@ impl Command {
     /// use fenced_core::{Command, Limits, OwnerId, ResourceName};
     /// let cmd = Command::Acquire {
     ///     resource: ResourceName::new("billing:run")?,
-    ///     owner: OwnerId::random(),
+    ///     owner_id: OwnerId::random(),
     ///     ttl_ms: 30_000,
     ///     wait_ms: 0,
     /// };
@@ -288,16 +288,16 @@ impl Command {
 
     /// The owner id of the command; for [`Command::RenewMany`], the first
     /// lease's; none for a session's open, keep-alive or close.
-    pub fn owner(&self) -> Option<OwnerId> {
+    pub fn owner_id(&self) -> Option<OwnerId> {
         match self {
-            Command::RenewMany { leases } => Some(leases.first().owner),
-            Command::Acquire { owner, .. }
-            | Command::AcquireBounded { owner, .. }
-            | Command::AcquireInSession { owner, .. }
-            | Command::Renew { owner, .. }
-            | Command::Release { owner, .. }
-            | Command::KvPut { owner, .. }
-            | Command::KvDelete { owner, .. } => Some(*owner),
+            Command::RenewMany { leases } => Some(leases.first().owner_id),
+            Command::Acquire { owner_id, .. }
+            | Command::AcquireBounded { owner_id, .. }
+            | Command::AcquireInSession { owner_id, .. }
+            | Command::Renew { owner_id, .. }
+            | Command::Release { owner_id, .. }
+            | Command::KvPut { owner_id, .. }
+            | Command::KvDelete { owner_id, .. } => Some(*owner_id),
             Command::OpenSession { .. }
             | Command::KeepAlive { .. }
             | Command::CloseSession { .. } => None,

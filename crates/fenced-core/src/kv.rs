@@ -14,7 +14,7 @@ use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{
     name::{check_name, utf8},
-    InvalidArgument, LostReason, Outcome, ResourceName, SnapshotError, Token,
+    InvalidArgument, KvDeleteOutcome, KvPutOutcome, LostReason, ResourceName, SnapshotError, Token,
 };
 
 /// The longest key, in bytes of UTF-8.
@@ -200,17 +200,27 @@ impl KvBound {
     }
 }
 
-/// Why a put or delete was not applied. Final for that token: retrying it
-/// with the same token cannot succeed.
+/// Why the fencing rule refused a put or delete. Final for that token:
+/// retrying it with the same token cannot succeed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvRefusal {
-    /// The owner and token are not the resource's current, unexpired holder.
+    /// The owner id and token are not the resource's current, unexpired
+    /// holder.
     Lease(LostReason),
     /// The key was last written with a higher token (under another
     /// resource): a key's tokens never go backwards.
     KeyHasNewerToken { key_token: Token },
-    /// The store is full; nothing changed.
-    Bound { bound: KvBound, limit: u64 },
+}
+
+impl KvRefusal {
+    /// The reason as one word: `expired`, `released`, `superseded`,
+    /// `unknown`, `key_has_newer_token`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            KvRefusal::Lease(reason) => reason.as_str(),
+            KvRefusal::KeyHasNewerToken { .. } => "key_has_newer_token",
+        }
+    }
 }
 
 /// One key's value and the write that put it there.
@@ -297,23 +307,23 @@ impl KvStore {
         resource: &ResourceName,
         token: Token,
         bounds: KvBounds,
-    ) -> Outcome {
+    ) -> KvPutOutcome {
         if let Err(refusal) = self.fence(holder, key, token) {
-            return Outcome::KvRefused(refusal);
+            return KvPutOutcome::Refused(refusal);
         }
         let previous = self.entries.get(key).map(|e| entry_bytes(key, &e.value));
         if previous.is_none() && as_u64(self.entries.len()) >= bounds.max_keys {
-            return Outcome::KvRefused(KvRefusal::Bound {
+            return KvPutOutcome::BoundReached {
                 bound: KvBound::Keys,
                 limit: bounds.max_keys,
-            });
+            };
         }
         let total = (self.total_bytes - previous.unwrap_or(0)) + entry_bytes(key, value);
         if total > bounds.max_total_bytes {
-            return Outcome::KvRefused(KvRefusal::Bound {
+            return KvPutOutcome::BoundReached {
                 bound: KvBound::TotalBytes,
                 limit: bounds.max_total_bytes,
-            });
+            };
         }
         self.revision += 1;
         self.total_bytes = total;
@@ -326,7 +336,7 @@ impl KvStore {
                 revision: self.revision,
             },
         );
-        Outcome::KvApplied {
+        KvPutOutcome::Applied {
             revision: self.revision,
             existed: previous.is_some(),
         }
@@ -339,19 +349,19 @@ impl KvStore {
         holder: Result<(), LostReason>,
         key: &KvKey,
         token: Token,
-    ) -> Outcome {
+    ) -> KvDeleteOutcome {
         if let Err(refusal) = self.fence(holder, key, token) {
-            return Outcome::KvRefused(refusal);
+            return KvDeleteOutcome::Refused(refusal);
         }
         let Some(old) = self.entries.remove(key) else {
-            return Outcome::KvApplied {
+            return KvDeleteOutcome::Applied {
                 revision: self.revision,
                 existed: false,
             };
         };
         self.total_bytes -= entry_bytes(key, &old.value);
         self.revision += 1;
-        Outcome::KvApplied {
+        KvDeleteOutcome::Applied {
             revision: self.revision,
             existed: true,
         }

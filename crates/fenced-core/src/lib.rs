@@ -43,8 +43,9 @@ pub use observe::{
     WATCH_WINDOW,
 };
 pub use outcome::{
-    Applied, Description, Event, Grant, LeaseList, LeaseView, LostReason, Outcome, SessionBound,
-    SessionRefusal,
+    AcquireInSessionOutcome, AcquireOutcome, Applied, CloseSessionOutcome, CommandOutcome,
+    Description, Event, Grant, KvDeleteOutcome, KvPutOutcome, LeaseList, LeaseView, LostReason,
+    Outcome, ReleaseOutcome, RenewOutcome, SessionBound, SessionOutcome, SessionRefusal,
 };
 pub use table::{
     LeaseTable, SnapshotError, TableSnapshot, TableSnapshotRef, SNAPSHOT_FORMAT_VERSION,

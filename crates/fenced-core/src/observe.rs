@@ -44,7 +44,7 @@ pub struct Change {
     pub resource: ResourceName,
     pub kind: ChangeKind,
     pub token: Token,
-    pub owner: OwnerId,
+    pub owner_id: OwnerId,
     /// The cluster time of the entry that made the change.
     pub at: ClusterTime,
 }
@@ -60,7 +60,7 @@ pub struct LeaseEnd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HistoryEntry {
     pub token: Token,
-    pub owner: OwnerId,
+    pub owner_id: OwnerId,
     pub granted_at: ClusterTime,
     /// `None` while the lease is live.
     pub end: Option<LeaseEnd>,
@@ -158,7 +158,7 @@ impl Window {
             resource: resource.clone(),
             kind,
             token,
-            owner,
+            owner_id: owner,
             at,
         });
         while self.changes.len() > self.capacity {

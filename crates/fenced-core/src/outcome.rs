@@ -1,6 +1,8 @@
 use serde::{Deserialize, Serialize};
 
-use crate::{CapacityBound, ClusterTime, KvRefusal, OwnerId, ResourceName, SessionId, Token};
+use crate::{
+    CapacityBound, ClusterTime, KvBound, KvRefusal, OwnerId, ResourceName, SessionId, Token,
+};
 
 /// A lease granted to an owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -11,8 +13,10 @@ pub struct Grant {
     pub ttl_ms: u64,
 }
 
-/// Why a renew or release by a non-holder changed nothing, or why an
-/// acquire's attempt is over.
+/// Why a lease is gone: the answer to a renew or release by a non-holder,
+/// to a fenced write that does not hold its lease, or to an acquire whose
+/// attempt is over. The one loss reason of the core, the server's
+/// conversions and the clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LostReason {
     /// The lease ran out before this request was applied.
@@ -26,10 +30,23 @@ pub enum LostReason {
     Unknown,
 }
 
-/// The result of applying one command. Refusals are normal concurrency, not
-/// errors.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Outcome {
+impl LostReason {
+    /// The reason as one word: `expired`, `released`, `superseded`, `unknown`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LostReason::Expired => "expired",
+            LostReason::Released => "released",
+            LostReason::Superseded { .. } => "superseded",
+            LostReason::Unknown => "unknown",
+        }
+    }
+}
+
+/// What an acquire ([`crate::Command::Acquire`] or
+/// [`crate::Command::AcquireBounded`]) produced. Refusals are normal
+/// concurrency, not errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AcquireOutcome {
     Granted(Grant),
     /// Another owner holds the resource.
     Held {
@@ -45,51 +62,94 @@ pub enum Outcome {
     WaitQueueFull {
         max_waiters: u32,
     },
-    Renewed {
-        expires_at: ClusterTime,
-        ttl_ms: u64,
-    },
-    /// A renew found the lease gone; or an acquire came from an owner id
-    /// whose lease on the resource already ended (owner ids are single-use
-    /// per attempt, so it is not granted a second lease).
-    Lost(LostReason),
-    Released,
-    NotHolder(LostReason),
+    /// The owner id's lease on the resource already ended (owner ids are
+    /// single-use per attempt, so it is not granted a second lease).
+    Ended(LostReason),
     /// The acquire would have added a live lease or a waiter beyond the
     /// table-wide bound it carried; nothing changed.
     CapacityReached {
         bound: CapacityBound,
         limit: u64,
     },
-    /// A fenced put or delete was applied. `revision` is the store's
-    /// revision after it; `existed` says whether the key had a value.
-    KvApplied {
-        revision: u64,
-        existed: bool,
+}
+
+/// What a renew ([`crate::Command::Renew`], or one lease of a
+/// [`crate::Command::RenewMany`]) produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RenewOutcome {
+    Renewed {
+        expires_at: ClusterTime,
+        ttl_ms: u64,
     },
-    /// A fenced put or delete was not applied; nothing changed.
-    KvRefused(KvRefusal),
-    /// A batch renewal's answer: one [`Outcome::Renewed`] or
-    /// [`Outcome::Lost`] per lease, in the order of its leases.
-    Renewals(Vec<Outcome>),
-    /// A session was opened or kept alive: it and every lease it holds run
-    /// until `expires_at` unless kept alive again. `leases` is how many it
-    /// holds (a client that counts more learns that some ended without it).
-    SessionAlive {
+    /// The lease is gone; it is never revived.
+    Lost(LostReason),
+    /// Nothing changed: the lease is kept by its session and runs as long
+    /// as the session, which a keep-alive extends.
+    KeptBySession,
+}
+
+/// What a release ([`crate::Command::Release`]) produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReleaseOutcome {
+    /// Released now, or by an earlier copy of the same request.
+    Released,
+    NotHolder(LostReason),
+}
+
+/// What a fenced put ([`crate::Command::KvPut`]) produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvPutOutcome {
+    /// Applied. `revision` is the store's revision after it; `existed`
+    /// says whether the key had a value.
+    Applied { revision: u64, existed: bool },
+    /// Not applied by the fencing rule; nothing changed.
+    Refused(KvRefusal),
+    /// The store is full; nothing changed.
+    BoundReached { bound: KvBound, limit: u64 },
+}
+
+/// What a fenced delete ([`crate::Command::KvDelete`]) produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KvDeleteOutcome {
+    /// Applied. `revision` is the store's revision after it; `existed`
+    /// says whether the key had a value.
+    Applied { revision: u64, existed: bool },
+    /// Not applied by the fencing rule; nothing changed.
+    Refused(KvRefusal),
+}
+
+/// What opening a session ([`crate::Command::OpenSession`]) or keeping it
+/// alive ([`crate::Command::KeepAlive`]) produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionOutcome {
+    /// The session and every lease it holds run until `expires_at` unless
+    /// kept alive again. `leases` is how many it holds (a client that counts
+    /// more learns that some ended without it).
+    Alive {
         expires_at: ClusterTime,
         ttl_ms: u64,
         leases: u64,
     },
-    /// A session was closed (or was not live): `leases` of its leases ended
-    /// with it.
-    SessionClosed {
-        leases: u64,
-    },
-    /// A session command, or an acquire in a session, changed nothing.
+    /// Nothing changed.
+    Refused(SessionRefusal),
+}
+
+/// What closing a session ([`crate::Command::CloseSession`]) produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CloseSessionOutcome {
+    /// Closed (or was not live): `leases` of its leases ended with it.
+    Closed { leases: u64 },
+    /// The session belongs to another identity; nothing changed.
+    NotOwner,
+}
+
+/// What an acquire in a session ([`crate::Command::AcquireInSession`])
+/// produced: an acquire's answer (it never waits), or the session's refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AcquireInSessionOutcome {
+    Acquire(AcquireOutcome),
+    /// The session is not live or not the caller's; nothing changed.
     SessionRefused(SessionRefusal),
-    /// A renew of a lease kept by its session changed nothing: the lease
-    /// runs as long as its session, which a keep-alive extends.
-    KeptBySession,
 }
 
 /// Why a session command changed nothing.
@@ -121,6 +181,62 @@ impl SessionBound {
     }
 }
 
+/// The result of applying one command: its command's own outcome type, so
+/// a reply is built from exactly the cases its command can produce.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Acquire(AcquireOutcome),
+    Renew(RenewOutcome),
+    Release(ReleaseOutcome),
+    KvPut(KvPutOutcome),
+    KvDelete(KvDeleteOutcome),
+    /// One outcome per lease of a [`crate::Command::RenewMany`], in the
+    /// order of its leases.
+    RenewMany(Vec<RenewOutcome>),
+    /// A [`crate::Command::OpenSession`] or [`crate::Command::KeepAlive`].
+    Session(SessionOutcome),
+    CloseSession(CloseSessionOutcome),
+    AcquireInSession(AcquireInSessionOutcome),
+}
+
+/// A command's own outcome type, taken out of the [`Outcome`] that
+/// [`crate::LeaseTable::apply`] returned for that command. `apply` answers
+/// every command with its own variant (test
+/// `every_command_is_answered_with_its_own_outcome_type`), so this fails
+/// only when given the outcome of another command.
+pub trait CommandOutcome: Sized {
+    fn from_outcome(outcome: Outcome) -> Result<Self, Outcome>;
+}
+
+/// `CommandOutcome` for each command's type: the variant of [`Outcome`]
+/// that holds it.
+macro_rules! command_outcome {
+    ($($outcome:ty => $variant:ident),* $(,)?) => {$(
+        impl CommandOutcome for $outcome {
+            fn from_outcome(outcome: Outcome) -> Result<Self, Outcome> {
+                match outcome {
+                    Outcome::$variant(o) => Ok(o),
+                    other => Err(other),
+                }
+            }
+        }
+    )*};
+}
+
+command_outcome!(
+    AcquireOutcome => Acquire,
+    RenewOutcome => Renew,
+    ReleaseOutcome => Release,
+    KvPutOutcome => KvPut,
+    KvDeleteOutcome => KvDelete,
+    // A `RenewMany`'s outcomes, one per lease.
+    Vec<RenewOutcome> => RenewMany,
+    // An `OpenSession`'s or a `KeepAlive`'s.
+    SessionOutcome => Session,
+    CloseSessionOutcome => CloseSession,
+    AcquireInSessionOutcome => AcquireInSession,
+);
+
 /// Something that happened while applying an entry without being the direct
 /// answer to one of its commands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,13 +244,13 @@ pub enum Event {
     /// A queued owner was granted the resource.
     WaiterGranted {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         grant: Grant,
     },
     /// A queued owner's wait ran out; the resource is still held.
     WaitElapsed {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         current_token: Token,
         remaining_ms: u64,
     },
@@ -142,7 +258,7 @@ pub enum Event {
     /// of a session that lapsed).
     Expired {
         resource: ResourceName,
-        owner: OwnerId,
+        owner_id: OwnerId,
         token: Token,
     },
     /// A session lapsed without a keep-alive; `leases` of its leases ended
@@ -175,7 +291,7 @@ pub struct Description {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseView {
     pub resource: crate::ResourceName,
-    pub token: u64,
+    pub token: Token,
     /// Milliseconds left at the `now` the list was made for.
     pub remaining_ms: u64,
     pub ttl_ms: u64,

@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    ClusterTime, Outcome, ResourceName, SessionBound, SessionBounds, SessionId, SessionRefusal,
+    ClusterTime, ResourceName, SessionBound, SessionBounds, SessionId, SessionOutcome,
+    SessionRefusal,
 };
 
 /// How a held lease ends.
@@ -146,11 +147,11 @@ impl Ends {
         ttl_ms: u64,
         bounds: SessionBounds,
         now: ClusterTime,
-    ) -> Outcome {
+    ) -> SessionOutcome {
         if self.sessions.contains_key(&id) {
             return self.keep_alive(id, identity, now);
         }
-        let refuse = |bound, limit| Outcome::SessionRefused(SessionRefusal::Bound { bound, limit });
+        let refuse = |bound, limit| SessionOutcome::Refused(SessionRefusal::Bound { bound, limit });
         if as_u64(self.sessions.len()) >= bounds.max_sessions {
             return refuse(SessionBound::Sessions, bounds.max_sessions);
         }
@@ -172,7 +173,7 @@ impl Ends {
                 leases: BTreeSet::new(),
             },
         );
-        Outcome::SessionAlive {
+        SessionOutcome::Alive {
             expires_at,
             ttl_ms,
             leases: 0,
@@ -180,10 +181,15 @@ impl Ends {
     }
 
     /// Extends session `id` by its TTL from `now` (never shortens it).
-    pub fn keep_alive(&mut self, id: SessionId, identity: &str, now: ClusterTime) -> Outcome {
+    pub fn keep_alive(
+        &mut self,
+        id: SessionId,
+        identity: &str,
+        now: ClusterTime,
+    ) -> SessionOutcome {
         let (from, ttl_ms, leases) = match self.check_owner(id, identity, now) {
             Ok(s) => (s.expires_at, s.ttl_ms, as_u64(s.leases.len())),
-            Err(refusal) => return Outcome::SessionRefused(refusal),
+            Err(refusal) => return SessionOutcome::Refused(refusal),
         };
         let expires_at = from.max(now.plus_millis(ttl_ms));
         if let Some(s) = self.sessions.get_mut(&id) {
@@ -191,7 +197,7 @@ impl Ends {
         }
         self.session_expiries.remove(&(from, id));
         self.session_expiries.insert((expires_at, id));
-        Outcome::SessionAlive {
+        SessionOutcome::Alive {
             expires_at,
             ttl_ms,
             leases,

@@ -8,10 +8,11 @@ use serde::{Deserialize, Serialize};
 use crate::{
     observe::Window,
     session::{Ends, Session, Term},
-    Applied, Batch, Capacity, CapacityBound, Change, ChangeKind, ChangesAfter, ClusterTime,
-    Command, Compacted, Description, Event, Grant, HistoryEntry, KvSnapshot, KvStore, LeaseEnd,
-    LeaseList, LeaseView, LostReason, Outcome, OwnerId, ResourceName, SessionId, SessionRefusal,
-    Token, TokenState, Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE,
+    AcquireInSessionOutcome, AcquireOutcome, Applied, Batch, Capacity, CapacityBound, Change,
+    ChangeKind, ChangesAfter, CloseSessionOutcome, ClusterTime, Command, Compacted, Description,
+    Event, Grant, HistoryEntry, KvSnapshot, KvStore, LeaseEnd, LeaseList, LeaseView, LostReason,
+    Outcome, OwnerId, ReleaseOutcome, RenewOutcome, ResourceName, SessionId, SessionRefusal, Token,
+    TokenState, Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE,
     MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
 };
 
@@ -254,14 +255,14 @@ impl Record {
 /// What an acquire asks for: a lease with its own TTL (waiting up to
 /// `wait_ms` if held), or one that lives with a session.
 #[derive(Debug, Clone, Copy)]
-enum Ask<'a> {
+enum Ask {
     Own {
         ttl_ms: u64,
         wait_ms: u64,
     },
+    /// The caller checked that the session is live and the acquirer's.
     InSession {
         session: SessionId,
-        identity: &'a str,
     },
 }
 
@@ -282,17 +283,17 @@ enum Ask<'a> {
 /// let mut table = LeaseTable::new();
 /// let (a, b) = (OwnerId::random(), OwnerId::random());
 /// let res = ResourceName::new("statement:account-1842:2026-07")?;
-/// let acquire = |owner| Command::Acquire { resource: res.clone(), owner, ttl_ms: 30_000, wait_ms: 0 };
+/// let acquire = |owner_id| Command::Acquire { resource: res.clone(), owner_id, ttl_ms: 30_000, wait_ms: 0 };
 ///
 /// let at = |ms| ClusterTime::from_millis(ms);
 /// let out = table.apply(&Batch { stamp: at(0), commands: vec![acquire(a)] });
-/// let Outcome::Granted(first) = out.outcomes[0] else { panic!() };
+/// let Outcome::Acquire(AcquireOutcome::Granted(first)) = out.outcomes[0] else { panic!() };
 ///
 /// // B is refused while A's lease runs, and granted a higher token after it expires.
 /// let out = table.apply(&Batch { stamp: at(1_000), commands: vec![acquire(b)] });
-/// assert!(matches!(out.outcomes[0], Outcome::Held { .. }));
+/// assert!(matches!(out.outcomes[0], Outcome::Acquire(AcquireOutcome::Held { .. })));
 /// let out = table.apply(&Batch { stamp: at(30_000), commands: vec![acquire(b)] });
-/// let Outcome::Granted(second) = out.outcomes[0] else { panic!() };
+/// let Outcome::Acquire(AcquireOutcome::Granted(second)) = out.outcomes[0] else { panic!() };
 /// assert!(second.token > first.token);
 /// # Ok::<(), fenced_core::InvalidArgument>(())
 /// ```
@@ -459,7 +460,7 @@ impl LeaseTable {
             }
             entries.push(HistoryEntry {
                 token,
-                owner,
+                owner_id: owner,
                 granted_at: now,
                 end: None,
             });
@@ -619,7 +620,7 @@ impl LeaseTable {
             if list.rows.len() < limit {
                 list.rows.push(LeaseView {
                     resource: name.clone(),
-                    token: lease.token.get(),
+                    token: lease.token,
                     remaining_ms: expires_at.millis_since(now),
                     ttl_ms,
                     waiters: u32::try_from(rec.waiters.len()).unwrap_or(u32::MAX),
@@ -676,10 +677,10 @@ impl LeaseTable {
             let outcome = match command {
                 Command::Acquire {
                     resource,
-                    owner,
+                    owner_id: owner,
                     ttl_ms,
                     wait_ms,
-                } => self.acquire(
+                } => Outcome::Acquire(self.acquire(
                     resource,
                     *owner,
                     Ask::Own {
@@ -688,14 +689,14 @@ impl LeaseTable {
                     },
                     Capacity::UNBOUNDED,
                     now,
-                ),
+                )),
                 Command::AcquireBounded {
                     resource,
-                    owner,
+                    owner_id: owner,
                     ttl_ms,
                     wait_ms,
                     capacity,
-                } => self.acquire(
+                } => Outcome::Acquire(self.acquire(
                     resource,
                     *owner,
                     Ask::Own {
@@ -704,34 +705,36 @@ impl LeaseTable {
                     },
                     *capacity,
                     now,
-                ),
+                )),
                 Command::AcquireInSession {
                     resource,
-                    owner,
+                    owner_id: owner,
                     session,
                     identity,
                     capacity,
-                } => self.acquire(
-                    resource,
-                    *owner,
-                    Ask::InSession {
-                        session: *session,
-                        identity,
+                } => Outcome::AcquireInSession(
+                    match self.ends.check_owner(*session, identity, now) {
+                        Err(refusal) => AcquireInSessionOutcome::SessionRefused(refusal),
+                        Ok(_) => AcquireInSessionOutcome::Acquire(self.acquire(
+                            resource,
+                            *owner,
+                            Ask::InSession { session: *session },
+                            *capacity,
+                            now,
+                        )),
                     },
-                    *capacity,
-                    now,
                 ),
                 Command::OpenSession {
                     session,
                     identity,
                     ttl_ms,
                     bounds,
-                } => self.ends.open(*session, identity, *ttl_ms, *bounds, now),
+                } => Outcome::Session(self.ends.open(*session, identity, *ttl_ms, *bounds, now)),
                 Command::KeepAlive { session, identity } => {
-                    self.ends.keep_alive(*session, identity, now)
+                    Outcome::Session(self.ends.keep_alive(*session, identity, now))
                 }
                 Command::CloseSession { session, identity } => {
-                    match self.ends.check_owner(*session, identity, now) {
+                    Outcome::CloseSession(match self.ends.check_owner(*session, identity, now) {
                         Ok(_) => {
                             let leases = self.end_session(
                                 *session,
@@ -739,29 +742,37 @@ impl LeaseTable {
                                 now,
                                 &mut applied.events,
                             );
-                            Outcome::SessionClosed { leases }
+                            CloseSessionOutcome::Closed { leases }
                         }
                         // Closing a session that is not open: a retried close.
-                        Err(SessionRefusal::Gone) => Outcome::SessionClosed { leases: 0 },
-                        Err(refusal) => Outcome::SessionRefused(refusal),
-                    }
+                        Err(SessionRefusal::Gone) => CloseSessionOutcome::Closed { leases: 0 },
+                        // `check_owner` refuses only a session that is gone
+                        // or another identity's.
+                        Err(_) => CloseSessionOutcome::NotOwner,
+                    })
                 }
                 Command::Renew {
                     resource,
-                    owner,
+                    owner_id: owner,
                     token,
                     ttl_ms,
-                } => self.renew(resource, *owner, *token, *ttl_ms, now),
+                } => Outcome::Renew(self.renew(resource, *owner, *token, *ttl_ms, now)),
                 Command::Release {
                     resource,
-                    owner,
+                    owner_id: owner,
                     token,
-                } => self.release(resource, *owner, *token, now, &mut applied.events),
+                } => Outcome::Release(self.release(
+                    resource,
+                    *owner,
+                    *token,
+                    now,
+                    &mut applied.events,
+                )),
                 Command::KvPut {
                     key,
                     value,
                     resource,
-                    owner,
+                    owner_id: owner,
                     token,
                     bounds,
                 } => {
@@ -770,21 +781,21 @@ impl LeaseTable {
                     // a put is applied whoever holds the resource.
                     #[cfg(feature = "canary-kv-skip-holder-check")]
                     let holder = holder.or(Ok(()));
-                    self.kv.put(holder, key, value, resource, *token, *bounds)
+                    Outcome::KvPut(self.kv.put(holder, key, value, resource, *token, *bounds))
                 }
                 Command::KvDelete {
                     key,
                     resource,
-                    owner,
+                    owner_id: owner,
                     token,
                 } => {
                     let holder = self.check_holder(resource.as_str(), *owner, *token, now);
-                    self.kv.delete(holder, key, *token)
+                    Outcome::KvDelete(self.kv.delete(holder, key, *token))
                 }
-                Command::RenewMany { leases } => Outcome::Renewals(
+                Command::RenewMany { leases } => Outcome::RenewMany(
                     leases
                         .iter()
-                        .map(|l| self.renew(&l.resource, l.owner, l.token, l.ttl_ms, now))
+                        .map(|l| self.renew(&l.resource, l.owner_id, l.token, l.ttl_ms, now))
                         .collect(),
                 ),
             };
@@ -812,7 +823,7 @@ impl LeaseTable {
             if let Some(lease) = &rec.holder {
                 events.push(Event::WaitElapsed {
                     resource: name.clone(),
-                    owner,
+                    owner_id: owner,
                     current_token: lease.token,
                     remaining_ms: self.ends.end_of(&lease.term).0.millis_since(now),
                 });
@@ -843,7 +854,7 @@ impl LeaseTable {
                 });
                 events.push(Event::Expired {
                     resource: name.clone(),
-                    owner: lease.owner,
+                    owner_id: lease.owner,
                     token: lease.token,
                 });
                 self.record_change(&name, ChangeKind::Expired, lease.token, lease.owner, now);
@@ -857,43 +868,39 @@ impl LeaseTable {
         &mut self,
         name: &ResourceName,
         owner: OwnerId,
-        ask: Ask<'_>,
+        ask: Ask,
         capacity: Capacity,
         now: ClusterTime,
-    ) -> Outcome {
+    ) -> AcquireOutcome {
         let (term, wait_ms) = match ask {
             Ask::Own { ttl_ms, wait_ms } => {
                 let ttl_ms = ttl_ms.max(1);
                 let expires_at = now.plus_millis(ttl_ms);
                 (Term::Own { expires_at, ttl_ms }, wait_ms)
             }
-            Ask::InSession { session, identity } => {
-                if let Err(refusal) = self.ends.check_owner(session, identity, now) {
-                    return Outcome::SessionRefused(refusal);
-                }
-                (Term::Session(session), 0)
-            }
+            // The session was checked by the caller.
+            Ask::InSession { session } => (Term::Session(session), 0),
         };
         // Checked only where a lease or a waiter would be added: a holder
         // asking again, a renew, a release and a hand-off never are.
         let leases_full = as_u64(self.ends.live_leases()) >= capacity.max_live_leases;
         let waiters_full = as_u64(self.deadlines.len()) >= capacity.max_waiters;
-        let refuse = |bound, limit| Outcome::CapacityReached { bound, limit };
+        let refuse = |bound, limit| AcquireOutcome::CapacityReached { bound, limit };
         let Some(rec) = self.records.get_mut(name) else {
             if leases_full {
                 return refuse(CapacityBound::LiveLeases, capacity.max_live_leases);
             }
-            return Outcome::Granted(self.grant(name, owner, term, now));
+            return AcquireOutcome::Granted(self.grant(name, owner, term, now));
         };
         if let Some(reason) = rec.ended_attempt(owner) {
-            return Outcome::Lost(reason);
+            return AcquireOutcome::Ended(reason);
         }
         // CANARY (deliberately broken build for fenced-jepsen): grants over
         // another owner's live lease.
         #[cfg(feature = "canary-skip-lease-check")]
         if let Some(lease) = rec.holder.take_if(|l| l.owner != owner) {
             self.ends.detach(name, &lease.term);
-            return Outcome::Granted(self.grant(name, owner, term, now));
+            return AcquireOutcome::Granted(self.grant(name, owner, term, now));
         }
         match &mut rec.holder {
             // The holder asking again (its reply was lost): the same grant, with
@@ -914,14 +921,14 @@ impl LeaseTable {
                     }
                 }
                 let (expires_at, ttl_ms) = self.ends.end_of(&lease.term);
-                Outcome::Granted(Grant {
+                AcquireOutcome::Granted(Grant {
                     token: lease.token,
                     expires_at,
                     ttl_ms,
                 })
             }
             Some(lease) => {
-                let held = Outcome::Held {
+                let held = AcquireOutcome::Held {
                     current_token: lease.token,
                     remaining_ms: self.ends.end_of(&lease.term).0.millis_since(now),
                 };
@@ -932,12 +939,12 @@ impl LeaseTable {
                     return held;
                 }
                 if let Some(pos) = rec.waiters.iter().position(|w| w.owner == owner) {
-                    return Outcome::Waiting {
+                    return AcquireOutcome::Waiting {
                         position: position_u32(pos + 1),
                     };
                 }
                 if rec.waiters.len() >= MAX_WAITERS_PER_RESOURCE {
-                    return Outcome::WaitQueueFull {
+                    return AcquireOutcome::WaitQueueFull {
                         max_waiters: position_u32(MAX_WAITERS_PER_RESOURCE),
                     };
                 }
@@ -951,14 +958,14 @@ impl LeaseTable {
                     deadline,
                 });
                 self.deadlines.insert((deadline, name.clone(), owner));
-                Outcome::Waiting {
+                AcquireOutcome::Waiting {
                     position: position_u32(rec.waiters.len()),
                 }
             }
             // Free: waiters are granted in the step that ends a lease, so a
             // free resource has none queued.
             None if leases_full => refuse(CapacityBound::LiveLeases, capacity.max_live_leases),
-            None => Outcome::Granted(self.grant(name, owner, term, now)),
+            None => AcquireOutcome::Granted(self.grant(name, owner, term, now)),
         }
     }
 
@@ -993,7 +1000,7 @@ impl LeaseTable {
                 EndReason::Expired => {
                     events.push(Event::Expired {
                         resource: name.clone(),
-                        owner: lease.owner,
+                        owner_id: lease.owner,
                         token: lease.token,
                     });
                     ChangeKind::Expired
@@ -1014,10 +1021,10 @@ impl LeaseTable {
         token: Token,
         ttl_ms: u64,
         now: ClusterTime,
-    ) -> Outcome {
+    ) -> RenewOutcome {
         let ttl_ms = ttl_ms.max(1);
         let Some(rec) = self.records.get_mut(name) else {
-            return Outcome::Lost(LostReason::Unknown);
+            return RenewOutcome::Lost(LostReason::Unknown);
         };
         match &mut rec.holder {
             Some(lease) if lease.owner == owner && lease.token == token => {
@@ -1025,14 +1032,14 @@ impl LeaseTable {
                     expires_at: old, ..
                 } = lease.term
                 else {
-                    return Outcome::KeptBySession;
+                    return RenewOutcome::KeptBySession;
                 };
                 let expires_at = now.plus_millis(ttl_ms);
                 self.ends.reschedule(name, old, expires_at);
                 lease.term = Term::Own { expires_at, ttl_ms };
-                Outcome::Renewed { expires_at, ttl_ms }
+                RenewOutcome::Renewed { expires_at, ttl_ms }
             }
-            _ => Outcome::Lost(rec.lost_reason(owner, token)),
+            _ => RenewOutcome::Lost(rec.lost_reason(owner, token)),
         }
     }
 
@@ -1043,9 +1050,9 @@ impl LeaseTable {
         token: Token,
         now: ClusterTime,
         events: &mut Vec<Event>,
-    ) -> Outcome {
+    ) -> ReleaseOutcome {
         let Some(rec) = self.records.get_mut(name) else {
-            return Outcome::NotHolder(LostReason::Unknown);
+            return ReleaseOutcome::NotHolder(LostReason::Unknown);
         };
         // CANARY (deliberately broken build for fenced-jepsen): any owner id
         // and token release the current lease.
@@ -1065,12 +1072,12 @@ impl LeaseTable {
                 });
                 self.record_change(name, ChangeKind::Released, token, owner, now);
                 self.hand_off(name, now, events);
-                Outcome::Released
+                ReleaseOutcome::Released
             }
             _ => match rec.lost_reason(owner, token) {
                 // A retried release whose first reply was lost.
-                LostReason::Released => Outcome::Released,
-                reason => Outcome::NotHolder(reason),
+                LostReason::Released => ReleaseOutcome::Released,
+                reason => ReleaseOutcome::NotHolder(reason),
             },
         }
     }
@@ -1127,7 +1134,7 @@ impl LeaseTable {
         let grant = self.grant(name, waiter.owner, term, now);
         events.push(Event::WaiterGranted {
             resource: name.clone(),
-            owner: waiter.owner,
+            owner_id: waiter.owner,
             grant,
         });
     }
@@ -1655,13 +1662,13 @@ mod token_floor_tests {
             stamp: ClusterTime::from_millis(at),
             commands: vec![Command::Acquire {
                 resource: ResourceName::new(resource).unwrap(),
-                owner: OwnerId::random(),
+                owner_id: OwnerId::random(),
                 ttl_ms: 1_000,
                 wait_ms: 0,
             }],
         });
         match &applied.outcomes[0] {
-            Outcome::Granted(g) => g.token.get(),
+            Outcome::Acquire(AcquireOutcome::Granted(g)) => g.token.get(),
             other => panic!("not granted: {other:?}"),
         }
     }
@@ -1696,18 +1703,18 @@ mod snapshot_ref_tests {
             let command = match step % 3 {
                 0 => Command::Acquire {
                     resource,
-                    owner,
+                    owner_id: owner,
                     ttl_ms: 50,
                     wait_ms: 40,
                 },
                 1 => Command::Release {
                     resource,
-                    owner,
+                    owner_id: owner,
                     token: Token::new(table.last_token().max(1)).unwrap(),
                 },
                 _ => Command::Acquire {
                     resource,
-                    owner,
+                    owner_id: owner,
                     ttl_ms: 500,
                     wait_ms: 0,
                 },

@@ -88,7 +88,7 @@ fn ttl_below_and_above_the_bounds_is_refused() {
     let limits = Limits::default();
     let cmd = |ttl_ms| Command::Acquire {
         resource: ResourceName::new("r").unwrap(),
-        owner: OwnerId::random(),
+        owner_id: OwnerId::random(),
         ttl_ms,
         wait_ms: 0,
     };
@@ -106,7 +106,7 @@ fn ttl_below_and_above_the_bounds_is_refused() {
     assert!(cmd(3_600_000).validate(&limits).is_ok());
     let renew = Command::Renew {
         resource: ResourceName::new("r").unwrap(),
-        owner: OwnerId::random(),
+        owner_id: OwnerId::random(),
         token: Token::new(1).unwrap(),
         ttl_ms: 0,
     };
@@ -122,7 +122,7 @@ fn a_wait_above_the_bound_is_refused() {
     let limits = Limits::default();
     let cmd = Command::Acquire {
         resource: ResourceName::new("r").unwrap(),
-        owner: OwnerId::random(),
+        owner_id: OwnerId::random(),
         ttl_ms: 1_000,
         wait_ms: 3_600_001,
     };

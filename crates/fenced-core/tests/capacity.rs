@@ -14,7 +14,7 @@ fn at(ms: u64) -> ClusterTime {
 fn bounded(res: &str, owner: OwnerId, wait_ms: u64, leases: u64, waiters: u64) -> Command {
     Command::AcquireBounded {
         resource: ResourceName::new(res).unwrap(),
-        owner,
+        owner_id: owner,
         ttl_ms: TTL,
         wait_ms,
         capacity: Capacity {
@@ -34,7 +34,7 @@ fn apply_one(table: &mut LeaseTable, ms: u64, command: Command) -> Outcome {
 
 fn granted(outcome: Outcome) -> Grant {
     match outcome {
-        Outcome::Granted(g) => g,
+        Outcome::Acquire(AcquireOutcome::Granted(g)) => g,
         other => panic!("expected a grant, got {other:?}"),
     }
 }
@@ -60,10 +60,10 @@ fn live_leases_beyond_the_bound_are_refused_and_holders_keep_theirs() {
     let late = OwnerId::random();
     assert_eq!(
         apply_one(&mut table, 1, bounded("r3", late, 0, 3, 10)),
-        Outcome::CapacityReached {
+        Outcome::Acquire(AcquireOutcome::CapacityReached {
             bound: CapacityBound::LiveLeases,
             limit: 3
-        }
+        })
     );
     assert_eq!(table.live_leases(), 3);
     assert_eq!(table.describe("r3", at(1)).last_token, 0);
@@ -78,22 +78,25 @@ fn live_leases_beyond_the_bound_are_refused_and_holders_keep_theirs() {
         3,
         Command::Renew {
             resource: ResourceName::new("r1").unwrap(),
-            owner: owners[1],
+            owner_id: owners[1],
             token: grants[1].token,
             ttl_ms: TTL,
         },
     );
-    assert!(matches!(renewed, Outcome::Renewed { .. }), "{renewed:?}");
+    assert!(
+        matches!(renewed, Outcome::Renew(RenewOutcome::Renewed { .. })),
+        "{renewed:?}"
+    );
     let released = apply_one(
         &mut table,
         4,
         Command::Release {
             resource: ResourceName::new("r2").unwrap(),
-            owner: owners[2],
+            owner_id: owners[2],
             token: grants[2].token,
         },
     );
-    assert_eq!(released, Outcome::Released);
+    assert_eq!(released, Outcome::Release(ReleaseOutcome::Released));
 
     // With room again, the late owner is granted.
     granted(apply_one(&mut table, 5, bounded("r3", late, 0, 3, 10)));
@@ -108,28 +111,28 @@ fn waiters_beyond_the_bound_are_refused_and_queued_ones_keep_their_place() {
     let (w1, w2, w3) = (OwnerId::random(), OwnerId::random(), OwnerId::random());
     assert_eq!(
         apply_one(&mut table, 1, bounded("r", w1, 60_000, 10, 2)),
-        Outcome::Waiting { position: 1 }
+        Outcome::Acquire(AcquireOutcome::Waiting { position: 1 })
     );
     assert_eq!(
         apply_one(&mut table, 1, bounded("r", w2, 60_000, 10, 2)),
-        Outcome::Waiting { position: 2 }
+        Outcome::Acquire(AcquireOutcome::Waiting { position: 2 })
     );
     assert_eq!(
         apply_one(&mut table, 2, bounded("r", w3, 60_000, 10, 2)),
-        Outcome::CapacityReached {
+        Outcome::Acquire(AcquireOutcome::CapacityReached {
             bound: CapacityBound::Waiters,
             limit: 2
-        }
+        })
     );
     // A queued waiter asking again keeps its place; one without a wait is
     // told the resource is held, as always.
     assert_eq!(
         apply_one(&mut table, 3, bounded("r", w1, 60_000, 10, 2)),
-        Outcome::Waiting { position: 1 }
+        Outcome::Acquire(AcquireOutcome::Waiting { position: 1 })
     );
     assert!(matches!(
         apply_one(&mut table, 3, bounded("r", w3, 0, 10, 2)),
-        Outcome::Held { .. }
+        Outcome::Acquire(AcquireOutcome::Held { .. })
     ));
     assert_eq!(table.describe("r", at(3)).waiters, 2);
 }
@@ -141,18 +144,18 @@ fn a_hand_off_to_a_waiter_is_not_refused_at_the_lease_bound() {
     let g = granted(apply_one(&mut table, 0, bounded("r", holder, 0, 1, 10)));
     assert_eq!(
         apply_one(&mut table, 1, bounded("r", waiter, 60_000, 1, 10)),
-        Outcome::Waiting { position: 1 }
+        Outcome::Acquire(AcquireOutcome::Waiting { position: 1 })
     );
     let out = table.apply(&Batch {
         stamp: at(2),
         commands: vec![Command::Release {
             resource: ResourceName::new("r").unwrap(),
-            owner: holder,
+            owner_id: holder,
             token: g.token,
         }],
     });
     assert!(
-        matches!(&out.events[..], [Event::WaiterGranted { owner, .. }] if *owner == waiter),
+        matches!(&out.events[..], [Event::WaiterGranted { owner_id: owner, .. }] if *owner == waiter),
         "{:?}",
         out.events
     );
@@ -168,7 +171,7 @@ fn an_acquire_from_an_older_log_is_unbounded() {
             0,
             Command::Acquire {
                 resource: ResourceName::new(&format!("r{i}")).unwrap(),
-                owner: OwnerId::random(),
+                owner_id: OwnerId::random(),
                 ttl_ms: TTL,
                 wait_ms: 0,
             },

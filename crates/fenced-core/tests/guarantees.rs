@@ -18,7 +18,7 @@ fn at(ms: u64) -> ClusterTime {
 fn acquire(res: &str, owner: OwnerId) -> Command {
     Command::Acquire {
         resource: name(res),
-        owner,
+        owner_id: owner,
         ttl_ms: TTL,
         wait_ms: 0,
     }
@@ -27,7 +27,7 @@ fn acquire(res: &str, owner: OwnerId) -> Command {
 fn acquire_waiting(res: &str, owner: OwnerId, wait_ms: u64) -> Command {
     Command::Acquire {
         resource: name(res),
-        owner,
+        owner_id: owner,
         ttl_ms: TTL,
         wait_ms,
     }
@@ -36,7 +36,7 @@ fn acquire_waiting(res: &str, owner: OwnerId, wait_ms: u64) -> Command {
 fn renew(res: &str, owner: OwnerId, token: Token) -> Command {
     Command::Renew {
         resource: name(res),
-        owner,
+        owner_id: owner,
         token,
         ttl_ms: TTL,
     }
@@ -45,7 +45,7 @@ fn renew(res: &str, owner: OwnerId, token: Token) -> Command {
 fn release(res: &str, owner: OwnerId, token: Token) -> Command {
     Command::Release {
         resource: name(res),
-        owner,
+        owner_id: owner,
         token,
     }
 }
@@ -61,7 +61,7 @@ fn one(table: &mut LeaseTable, ms: u64, command: Command) -> Outcome {
 
 fn granted(outcome: Outcome) -> Grant {
     match outcome {
-        Outcome::Granted(g) => g,
+        Outcome::Acquire(AcquireOutcome::Granted(g)) => g,
         other => panic!("expected a grant, got {other:?}"),
     }
 }
@@ -79,7 +79,7 @@ fn tokens_strictly_increase_across_release_and_reacquire() {
         last = g.token.get();
         assert_eq!(
             one(&mut t, i * 10 + 1, release(RES, owner, g.token)),
-            Outcome::Released
+            Outcome::Release(ReleaseOutcome::Released)
         );
     }
 }
@@ -159,10 +159,10 @@ fn a_second_owner_is_refused_while_the_lease_runs() {
     let out = one(&mut t, TTL - 1, acquire(RES, OwnerId::random()));
     assert_eq!(
         out,
-        Outcome::Held {
+        Outcome::Acquire(AcquireOutcome::Held {
             current_token: g.token,
             remaining_ms: 1
-        }
+        })
     );
 }
 
@@ -186,7 +186,7 @@ fn concurrent_first_time_acquisitions_grant_exactly_one() {
     let grants = applied
         .outcomes
         .iter()
-        .filter(|o| matches!(o, Outcome::Granted(_)))
+        .filter(|o| matches!(o, Outcome::Acquire(AcquireOutcome::Granted(_))))
         .count();
     assert_eq!(grants, 1);
     assert_eq!(t.resources(), 1);
@@ -202,10 +202,10 @@ fn renew_keeps_the_token_and_extends_from_now() {
         let out = one(&mut t, now, renew(RES, owner, g.token));
         assert_eq!(
             out,
-            Outcome::Renewed {
+            Outcome::Renew(RenewOutcome::Renewed {
                 expires_at: at(now + TTL),
                 ttl_ms: TTL
-            }
+            })
         );
         assert_eq!(t.holder(RES).unwrap().1.token, g.token);
     }
@@ -218,13 +218,13 @@ fn renewing_an_expired_lease_fails_and_does_not_revive_it() {
     let g = granted(one(&mut t, 0, acquire(RES, owner)));
     assert_eq!(
         one(&mut t, TTL, renew(RES, owner, g.token)),
-        Outcome::Lost(LostReason::Expired)
+        Outcome::Renew(RenewOutcome::Lost(LostReason::Expired))
     );
     assert!(!t.describe(RES, at(TTL)).held);
     // Still not revived by a second try.
     assert_eq!(
         one(&mut t, TTL + 1, renew(RES, owner, g.token)),
-        Outcome::Lost(LostReason::Expired)
+        Outcome::Renew(RenewOutcome::Lost(LostReason::Expired))
     );
     granted(one(&mut t, TTL + 2, acquire(RES, OwnerId::random())));
 }
@@ -237,7 +237,7 @@ fn renewing_a_released_lease_fails() {
     one(&mut t, 1, release(RES, owner, g.token));
     assert_eq!(
         one(&mut t, 2, renew(RES, owner, g.token)),
-        Outcome::Lost(LostReason::Released)
+        Outcome::Renew(RenewOutcome::Lost(LostReason::Released))
     );
     assert!(!t.describe(RES, at(2)).held);
 }
@@ -251,15 +251,15 @@ fn a_superseded_owner_cannot_renew_and_learns_the_current_token() {
     // A's lease ended by expiry, which is what it is told first.
     assert_eq!(
         one(&mut t, TTL + 1, renew(RES, a, ga.token)),
-        Outcome::Lost(LostReason::Expired)
+        Outcome::Renew(RenewOutcome::Lost(LostReason::Expired))
     );
     // After B's lease also ends, A is told the newer token exists.
     one(&mut t, TTL + 2, release(RES, b, gb.token));
     assert_eq!(
         one(&mut t, TTL + 3, renew(RES, a, ga.token)),
-        Outcome::Lost(LostReason::Superseded {
+        Outcome::Renew(RenewOutcome::Lost(LostReason::Superseded {
             current_token: gb.token
-        })
+        }))
     );
 }
 
@@ -272,11 +272,11 @@ fn the_right_token_with_the_wrong_owner_changes_nothing() {
     let thief = OwnerId::random();
     assert_eq!(
         one(&mut t, 0, renew(RES, thief, g.token)),
-        Outcome::Lost(LostReason::Unknown)
+        Outcome::Renew(RenewOutcome::Lost(LostReason::Unknown))
     );
     assert_eq!(
         one(&mut t, 0, release(RES, thief, g.token)),
-        Outcome::NotHolder(LostReason::Unknown)
+        Outcome::Release(ReleaseOutcome::NotHolder(LostReason::Unknown))
     );
     assert_eq!(t.snapshot(), before);
 }
@@ -290,11 +290,11 @@ fn the_right_owner_with_the_wrong_token_changes_nothing() {
     let wrong = Token::new(g.token.get() + 1).unwrap();
     assert_eq!(
         one(&mut t, 0, renew(RES, owner, wrong)),
-        Outcome::Lost(LostReason::Unknown)
+        Outcome::Renew(RenewOutcome::Lost(LostReason::Unknown))
     );
     assert_eq!(
         one(&mut t, 0, release(RES, owner, wrong)),
-        Outcome::NotHolder(LostReason::Unknown)
+        Outcome::Release(ReleaseOutcome::NotHolder(LostReason::Unknown))
     );
     assert_eq!(t.snapshot(), before);
 }
@@ -308,7 +308,7 @@ fn an_old_owner_cannot_release_a_later_lease() {
     let before = t.snapshot();
     assert_eq!(
         one(&mut t, TTL, release(RES, a, ga.token)),
-        Outcome::NotHolder(LostReason::Expired)
+        Outcome::Release(ReleaseOutcome::NotHolder(LostReason::Expired))
     );
     assert_eq!(t.snapshot(), before);
     assert_eq!(t.holder(RES), Some((b, gb)));
@@ -321,11 +321,11 @@ fn a_retried_release_after_a_lost_reply_says_released() {
     let g = granted(one(&mut t, 0, acquire(RES, owner)));
     assert_eq!(
         one(&mut t, 1, release(RES, owner, g.token)),
-        Outcome::Released
+        Outcome::Release(ReleaseOutcome::Released)
     );
     assert_eq!(
         one(&mut t, 2, release(RES, owner, g.token)),
-        Outcome::Released
+        Outcome::Release(ReleaseOutcome::Released)
     );
 }
 
@@ -351,18 +351,18 @@ fn an_acquire_after_its_own_release_is_answered_released_not_granted() {
     let g = granted(one(&mut t, 0, acquire(RES, owner)));
     assert_eq!(
         one(&mut t, 10, release(RES, owner, g.token)),
-        Outcome::Released
+        Outcome::Release(ReleaseOutcome::Released)
     );
     assert_eq!(
         one(&mut t, 20, acquire(RES, owner)),
-        Outcome::Lost(LostReason::Released)
+        Outcome::Acquire(AcquireOutcome::Ended(LostReason::Released))
     );
     assert!(!t.describe(RES, at(20)).held, "the resource stays free");
     assert_eq!(t.last_token(), g.token.get(), "no second token issued");
     // A waiting acquire is not queued either.
     assert_eq!(
         one(&mut t, 30, acquire_waiting(RES, owner, 5_000)),
-        Outcome::Lost(LostReason::Released)
+        Outcome::Acquire(AcquireOutcome::Ended(LostReason::Released))
     );
     // Another owner is granted at once.
     let next = granted(one(&mut t, 40, acquire(RES, OwnerId::random())));
@@ -376,7 +376,7 @@ fn an_acquire_after_its_own_lease_expired_is_answered_expired() {
     let g = granted(one(&mut t, 0, acquire(RES, owner)));
     assert_eq!(
         one(&mut t, TTL, acquire(RES, owner)),
-        Outcome::Lost(LostReason::Expired)
+        Outcome::Acquire(AcquireOutcome::Ended(LostReason::Expired))
     );
     assert!(!t.describe(RES, at(TTL)).held);
     assert_eq!(t.last_token(), g.token.get());
@@ -390,9 +390,9 @@ fn an_acquire_after_its_lease_was_superseded_names_the_current_token() {
     let b = granted(one(&mut t, TTL, acquire(RES, OwnerId::random())));
     assert_eq!(
         one(&mut t, TTL + 1, acquire_waiting(RES, a, 5_000)),
-        Outcome::Lost(LostReason::Superseded {
+        Outcome::Acquire(AcquireOutcome::Ended(LostReason::Superseded {
             current_token: b.token
-        })
+        }))
     );
     assert_eq!(t.describe(RES, at(TTL + 1)).waiters, 0, "not queued");
 }
@@ -406,7 +406,7 @@ fn a_spent_owner_id_stays_spent_across_a_snapshot_round_trip() {
     let mut t = LeaseTable::from_snapshot(t.snapshot()).unwrap();
     assert_eq!(
         one(&mut t, 20, acquire(RES, owner)),
-        Outcome::Lost(LostReason::Released)
+        Outcome::Acquire(AcquireOutcome::Ended(LostReason::Released))
     );
 }
 
@@ -432,7 +432,7 @@ fn expiry_follows_only_the_stamps_and_time_never_goes_back() {
     // Only a stamp at the expiry ends the lease.
     assert!(matches!(
         one(&mut t, 10_000 + TTL - 1, acquire(RES, OwnerId::random())),
-        Outcome::Held { .. }
+        Outcome::Acquire(AcquireOutcome::Held { .. })
     ));
     granted(one(&mut t, 10_000 + TTL, acquire(RES, OwnerId::random())));
 }
@@ -459,9 +459,9 @@ fn waiters_are_granted_in_arrival_order_in_the_same_step_as_the_release() {
     for (i, w) in waiters.iter().enumerate() {
         assert_eq!(
             one(&mut t, 1, acquire_waiting(RES, *w, 60_000)),
-            Outcome::Waiting {
+            Outcome::Acquire(AcquireOutcome::Waiting {
                 position: i as u32 + 1
-            }
+            })
         );
     }
     let mut current = holder;
@@ -470,8 +470,16 @@ fn waiters_are_granted_in_arrival_order_in_the_same_step_as_the_release() {
             stamp: at(2),
             commands: vec![release(RES, current, g.token)],
         });
-        assert_eq!(applied.outcomes, vec![Outcome::Released]);
-        let [Event::WaiterGranted { owner, grant, .. }] = applied.events.as_slice() else {
+        assert_eq!(
+            applied.outcomes,
+            vec![Outcome::Release(ReleaseOutcome::Released)]
+        );
+        let [Event::WaiterGranted {
+            owner_id: owner,
+            grant,
+            ..
+        }] = applied.events.as_slice()
+        else {
             panic!("expected one hand-off, got {:?}", applied.events);
         };
         assert_eq!(owner, w);
@@ -494,7 +502,7 @@ fn a_waiter_is_granted_when_the_lease_expires() {
     });
     assert!(matches!(
         applied.events.as_slice(),
-        [Event::Expired { .. }, Event::WaiterGranted { owner, grant, .. }]
+        [Event::Expired { .. }, Event::WaiterGranted { owner_id: owner, grant, .. }]
             if *owner == w && grant.token > g.token
     ));
 }
@@ -514,7 +522,7 @@ fn a_wait_that_elapses_leaves_no_trace() {
         applied.events,
         vec![Event::WaitElapsed {
             resource: name(RES),
-            owner: w,
+            owner_id: w,
             current_token: g.token,
             remaining_ms: TTL - 1_000
         }]
@@ -533,7 +541,7 @@ fn a_waiter_asking_again_keeps_its_place() {
     one(&mut t, 0, acquire_waiting(RES, w2, 5_000));
     assert_eq!(
         one(&mut t, 1, acquire_waiting(RES, w1, 5_000)),
-        Outcome::Waiting { position: 1 }
+        Outcome::Acquire(AcquireOutcome::Waiting { position: 1 })
     );
     assert_eq!(t.describe(RES, at(1)).waiters, 2);
 }
@@ -552,12 +560,12 @@ fn the_waiter_queue_is_bounded() {
     assert!(applied
         .outcomes
         .iter()
-        .all(|o| matches!(o, Outcome::Waiting { .. })));
+        .all(|o| matches!(o, Outcome::Acquire(AcquireOutcome::Waiting { .. }))));
     assert_eq!(
         one(&mut t, 2, acquire_waiting(RES, OwnerId::random(), 10_000)),
-        Outcome::WaitQueueFull {
+        Outcome::Acquire(AcquireOutcome::WaitQueueFull {
             max_waiters: MAX_WAITERS_PER_RESOURCE as u32
-        }
+        })
     );
     assert_eq!(
         t.describe(RES, at(2)).waiters as usize,

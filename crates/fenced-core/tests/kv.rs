@@ -26,7 +26,7 @@ fn name(s: &str) -> ResourceName {
 fn acquire(res: &str, owner: OwnerId) -> Command {
     Command::Acquire {
         resource: name(res),
-        owner,
+        owner_id: owner,
         ttl_ms: TTL,
         wait_ms: 0,
     }
@@ -44,7 +44,7 @@ fn put_within(
         key: KvKey::new(key).unwrap(),
         value: KvValue::new(value.to_vec()).unwrap(),
         resource: name(res),
-        owner,
+        owner_id: owner,
         token,
         bounds,
     }
@@ -65,14 +65,15 @@ fn apply_one(table: &mut LeaseTable, ms: u64, command: Command) -> Outcome {
 
 fn grant(table: &mut LeaseTable, ms: u64, res: &str, owner: OwnerId) -> Token {
     match apply_one(table, ms, acquire(res, owner)) {
-        Outcome::Granted(g) => g.token,
+        Outcome::Acquire(AcquireOutcome::Granted(g)) => g.token,
         other => panic!("expected a grant, got {other:?}"),
     }
 }
 
 fn refused(outcome: Outcome) -> KvRefusal {
     match outcome {
-        Outcome::KvRefused(r) => r,
+        Outcome::KvPut(KvPutOutcome::Refused(r))
+        | Outcome::KvDelete(KvDeleteOutcome::Refused(r)) => r,
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
@@ -89,10 +90,10 @@ fn the_holders_put_is_applied_and_read_back_with_its_token() {
     );
     assert_eq!(
         out,
-        Outcome::KvApplied {
+        Outcome::KvPut(KvPutOutcome::Applied {
             revision: 1,
             existed: false
-        }
+        })
     );
     let out = apply_one(
         &mut table,
@@ -101,10 +102,10 @@ fn the_holders_put_is_applied_and_read_back_with_its_token() {
     );
     assert_eq!(
         out,
-        Outcome::KvApplied {
+        Outcome::KvPut(KvPutOutcome::Applied {
             revision: 2,
             existed: true
-        }
+        })
     );
     let entry = table.kv().get("job/state").expect("written");
     assert_eq!(entry.value.as_bytes(), b"step-2");
@@ -132,7 +133,7 @@ fn a_superseded_token_is_refused_with_the_current_token() {
     );
     assert!(matches!(
         apply_one(&mut table, TTL + 2, put("k", b"b", "job", b, new)),
-        Outcome::KvApplied { .. }
+        Outcome::KvPut(KvPutOutcome::Applied { .. })
     ));
     assert_eq!(table.kv().get("k").unwrap().token, new);
 }
@@ -153,7 +154,7 @@ fn an_expired_or_released_lease_writes_nothing() {
         TTL + 1,
         Command::Release {
             resource: name("r2"),
-            owner: b,
+            owner_id: b,
             token: tb,
         },
     );
@@ -201,7 +202,7 @@ fn puts_are_ordered_with_grants_inside_one_entry() {
         commands: vec![
             Command::Release {
                 resource: name("job"),
-                owner: a,
+                owner_id: a,
                 token: ta,
             },
             put("k", b"late", "job", a, ta),
@@ -209,10 +210,19 @@ fn puts_are_ordered_with_grants_inside_one_entry() {
             put("k", b"b", "job", b, Token::new(ta.get() + 1).unwrap()),
         ],
     });
-    assert_eq!(out.outcomes[0], Outcome::Released);
-    assert!(matches!(out.outcomes[1], Outcome::KvRefused(_)));
-    assert!(matches!(out.outcomes[2], Outcome::Granted(_)));
-    assert!(matches!(out.outcomes[3], Outcome::KvApplied { .. }));
+    assert_eq!(out.outcomes[0], Outcome::Release(ReleaseOutcome::Released));
+    assert!(matches!(
+        out.outcomes[1],
+        Outcome::KvPut(KvPutOutcome::Refused(_))
+    ));
+    assert!(matches!(
+        out.outcomes[2],
+        Outcome::Acquire(AcquireOutcome::Granted(_))
+    ));
+    assert!(matches!(
+        out.outcomes[3],
+        Outcome::KvPut(KvPutOutcome::Applied { .. })
+    ));
     assert_eq!(table.kv().get("k").unwrap().value.as_bytes(), b"b");
 }
 
@@ -236,7 +246,7 @@ fn a_keys_tokens_never_go_backwards_across_resources() {
             Command::KvDelete {
                 key: KvKey::new("shared").unwrap(),
                 resource: name("r1"),
-                owner: a,
+                owner_id: a,
                 token: ta,
             }
         )),
@@ -255,7 +265,7 @@ fn a_delete_is_fenced_like_a_put() {
     let delete = |owner, token| Command::KvDelete {
         key: KvKey::new("k").unwrap(),
         resource: name("job"),
-        owner,
+        owner_id: owner,
         token,
     };
     assert_eq!(
@@ -264,17 +274,17 @@ fn a_delete_is_fenced_like_a_put() {
     );
     assert_eq!(
         apply_one(&mut table, TTL + 3, delete(b, tb)),
-        Outcome::KvApplied {
+        Outcome::KvDelete(KvDeleteOutcome::Applied {
             revision: 2,
             existed: true
-        }
+        })
     );
     assert_eq!(
         apply_one(&mut table, TTL + 4, delete(b, tb)),
-        Outcome::KvApplied {
+        Outcome::KvDelete(KvDeleteOutcome::Applied {
             revision: 2,
             existed: false
-        }
+        })
     );
     assert!(table.kv().is_empty());
     assert_eq!(table.kv().total_bytes(), 0);
@@ -292,27 +302,27 @@ fn the_store_bounds_refuse_and_name_their_setting() {
     let p = |key: &str, value: &[u8]| put_within(key, value, "job", a, t, bounds);
     assert!(matches!(
         apply_one(&mut table, 1, p("k1", b"12345")),
-        Outcome::KvApplied { .. }
+        Outcome::KvPut(KvPutOutcome::Applied { .. })
     ));
     assert!(matches!(
         apply_one(&mut table, 1, p("k2", b"12345")),
-        Outcome::KvApplied { .. }
+        Outcome::KvPut(KvPutOutcome::Applied { .. })
     ));
-    let full = refused(apply_one(&mut table, 1, p("k3", b"")));
+    let full = apply_one(&mut table, 1, p("k3", b""));
     assert_eq!(
         full,
-        KvRefusal::Bound {
+        Outcome::KvPut(KvPutOutcome::BoundReached {
             bound: KvBound::Keys,
             limit: 2
-        }
+        })
     );
     // Replacing a value counts the new size in place of the old one.
     assert!(matches!(
         apply_one(&mut table, 1, p("k1", b"1234567890")),
-        Outcome::KvApplied { .. }
+        Outcome::KvPut(KvPutOutcome::Applied { .. })
     ));
-    let too_big = refused(apply_one(&mut table, 1, p("k1", b"12345678901234")));
-    let KvRefusal::Bound { bound, limit } = too_big else {
+    let too_big = apply_one(&mut table, 1, p("k1", b"12345678901234"));
+    let Outcome::KvPut(KvPutOutcome::BoundReached { bound, limit }) = too_big else {
         panic!("expected a bound, got {too_big:?}");
     };
     assert_eq!((bound.setting(), limit), ("kv_max_total_bytes", 20));
@@ -374,10 +384,10 @@ fn the_store_round_trips_through_its_snapshot() {
     // And keeps deciding the same: the next revision follows on.
     assert_eq!(
         apply_one(&mut restored, 2, put("k9", b"x", "job", a, t)),
-        Outcome::KvApplied {
+        Outcome::KvPut(KvPutOutcome::Applied {
             revision: 6,
             existed: false
-        }
+        })
     );
     // A table from before the store existed loads with an empty one.
     let mut old = LeaseTable::from_snapshot(table.snapshot()).unwrap();
@@ -480,14 +490,14 @@ proptest! {
                     Step::Advance(ms) => { now += ms; continue; }
                     Step::Acquire { res, owner } => acquire(&format!("r{res}"), owners[owner]),
                     Step::Renew { res, owner } => Command::Renew {
-                        resource: res_name(res), owner: owners[owner], token: token_of(res, owner), ttl_ms: TTL,
+                        resource: res_name(res), owner_id: owners[owner], token: token_of(res, owner), ttl_ms: TTL,
                     },
                     Step::Release { res, owner } => Command::Release {
-                        resource: res_name(res), owner: owners[owner], token: token_of(res, owner),
+                        resource: res_name(res), owner_id: owners[owner], token: token_of(res, owner),
                     },
                     Step::Put { res, owner, key } => put(&format!("k{key}"), &[key as u8; 3], &format!("r{res}"), owners[owner], token_of(res, owner)),
                     Step::Delete { res, owner, key } => Command::KvDelete {
-                        key: key_name(key), resource: res_name(res), owner: owners[owner], token: token_of(res, owner),
+                        key: key_name(key), resource: res_name(res), owner_id: owners[owner], token: token_of(res, owner),
                     },
                 });
             }
@@ -503,18 +513,18 @@ proptest! {
             }
             for (command, outcome) in commands.iter().zip(&applied.outcomes) {
                 let r: usize = command.resource().unwrap().as_str()[1..].parse().unwrap();
-                let o = owner_index(command.owner().unwrap());
+                let o = owner_index(command.owner_id().unwrap());
                 match (command, outcome) {
-                    (Command::Acquire { .. }, Outcome::Granted(g)) => {
+                    (Command::Acquire { .. }, Outcome::Acquire(AcquireOutcome::Granted(g))) => {
                         model.holders.insert(r, (o, g.token, g.expires_at));
                         granted.insert((r, o), g.token);
                     }
-                    (Command::Renew { .. }, Outcome::Renewed { expires_at, .. }) => {
+                    (Command::Renew { .. }, Outcome::Renew(RenewOutcome::Renewed { expires_at, .. })) => {
                         let h = model.holders.get_mut(&r).expect("renewed a held lease");
                         prop_assert_eq!((h.0, h.1), (o, granted[&(r, o)]));
                         h.2 = *expires_at;
                     }
-                    (Command::Release { token, .. }, Outcome::Released)
+                    (Command::Release { token, .. }, Outcome::Release(ReleaseOutcome::Released))
                         if model.holders.get(&r).is_some_and(|h| h.0 == o && h.1 == *token) =>
                     {
                         model.holders.remove(&r);
@@ -522,8 +532,14 @@ proptest! {
                     (Command::KvPut { key, token, .. } | Command::KvDelete { key, token, .. }, outcome) => {
                         let current = model.holders.get(&r).is_some_and(|&(ho, ht, exp)| ho == o && ht == *token && exp > stamp);
                         let k: usize = key.as_str()[1..].parse().unwrap();
+                        prop_assert_eq!(
+                            matches!(command, Command::KvPut { .. }),
+                            matches!(outcome, Outcome::KvPut(_)),
+                            "{:?} answered with {:?}", command, outcome
+                        );
                         match outcome {
-                            Outcome::KvApplied { existed, .. } => {
+                            Outcome::KvPut(KvPutOutcome::Applied { existed, .. })
+                            | Outcome::KvDelete(KvDeleteOutcome::Applied { existed, .. }) => {
                                 prop_assert!(current, "{:?} applied with a non-current token at {:?}: holders {:?}", command, stamp, model.holders);
                                 if let Some(prev) = key_tokens.get(&k) {
                                     prop_assert!(*token >= *prev, "key k{} went from token {:?} back to {:?}", k, prev, token);
@@ -534,10 +550,12 @@ proptest! {
                                     key_tokens.remove(&k);
                                 }
                             }
-                            Outcome::KvRefused(KvRefusal::Lease(_)) => {
+                            Outcome::KvPut(KvPutOutcome::Refused(KvRefusal::Lease(_)))
+                            | Outcome::KvDelete(KvDeleteOutcome::Refused(KvRefusal::Lease(_))) => {
                                 prop_assert!(!current, "the current holder's {:?} was refused", command);
                             }
-                            Outcome::KvRefused(KvRefusal::KeyHasNewerToken { key_token }) => {
+                            Outcome::KvPut(KvPutOutcome::Refused(KvRefusal::KeyHasNewerToken { key_token }))
+                            | Outcome::KvDelete(KvDeleteOutcome::Refused(KvRefusal::KeyHasNewerToken { key_token })) => {
                                 prop_assert!(key_token > token);
                             }
                             other => prop_assert!(false, "unexpected {:?}", other),

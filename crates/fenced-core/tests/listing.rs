@@ -12,7 +12,7 @@ fn at(ms: u64) -> ClusterTime {
 fn acquire(res: &str, owner: OwnerId, ttl_ms: u64, wait_ms: u64) -> Command {
     Command::Acquire {
         resource: ResourceName::new(res).unwrap(),
-        owner,
+        owner_id: owner,
         ttl_ms,
         wait_ms,
     }
@@ -46,7 +46,7 @@ fn lists_live_leases_under_the_prefix_in_name_order_with_a_count_of_the_rest() {
     );
     assert_eq!(all.rows[1].waiters, 0);
     // Tokens are the ones granted: one counter, in command order.
-    assert_eq!(first.token, 2);
+    assert_eq!(first.token.get(), 2);
 
     let bounded = table.leases("orders/", at(4_000), 2);
     assert_eq!(names(&bounded), ["orders/1", "orders/2"]);
@@ -69,7 +69,7 @@ fn expired_and_released_leases_are_not_listed() {
         stamp: at(0),
         commands: vec![acquire("a", a, 1_000, 0), acquire("b", b, 5_000, 0)],
     });
-    let Outcome::Granted(grant_b) = out.outcomes[1] else {
+    let Outcome::Acquire(AcquireOutcome::Granted(grant_b)) = out.outcomes[1] else {
         panic!("{out:?}")
     };
     // Expired by `now` although no batch has ended it yet.
@@ -80,7 +80,7 @@ fn expired_and_released_leases_are_not_listed() {
         stamp: at(2_000),
         commands: vec![Command::Release {
             resource: ResourceName::new("b").unwrap(),
-            owner: b,
+            owner_id: b,
             token: grant_b.token,
         }],
     });

@@ -35,7 +35,7 @@ fn fill(table: &mut LeaseTable, at: u64) {
                 .iter()
                 .map(|r| Command::Acquire {
                     resource: r.clone(),
-                    owner: OwnerId::random(),
+                    owner_id: OwnerId::random(),
                     ttl_ms: 3_600_000,
                     wait_ms: 0,
                 })

@@ -125,7 +125,7 @@ impl Model {
             let grant = self.grant(name, owner, ttl);
             events.push(Event::WaiterGranted {
                 resource: ResourceName::new(name).unwrap(),
-                owner,
+                owner_id: owner,
                 grant,
             });
         }
@@ -167,7 +167,7 @@ impl Model {
             let (_, token, exp, _) = r.holder.unwrap();
             events.push(Event::WaitElapsed {
                 resource: ResourceName::new(&name).unwrap(),
-                owner,
+                owner_id: owner,
                 current_token: Token::new(token).unwrap(),
                 remaining_ms: exp.saturating_sub(now),
             });
@@ -185,7 +185,7 @@ impl Model {
             r.ended = Some((owner, token, false));
             events.push(Event::Expired {
                 resource: ResourceName::new(&name).unwrap(),
-                owner,
+                owner_id: owner,
                 token: Token::new(token).unwrap(),
             });
             self.hand_off(&name, &mut events);
@@ -199,7 +199,7 @@ impl Model {
                 .to_string();
             let out = match c {
                 Command::Acquire {
-                    owner,
+                    owner_id: owner,
                     ttl_ms,
                     wait_ms,
                     ..
@@ -214,7 +214,7 @@ impl Model {
                     {
                         let r = &self.res[&name];
                         let (_, t, released) = r.ended.unwrap();
-                        Outcome::Lost(if r.last_token > t {
+                        Outcome::Acquire(AcquireOutcome::Ended(if r.last_token > t {
                             LostReason::Superseded {
                                 current_token: Token::new(r.last_token).unwrap(),
                             }
@@ -222,9 +222,11 @@ impl Model {
                             LostReason::Released
                         } else {
                             LostReason::Expired
-                        })
+                        }))
                     }
-                    None => Outcome::Granted(self.grant(&name, *owner, *ttl_ms)),
+                    None => Outcome::Acquire(AcquireOutcome::Granted(
+                        self.grant(&name, *owner, *ttl_ms),
+                    )),
                     Some((o, token, exp, _)) if o == *owner => {
                         let exp = exp.max(now + ttl_ms);
                         let r = self.res.get_mut(&name).unwrap();
@@ -233,48 +235,50 @@ impl Model {
                             h.2 = exp;
                             h.3 = *ttl_ms;
                         }
-                        Outcome::Granted(Grant {
+                        Outcome::Acquire(AcquireOutcome::Granted(Grant {
                             token: Token::new(token).unwrap(),
                             expires_at: ClusterTime::from_millis(h.2),
                             ttl_ms: h.3,
-                        })
+                        }))
                     }
                     Some((_, token, exp, _)) => {
                         let r = self.res.get_mut(&name).unwrap();
                         if *wait_ms == 0 {
-                            Outcome::Held {
+                            Outcome::Acquire(AcquireOutcome::Held {
                                 current_token: Token::new(token).unwrap(),
                                 remaining_ms: exp - now,
-                            }
+                            })
                         } else if let Some(p) = r.waiters.iter().position(|w| w.0 == *owner) {
-                            Outcome::Waiting {
+                            Outcome::Acquire(AcquireOutcome::Waiting {
                                 position: p as u32 + 1,
-                            }
+                            })
                         } else {
                             r.waiters.push((*owner, *ttl_ms, now + wait_ms));
-                            Outcome::Waiting {
+                            Outcome::Acquire(AcquireOutcome::Waiting {
                                 position: r.waiters.len() as u32,
-                            }
+                            })
                         }
                     }
                 },
                 Command::Renew {
-                    owner,
+                    owner_id: owner,
                     token,
                     ttl_ms,
                     ..
                 } => match self.res.get_mut(&name) {
-                    None => Outcome::Lost(LostReason::Unknown),
+                    None => Outcome::Renew(RenewOutcome::Lost(LostReason::Unknown)),
                     Some(r) => match &mut r.holder {
                         Some(h) if h.0 == *owner && h.1 == token.get() => {
                             h.2 = now + ttl_ms;
                             h.3 = *ttl_ms;
-                            Outcome::Renewed {
+                            Outcome::Renew(RenewOutcome::Renewed {
                                 expires_at: ClusterTime::from_millis(h.2),
                                 ttl_ms: *ttl_ms,
-                            }
+                            })
                         }
-                        _ => Outcome::Lost(Self::reason(r, *owner, token.get())),
+                        _ => {
+                            Outcome::Renew(RenewOutcome::Lost(Self::reason(r, *owner, token.get())))
+                        }
                     },
                 },
                 // Capacity bounds are proven in tests/capacity.rs; the model
@@ -295,18 +299,22 @@ impl Model {
                          session command"
                     )
                 }
-                Command::Release { owner, token, .. } => match self.res.get_mut(&name) {
-                    None => Outcome::NotHolder(LostReason::Unknown),
+                Command::Release {
+                    owner_id: owner,
+                    token,
+                    ..
+                } => match self.res.get_mut(&name) {
+                    None => Outcome::Release(ReleaseOutcome::NotHolder(LostReason::Unknown)),
                     Some(r) => match r.holder {
                         Some(h) if h.0 == *owner && h.1 == token.get() => {
                             r.holder = None;
                             r.ended = Some((*owner, token.get(), true));
                             self.hand_off(&name, &mut events);
-                            Outcome::Released
+                            Outcome::Release(ReleaseOutcome::Released)
                         }
                         _ => match Self::reason(r, *owner, token.get()) {
-                            LostReason::Released => Outcome::Released,
-                            reason => Outcome::NotHolder(reason),
+                            LostReason::Released => Outcome::Release(ReleaseOutcome::Released),
+                            reason => Outcome::Release(ReleaseOutcome::NotHolder(reason)),
                         },
                     },
                 },
@@ -361,17 +369,17 @@ proptest! {
             let commands: Vec<Command> = step.ops.iter().map(|op| match *op {
                 Op::Acquire { res, owner, ttl_ms, wait_ms } => Command::Acquire {
                     resource: ResourceName::new(RESOURCES[res]).unwrap(),
-                    owner: owners[owner], ttl_ms, wait_ms,
+                    owner_id: owners[owner], ttl_ms, wait_ms,
                 },
                 Op::Renew { res, owner, token_pick, ttl_ms } => Command::Renew {
                     resource: ResourceName::new(RESOURCES[res]).unwrap(),
-                    owner: owners[owner],
+                    owner_id: owners[owner],
                     token: pick_token(&granted, res, owner, token_pick),
                     ttl_ms,
                 },
                 Op::Release { res, owner, token_pick } => Command::Release {
                     resource: ResourceName::new(RESOURCES[res]).unwrap(),
-                    owner: owners[owner],
+                    owner_id: owners[owner],
                     token: pick_token(&granted, res, owner, token_pick),
                 },
             }).collect();
@@ -418,25 +426,25 @@ proptest! {
                     let out = &part.outcomes[0];
                     let r = res_index(cmd.resource().expect("every command of the model names a resource"));
                     match (&cmd, out) {
-                        (Command::Acquire { owner, .. }, Outcome::Granted(g)) => saw_grant(r, *owner, g, &mut live)?,
-                        (Command::Acquire { owner, .. }, Outcome::Lost(_)) => {
+                        (Command::Acquire { owner_id: owner, .. }, Outcome::Acquire(AcquireOutcome::Granted(g))) => saw_grant(r, *owner, g, &mut live)?,
+                        (Command::Acquire { owner_id: owner, .. }, Outcome::Acquire(AcquireOutcome::Ended(_))) => {
                             // Refused only for an attempt whose lease really ended.
                             prop_assert!(ended.iter().any(|(o, _)| o == owner), "acquire refused an unspent owner id");
                             prop_assert!(live[r].is_none_or(|(o, _, exp)| o != *owner || exp <= now), "the holder's retry was refused");
                         }
-                        (Command::Acquire { .. }, Outcome::Held { current_token, .. }) => {
+                        (Command::Acquire { .. }, Outcome::Acquire(AcquireOutcome::Held { current_token, .. })) => {
                             let (_, t, exp) = live[r].unwrap();
                             prop_assert_eq!(t, current_token.get());
                             prop_assert!(exp > now, "refused for an expired lease");
                         }
-                        (Command::Renew { owner, token, .. }, Outcome::Renewed { expires_at, .. }) => {
+                        (Command::Renew { owner_id: owner, token, .. }, Outcome::Renew(RenewOutcome::Renewed { expires_at, .. })) => {
                             let (o, t, exp) = live[r].unwrap();
                             prop_assert_eq!((o, t), (*owner, token.get()), "renewed by a non-holder");
                             prop_assert!(exp > now, "an expired lease was revived");
                             prop_assert!(!ended.contains(&(o, t)), "an ended lease was renewed");
                             live[r] = Some((o, t, expires_at.as_millis()));
                         }
-                        (Command::Release { owner, token, .. }, Outcome::Released) => {
+                        (Command::Release { owner_id: owner, token, .. }, Outcome::Release(ReleaseOutcome::Released)) => {
                             if let Some((o, t, _)) = live[r] {
                                 if (o, t) == (*owner, token.get()) {
                                     live[r] = None;
@@ -453,7 +461,7 @@ proptest! {
                 }
                 for ev in &part.events {
                     match ev {
-                        Event::Expired { resource, owner, token } => {
+                        Event::Expired { resource, owner_id: owner, token } => {
                             let r = res_index(resource);
                             let (o, t, exp) = live[r].unwrap();
                             prop_assert_eq!((o, t), (*owner, token.get()));
@@ -461,7 +469,7 @@ proptest! {
                             ended.push((o, t));
                             live[r] = None;
                         }
-                        Event::WaiterGranted { resource, owner, grant } => {
+                        Event::WaiterGranted { resource, owner_id: owner, grant } => {
                             let r = res_index(resource);
                             prop_assert!(live[r].is_none(), "handed off while held");
                             saw_grant(r, *owner, grant, &mut live)?;

@@ -18,7 +18,7 @@ fn at(ms: u64) -> ClusterTime {
 fn acquire(res: &str, owner: OwnerId, wait_ms: u64) -> Command {
     Command::Acquire {
         resource: name(res),
-        owner,
+        owner_id: owner,
         ttl_ms: TTL,
         wait_ms,
     }
@@ -27,7 +27,7 @@ fn acquire(res: &str, owner: OwnerId, wait_ms: u64) -> Command {
 fn release(res: &str, owner: OwnerId, token: Token) -> Command {
     Command::Release {
         resource: name(res),
-        owner,
+        owner_id: owner,
         token,
     }
 }
@@ -43,7 +43,7 @@ fn apply(table: &mut LeaseTable, ms: u64, commands: Vec<Command>) -> Vec<Outcome
 
 fn token(outcome: &Outcome) -> Token {
     match outcome {
-        Outcome::Granted(g) => g.token,
+        Outcome::Acquire(AcquireOutcome::Granted(g)) => g.token,
         other => panic!("expected a grant, got {other:?}"),
     }
 }
@@ -68,7 +68,7 @@ fn grants_releases_and_expiries_are_numbered_in_apply_order() {
     // C waits for x; x is released and C is granted in the same entry.
     apply(&mut t, 10, vec![acquire("jobs/x", c, 60_000)]);
     let out = apply(&mut t, 20, vec![release("jobs/x", a, tx)]);
-    assert_eq!(out[0], Outcome::Released);
+    assert_eq!(out[0], Outcome::Release(ReleaseOutcome::Released));
     // y runs out: the sweep of the next entry records it.
     apply(&mut t, TTL + 5, vec![]);
     let all = t.changes_after(0, "", 100).unwrap();
@@ -83,7 +83,7 @@ fn grants_releases_and_expiries_are_numbered_in_apply_order() {
             (5, "jobs/y", ChangeKind::Expired, ty.get()),
         ]
     );
-    assert_eq!(all.changes[3].owner, c);
+    assert_eq!(all.changes[3].owner_id, c);
     assert_eq!(all.changes[4].at, at(TTL + 5));
     assert_eq!(t.revision(), 5);
     assert_eq!(all.scanned_to, 5);
@@ -100,7 +100,7 @@ fn a_holder_asking_again_or_renewing_records_no_change() {
         6,
         vec![Command::Renew {
             resource: name("r"),
-            owner: a,
+            owner_id: a,
             token: tok,
             ttl_ms: TTL,
         }],
@@ -180,7 +180,7 @@ fn history_keeps_the_last_n_grants_newest_first_and_how_each_ended() {
     let h = t.history("r", 100);
     assert_eq!(h.len(), 3, "bounded at 3");
     assert_eq!(h[0].token, tokens[3].0);
-    assert_eq!(h[0].owner, tokens[3].1);
+    assert_eq!(h[0].owner_id, tokens[3].1);
     assert_eq!(h[0].end, None, "the newest is live");
     assert_eq!(h[1].token, tokens[2].0);
     assert_eq!(

@@ -19,7 +19,7 @@ fn at(ms: u64) -> ClusterTime {
 fn lease(res: &str, owner: OwnerId, token: Token, ttl_ms: u64) -> RenewLease {
     RenewLease {
         resource: name(res),
-        owner,
+        owner_id: owner,
         token,
         ttl_ms,
     }
@@ -46,13 +46,13 @@ fn grant(table: &mut LeaseTable, ms: u64, res: &str, owner: OwnerId) -> Token {
         ms,
         vec![Command::Acquire {
             resource: name(res),
-            owner,
+            owner_id: owner,
             ttl_ms: TTL,
             wait_ms: 0,
         }],
     );
     match out.outcomes[0] {
-        Outcome::Granted(g) => g.token,
+        Outcome::Acquire(AcquireOutcome::Granted(g)) => g.token,
         ref other => panic!("{res}: not granted: {other:?}"),
     }
 }
@@ -70,7 +70,7 @@ fn each_lease_gets_its_own_outcome_and_no_lost_lease_is_revived() {
         100,
         vec![Command::Release {
             resource: name("released"),
-            owner: o,
+            owner_id: o,
             token: released,
         }],
     );
@@ -89,7 +89,7 @@ fn each_lease_gets_its_own_outcome_and_no_lost_lease_is_revived() {
         11_600,
         vec![Command::Release {
             resource: name("superseded"),
-            owner: other,
+            owner_id: other,
             token: newer,
         }],
     );
@@ -107,23 +107,23 @@ fn each_lease_gets_its_own_outcome_and_no_lost_lease_is_revived() {
             lease("live", other, live, TTL),
         ])],
     );
-    let Outcome::Renewals(each) = &out.outcomes[0] else {
+    let Outcome::RenewMany(each) = &out.outcomes[0] else {
         panic!("not a batch answer: {:?}", out.outcomes[0]);
     };
     assert_eq!(
         each,
         &vec![
-            Outcome::Renewed {
+            RenewOutcome::Renewed {
                 expires_at: at(22_000),
                 ttl_ms: TTL
             },
-            Outcome::Lost(LostReason::Released),
-            Outcome::Lost(LostReason::Expired),
-            Outcome::Lost(LostReason::Superseded {
+            RenewOutcome::Lost(LostReason::Released),
+            RenewOutcome::Lost(LostReason::Expired),
+            RenewOutcome::Lost(LostReason::Superseded {
                 current_token: newer
             }),
-            Outcome::Lost(LostReason::Unknown),
-            Outcome::Lost(LostReason::Unknown),
+            RenewOutcome::Lost(LostReason::Unknown),
+            RenewOutcome::Lost(LostReason::Unknown),
         ]
     );
     // Nothing lost came back; the renewed lease kept its token.
@@ -148,11 +148,11 @@ fn leases_renewed_together_lapse_together_at_one_cluster_time() {
         .collect();
     // Granted at different times; one keep-alive aligns them.
     let out = apply(&mut t, 5_000, vec![renew_many(leases)]);
-    let Outcome::Renewals(each) = &out.outcomes[0] else {
+    let Outcome::RenewMany(each) = &out.outcomes[0] else {
         panic!("{:?}", out.outcomes[0]);
     };
     assert!(each.iter().all(|o| *o
-        == Outcome::Renewed {
+        == RenewOutcome::Renewed {
             expires_at: at(15_000),
             ttl_ms: TTL
         }));
@@ -179,7 +179,7 @@ fn a_retried_batch_renews_again_and_changes_nothing_else() {
     let out = apply(&mut t, 1_500, vec![cmd]);
     assert_eq!(
         out.outcomes[0],
-        Outcome::Renewals(vec![Outcome::Renewed {
+        Outcome::RenewMany(vec![RenewOutcome::Renewed {
             expires_at: at(11_500),
             ttl_ms: TTL
         }])
@@ -272,11 +272,11 @@ proptest! {
             ms += 700;
             let commands = match op {
                 Op::Acquire(r, o) => vec![Command::Acquire {
-                    resource: res(r), owner: owners[o], ttl_ms: TTL, wait_ms: 0,
+                    resource: res(r), owner_id: owners[o], ttl_ms: TTL, wait_ms: 0,
                 }],
                 Op::Release(r, o) => match t.holder(res(r).as_str()) {
                     Some((_, g)) => vec![Command::Release {
-                        resource: res(r), owner: owners[o], token: g.token,
+                        resource: res(r), owner_id: owners[o], token: g.token,
                     }],
                     None => vec![],
                 },
@@ -289,7 +289,7 @@ proptest! {
             .iter()
             .map(|&(r, o, back, ttl_ms)| RenewLease {
                 resource: res(r),
-                owner: owners[o],
+                owner_id: owners[o],
                 token: Token::new(last.saturating_sub(back).max(1)).unwrap(),
                 ttl_ms,
             })
@@ -297,14 +297,20 @@ proptest! {
         let singles: Vec<Command> = leases
             .iter()
             .map(|l| Command::Renew {
-                resource: l.resource.clone(), owner: l.owner, token: l.token, ttl_ms: l.ttl_ms,
+                resource: l.resource.clone(), owner_id: l.owner_id, token: l.token, ttl_ms: l.ttl_ms,
             })
             .collect();
         let mut one = t.clone();
         let mut each = t;
         let batched = apply(&mut one, ms + gap, vec![renew_many(leases)]);
         let separate = apply(&mut each, ms + gap, singles);
-        prop_assert_eq!(&batched.outcomes, &vec![Outcome::Renewals(separate.outcomes)]);
+        let renewed_singly: Vec<RenewOutcome> = separate
+            .outcomes
+            .into_iter()
+            .map(RenewOutcome::from_outcome)
+            .collect::<Result<_, _>>()
+            .map_err(|o| TestCaseError::fail(format!("a renew answered with {o:?}")))?;
+        prop_assert_eq!(&batched.outcomes, &vec![Outcome::RenewMany(renewed_singly)]);
         prop_assert_eq!(batched.events, separate.events);
         prop_assert_eq!(one.snapshot(), each.snapshot());
     }

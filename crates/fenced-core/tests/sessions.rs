@@ -60,7 +60,7 @@ fn close(session: SessionId, identity: &str) -> Command {
 fn in_session(res: &str, owner: OwnerId, session: SessionId, identity: &str) -> Command {
     Command::AcquireInSession {
         resource: name(res),
-        owner,
+        owner_id: owner,
         session,
         identity: identity.into(),
         capacity: Capacity::UNBOUNDED,
@@ -70,16 +70,34 @@ fn in_session(res: &str, owner: OwnerId, session: SessionId, identity: &str) -> 
 fn plain(res: &str, owner: OwnerId, wait_ms: u64) -> Command {
     Command::Acquire {
         resource: name(res),
-        owner,
+        owner_id: owner,
         ttl_ms: TTL,
         wait_ms,
     }
 }
 
-fn granted(outcome: Outcome) -> Grant {
+/// The grant in an acquire's outcome, plain or in a session.
+fn grant_of(outcome: &Outcome) -> Option<Grant> {
     match outcome {
-        Outcome::Granted(g) => g,
-        other => panic!("not granted: {other:?}"),
+        Outcome::Acquire(AcquireOutcome::Granted(g))
+        | Outcome::AcquireInSession(AcquireInSessionOutcome::Acquire(AcquireOutcome::Granted(g))) => {
+            Some(*g)
+        }
+        _ => None,
+    }
+}
+
+fn granted(outcome: Outcome) -> Grant {
+    grant_of(&outcome).unwrap_or_else(|| panic!("not granted: {outcome:?}"))
+}
+
+/// The refusal in a session command's outcome, whichever the command.
+fn session_refusal(outcome: &Outcome) -> Option<SessionRefusal> {
+    match outcome {
+        Outcome::Session(SessionOutcome::Refused(r))
+        | Outcome::AcquireInSession(AcquireInSessionOutcome::SessionRefused(r)) => Some(*r),
+        Outcome::CloseSession(CloseSessionOutcome::NotOwner) => Some(SessionRefusal::NotOwner),
+        _ => None,
     }
 }
 
@@ -90,11 +108,11 @@ fn session_with(n: usize) -> (LeaseTable, SessionId, Vec<(OwnerId, Grant)>) {
     let s = SessionId::random();
     assert_eq!(
         one(&mut table, 0, open(s, ME, TTL)),
-        Outcome::SessionAlive {
+        Outcome::Session(SessionOutcome::Alive {
             expires_at: at(TTL),
             ttl_ms: TTL,
             leases: 0
-        }
+        })
     );
     let owners: Vec<OwnerId> = (0..n).map(|_| OwnerId::random()).collect();
     let commands = owners
@@ -123,11 +141,11 @@ fn a_lease_in_a_session_expires_with_it_and_a_keep_alive_extends_all_of_them() {
     let applied = apply(&mut table, 5_000, vec![keep_alive(s, ME)]);
     assert_eq!(
         applied.outcomes,
-        vec![Outcome::SessionAlive {
+        vec![Outcome::Session(SessionOutcome::Alive {
             expires_at: at(15_000),
             ttl_ms: TTL,
             leases: 50
-        }]
+        })]
     );
     for i in 0..50 {
         let d = table.describe(&format!("r{i}"), at(14_999));
@@ -191,7 +209,7 @@ fn a_lapsed_session_ends_all_its_leases_at_one_cluster_time() {
     // A keep-alive after the lapse revives nothing.
     assert_eq!(
         one(&mut table, TTL + 300, keep_alive(s, ME)),
-        Outcome::SessionRefused(SessionRefusal::Gone)
+        Outcome::Session(SessionOutcome::Refused(SessionRefusal::Gone))
     );
     assert_eq!(table.live_leases(), 0);
 }
@@ -202,15 +220,15 @@ fn a_lapsed_sessions_lease_is_granted_again_only_after_the_lapse_with_a_higher_t
     let other = OwnerId::random();
     assert!(matches!(
         one(&mut table, 6_000, keep_alive(s, ME)),
-        Outcome::SessionAlive { .. }
+        Outcome::Session(SessionOutcome::Alive { .. })
     ));
     // Kept alive at 6 s: held until 16 s.
     assert!(matches!(
         one(&mut table, 15_999, plain("r1", other, 0)),
-        Outcome::Held {
+        Outcome::Acquire(AcquireOutcome::Held {
             remaining_ms: 1,
             ..
-        }
+        })
     ));
     let g = granted(one(&mut table, 16_000, plain("r1", other, 0)));
     assert!(grants.iter().all(|(_, old)| g.token > old.token));
@@ -223,12 +241,16 @@ fn a_waiter_on_a_sessions_lease_is_granted_when_the_session_lapses() {
     let waiter = OwnerId::random();
     assert!(matches!(
         one(&mut table, 200, plain("r0", waiter, 60_000)),
-        Outcome::Waiting { position: 1 }
+        Outcome::Acquire(AcquireOutcome::Waiting { position: 1 })
     ));
     assert_eq!(table.next_wakeup(), Some(at(TTL)));
     let applied = apply(&mut table, TTL, vec![]);
     let grant = applied.events.iter().find_map(|e| match e {
-        Event::WaiterGranted { owner, grant, .. } if *owner == waiter => Some(*grant),
+        Event::WaiterGranted {
+            owner_id: owner,
+            grant,
+            ..
+        } if *owner == waiter => Some(*grant),
         _ => None,
     });
     let grant = grant.expect("the waiter is granted at the lapse");
@@ -242,11 +264,16 @@ fn closing_a_session_releases_its_leases_and_a_retried_close_is_answered_the_sam
     let waiter = OwnerId::random();
     one(&mut table, 200, plain("r3", waiter, 60_000));
     let applied = apply(&mut table, 300, vec![close(s, ME)]);
-    assert_eq!(applied.outcomes, vec![Outcome::SessionClosed { leases: 5 }]);
+    assert_eq!(
+        applied.outcomes,
+        vec![Outcome::CloseSession(CloseSessionOutcome::Closed {
+            leases: 5
+        })]
+    );
     assert!(applied
         .events
         .iter()
-        .any(|e| matches!(e, Event::WaiterGranted { owner, .. } if *owner == waiter)));
+        .any(|e| matches!(e, Event::WaiterGranted { owner_id: owner, .. } if *owner == waiter)));
     assert_eq!(table.live_leases(), 1, "only the waiter's lease");
     let (owner, g) = grants[0];
     assert_eq!(
@@ -255,16 +282,16 @@ fn closing_a_session_releases_its_leases_and_a_retried_close_is_answered_the_sam
             400,
             Command::Release {
                 resource: name("r0"),
-                owner,
+                owner_id: owner,
                 token: g.token
             }
         ),
-        Outcome::Released,
+        Outcome::Release(ReleaseOutcome::Released),
         "a release after the close is told the lease was released"
     );
     assert_eq!(
         one(&mut table, 500, close(s, ME)),
-        Outcome::SessionClosed { leases: 0 }
+        Outcome::CloseSession(CloseSessionOutcome::Closed { leases: 0 })
     );
 }
 
@@ -280,8 +307,8 @@ fn another_identity_can_neither_keep_close_nor_acquire_in_a_session() {
         open(s, "intruder", TTL),
     ] {
         assert_eq!(
-            one(&mut table, 1_000, command),
-            Outcome::SessionRefused(SessionRefusal::NotOwner)
+            session_refusal(&one(&mut table, 1_000, command)),
+            Some(SessionRefusal::NotOwner)
         );
     }
     assert_eq!(table.session(s), Some((at(TTL), 2)));
@@ -295,21 +322,21 @@ fn a_retried_open_keeps_the_session_alive_and_never_shortens_it() {
     one(&mut table, 0, open(s, ME, 30_000));
     assert_eq!(
         one(&mut table, 1_000, open(s, ME, 30_000)),
-        Outcome::SessionAlive {
+        Outcome::Session(SessionOutcome::Alive {
             expires_at: at(31_000),
             ttl_ms: 30_000,
             leases: 0
-        }
+        })
     );
     assert_eq!(table.sessions(), 1);
     // A keep-alive early in a long session never moves its end earlier.
     assert_eq!(
         one(&mut table, 1_001, keep_alive(s, ME)),
-        Outcome::SessionAlive {
+        Outcome::Session(SessionOutcome::Alive {
             expires_at: at(31_001),
             ttl_ms: 30_000,
             leases: 0
-        }
+        })
     );
 }
 
@@ -328,35 +355,35 @@ fn sessions_are_bounded_in_all_and_per_identity() {
     };
     assert!(matches!(
         one(&mut table, 0, open_in("a")),
-        Outcome::SessionAlive { .. }
+        Outcome::Session(SessionOutcome::Alive { .. })
     ));
     assert!(matches!(
         one(&mut table, 0, open_in("a")),
-        Outcome::SessionAlive { .. }
+        Outcome::Session(SessionOutcome::Alive { .. })
     ));
     assert_eq!(
         one(&mut table, 0, open_in("a")),
-        Outcome::SessionRefused(SessionRefusal::Bound {
+        Outcome::Session(SessionOutcome::Refused(SessionRefusal::Bound {
             bound: SessionBound::SessionsPerIdentity,
             limit: 2
-        })
+        }))
     );
     assert!(matches!(
         one(&mut table, 0, open_in("b")),
-        Outcome::SessionAlive { .. }
+        Outcome::Session(SessionOutcome::Alive { .. })
     ));
     assert_eq!(
         one(&mut table, 0, open_in("c")),
-        Outcome::SessionRefused(SessionRefusal::Bound {
+        Outcome::Session(SessionOutcome::Refused(SessionRefusal::Bound {
             bound: SessionBound::Sessions,
             limit: 3
-        })
+        }))
     );
     assert_eq!(SessionBound::Sessions.setting(), "max_sessions");
     // Lapsed sessions count no more.
     assert!(matches!(
         one(&mut table, TTL, open_in("c")),
-        Outcome::SessionAlive { .. }
+        Outcome::Session(SessionOutcome::Alive { .. })
     ));
     assert_eq!(table.sessions(), 1);
 }
@@ -367,11 +394,14 @@ fn a_sessions_lease_is_not_renewed_on_its_own_and_is_released_alone() {
     let (owner, g) = grants[0];
     let renew = Command::Renew {
         resource: name("r0"),
-        owner,
+        owner_id: owner,
         token: g.token,
         ttl_ms: 60_000,
     };
-    assert_eq!(one(&mut table, 500, renew), Outcome::KeptBySession);
+    assert_eq!(
+        one(&mut table, 500, renew),
+        Outcome::Renew(RenewOutcome::KeptBySession)
+    );
     assert_eq!(table.holder("r0").unwrap().1.expires_at, at(TTL));
     assert_eq!(
         one(
@@ -379,11 +409,11 @@ fn a_sessions_lease_is_not_renewed_on_its_own_and_is_released_alone() {
             600,
             Command::Release {
                 resource: name("r0"),
-                owner,
+                owner_id: owner,
                 token: g.token
             }
         ),
-        Outcome::Released
+        Outcome::Release(ReleaseOutcome::Released)
     );
     assert_eq!(table.session(s), Some((at(TTL), 1)));
     assert_eq!(table.live_leases(), 1);
@@ -401,12 +431,16 @@ fn an_acquire_in_a_session_that_is_not_open_grants_nothing() {
     let s = SessionId::random();
     assert_eq!(
         one(&mut table, 0, in_session("r", OwnerId::random(), s, ME)),
-        Outcome::SessionRefused(SessionRefusal::Gone)
+        Outcome::AcquireInSession(AcquireInSessionOutcome::SessionRefused(
+            SessionRefusal::Gone
+        ))
     );
     one(&mut table, 0, open(s, ME, TTL));
     assert_eq!(
         one(&mut table, TTL, in_session("r", OwnerId::random(), s, ME)),
-        Outcome::SessionRefused(SessionRefusal::Gone)
+        Outcome::AcquireInSession(AcquireInSessionOutcome::SessionRefused(
+            SessionRefusal::Gone
+        ))
     );
     assert_eq!(table.live_leases(), 0);
     assert_eq!(table.last_token(), 0);
@@ -417,7 +451,7 @@ fn a_sessions_leases_count_against_the_live_lease_capacity() {
     let (mut table, s, _) = session_with(3);
     let command = Command::AcquireInSession {
         resource: name("more"),
-        owner: OwnerId::random(),
+        owner_id: OwnerId::random(),
         session: s,
         identity: ME.into(),
         capacity: Capacity {
@@ -427,10 +461,12 @@ fn a_sessions_leases_count_against_the_live_lease_capacity() {
     };
     assert_eq!(
         one(&mut table, 200, command),
-        Outcome::CapacityReached {
-            bound: CapacityBound::LiveLeases,
-            limit: 3
-        }
+        Outcome::AcquireInSession(AcquireInSessionOutcome::Acquire(
+            AcquireOutcome::CapacityReached {
+                bound: CapacityBound::LiveLeases,
+                limit: 3
+            }
+        ))
     );
 }
 
@@ -536,7 +572,7 @@ proptest! {
                 Op::Plain(r, w) => Some(plain(&format!("r{r}"), OwnerId::random(), w)),
                 Op::Release(r) => table.holder(&format!("r{r}")).map(|(owner, g)| Command::Release {
                     resource: name(&format!("r{r}")),
-                    owner,
+                    owner_id: owner,
                     token: g.token,
                 }),
                 Op::Tick => None,
@@ -547,10 +583,7 @@ proptest! {
                 }
             }
             let applied = apply(&mut table, now, command.clone().into_iter().collect());
-            let grants = applied.outcomes.iter().filter_map(|o| match o {
-                Outcome::Granted(g) => Some(g.token),
-                _ => None,
-            });
+            let grants = applied.outcomes.iter().filter_map(|o| grant_of(o).map(|g| g.token));
             let handed = applied.events.iter().filter_map(|e| match e {
                 Event::WaiterGranted { grant, .. } => Some(grant.token),
                 _ => None,
@@ -562,8 +595,8 @@ proptest! {
                 prop_assert!(token > last_token, "token {} after {}", token, last_token);
                 last_token = token;
             }
-            if let (Some(Command::AcquireInSession { resource, session, .. }), Some(Outcome::Granted(g))) =
-                (&command, applied.outcomes.first())
+            if let (Some(Command::AcquireInSession { resource, session, .. }), Some(g)) =
+                (&command, applied.outcomes.first().and_then(grant_of))
             {
                 let i = sessions.iter().position(|s| s == session).unwrap();
                 in_session_of[i].push((resource.as_str().to_string(), g.token));
@@ -580,7 +613,7 @@ proptest! {
                     _ => None,
                 })
                 .chain(match (&command, applied.outcomes.first()) {
-                    (Some(Command::CloseSession { session, .. }), Some(Outcome::SessionClosed { .. })) => {
+                    (Some(Command::CloseSession { session, .. }), Some(Outcome::CloseSession(CloseSessionOutcome::Closed { .. }))) => {
                         Some(*session)
                     }
                     _ => None,

@@ -1,6 +1,7 @@
 use fenced_core::{
-    CapacityBound, ChangeKind, ClusterTime, Command, Description, HistoryEntry, InvalidArgument,
-    Limits, LostReason, Outcome, OwnerId, RenewLease, RenewLeases, ResourceName, SessionId,
+    AcquireInSessionOutcome, AcquireOutcome, CapacityBound, ChangeKind, CloseSessionOutcome,
+    ClusterTime, Command, Description, HistoryEntry, InvalidArgument, Limits, LostReason, OwnerId,
+    ReleaseOutcome, RenewLease, RenewLeases, RenewOutcome, ResourceName, SessionId, SessionOutcome,
     SessionRefusal, Token, TokenState, Validation,
 };
 use tonic::Status;
@@ -28,7 +29,7 @@ pub fn acquire_command(
 ) -> Result<Command, InvalidArgument> {
     let command = Command::AcquireBounded {
         resource: ResourceName::from_bytes(&req.resource)?,
-        owner: OwnerId::from_bytes(&req.owner_id)?,
+        owner_id: OwnerId::from_bytes(&req.owner_id)?,
         ttl_ms: req.ttl_ms,
         wait_ms: req.wait_ms,
         capacity: limits.capacity(),
@@ -46,7 +47,7 @@ pub fn acquire_in_session_command(
 ) -> Result<Command, InvalidArgument> {
     let command = Command::AcquireInSession {
         resource: ResourceName::from_bytes(&req.resource)?,
-        owner: OwnerId::from_bytes(&req.owner_id)?,
+        owner_id: OwnerId::from_bytes(&req.owner_id)?,
         session: SessionId::from_bytes(&req.session_id)?,
         identity: identity.to_string(),
         capacity: limits.capacity(),
@@ -108,15 +109,21 @@ pub fn close_session_command(
     Ok(command)
 }
 
+/// PERMISSION_DENIED for a session command by an identity that did not open
+/// the session.
+fn not_owner() -> Status {
+    Status::permission_denied(
+        "session_id: the session belongs to another identity; only the identity that \
+         opened it may keep it alive, close it or acquire in it",
+    )
+}
+
 /// The status of a refused session command, or `None` for
 /// [`SessionRefusal::Gone`], which is an answer, not an error.
 fn session_refused(refusal: SessionRefusal) -> Option<Status> {
     match refusal {
         SessionRefusal::Gone => None,
-        SessionRefusal::NotOwner => Some(Status::permission_denied(
-            "session_id: the session belongs to another identity; only the identity that \
-             opened it may keep it alive, close it or acquire in it",
-        )),
+        SessionRefusal::NotOwner => Some(not_owner()),
         SessionRefusal::Bound { bound, limit } => Some(Status::resource_exhausted(format!(
             "{}={limit}: that many sessions are open already; close one, or let one lapse",
             bound.setting()
@@ -125,10 +132,13 @@ fn session_refused(refusal: SessionRefusal) -> Option<Status> {
 }
 
 /// The reply to an open or a keep-alive.
-pub fn session_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::SessionResponse, Status> {
+pub fn session_reply(
+    outcome: &SessionOutcome,
+    now: ClusterTime,
+) -> Result<v1::SessionResponse, Status> {
     use v1::session_response::Outcome as O;
     let outcome = match outcome {
-        Outcome::SessionAlive {
+        SessionOutcome::Alive {
             expires_at,
             ttl_ms,
             leases,
@@ -137,11 +147,10 @@ pub fn session_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::SessionR
             ttl_ms: *ttl_ms,
             leases: *leases,
         }),
-        Outcome::SessionRefused(r) => match session_refused(*r) {
+        SessionOutcome::Refused(r) => match session_refused(*r) {
             None => O::Gone(v1::SessionGone {}),
             Some(status) => return Err(status),
         },
-        other => return Err(unexpected(other, "session")),
     };
     Ok(v1::SessionResponse {
         outcome: Some(outcome),
@@ -151,18 +160,15 @@ pub fn session_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::SessionR
 
 /// The reply to a close.
 pub fn close_session_reply(
-    outcome: &Outcome,
+    outcome: &CloseSessionOutcome,
     now: ClusterTime,
 ) -> Result<v1::CloseSessionResponse, Status> {
     match outcome {
-        Outcome::SessionClosed { leases } => Ok(v1::CloseSessionResponse {
+        CloseSessionOutcome::Closed { leases } => Ok(v1::CloseSessionResponse {
             leases_ended: *leases,
             cluster_time_ms: now.as_millis(),
         }),
-        Outcome::SessionRefused(r) => {
-            Err(session_refused(*r).unwrap_or_else(|| unexpected(outcome, "close_session")))
-        }
-        other => Err(unexpected(other, "close_session")),
+        CloseSessionOutcome::NotOwner => Err(not_owner()),
     }
 }
 
@@ -170,7 +176,7 @@ pub fn close_session_reply(
 pub fn renew_command(req: &v1::RenewRequest, limits: &Limits) -> Result<Command, InvalidArgument> {
     let command = Command::Renew {
         resource: ResourceName::from_bytes(&req.resource)?,
-        owner: OwnerId::from_bytes(&req.owner_id)?,
+        owner_id: OwnerId::from_bytes(&req.owner_id)?,
         token: Token::new(req.token)?,
         ttl_ms: req.ttl_ms,
     };
@@ -212,7 +218,7 @@ pub fn renew_many_command(
             let lease = || {
                 Ok::<_, InvalidArgument>(RenewLease {
                     resource: ResourceName::from_bytes(&l.resource)?,
-                    owner: OwnerId::from_bytes(&l.owner_id)?,
+                    owner_id: OwnerId::from_bytes(&l.owner_id)?,
                     token: Token::new(l.token)?,
                     ttl_ms: l.ttl_ms,
                 })
@@ -229,12 +235,9 @@ pub fn renew_many_command(
 
 /// The reply to a batch renewal: one [`renew_reply`] per lease.
 pub fn renew_many_reply(
-    outcome: &Outcome,
+    each: &[RenewOutcome],
     now: ClusterTime,
 ) -> Result<v1::RenewManyResponse, Status> {
-    let Outcome::Renewals(each) = outcome else {
-        return Err(unexpected(outcome, "renew_many"));
-    };
     Ok(v1::RenewManyResponse {
         results: each
             .iter()
@@ -248,7 +251,7 @@ pub fn renew_many_reply(
 pub fn release_command(req: &v1::ReleaseRequest) -> Result<Command, InvalidArgument> {
     Ok(Command::Release {
         resource: ResourceName::from_bytes(&req.resource)?,
-        owner: OwnerId::from_bytes(&req.owner_id)?,
+        owner_id: OwnerId::from_bytes(&req.owner_id)?,
         token: Token::new(req.token)?,
     })
 }
@@ -258,7 +261,9 @@ pub fn describe_resource(req: &v1::DescribeRequest) -> Result<ResourceName, Inva
     ResourceName::from_bytes(&req.resource)
 }
 
-fn reason_parts(reason: LostReason) -> (i32, u64) {
+/// A loss reason as the wire carries it: the reason and, when superseded,
+/// the newest token (0 otherwise).
+pub fn lost_reason_parts(reason: LostReason) -> (v1::LostReason, u64) {
     let (r, current) = match reason {
         LostReason::Expired => (v1::LostReason::Expired, 0),
         LostReason::Released => (v1::LostReason::Released, 0),
@@ -267,11 +272,21 @@ fn reason_parts(reason: LostReason) -> (i32, u64) {
         }
         LostReason::Unknown => (v1::LostReason::Unknown, 0),
     };
-    (r as i32, current)
+    (r, current)
 }
 
-fn unexpected(outcome: &Outcome, rpc: &str) -> Status {
-    Status::internal(format!("{rpc}: unexpected outcome {outcome:?}"))
+/// A loss reason from the wire; an unknown code is [`LostReason::Unknown`],
+/// and a superseded one without a valid newest token too (tokens start at 1).
+pub fn lost_reason_from_wire(reason: i32, current_token: u64) -> LostReason {
+    match v1::LostReason::try_from(reason) {
+        Ok(v1::LostReason::Expired) => LostReason::Expired,
+        Ok(v1::LostReason::Released) => LostReason::Released,
+        Ok(v1::LostReason::Superseded) => match Token::new(current_token) {
+            Ok(current_token) => LostReason::Superseded { current_token },
+            Err(_) => LostReason::Unknown,
+        },
+        _ => LostReason::Unknown,
+    }
 }
 
 /// RESOURCE_EXHAUSTED naming the setting that refused an acquire and its value.
@@ -287,41 +302,47 @@ pub fn capacity_reached(bound: CapacityBound, limit: u64) -> Status {
     ))
 }
 
-/// The reply to an acquire whose outcome is final (not `Waiting`).
-pub fn acquire_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::AcquireResponse, Status> {
+/// The reply to an acquire whose outcome is final: a `Waiting` outcome
+/// (answered later, when the wait ends) is UNAVAILABLE here, outcome unknown.
+pub fn acquire_reply(
+    outcome: &AcquireOutcome,
+    now: ClusterTime,
+) -> Result<v1::AcquireResponse, Status> {
     use v1::acquire_response::Outcome as O;
     let outcome = match outcome {
-        Outcome::Granted(g) => O::Granted(v1::Granted {
+        AcquireOutcome::Granted(g) => O::Granted(v1::Granted {
             token: g.token.get(),
             expires_at_ms: g.expires_at.as_millis(),
             ttl_ms: g.ttl_ms,
         }),
-        Outcome::Held {
+        AcquireOutcome::Held {
             current_token,
             remaining_ms,
         } => O::Held(v1::Held {
             current_token: current_token.get(),
             remaining_ms: *remaining_ms,
         }),
-        Outcome::Lost(reason) => {
-            let (reason, current_token) = reason_parts(*reason);
+        AcquireOutcome::Ended(reason) => {
+            let (reason, current_token) = lost_reason_parts(*reason);
             O::Ended(v1::Ended {
-                reason,
+                reason: reason as i32,
                 current_token,
             })
         }
-        Outcome::WaitQueueFull { max_waiters } => {
+        AcquireOutcome::WaitQueueFull { max_waiters } => {
             return Err(Status::resource_exhausted(format!(
                 "wait_ms: the resource already has the maximum of {max_waiters} waiters; \
                  retry later or acquire without waiting"
             )))
         }
-        Outcome::CapacityReached { bound, limit } => return Err(capacity_reached(*bound, *limit)),
-        Outcome::SessionRefused(r) => match session_refused(*r) {
-            None => O::SessionGone(v1::SessionGone {}),
-            Some(status) => return Err(status),
-        },
-        other => return Err(unexpected(other, "acquire")),
+        AcquireOutcome::CapacityReached { bound, limit } => {
+            return Err(capacity_reached(*bound, *limit))
+        }
+        AcquireOutcome::Waiting { .. } => {
+            return Err(Status::unavailable(
+                "acquire: still waiting, the outcome is unknown; retry with the same owner_id",
+            ))
+        }
     };
     Ok(v1::AcquireResponse {
         outcome: Some(outcome),
@@ -329,28 +350,47 @@ pub fn acquire_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::AcquireR
     })
 }
 
+/// The reply to an acquire in a session: an acquire's reply, or the end of
+/// the session (an answer) or a refusal (an error).
+pub fn acquire_in_session_reply(
+    outcome: &AcquireInSessionOutcome,
+    now: ClusterTime,
+) -> Result<v1::AcquireResponse, Status> {
+    match outcome {
+        AcquireInSessionOutcome::Acquire(o) => acquire_reply(o, now),
+        AcquireInSessionOutcome::SessionRefused(r) => match session_refused(*r) {
+            None => Ok(v1::AcquireResponse {
+                outcome: Some(v1::acquire_response::Outcome::SessionGone(
+                    v1::SessionGone {},
+                )),
+                cluster_time_ms: now.as_millis(),
+            }),
+            Some(status) => Err(status),
+        },
+    }
+}
+
 /// The reply to a renew.
-pub fn renew_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::RenewResponse, Status> {
+pub fn renew_reply(outcome: &RenewOutcome, now: ClusterTime) -> Result<v1::RenewResponse, Status> {
     use v1::renew_response::Outcome as O;
     let outcome = match outcome {
-        Outcome::Renewed { expires_at, ttl_ms } => O::Renewed(v1::Renewed {
+        RenewOutcome::Renewed { expires_at, ttl_ms } => O::Renewed(v1::Renewed {
             expires_at_ms: expires_at.as_millis(),
             ttl_ms: *ttl_ms,
         }),
-        Outcome::Lost(reason) => {
-            let (reason, current_token) = reason_parts(*reason);
+        RenewOutcome::Lost(reason) => {
+            let (reason, current_token) = lost_reason_parts(*reason);
             O::Lost(v1::Lost {
-                reason,
+                reason: reason as i32,
                 current_token,
             })
         }
-        Outcome::KeptBySession => {
+        RenewOutcome::KeptBySession => {
             return Err(Status::failed_precondition(
                 "the lease lives with its session and has no expiry of its own: keep the \
                  session alive (KeepAlive) instead of renewing the lease",
             ))
         }
-        other => return Err(unexpected(other, "renew")),
     };
     Ok(v1::RenewResponse {
         outcome: Some(outcome),
@@ -359,23 +399,22 @@ pub fn renew_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::RenewRespo
 }
 
 /// The reply to a release.
-pub fn release_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::ReleaseResponse, Status> {
+pub fn release_reply(outcome: &ReleaseOutcome, now: ClusterTime) -> v1::ReleaseResponse {
     use v1::release_response::Outcome as O;
     let outcome = match outcome {
-        Outcome::Released => O::Released(v1::Released {}),
-        Outcome::NotHolder(reason) => {
-            let (reason, current_token) = reason_parts(*reason);
+        ReleaseOutcome::Released => O::Released(v1::Released {}),
+        ReleaseOutcome::NotHolder(reason) => {
+            let (reason, current_token) = lost_reason_parts(*reason);
             O::NotHolder(v1::NotHolder {
-                reason,
+                reason: reason as i32,
                 current_token,
             })
         }
-        other => return Err(unexpected(other, "release")),
     };
-    Ok(v1::ReleaseResponse {
+    v1::ReleaseResponse {
         outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
-    })
+    }
 }
 
 /// The reply to a describe.
@@ -477,7 +516,7 @@ pub fn history_reply(entries: &[HistoryEntry], now: ClusterTime) -> v1::HistoryR
             .iter()
             .map(|e| v1::HistoryEntry {
                 token: e.token.get(),
-                owner_id: e.owner.as_bytes().to_vec(),
+                owner_id: e.owner_id.as_bytes().to_vec(),
                 granted_at_ms: e.granted_at.as_millis(),
                 ended_at_ms: e.end.map_or(0, |end| end.at.as_millis()),
                 ended: e

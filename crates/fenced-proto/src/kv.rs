@@ -2,8 +2,8 @@
 //! writes from the wire, checked; outcomes to replies.
 
 use fenced_core::{
-    ClusterTime, Command, InvalidArgument, KvBound, KvEntry, KvKey, KvRefusal, KvValue, Limits,
-    LostReason, Outcome, OwnerId, ResourceName, Token,
+    ClusterTime, Command, InvalidArgument, KvBound, KvDeleteOutcome, KvEntry, KvKey, KvPutOutcome,
+    KvRefusal, KvValue, Limits, LostReason, OwnerId, ResourceName, Token,
 };
 use tonic::Status;
 
@@ -30,7 +30,7 @@ pub fn kv_put_command(req: &v1::KvPutRequest, limits: &Limits) -> Result<Command
         key: KvKey::from_bytes(&req.key)?,
         value: KvValue::new(req.value.as_slice())?,
         resource: ResourceName::from_bytes(&req.resource)?,
-        owner: OwnerId::from_bytes(&req.owner_id)?,
+        owner_id: OwnerId::from_bytes(&req.owner_id)?,
         token: Token::new(req.token)?,
         bounds: limits.kv_bounds(),
     })
@@ -41,7 +41,7 @@ pub fn kv_delete_command(req: &v1::KvDeleteRequest) -> Result<Command, InvalidAr
     Ok(Command::KvDelete {
         key: KvKey::from_bytes(&req.key)?,
         resource: ResourceName::from_bytes(&req.resource)?,
-        owner: OwnerId::from_bytes(&req.owner_id)?,
+        owner_id: OwnerId::from_bytes(&req.owner_id)?,
         token: Token::new(req.token)?,
     })
 }
@@ -64,7 +64,7 @@ pub fn kv_bound_reached(bound: KvBound, limit: u64) -> Status {
     ))
 }
 
-fn refused(refusal: KvRefusal) -> Result<v1::KvRefused, Status> {
+fn refused(refusal: KvRefusal) -> v1::KvRefused {
     use v1::KvRefusalReason as R;
     let (reason, current_token) = match refusal {
         KvRefusal::Lease(LostReason::Expired) => (R::Expired, 0),
@@ -74,53 +74,58 @@ fn refused(refusal: KvRefusal) -> Result<v1::KvRefused, Status> {
         }
         KvRefusal::Lease(LostReason::Unknown) => (R::Unknown, 0),
         KvRefusal::KeyHasNewerToken { key_token } => (R::KeyHasNewerToken, key_token.get()),
-        KvRefusal::Bound { bound, limit } => return Err(kv_bound_reached(bound, limit)),
     };
-    Ok(v1::KvRefused {
+    v1::KvRefused {
         reason: reason as i32,
         current_token,
-    })
-}
-
-/// A write's outcome: applied, or refused with why.
-fn written(outcome: &Outcome, rpc: &str) -> Result<Result<v1::KvApplied, v1::KvRefused>, Status> {
-    match outcome {
-        Outcome::KvApplied { revision, existed } => Ok(Ok(v1::KvApplied {
-            revision: *revision,
-            existed: *existed,
-        })),
-        Outcome::KvRefused(r) => refused(*r).map(Err),
-        other => Err(Status::internal(format!(
-            "{rpc}: unexpected outcome {other:?}"
-        ))),
     }
 }
 
-/// The reply to a put.
-pub fn kv_put_reply(outcome: &Outcome, now: ClusterTime) -> Result<v1::KvPutResponse, Status> {
+/// A refusal from the wire. A code this build does not know, or a token
+/// of 0 where one is due (tokens start at 1), reads as an unknown lease.
+pub fn kv_refusal_from_wire(refused: &v1::KvRefused) -> KvRefusal {
+    use v1::KvRefusalReason as R;
+    let token = Token::new(refused.current_token);
+    match (R::try_from(refused.reason), token) {
+        (Ok(R::Expired), _) => KvRefusal::Lease(LostReason::Expired),
+        (Ok(R::Released), _) => KvRefusal::Lease(LostReason::Released),
+        (Ok(R::Superseded), Ok(current_token)) => {
+            KvRefusal::Lease(LostReason::Superseded { current_token })
+        }
+        (Ok(R::KeyHasNewerToken), Ok(key_token)) => KvRefusal::KeyHasNewerToken { key_token },
+        _ => KvRefusal::Lease(LostReason::Unknown),
+    }
+}
+
+fn applied(revision: u64, existed: bool) -> v1::KvApplied {
+    v1::KvApplied { revision, existed }
+}
+
+/// The reply to a put; a full store is RESOURCE_EXHAUSTED naming its setting.
+pub fn kv_put_reply(outcome: &KvPutOutcome, now: ClusterTime) -> Result<v1::KvPutResponse, Status> {
     use v1::kv_put_response::Outcome as O;
+    let outcome = match *outcome {
+        KvPutOutcome::Applied { revision, existed } => O::Applied(applied(revision, existed)),
+        KvPutOutcome::Refused(r) => O::Refused(refused(r)),
+        KvPutOutcome::BoundReached { bound, limit } => return Err(kv_bound_reached(bound, limit)),
+    };
     Ok(v1::KvPutResponse {
-        outcome: Some(match written(outcome, "put")? {
-            Ok(applied) => O::Applied(applied),
-            Err(refused) => O::Refused(refused),
-        }),
+        outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
     })
 }
 
 /// The reply to a delete.
-pub fn kv_delete_reply(
-    outcome: &Outcome,
-    now: ClusterTime,
-) -> Result<v1::KvDeleteResponse, Status> {
+pub fn kv_delete_reply(outcome: &KvDeleteOutcome, now: ClusterTime) -> v1::KvDeleteResponse {
     use v1::kv_delete_response::Outcome as O;
-    Ok(v1::KvDeleteResponse {
-        outcome: Some(match written(outcome, "delete")? {
-            Ok(applied) => O::Applied(applied),
-            Err(refused) => O::Refused(refused),
-        }),
+    let outcome = match *outcome {
+        KvDeleteOutcome::Applied { revision, existed } => O::Applied(applied(revision, existed)),
+        KvDeleteOutcome::Refused(r) => O::Refused(refused(r)),
+    };
+    v1::KvDeleteResponse {
+        outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
-    })
+    }
 }
 
 /// The reply to a get: the value and the write that put it there.

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use fenced_core::{Limits, Outcome};
+use fenced_core::{AcquireOutcome, Limits, LostReason, Token};
 use fenced_proto::{v1, *};
 use prost::Message;
 
@@ -120,7 +120,7 @@ fn token_zero_is_refused_on_renew_and_release() {
 #[test]
 fn a_full_waiter_queue_is_resource_exhausted_naming_the_bound() {
     let status = acquire_reply(
-        &Outcome::WaitQueueFull { max_waiters: 1024 },
+        &AcquireOutcome::WaitQueueFull { max_waiters: 1024 },
         fenced_core::ClusterTime::ZERO,
     )
     .unwrap_err();
@@ -130,11 +130,13 @@ fn a_full_waiter_queue_is_resource_exhausted_naming_the_bound() {
 
 #[test]
 fn an_acquire_by_a_spent_owner_id_is_answered_ended_with_the_reason() {
-    use fenced_core::{LostReason, Token};
     let reply = |reason| {
-        acquire_reply(&Outcome::Lost(reason), fenced_core::ClusterTime::ZERO)
-            .expect("an ended attempt is a typed outcome, not an error")
-            .outcome
+        acquire_reply(
+            &AcquireOutcome::Ended(reason),
+            fenced_core::ClusterTime::ZERO,
+        )
+        .expect("an ended attempt is a typed outcome, not an error")
+        .outcome
     };
     assert_eq!(
         reply(LostReason::Released),
@@ -163,7 +165,7 @@ fn a_full_table_is_resource_exhausted_naming_the_setting_and_its_value() {
         (fenced_core::CapacityBound::Waiters, "max_waiters=10000"),
     ] {
         let status = acquire_reply(
-            &Outcome::CapacityReached {
+            &AcquireOutcome::CapacityReached {
                 bound,
                 limit: 10_000,
             },
@@ -198,4 +200,71 @@ fn an_acquire_from_the_wire_carries_the_servers_capacity() {
         panic!("an acquire from the wire must carry its capacity");
     };
     assert_eq!(capacity, limits.capacity());
+}
+
+#[test]
+fn a_loss_reason_reads_back_as_it_was_sent() {
+    let current_token = Token::new(9).expect("a valid token");
+    for reason in [
+        LostReason::Expired,
+        LostReason::Released,
+        LostReason::Superseded { current_token },
+        LostReason::Unknown,
+    ] {
+        let (code, current) = lost_reason_parts(reason);
+        assert_eq!(lost_reason_from_wire(code as i32, current), reason);
+    }
+    // Tokens start at 1: a superseded reason without one, like a code this
+    // build does not know, says nothing more than unknown.
+    let superseded = v1::LostReason::Superseded as i32;
+    assert_eq!(lost_reason_from_wire(superseded, 0), LostReason::Unknown);
+    assert_eq!(lost_reason_from_wire(99, 3), LostReason::Unknown);
+}
+
+#[test]
+fn a_kv_refusal_reads_back_as_it_was_sent() {
+    use fenced_core::KvRefusal;
+    let token = Token::new(4).expect("a valid token");
+    let sent = [
+        (
+            v1::KvRefusalReason::Expired,
+            0,
+            KvRefusal::Lease(LostReason::Expired),
+        ),
+        (
+            v1::KvRefusalReason::Released,
+            0,
+            KvRefusal::Lease(LostReason::Released),
+        ),
+        (
+            v1::KvRefusalReason::Superseded,
+            4,
+            KvRefusal::Lease(LostReason::Superseded {
+                current_token: token,
+            }),
+        ),
+        (
+            v1::KvRefusalReason::Unknown,
+            0,
+            KvRefusal::Lease(LostReason::Unknown),
+        ),
+        (
+            v1::KvRefusalReason::KeyHasNewerToken,
+            4,
+            KvRefusal::KeyHasNewerToken { key_token: token },
+        ),
+        // No token where one is due: nothing more than unknown.
+        (
+            v1::KvRefusalReason::KeyHasNewerToken,
+            0,
+            KvRefusal::Lease(LostReason::Unknown),
+        ),
+    ];
+    for (reason, current_token, refusal) in sent {
+        let wire = v1::KvRefused {
+            reason: reason as i32,
+            current_token,
+        };
+        assert_eq!(kv_refusal_from_wire(&wire), refusal, "{reason:?}");
+    }
 }

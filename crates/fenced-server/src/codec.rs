@@ -116,7 +116,7 @@ mod tests {
             stamp: ClusterTime::from_millis(7),
             commands: vec![Command::Acquire {
                 resource: ResourceName::new("r").unwrap(),
-                owner: OwnerId::random(),
+                owner_id: OwnerId::random(),
                 ttl_ms: 1_000,
                 wait_ms: 0,
             }],

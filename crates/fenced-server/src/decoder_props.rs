@@ -51,7 +51,7 @@ fn batch() -> Batch {
         commands: vec![
             Command::AcquireBounded {
                 resource: ResourceName::new("billing:run").unwrap(),
-                owner: OwnerId::random(),
+                owner_id: OwnerId::random(),
                 ttl_ms: 30_000,
                 wait_ms: 5_000,
                 capacity: Capacity {
@@ -61,7 +61,7 @@ fn batch() -> Batch {
             },
             Command::Release {
                 resource: ResourceName::new("a").unwrap(),
-                owner: OwnerId::random(),
+                owner_id: OwnerId::random(),
                 token: fenced_core::Token::new(3).unwrap(),
             },
         ],
@@ -124,7 +124,7 @@ fn table_snapshot() -> TableSnapshot {
     let (a, b) = (OwnerId::random(), OwnerId::random());
     let acquire = |res: &str, owner, wait_ms| Command::Acquire {
         resource: ResourceName::new(res).unwrap(),
-        owner,
+        owner_id: owner,
         ttl_ms: 30_000,
         wait_ms,
     };

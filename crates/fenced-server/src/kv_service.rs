@@ -90,7 +90,7 @@ impl KvService {
             .propose(command, deadline)
             .await
             .map_err(|e| self.ctx.propose_status(e))?;
-        kv_delete_reply(&outcome, now).map(Response::new)
+        Ok(Response::new(kv_delete_reply(&outcome, now)))
     }
 
     async fn answer_get(

@@ -98,12 +98,12 @@ impl Parking {
             let (key, end) = match event {
                 Event::WaiterGranted {
                     resource,
-                    owner,
+                    owner_id: owner,
                     grant,
                 } => ((resource.clone(), *owner), WaitEnd::Granted(*grant)),
                 Event::WaitElapsed {
                     resource,
-                    owner,
+                    owner_id: owner,
                     current_token,
                     remaining_ms,
                 } => (
@@ -162,7 +162,7 @@ mod tests {
         };
         parking.notify(&[Event::WaiterGranted {
             resource: name(),
-            owner,
+            owner_id: owner,
             grant,
         }]);
         assert_eq!(parked.rx.try_recv().unwrap(), WaitEnd::Granted(grant));

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_core::{Batch, ClusterTime, Command, Outcome};
+use fenced_core::{Batch, ClusterTime, Command, CommandOutcome, Outcome};
 use openraft::{error::ClientWriteError, ServerState};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -36,6 +36,11 @@ pub enum ProposeError {
     /// was written.
     #[error("the caller's deadline passed before the command was proposed; nothing was written")]
     DeadlineExceeded,
+    /// The applied outcome is not of the command's own type: a bug (the
+    /// table answers every command with its own, see
+    /// [`fenced_core::CommandOutcome`]).
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 type Reply = oneshot::Sender<Result<(Outcome, ClusterTime), ProposeError>>;
@@ -118,10 +123,25 @@ impl Proposer {
         self.handing_over.store(true, Ordering::SeqCst);
     }
 
-    /// Proposes one command and waits for its applied outcome. A command
-    /// still queued when `deadline` passes is dropped unwritten
-    /// ([`ProposeError::DeadlineExceeded`]).
-    pub async fn propose(
+    /// Proposes one command and waits for its applied outcome, of the
+    /// command's own type `T`. A command still queued when `deadline`
+    /// passes is dropped unwritten ([`ProposeError::DeadlineExceeded`]).
+    pub async fn propose<T: CommandOutcome>(
+        &self,
+        command: Command,
+        deadline: Option<Instant>,
+    ) -> Result<(T, ClusterTime), ProposeError> {
+        let (outcome, now) = self.propose_any(command, deadline).await?;
+        let outcome = T::from_outcome(outcome).map_err(|other| {
+            tracing::error!(outcome = ?other, "an outcome is not of its command's type");
+            ProposeError::Internal(format!(
+                "the outcome {other:?} is not of its command's type"
+            ))
+        })?;
+        Ok((outcome, now))
+    }
+
+    async fn propose_any(
         &self,
         command: Command,
         deadline: Option<Instant>,
@@ -283,7 +303,7 @@ async fn run(
             for p in &expired {
                 if let Some(c) = &p.command {
                     // The owner id is a capability: debug level only.
-                    tracing::debug!(resource = ?c.resource(), owner = ?c.owner(), term,
+                    tracing::debug!(resource = ?c.resource(), owner_id = ?c.owner_id(), term,
                         "command dropped unproposed: its caller's deadline passed");
                 }
             }

@@ -10,12 +10,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_core::{ClusterTime, Command, Limits, Outcome, OwnerId, ResourceName};
+use fenced_core::{
+    AcquireOutcome, ClusterTime, Command, CommandOutcome, Limits, OwnerId, ResourceName,
+};
 use fenced_proto::{
-    acquire_command, acquire_in_session_command, acquire_reply, close_session_command,
-    close_session_reply, describe_reply, describe_resource, history_reply, history_request,
-    invalid_argument, keep_alive_command, open_session_command, release_command, release_reply,
-    renew_command, renew_many_command, renew_many_reply, renew_reply, session_reply,
+    acquire_command, acquire_in_session_command, acquire_in_session_reply, acquire_reply,
+    close_session_command, close_session_reply, describe_reply, describe_resource, history_reply,
+    history_request, invalid_argument, keep_alive_command, open_session_command, release_command,
+    release_reply, renew_command, renew_many_command, renew_many_reply, renew_reply, session_reply,
     v1::{
         self, cluster_client::ClusterClient, cluster_server, lock_client::LockClient, lock_server,
     },
@@ -289,13 +291,13 @@ impl NodeContext {
         self.time.for_read(term)
     }
 
-    /// Proposes `command` and waits for its outcome, at most the request
-    /// timeout.
-    pub(crate) async fn propose(
+    /// Proposes `command` and waits for its outcome, of the command's own
+    /// type `T`, at most the request timeout.
+    pub(crate) async fn propose<T: CommandOutcome>(
         &self,
         command: fenced_core::Command,
         deadline: Option<Instant>,
-    ) -> Result<(Outcome, ClusterTime), ProposeError> {
+    ) -> Result<(T, ClusterTime), ProposeError> {
         match tokio::time::timeout(
             self.request_timeout,
             self.proposer.propose(command, deadline),
@@ -437,6 +439,7 @@ pub(crate) fn propose_status(e: ProposeError) -> Status {
             Status::unavailable(e.to_string())
         }
         ProposeError::DeadlineExceeded => Status::deadline_exceeded(e.to_string()),
+        ProposeError::Internal(_) => Status::internal(e.to_string()),
     }
 }
 
@@ -525,7 +528,7 @@ impl LockService {
         command
             .resource()
             .cloned()
-            .zip(command.owner())
+            .zip(command.owner_id())
             .ok_or_else(|| Status::internal("an acquire without a resource"))
     }
 
@@ -564,20 +567,20 @@ impl LockService {
         )
     }
 
-    async fn propose(
+    async fn propose<T: CommandOutcome>(
         &self,
         command: fenced_core::Command,
         deadline: Option<Instant>,
-    ) -> Result<(Outcome, ClusterTime), ProposeError> {
+    ) -> Result<(T, ClusterTime), ProposeError> {
         self.ctx.propose(command, deadline).await
     }
 
     /// Proposes `command` and answers with `reply` of its outcome.
-    async fn decide<R>(
+    async fn decide<T: CommandOutcome, R>(
         &self,
         command: Command,
         deadline: Option<Instant>,
-        reply: fn(&Outcome, ClusterTime) -> Result<R, Status>,
+        reply: fn(&T, ClusterTime) -> Result<R, Status>,
     ) -> Result<Response<R>, Status> {
         let (outcome, now) = self
             .propose(command, deadline)
@@ -626,10 +629,10 @@ impl LockService {
             None
         };
         let (outcome, now) = self
-            .propose(command, deadline)
+            .propose::<AcquireOutcome>(command, deadline)
             .await
             .map_err(|e| self.ctx.propose_status(e))?;
-        let (Outcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
+        let (AcquireOutcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
             return acquire_reply(&outcome, now).map(Response::new);
         };
         let wait = Duration::from_millis(wait_ms) + WAIT_GRACE;
@@ -650,12 +653,12 @@ impl LockService {
                 if let Some(id) = &identity {
                     self.ctx.quota.granted(id, &resource, owner);
                 }
-                Outcome::Granted(grant)
+                AcquireOutcome::Granted(grant)
             }
             WaitEnd::Elapsed {
                 current_token,
                 remaining_ms,
-            } => Outcome::Held {
+            } => AcquireOutcome::Held {
                 current_token,
                 remaining_ms,
             },
@@ -692,7 +695,11 @@ impl LockService {
             identity = self.authorize(&req, Permission::Lock, "renew", resource)?;
         }
         forward_or!(self.ctx, req, deadline, identity, LockClient, renew_many);
-        self.decide(command, deadline, renew_many_reply).await
+        let (outcomes, now) = self
+            .propose::<Vec<_>>(command, deadline)
+            .await
+            .map_err(|e| self.ctx.propose_status(e))?;
+        renew_many_reply(&outcomes, now).map(Response::new)
     }
 
     async fn answer_release(
@@ -704,7 +711,11 @@ impl LockService {
         let (resource, _) = Self::acquire_parts(&command)?;
         let identity = self.authorize(&req, Permission::Lock, "release", &resource)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, release);
-        self.decide(command, deadline, release_reply).await
+        let (outcome, now) = self
+            .propose(command, deadline)
+            .await
+            .map_err(|e| self.ctx.propose_status(e))?;
+        Ok(Response::new(release_reply(&outcome, now)))
     }
 
     /// A lease that lives with the caller's session; never waits.
@@ -736,7 +747,8 @@ impl LockService {
                 .quota
                 .admit_lease(id, &resource, owner, &self.ctx.shared)?;
         }
-        self.decide(command, deadline, acquire_reply).await
+        self.decide(command, deadline, acquire_in_session_reply)
+            .await
     }
 
     async fn answer_open_session(

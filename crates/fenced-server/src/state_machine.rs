@@ -14,9 +14,10 @@ use std::{
 };
 
 use fenced_core::{
-    CapacityBound, ChangesAfter, ClusterTime, Compacted, Description, Event, HistoryEntry, KvBound,
-    KvEntry, KvRefusal, KvSnapshot, LeaseTable, Outcome, TableSnapshot, TableSnapshotRef, Token,
-    Validation,
+    AcquireInSessionOutcome, AcquireOutcome, CapacityBound, ChangesAfter, CloseSessionOutcome,
+    ClusterTime, Compacted, Description, Event, HistoryEntry, KvBound, KvDeleteOutcome, KvEntry,
+    KvPutOutcome, KvSnapshot, LeaseTable, Outcome, ReleaseOutcome, RenewOutcome, SessionOutcome,
+    TableSnapshot, TableSnapshotRef, Token, Validation,
 };
 use openraft::{
     storage::RaftStateMachine, AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder,
@@ -547,32 +548,50 @@ impl StateMachine {
     fn count(&self, outcome: &Outcome) {
         let c = &self.shared.counters;
         let counter = match outcome {
-            Outcome::Granted(_) => &c.grants,
-            Outcome::Held { .. } | Outcome::WaitQueueFull { .. } => &c.refusals,
-            Outcome::Waiting { .. } => return,
-            Outcome::Renewed { .. } => &c.renewals,
-            Outcome::Lost(_) => &c.lost,
-            Outcome::Released => &c.releases,
-            Outcome::NotHolder(_) => &c.refusals,
-            Outcome::CapacityReached { bound, .. } => match bound {
-                CapacityBound::LiveLeases => &c.limits.live_leases,
-                CapacityBound::Waiters => &c.limits.waiters,
+            Outcome::Acquire(o)
+            | Outcome::AcquireInSession(AcquireInSessionOutcome::Acquire(o)) => match o {
+                AcquireOutcome::Granted(_) => &c.grants,
+                AcquireOutcome::Held { .. } | AcquireOutcome::WaitQueueFull { .. } => &c.refusals,
+                AcquireOutcome::Waiting { .. } => return,
+                AcquireOutcome::Ended(_) => &c.lost,
+                AcquireOutcome::CapacityReached { bound, .. } => match bound {
+                    CapacityBound::LiveLeases => &c.limits.live_leases,
+                    CapacityBound::Waiters => &c.limits.waiters,
+                },
             },
-            Outcome::KvApplied { .. } => &c.kv_applied,
-            Outcome::KvRefused(KvRefusal::Bound { bound, .. }) => match bound {
+            Outcome::Renew(o) => self.renew_counter(o),
+            Outcome::Release(ReleaseOutcome::Released) => &c.releases,
+            Outcome::Release(ReleaseOutcome::NotHolder(_)) => &c.refusals,
+            Outcome::KvPut(KvPutOutcome::Applied { .. })
+            | Outcome::KvDelete(KvDeleteOutcome::Applied { .. }) => &c.kv_applied,
+            Outcome::KvPut(KvPutOutcome::BoundReached { bound, .. }) => match bound {
                 KvBound::Keys => &c.limits.kv_keys,
                 KvBound::TotalBytes => &c.limits.kv_bytes,
             },
-            Outcome::KvRefused(_) => &c.kv_refused,
-            Outcome::Renewals(each) => {
-                each.iter().for_each(|o| self.count(o));
+            Outcome::KvPut(KvPutOutcome::Refused(_))
+            | Outcome::KvDelete(KvDeleteOutcome::Refused(_)) => &c.kv_refused,
+            Outcome::RenewMany(each) => {
+                for o in each {
+                    self.renew_counter(o).fetch_add(1, Ordering::Relaxed);
+                }
                 return;
             }
-            Outcome::SessionAlive { .. } => &c.keep_alives,
-            Outcome::SessionRefused(_) | Outcome::KeptBySession => &c.refusals,
-            Outcome::SessionClosed { .. } => return,
+            Outcome::Session(SessionOutcome::Alive { .. }) => &c.keep_alives,
+            Outcome::Session(SessionOutcome::Refused(_))
+            | Outcome::AcquireInSession(AcquireInSessionOutcome::SessionRefused(_))
+            | Outcome::CloseSession(CloseSessionOutcome::NotOwner) => &c.refusals,
+            Outcome::CloseSession(CloseSessionOutcome::Closed { .. }) => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn renew_counter(&self, outcome: &RenewOutcome) -> &AtomicU64 {
+        let c = &self.shared.counters;
+        match outcome {
+            RenewOutcome::Renewed { .. } => &c.renewals,
+            RenewOutcome::Lost(_) => &c.lost,
+            RenewOutcome::KeptBySession => &c.refusals,
+        }
     }
 }
 
@@ -773,12 +792,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             .fetch_add(batch.commands.len() as u64, Ordering::Relaxed);
                         for (command, outcome) in batch.commands.iter().zip(&applied.outcomes) {
                             self.count(outcome);
-                            if let (Outcome::Granted(g), Some(resource), Some(owner)) =
-                                (outcome, command.resource(), command.owner())
+                            if let (
+                                Outcome::Acquire(AcquireOutcome::Granted(g))
+                                | Outcome::AcquireInSession(AcquireInSessionOutcome::Acquire(
+                                    AcquireOutcome::Granted(g),
+                                )),
+                                Some(resource),
+                                Some(owner),
+                            ) = (outcome, command.resource(), command.owner_id())
                             {
                                 tracing::debug!(
                                     resource = %resource,
-                                    owner = %owner,
+                                    owner_id = %owner,
                                     token = g.token.get(),
                                     term,
                                     "granted"
@@ -789,19 +814,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             match event {
                                 Event::Expired {
                                     resource,
-                                    owner,
+                                    owner_id: owner,
                                     token,
                                 } => {
                                     c.expiries.fetch_add(1, Ordering::Relaxed);
-                                    tracing::debug!(%resource, %owner, token = token.get(), term, "lease expired");
+                                    tracing::debug!(%resource, owner_id = %owner, token = token.get(), term, "lease expired");
                                 }
                                 Event::WaiterGranted {
                                     resource,
-                                    owner,
+                                    owner_id: owner,
                                     grant,
                                 } => {
                                     c.grants.fetch_add(1, Ordering::Relaxed);
-                                    tracing::debug!(%resource, %owner, token = grant.token.get(), term, "granted to waiter");
+                                    tracing::debug!(%resource, owner_id = %owner, token = grant.token.get(), term, "granted to waiter");
                                 }
                                 Event::WaitElapsed { .. } => {}
                                 Event::SessionExpired { session, leases } => {
@@ -1115,7 +1140,7 @@ mod tests {
         let resource = ResourceName::new("job").unwrap();
         let mut commands = vec![Command::Acquire {
             resource: resource.clone(),
-            owner,
+            owner_id: owner,
             ttl_ms: 60_000,
             wait_ms: 0,
         }];
@@ -1124,7 +1149,7 @@ mod tests {
                 key: KvKey::new("job/state").unwrap(),
                 value: KvValue::new(vec![7u8; 1000]).unwrap(),
                 resource,
-                owner,
+                owner_id: owner,
                 token: fenced_core::Token::new(1).unwrap(),
                 bounds: KvBounds {
                     max_keys: 10,
@@ -1136,10 +1161,11 @@ mod tests {
             stamp: ClusterTime::from_millis(5),
             commands,
         });
-        assert!(applied
-            .outcomes
-            .iter()
-            .all(|o| matches!(o, Outcome::Granted(_) | Outcome::KvApplied { .. })));
+        assert!(applied.outcomes.iter().all(|o| matches!(
+            o,
+            Outcome::Acquire(AcquireOutcome::Granted(_))
+                | Outcome::KvPut(KvPutOutcome::Applied { .. })
+        )));
         table
     }
 
@@ -1177,14 +1203,17 @@ mod tests {
                 },
                 Command::AcquireInSession {
                     resource: ResourceName::new("kept").unwrap(),
-                    owner: OwnerId::random(),
+                    owner_id: OwnerId::random(),
                     session,
                     identity: "app".into(),
                     capacity: fenced_core::Capacity::UNBOUNDED,
                 },
             ],
         });
-        assert!(matches!(applied.outcomes[1], Outcome::Granted(_)));
+        assert!(matches!(
+            applied.outcomes[1],
+            Outcome::AcquireInSession(AcquireInSessionOutcome::Acquire(AcquireOutcome::Granted(_)))
+        ));
         let body = SnapshotBody {
             last_applied: Some(log_id(11)),
             membership: membership(),

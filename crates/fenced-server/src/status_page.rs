@@ -552,7 +552,7 @@ mod tests {
             leases: LeaseList {
                 rows: vec![LeaseView {
                     resource: ResourceName::new(resource).unwrap(),
-                    token: 42,
+                    token: fenced_core::Token::new(42).unwrap(),
                     remaining_ms: 1_500,
                     ttl_ms: 90_000,
                     waiters: 3,
@@ -564,7 +564,7 @@ mod tests {
                 resource: ResourceName::new(resource).unwrap(),
                 kind: fenced_core::ChangeKind::Expired,
                 token: fenced_core::Token::new(41).unwrap(),
-                owner: fenced_core::OwnerId::from_bytes(&[7; 16]).unwrap(),
+                owner_id: fenced_core::OwnerId::from_bytes(&[7; 16]).unwrap(),
                 at: fenced_core::ClusterTime::from_millis(3_500),
             }],
         }

@@ -143,7 +143,7 @@ fn event(c: &Change) -> v1::WatchResponse {
             resource: c.resource.as_str().as_bytes().to_vec(),
             kind: event_kind(c.kind) as i32,
             token: c.token.get(),
-            owner_id: c.owner.as_bytes().to_vec(),
+            owner_id: c.owner_id.as_bytes().to_vec(),
             cluster_time_ms: c.at.as_millis(),
         })),
     }

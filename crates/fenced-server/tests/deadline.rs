@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_core::{ClusterTime, Command, Outcome, OwnerId, ResourceName};
+use fenced_core::{AcquireOutcome, ClusterTime, Command, OwnerId, ResourceName};
 use fenced_proto::v1::{self, lock_server::Lock};
 use fenced_server::{
     metrics,
@@ -61,7 +61,7 @@ async fn cluster(dir: &std::path::Path, n: u64) -> Vec<RunningNode> {
 fn acquire(resource: &ResourceName, owner: OwnerId) -> Command {
     Command::Acquire {
         resource: resource.clone(),
-        owner,
+        owner_id: owner,
         ttl_ms: 30_000,
         wait_ms: 0,
     }
@@ -80,7 +80,7 @@ async fn a_command_whose_deadline_passed_is_dropped_unwritten() {
         .expect("a monotonic clock past its start");
     let dropped = ctx
         .proposer
-        .propose(acquire(&res, OwnerId::random()), Some(past))
+        .propose::<AcquireOutcome>(acquire(&res, OwnerId::random()), Some(past))
         .await;
     assert!(
         matches!(dropped, Err(ProposeError::DeadlineExceeded)),
@@ -103,10 +103,10 @@ async fn a_command_whose_deadline_passed_is_dropped_unwritten() {
     let future = Instant::now() + Duration::from_secs(10);
     let (outcome, _) = ctx
         .proposer
-        .propose(acquire(&res, OwnerId::random()), Some(future))
+        .propose::<AcquireOutcome>(acquire(&res, OwnerId::random()), Some(future))
         .await
         .expect("a command within its deadline is proposed");
-    assert!(matches!(outcome, Outcome::Granted(_)), "{outcome:?}");
+    assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
     assert_eq!(ctx.proposer.deadline_drops(), 1);
     node.shutdown().await;
 }

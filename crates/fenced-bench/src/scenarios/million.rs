@@ -11,8 +11,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use fenced_client::{AcquireOutcome, Client};
-use fenced_core::OwnerId;
+use fenced_client::{AcquireOutcome, Client, OwnerId, Token};
 use fenced_proto::v1::TokenState;
 
 use super::Ctx;
@@ -312,12 +311,12 @@ async fn fill(
                     AcquireOutcome::Granted { token, .. } => token,
                     other => bail!("{r}: not granted: {other:?}"),
                 };
-                max_token.fetch_max(token, Ordering::Relaxed);
+                max_token.fetch_max(token.get(), Ordering::Relaxed);
                 if i.is_multiple_of(every) {
                     samples
                         .lock()
                         .map_err(|_| anyhow::anyhow!("samples"))?
-                        .push((r, token));
+                        .push((r, token.get()));
                 }
             }
         }));
@@ -349,7 +348,7 @@ async fn serves(eps: &[String], samples: &[(String, u64)]) -> Option<(String, u6
     .ok()?
     .ok()?;
     match granted {
-        AcquireOutcome::Granted { token, .. } => Some((probe, token)),
+        AcquireOutcome::Granted { token, .. } => Some((probe, token.get())),
         _ => None,
     }
 }
@@ -368,7 +367,11 @@ async fn verify(
         bail!("{probe} was granted token {probe_token} after the restart, not above {max}");
     }
     for chunk in samples.chunks(200) {
-        let checks: Vec<(&str, u64)> = chunk.iter().map(|(r, t)| (r.as_str(), *t)).collect();
+        let checks = chunk
+            .iter()
+            .map(|(r, t)| Ok((r.as_str(), Token::new(*t)?)))
+            .collect::<Result<Vec<_>, fenced_core::InvalidArgument>>()
+            .map_err(|e| anyhow::anyhow!("sampled token: {e}"))?;
         let answer = client
             .validate_tokens(&checks)
             .await

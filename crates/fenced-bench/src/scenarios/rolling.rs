@@ -199,7 +199,7 @@ async fn cycle(
     };
     clock.grant();
     ledger
-        .record(resource, token)
+        .record(resource, token.get())
         .map_err(|v| anyhow::anyhow!("token order violated: {v}"))?;
     client.release(resource, owner, token).await?;
     Ok(())
