@@ -110,6 +110,10 @@ pub struct Args {
     /// costs, against a run without it.
     #[arg(long)]
     pub fenced_tls: bool,
+    /// The started fenced cluster's `--snapshot-logs` (default: the
+    /// server's): what snapshots of a large table cost, measured apart.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub fenced_snapshot_logs: Option<u64>,
     /// Where the SVG chart of the run goes (throughput by client count,
     /// latency percentiles per scenario); its path is printed.
     #[arg(long, default_value = "fenced-bench.svg")]

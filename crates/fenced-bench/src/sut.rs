@@ -167,6 +167,10 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
         Kind::Fenced => {
             let (endpoints, cluster) = if args.fenced_endpoints.is_empty() {
                 let mut c = procs::fenced_cluster(&fenced_bin(args)?, dir, args.fenced_tls)?;
+                if let Some(n) = args.fenced_snapshot_logs {
+                    c.spec_mut().settings.snapshot_logs = Some(n);
+                    println!("fenced: a snapshot every {n} log entries");
+                }
                 if args.fenced_tls {
                     println!("fenced: TLS on both ports, every client over https");
                 }
