@@ -12,6 +12,7 @@ import pytest
 
 from fenced_client import (
     Granted,
+    LeaseLoss,
     LeaseLost,
     LeaseOptions,
     LossKind,
@@ -38,6 +39,7 @@ def test_keeper_keeps_the_lease_past_its_ttl(cluster, client, resource):
                 other.lock(resource, ttl=1.5)
         assert e.value.current_token == token
     # Released on exit, not lost.
+    assert isinstance(lease.loss_reason, LeaseLoss)
     assert lease.loss_reason.kind == LossKind.RELEASED
     assert not client.describe(resource).held
 

@@ -31,7 +31,7 @@ from .errors import (
     Unauthenticated,
     Unavailable,
 )
-from .lease import Lease, LeaseInterrupted, LeaseOptions, LossKind, LossReason
+from .lease import Lease, LeaseInterrupted, LeaseLoss, LeaseOptions, LossKind, LossReason
 from .outcomes import (
     Compacted,
     Description,
@@ -69,6 +69,7 @@ __all__ = [
     "InvalidArgument",
     "Lease",
     "LeaseInterrupted",
+    "LeaseLoss",
     "LeaseLost",
     "LeaseOptions",
     "LossKind",

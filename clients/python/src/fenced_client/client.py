@@ -547,9 +547,9 @@ class Client:
             renewed = self.renew(resource, granted.owner_id, granted.token, ttl, budget=ttl)
             if isinstance(renewed, Lost):
                 from .errors import LeaseLost
-                from .lease import LossReason
+                from .lease import LeaseLoss
 
-                raise LeaseLost(resource, granted.token, LossReason.refused(renewed))
+                raise LeaseLost(resource, granted.token, LeaseLoss.refused(renewed))
             granted = _with_sent(granted, renewed.sent_at)
         return Lease(
             self,

@@ -74,7 +74,7 @@ class LeaseLost(FencedError):
         super().__init__(f"lease on {resource} (token {token}) lost: {reason}")
         self.resource = resource
         self.token = token
-        #: A ``LossReason`` (see lease.py).
+        #: A ``LeaseLoss`` (see lease.py).
         self.reason = reason
 
 

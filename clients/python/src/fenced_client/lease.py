@@ -86,8 +86,9 @@ class LossKind(enum.Enum):
 
 
 @dataclass(frozen=True)
-class LossReason:
-    """Why a lease ended."""
+class LeaseLoss:
+    """Why a lease ended (the Rust client's ``LeaseLoss``). ``LostReason``
+    is the cluster's refusal inside it, when there is one."""
 
     kind: LossKind
     #: REFUSED: the cluster's answer.
@@ -96,7 +97,7 @@ class LossReason:
     detail: str = ""
 
     @classmethod
-    def refused(cls, lost: Lost) -> "LossReason":
+    def refused(cls, lost: Lost) -> "LeaseLoss":
         return cls(LossKind.REFUSED, refusal=lost)
 
     def __str__(self) -> str:
@@ -109,6 +110,10 @@ class LossReason:
         if self.kind == LossKind.FAILED:
             return f"renewal failed: {self.detail}"
         return "released"
+
+
+#: The earlier name of ``LeaseLoss``, kept so existing imports still work.
+LossReason = LeaseLoss
 
 
 class LeaseInterrupted(BaseException):
@@ -165,7 +170,7 @@ class Lease:
         self._margin = opts.safety_margin(self.ttl)
         self._lock = threading.Lock()
         self._deadline = granted.sent_at + self.ttl - self._margin
-        self._reason: Optional[LossReason] = None
+        self._reason: Optional[LeaseLoss] = None
         #: Set when the lease is lost or released.
         self.lost = threading.Event()
         self._callbacks: List[Callable[["Lease"], None]] = [on_lost] if on_lost else []
@@ -184,7 +189,7 @@ class Lease:
     # -- what the work reads -----------------------------------------------
 
     @property
-    def loss_reason(self) -> Optional[LossReason]:
+    def loss_reason(self) -> Optional[LeaseLoss]:
         """Why the lease ended; None while it is held."""
         return self._reason
 
@@ -205,7 +210,7 @@ class Lease:
         """Whether the lease is held by the local deadline (no exception)."""
         return self._current_loss() is None
 
-    def wait_lost(self, timeout: Optional[float] = None) -> Optional[LossReason]:
+    def wait_lost(self, timeout: Optional[float] = None) -> Optional[LeaseLoss]:
         """Blocks until the lease is lost or released (or ``timeout``
         seconds pass: then None) and says why."""
         if self.lost.wait(timeout):
@@ -230,7 +235,7 @@ class Lease:
         """Stops renewing and releases the lease; returns what the cluster
         said (``Released`` or ``NotHolder``)."""
         self._stop.set()
-        self._lose(LossReason(LossKind.RELEASED))
+        self._lose(LeaseLoss(LossKind.RELEASED))
         return self._client.release(self.resource, self.owner_id, self.token)
 
     def __enter__(self) -> "Lease":
@@ -252,7 +257,7 @@ class Lease:
         self._stop.set()
         reason = self._current_loss()
         if reason is None:
-            self._lose(LossReason(LossKind.RELEASED))
+            self._lose(LeaseLoss(LossKind.RELEASED))
             try:
                 outcome = self._client.release(self.resource, self.owner_id, self.token)
                 log.debug("released %s token %d: %s", self.resource, self.token, outcome)
@@ -283,14 +288,14 @@ class Lease:
 
     # -- internals -----------------------------------------------------------
 
-    def _current_loss(self) -> Optional[LossReason]:
+    def _current_loss(self) -> Optional[LeaseLoss]:
         """The loss, also when only the deadline says so and the keeper has
         not run yet (a process that was frozen sees it on its first look)."""
         if self._reason is None and _clock.now() >= self._deadline:
-            self._lose(LossReason(LossKind.DEADLINE_PASSED))
+            self._lose(LeaseLoss(LossKind.DEADLINE_PASSED))
         return self._reason
 
-    def _lose(self, reason: LossReason) -> None:
+    def _lose(self, reason: LeaseLoss) -> None:
         """Records the loss once, sets ``lost``, then tells everyone."""
         with self._lock:
             if self._reason is not None:
@@ -363,11 +368,11 @@ class Lease:
                     log.debug("renewal of %s failed; retrying: %s", self.resource, e)
                     next_renew = _clock.now() + RETRY_RENEW_AFTER
                     continue
-                self._lose(LossReason(LossKind.FAILED, detail=str(e)))
+                self._lose(LeaseLoss(LossKind.FAILED, detail=str(e)))
                 return
             except Exception as e:  # e.g. the client was closed under the lease
                 if not self._stop.is_set():
-                    self._lose(LossReason(LossKind.FAILED, detail=f"{type(e).__name__}: {e}"))
+                    self._lose(LeaseLoss(LossKind.FAILED, detail=f"{type(e).__name__}: {e}"))
                 return
             if self._stop.is_set():
                 return
@@ -379,5 +384,5 @@ class Lease:
                 next_renew = outcome.sent_at + self._opts.jittered(every)
                 log.debug("lease renewed: resource=%s token=%d", self.resource, self.token)
             else:
-                self._lose(LossReason.refused(outcome))
+                self._lose(LeaseLoss.refused(outcome))
                 return
