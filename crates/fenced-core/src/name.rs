@@ -19,9 +19,18 @@ pub const RESOURCE_NAME_MAX_BYTES: usize = 200;
 /// assert!(ResourceName::new("a\nb").is_err());
 /// # Ok::<(), fenced_core::InvalidArgument>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(try_from = "String")]
 pub struct ResourceName(Arc<str>);
+
+/// Written as the string it holds (the bytes `String` would give), from
+/// the shared text in place: a snapshot writes every name, and copying
+/// each into a new `String` first showed in a profile of snapshot builds.
+impl Serialize for ResourceName {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
 
 impl ResourceName {
     /// Validates `name`; the error names the field `resource` and the bound.

@@ -159,6 +159,29 @@ mod tests {
     }
 
     #[test]
+    fn names_are_written_as_the_strings_they_hold() {
+        // Snapshots and log entries on disk hold names and keys as
+        // strings: writing them in place must give the same bytes.
+        for text in [
+            "r",
+            "statement:account-1842:2026-07",
+            "é/ü",
+            &"x".repeat(200),
+        ] {
+            let as_string = encode("name", &text.to_string()).unwrap();
+            let name = ResourceName::new(text).unwrap();
+            assert_eq!(encode("name", &name).unwrap(), as_string);
+            assert_eq!(decode::<ResourceName>("name", &as_string).unwrap(), name);
+            let key = fenced_core::KvKey::new(text).unwrap();
+            assert_eq!(encode("key", &key).unwrap(), as_string);
+            assert_eq!(
+                decode::<fenced_core::KvKey>("key", &as_string).unwrap(),
+                key
+            );
+        }
+    }
+
+    #[test]
     fn an_invalid_resource_name_on_disk_is_refused() {
         // A name is validated when it is decoded, not trusted.
         let bytes = encode("name", &"bad\nname".to_string()).unwrap();
