@@ -179,7 +179,9 @@ impl Shared {
         self.read().table.leases(prefix, now, limit)
     }
 
-    pub fn last_token(&self) -> u64 {
+    /// [`LeaseTable::last_token`]: every token granted from now on is above
+    /// it.
+    pub fn last_token(&self) -> Option<Token> {
         self.read().table.last_token()
     }
 
@@ -502,7 +504,7 @@ impl Shared {
                 SnapshotBody::copy_of(&data),
                 data.last_applied,
                 data.table.now(),
-                data.table.last_token(),
+                data.table.last_token().map_or(0, Token::get),
                 data.table.live_leases(),
             )
         };

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_core::{ClusterTime, KvSnapshot, LeaseTable, TableSnapshot, TableSnapshotRef};
+use fenced_core::{ClusterTime, KvSnapshot, LeaseTable, TableSnapshot, TableSnapshotRef, Token};
 use openraft::{AnyError, StorageIOError};
 use serde::{Deserialize, Serialize};
 
@@ -539,7 +539,7 @@ impl RestoredState {
     fn of(table: &LeaseTable) -> Self {
         Self {
             cluster_time: table.now(),
-            last_token: table.last_token(),
+            last_token: table.last_token().map_or(0, Token::get),
             live_leases: u64::try_from(table.live_leases()).unwrap_or(u64::MAX),
         }
     }
