@@ -2,7 +2,7 @@
 //! log order, kept in memory and persisted as snapshots (the log behind a
 //! snapshot is purged). A restart loads the snapshot and openraft re-applies
 //! the committed log after it, which restores exactly the committed state.
-//! The snapshot files are [`snapshots`]'s: the state machine hands it the
+//! The snapshot files are `snapshots`'s: the state machine hands it the
 //! state to write and takes back the state a snapshot holds.
 
 mod snapshots;
@@ -352,7 +352,7 @@ impl StateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     /// Streams the state into a temporary file, then makes it the snapshot
-    /// on disk ([`Snapshots::store_built`] says what openraft is handed).
+    /// on disk (`Snapshots::store_built` says what openraft is handed).
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let started = std::time::Instant::now();
         let shared = Arc::clone(&self.shared);
