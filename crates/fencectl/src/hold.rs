@@ -50,7 +50,7 @@ fn granted_line(lease: &Lease, json_out: bool) {
         );
     } else {
         println!(
-            "granted {}: token {}, owner {}; holding (Ctrl-C releases)",
+            "granted {}: token {}, owner_id {}; holding (Ctrl-C releases)",
             lease.resource(),
             lease.token(),
             lease.owner_id()

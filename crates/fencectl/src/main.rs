@@ -364,7 +364,7 @@ async fn execute(
                     value: json!({"status": "granted", "resource": resource, "token": token,
                         "owner_id": owner.to_string(), "ttl_ms": ttl_ms, "expires_at_ms": expires_at_ms}),
                     text: format!(
-                        "granted {resource}: token {token}, owner {owner}, ttl {ttl_ms} ms"
+                        "granted {resource}: token {token}, owner_id {owner}, ttl {ttl_ms} ms"
                     ),
                     code: 0,
                 },
@@ -524,7 +524,7 @@ fn ended_report(resource: &str, owner: OwnerId, reason: LostReason) -> Report {
     let value = json!({"status": "ended", "resource": resource, "owner_id": owner.to_string(),
         "reason": reason.as_str()});
     let text = format!(
-        "ended {resource}: owner {owner} already had its lease, {}; use a new owner id",
+        "ended {resource}: owner_id {owner} already had its lease, {}; use a new owner id",
         reason.as_str()
     );
     refusal_report(value, text, reason)

@@ -32,7 +32,7 @@ fn event_line(e: &v1::WatchEvent, json_out: bool) -> String {
         .to_string()
     } else {
         format!(
-            "{} {kind} {resource} token {} owner {owner} at {} ms",
+            "{} {kind} {resource} token {} owner_id {owner} at {} ms",
             e.revision, e.token, e.cluster_time_ms
         )
     }
@@ -128,12 +128,12 @@ pub async fn history(
         );
         lines.push(if live {
             format!(
-                "token {} owner {owner} granted at {} ms, live",
+                "token {} owner_id {owner} granted at {} ms, live",
                 e.token, e.granted_at_ms
             )
         } else {
             format!(
-                "token {} owner {owner} granted at {} ms, {} at {} ms",
+                "token {} owner_id {owner} granted at {} ms, {} at {} ms",
                 e.token,
                 e.granted_at_ms,
                 kind_name(e.ended),

@@ -85,8 +85,9 @@ pub enum TokenState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Validation {
     pub state: TokenState,
-    /// The newest token issued for the resource; 0 if none is remembered.
-    pub current_token: u64,
+    /// The newest token issued for the resource; `None` if none is
+    /// remembered.
+    pub current_token: Option<Token>,
 }
 
 /// A resume point older than the changes the table still keeps.

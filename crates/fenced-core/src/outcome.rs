@@ -277,8 +277,9 @@ pub struct Applied {
 /// What [`crate::LeaseTable::describe`] reports about a resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Description {
-    /// The newest token issued for this resource, 0 if none is remembered.
-    pub last_token: u64,
+    /// The newest token issued for this resource, `None` if none is
+    /// remembered.
+    pub last_token: Option<Token>,
     pub held: bool,
     /// Milliseconds of the current lease left, 0 when not held.
     pub remaining_ms: u64,

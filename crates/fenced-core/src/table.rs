@@ -406,10 +406,10 @@ impl LeaseTable {
         let Some(rec) = self.records.get(resource) else {
             return Validation {
                 state: TokenState::Unknown,
-                current_token: 0,
+                current_token: None,
             };
         };
-        let current_token = rec.last_token.get();
+        let current_token = Some(rec.last_token);
         let state = if token < rec.last_token {
             TokenState::Superseded
         } else if token > rec.last_token {
@@ -483,9 +483,11 @@ impl LeaseTable {
         self.now
     }
 
-    /// The highest token ever issued by this table (0 before the first grant).
-    pub fn last_token(&self) -> u64 {
-        self.last_token
+    /// The highest token issued by this table, or the floor raised above
+    /// it ([`LeaseTable::raise_token_floor`]): every token granted from now
+    /// on is above it. `None` before the first grant or floor.
+    pub fn last_token(&self) -> Option<Token> {
+        Token::new(self.last_token).ok()
     }
 
     /// How many leases are held (not yet expired at [`LeaseTable::now`]).
@@ -579,7 +581,7 @@ impl LeaseTable {
         let now = now.max(self.now);
         let Some(rec) = self.records.get(resource) else {
             return Description {
-                last_token: 0,
+                last_token: None,
                 held: false,
                 remaining_ms: 0,
                 waiters: 0,
@@ -591,7 +593,7 @@ impl LeaseTable {
             .map(|l| self.ends.end_of(&l.term).0)
             .filter(|end| *end > now);
         Description {
-            last_token: rec.last_token.get(),
+            last_token: Some(rec.last_token),
             held: live.is_some(),
             remaining_ms: live.map_or(0, |end| end.millis_since(now)),
             waiters: u32::try_from(rec.waiters.len()).unwrap_or(u32::MAX),
@@ -1710,7 +1712,7 @@ mod snapshot_ref_tests {
                 1 => Command::Release {
                     resource,
                     owner_id: owner,
-                    token: Token::new(table.last_token().max(1)).unwrap(),
+                    token: table.last_token().unwrap_or(Token::new(1).unwrap()),
                 },
                 _ => Command::Acquire {
                     resource,

@@ -125,7 +125,11 @@ fn a_forgotten_resource_still_gets_a_higher_token() {
         one(&mut t, 2 + i as u64, release(other, o, g.token));
     }
     assert_eq!(t.resources(), 2, "the idle bound holds");
-    assert_eq!(t.describe(RES, at(10)).last_token, 0, "RES was forgotten");
+    assert_eq!(
+        t.describe(RES, at(10)).last_token,
+        None,
+        "RES was forgotten"
+    );
     let again = granted(one(&mut t, 10, acquire(RES, OwnerId::random())));
     assert!(again.token > first.token);
 }
@@ -338,7 +342,7 @@ fn acquire_retried_with_the_same_owner_returns_the_same_grant() {
     assert_eq!(retry.token, first.token);
     // The lease runs at least a full TTL from the retry.
     assert_eq!(retry.expires_at, at(500 + TTL));
-    assert_eq!(t.last_token(), first.token.get(), "no second token issued");
+    assert_eq!(t.last_token(), Some(first.token), "no second token issued");
 }
 
 #[test]
@@ -358,7 +362,7 @@ fn an_acquire_after_its_own_release_is_answered_released_not_granted() {
         Outcome::Acquire(AcquireOutcome::Ended(LostReason::Released))
     );
     assert!(!t.describe(RES, at(20)).held, "the resource stays free");
-    assert_eq!(t.last_token(), g.token.get(), "no second token issued");
+    assert_eq!(t.last_token(), Some(g.token), "no second token issued");
     // A waiting acquire is not queued either.
     assert_eq!(
         one(&mut t, 30, acquire_waiting(RES, owner, 5_000)),
@@ -379,7 +383,7 @@ fn an_acquire_after_its_own_lease_expired_is_answered_expired() {
         Outcome::Acquire(AcquireOutcome::Ended(LostReason::Expired))
     );
     assert!(!t.describe(RES, at(TTL)).held);
-    assert_eq!(t.last_token(), g.token.get());
+    assert_eq!(t.last_token(), Some(g.token));
 }
 
 #[test]
@@ -579,7 +583,7 @@ fn describe_reports_the_holder_without_its_owner() {
     assert_eq!(
         t.describe(RES, at(0)),
         Description {
-            last_token: 0,
+            last_token: None,
             held: false,
             remaining_ms: 0,
             waiters: 0
@@ -589,7 +593,7 @@ fn describe_reports_the_holder_without_its_owner() {
     assert_eq!(
         t.describe(RES, at(1_000)),
         Description {
-            last_token: g.token.get(),
+            last_token: Some(g.token),
             held: true,
             remaining_ms: TTL - 1_000,
             waiters: 0

@@ -243,14 +243,14 @@ fn validate_tells_each_state_of_a_token() {
             state: TokenState::Current {
                 remaining_ms: TTL - 1_000
             },
-            current_token: ta.get()
+            current_token: Some(ta)
         }
     );
     // Past its end but not yet swept: already expired to a reader.
     assert_eq!(t.validate("r", ta, at(TTL)).state, TokenState::Expired);
     let above = Token::new(ta.get() + 1).unwrap();
     assert_eq!(t.validate("r", above, at(1)).state, TokenState::Unknown);
-    assert_eq!(t.validate("nope", ta, at(1)).current_token, 0);
+    assert_eq!(t.validate("nope", ta, at(1)).current_token, None);
     assert_eq!(t.validate("nope", ta, at(1)).state, TokenState::Unknown);
 
     apply(&mut t, 10, vec![release("r", a, ta)]);
@@ -258,7 +258,7 @@ fn validate_tells_each_state_of_a_token() {
     let tb = token(&apply(&mut t, 20, vec![acquire("r", b, 0)])[0]);
     let v = t.validate("r", ta, at(21));
     assert_eq!(v.state, TokenState::Superseded);
-    assert_eq!(v.current_token, tb.get());
+    assert_eq!(v.current_token, Some(tb));
     apply(&mut t, 20 + TTL, vec![]);
     assert_eq!(t.validate("r", tb, at(20 + TTL)).state, TokenState::Expired);
 }

@@ -132,7 +132,7 @@ fn each_lease_gets_its_own_outcome_and_no_lost_lease_is_revived() {
     assert!(t.holder("released").is_none());
     assert!(t.holder("expired").is_none());
     assert!(t.holder("superseded").is_none());
-    assert_eq!(t.describe("superseded", at(12_000)).last_token, newer.get());
+    assert_eq!(t.describe("superseded", at(12_000)).last_token, Some(newer));
     assert_eq!(t.resources(), 4, "a renew of an unknown resource adds none");
 }
 
@@ -284,7 +284,7 @@ proptest! {
             };
             apply(&mut t, ms, commands);
         }
-        let last = t.last_token().max(1);
+        let last = t.last_token().map_or(1, Token::get);
         let leases: Vec<RenewLease> = picks
             .iter()
             .map(|&(r, o, back, ttl_ms)| RenewLease {

@@ -420,7 +420,7 @@ pub fn release_reply(outcome: &ReleaseOutcome, now: ClusterTime) -> v1::ReleaseR
 /// The reply to a describe.
 pub fn describe_reply(d: &Description, now: ClusterTime) -> v1::DescribeResponse {
     v1::DescribeResponse {
-        last_token: d.last_token,
+        last_token: d.last_token.map_or(0, Token::get),
         held: d.held,
         remaining_ms: d.remaining_ms,
         waiters: d.waiters,
@@ -478,7 +478,7 @@ pub fn validate_reply(v: &Validation, now: ClusterTime) -> v1::ValidateTokenResp
     };
     v1::ValidateTokenResponse {
         state: state as i32,
-        current_token: v.current_token,
+        current_token: v.current_token.map_or(0, Token::get),
         remaining_ms,
         cluster_time_ms: now.as_millis(),
     }

@@ -139,7 +139,8 @@ fn table_snapshot() -> TableSnapshot {
     table.snapshot()
 }
 
-/// The snapshot file's layout (state_machine.rs), for making valid ones.
+/// The snapshot file's layout (state_machine/snapshots.rs), for making
+/// valid ones.
 #[derive(Serialize)]
 struct SnapshotBodyShape {
     last_applied: Option<LogId>,

@@ -330,7 +330,7 @@ pub fn render(ctx: &NodeContext) -> String {
         "fenced_last_token",
         "The highest fencing token issued by the cluster.",
         "gauge",
-        ctx.shared.last_token(),
+        ctx.shared.last_token().map_or(0, fenced_core::Token::get),
     );
     out
 }

@@ -1116,7 +1116,11 @@ impl ClusterService {
             last_log_index: m.last_log_index.unwrap_or(0),
             role: role.to_string(),
             live_leases: self.ctx.shared.live_leases() as u64,
-            last_token: self.ctx.shared.last_token(),
+            last_token: self
+                .ctx
+                .shared
+                .last_token()
+                .map_or(0, fenced_core::Token::get),
             log_syncs: self.ctx.log.sync_count(),
             applied_entries: c.entries.load(Relaxed),
             applied_commands: c.commands.load(Relaxed),

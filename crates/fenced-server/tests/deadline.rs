@@ -88,7 +88,10 @@ async fn a_command_whose_deadline_passed_is_dropped_unwritten() {
     );
     assert_eq!(ctx.proposer.deadline_drops(), 1);
     let d = ctx.shared.describe(res.as_str(), ClusterTime::ZERO);
-    assert!(!d.held && d.last_token == 0, "nothing was granted: {d:?}");
+    assert!(
+        !d.held && d.last_token.is_none(),
+        "nothing was granted: {d:?}"
+    );
     assert_eq!(
         ctx.raft.metrics().borrow().last_log_index,
         entries_before,
@@ -148,7 +151,7 @@ async fn a_follower_does_not_forward_a_request_whose_deadline_passed() {
         0,
         "it never reached the leader"
     );
-    assert_eq!(leader.ctx.shared.last_token(), 0, "nothing was granted");
+    assert_eq!(leader.ctx.shared.last_token(), None, "nothing was granted");
 
     // With time left it is forwarded and granted.
     let mut req = tonic::Request::new(acquire());

@@ -1,0 +1,1097 @@
+//! The snapshot on disk, owned here alone: its file format, the one writer
+//! at a time, what it covers (told to the log's purge horizon), loading it
+//! at open, installing one received from the leader, and the restored state
+//! a new cluster starts from. The state machine hands over its state to be
+//! written and takes back the state a snapshot holds.
+
+use std::{
+    io::{Cursor, Write},
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::{Duration, Instant},
+};
+
+use fenced_core::{ClusterTime, KvSnapshot, LeaseTable, TableSnapshot, TableSnapshotRef, Token};
+use openraft::{AnyError, StorageIOError};
+use serde::{Deserialize, Serialize};
+
+use super::Data;
+use crate::{
+    codec,
+    counters::Counters,
+    log_store::PurgeHorizon,
+    types::{LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership},
+};
+
+const SNAPSHOT_FILE: &str = "snapshot.bin";
+
+/// The snapshot body: everything needed to resume applying after it.
+#[derive(Serialize, Deserialize)]
+pub(super) struct SnapshotBody {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    table: TableSnapshot,
+    /// The fenced store, with its own format version. Last, so that a body
+    /// written before it existed ([`SnapshotBodyV1`]) is exactly this one's
+    /// bytes without it, and is told apart by its length.
+    kv: KvSnapshot,
+}
+
+impl SnapshotBody {
+    /// A copy of `data`, to be encoded once the state's lock is let go.
+    pub(super) fn copy_of(data: &Data) -> Self {
+        Self {
+            last_applied: data.last_applied,
+            membership: data.membership.clone(),
+            table: data.table.snapshot(),
+            kv: data.table.kv_snapshot(),
+        }
+    }
+
+    pub(super) fn encode(&self) -> Result<Vec<u8>, codec::CodecError> {
+        codec::encode("snapshot", self)
+    }
+}
+
+/// The snapshot body as written before the fenced store existed; still
+/// read, as an empty store.
+#[derive(Serialize, Deserialize)]
+struct SnapshotBodyV1 {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    table: TableSnapshot,
+}
+
+/// [`SnapshotBody`] borrowed from the live state: the same bytes, encoded
+/// straight into the snapshot file with no copy of the table.
+#[derive(Serialize)]
+#[serde(rename = "SnapshotBody")]
+struct SnapshotBodyRef<'a> {
+    last_applied: &'a Option<LogId>,
+    membership: &'a StoredMembership,
+    table: TableSnapshotRef<'a>,
+    kv: KvSnapshot,
+}
+
+/// The layout of the snapshot file: [`write_temporary`] writes these bytes
+/// with the body streamed, [`SnapshotFileRef`] reads them.
+#[cfg(test)]
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    meta: SnapshotMeta,
+    body: Vec<u8>,
+}
+
+/// [`SnapshotFile`] read in place: its body is not copied out of the file's
+/// bytes.
+#[derive(Deserialize)]
+struct SnapshotFileRef<'a> {
+    meta: SnapshotMeta,
+    #[serde(borrow)]
+    body: &'a [u8],
+}
+
+/// What goes into a snapshot file after its meta.
+enum Body<'a> {
+    /// Already encoded (a snapshot received from the leader, a restore).
+    Encoded(&'a [u8]),
+    /// Encoded from the state as it is written, never whole in memory.
+    State(&'a SnapshotBodyRef<'a>),
+}
+
+/// A snapshot file written under a temporary name, not yet synced.
+struct Temporary {
+    path: PathBuf,
+    file: std::fs::File,
+    /// Bytes of the encoded body (what openraft sends to a follower).
+    body_len: u64,
+}
+
+/// A snapshot of the state machine written by [`Snapshots::write`], not
+/// yet the snapshot on disk: [`Snapshots::store_built`] makes it so.
+pub(super) struct Written {
+    meta: SnapshotMeta,
+    temp: Temporary,
+    /// How long reading and encoding the state took.
+    encoded: Duration,
+}
+
+/// What [`Snapshots::store`] did.
+enum Stored {
+    Written,
+    /// Nothing: the snapshot on disk already covers the log up to `durable`.
+    Stale {
+        durable: Option<LogId>,
+    },
+}
+
+/// The snapshot on disk and its one writer at a time.
+pub(super) struct Snapshots {
+    /// What the snapshot on disk covers. Its body is read from the file
+    /// when openraft asks for it (to send it to a follower), so the state
+    /// is not kept twice in memory.
+    current: Mutex<Option<SnapshotMeta>>,
+    /// Held by the one task writing the snapshot file, from its temporary
+    /// file to the update of `current`.
+    writer: Mutex<()>,
+    snapshot_seq: AtomicU64,
+    /// Numbers temporary files, so no two writes share one.
+    temp_seq: AtomicU64,
+    dir: PathBuf,
+    /// Told when a snapshot is on disk: the log is purged only behind it.
+    horizon: PurgeHorizon,
+    /// The grants a loaded table remembers per resource.
+    history_len: usize,
+    /// The node's counters: snapshots built and installed, their size and
+    /// build time.
+    counters: Arc<Counters>,
+    /// Where a test stops a snapshot build after it read the table.
+    #[cfg(test)]
+    pub(super) build_paused: pause::PausePoint,
+}
+
+impl Snapshots {
+    /// Opens the snapshots kept in `dir`: removes the temporary files a
+    /// crash left, loads the snapshot on disk (its state, if there is one)
+    /// and tells `horizon` what it covers. Tables loaded remember
+    /// `history_len` grants per resource.
+    pub(super) fn open(
+        dir: &Path,
+        horizon: PurgeHorizon,
+        history_len: usize,
+        counters: Arc<Counters>,
+    ) -> Result<(Self, Option<Data>), StorageError> {
+        std::fs::create_dir_all(dir).map_err(snapshot_write_err)?;
+        remove_temporaries(dir)?;
+        let mut loaded = None;
+        let mut current = None;
+        let path = dir.join(SNAPSHOT_FILE);
+        if path.exists() {
+            // A file this build cannot read (a newer format, say) is named
+            // in the error, with what was wrong with it.
+            let unreadable = |e: &dyn std::fmt::Display| {
+                sm_read_err(std::io::Error::other(format!("{}: {e}", path.display())))
+            };
+            let started = Instant::now();
+            let bytes = std::fs::read(&path).map_err(|e| unreadable(&e))?;
+            let read_ms = started.elapsed().as_millis();
+            let file: SnapshotFileRef =
+                codec::decode_borrowed("snapshot file", &bytes).map_err(|e| unreadable(&e))?;
+            let data = decode_body(file.body, history_len).map_err(|e| unreadable(&e))?;
+            tracing::info!(
+                last_applied = ?data.last_applied,
+                leases = data.table.live_leases(),
+                bytes = bytes.len(),
+                read_ms,
+                load_ms = started.elapsed().as_millis(),
+                "loaded snapshot"
+            );
+            loaded = Some(data);
+            current = Some(file.meta);
+        }
+        horizon.snapshot_durable(loaded.as_ref().and_then(|d| d.last_applied));
+        let snapshots = Self {
+            current: Mutex::new(current),
+            writer: Mutex::new(()),
+            snapshot_seq: AtomicU64::new(0),
+            temp_seq: AtomicU64::new(0),
+            dir: dir.to_path_buf(),
+            horizon,
+            history_len,
+            counters,
+            #[cfg(test)]
+            build_paused: pause::PausePoint::default(),
+        };
+        Ok((snapshots, loaded))
+    }
+
+    /// The last log id the snapshot on disk covers.
+    fn durable_last(&self) -> Option<LogId> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|meta| meta.last_log_id)
+    }
+
+    /// The snapshot on disk, read from its file (the file's own meta, which
+    /// is the one its body goes with). Blocking.
+    pub(super) fn current(&self) -> Result<Option<Snapshot>, StorageError> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = self
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        if !known {
+            return Ok(None);
+        }
+        let path = self.dir.join(SNAPSHOT_FILE);
+        let bytes = std::fs::read(&path).map_err(sm_read_err)?;
+        let file: SnapshotFileRef =
+            codec::decode_borrowed("snapshot file", &bytes).map_err(sm_read_err)?;
+        Ok(Some(Snapshot {
+            meta: file.meta,
+            snapshot: Box::new(Cursor::new(file.body.to_vec())),
+        }))
+    }
+
+    /// Makes `temp` the snapshot on disk and in memory, and runs `durable`
+    /// (an install puts its state in place there), unless the snapshot
+    /// already there covers at least as much of the log. Blocking: call it
+    /// off the runtime thread.
+    ///
+    /// openraft 0.9 builds a snapshot in a task of its own while it installs
+    /// one it received, so two writers can meet here. One at a time holds
+    /// the writer lock from the comparison to the update of `current`; an
+    /// older snapshot never replaces a newer one on disk, where the log may
+    /// already be purged up to the newer one.
+    fn store(
+        &self,
+        meta: SnapshotMeta,
+        temp: Temporary,
+        durable: impl FnOnce(),
+    ) -> Result<Stored, StorageError> {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let on_disk = self.durable_last();
+        if meta.last_log_id <= on_disk {
+            drop(temp.file);
+            std::fs::remove_file(&temp.path).map_err(snapshot_write_err)?;
+            // Lets a purge held back for a refused install go ahead.
+            self.horizon.snapshot_durable(on_disk);
+            return Ok(Stored::Stale { durable: on_disk });
+        }
+        make_durable(&self.dir, temp)?;
+        durable();
+        let last = meta.last_log_id;
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(meta);
+        self.horizon.snapshot_durable(last);
+        Ok(Stored::Written)
+    }
+
+    /// Writes `data` into a temporary snapshot file, reading the table in
+    /// place (the caller holds the state's read lock, so applying waits
+    /// meanwhile; a copy of a million leases would take about as long and
+    /// twice the memory). `started` is when the build began. Blocking.
+    pub(super) fn write(&self, data: &Data, started: Instant) -> Result<Written, StorageError> {
+        let body = SnapshotBodyRef {
+            last_applied: &data.last_applied,
+            membership: &data.membership,
+            table: data.table.snapshot_ref(),
+            kv: data.table.kv_snapshot(),
+        };
+        let seq = self.snapshot_seq.fetch_add(1, Ordering::Relaxed);
+        let last_applied = data.last_applied;
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: data.membership.clone(),
+            snapshot_id: format!(
+                "{}-{}-{seq}",
+                last_applied.map_or(0, |l| l.leader_id.term),
+                last_applied.map_or(0, |l| l.index)
+            ),
+        };
+        let temp_seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
+        let temp = write_temporary(&self.dir, temp_seq, &meta, &Body::State(&body))?;
+        Ok(Written {
+            meta,
+            temp,
+            encoded: started.elapsed(),
+        })
+    }
+
+    /// Makes a snapshot [`Snapshots::write`] wrote the snapshot on disk,
+    /// unless a newer one was installed meanwhile. openraft 0.9 uses only
+    /// the meta of a built snapshot (its state machine worker answers the
+    /// build with `snap.meta`); the body returned is empty, and followers
+    /// are sent the file's body by [`Snapshots::current`]. Blocking.
+    pub(super) fn store_built(
+        &self,
+        written: Written,
+        started: Instant,
+    ) -> Result<Snapshot, StorageError> {
+        let Written {
+            meta,
+            temp,
+            encoded,
+        } = written;
+        let bytes = temp.body_len;
+        let stored = self.store(meta.clone(), temp, || {})?;
+        let built = Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(Vec::new())),
+        };
+        match stored {
+            Stored::Written => {
+                let c = &self.counters;
+                c.snapshots_built.fetch_add(1, Ordering::Relaxed);
+                c.snapshot_bytes.store(bytes, Ordering::Relaxed);
+                c.snapshot_build_us.observe_duration(started.elapsed());
+                tracing::info!(
+                    snapshot_id = %built.meta.snapshot_id,
+                    bytes,
+                    encode_ms = encoded.as_millis(),
+                    total_ms = started.elapsed().as_millis(),
+                    "snapshot built"
+                );
+                Ok(built)
+            }
+            Stored::Stale { durable } => {
+                // A newer snapshot was installed while this one was built.
+                tracing::info!(
+                    snapshot_id = %built.meta.snapshot_id,
+                    built = ?built.meta.last_log_id,
+                    durable = ?durable,
+                    "snapshot build discarded: the one on disk is newer"
+                );
+                let current = self
+                    .current
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                Ok(match current {
+                    Some(meta) => Snapshot {
+                        meta,
+                        snapshot: Box::new(Cursor::new(Vec::new())),
+                    },
+                    None => built,
+                })
+            }
+        }
+    }
+
+    /// Installs a snapshot received from the leader, unless the one on disk
+    /// covers as much of the log: its file becomes the snapshot on disk,
+    /// and `replace` is handed its state while the writer lock is held (so
+    /// a build finishing meanwhile is measured against it). Blocking.
+    pub(super) fn install(
+        &self,
+        meta: SnapshotMeta,
+        body: Vec<u8>,
+        replace: impl FnOnce(Data),
+    ) -> Result<(), StorageError> {
+        let data = decode_body(&body, self.history_len)?;
+        let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
+        let temp = write_temporary(&self.dir, seq, &meta, &Body::Encoded(&body))?;
+        let bytes = temp.body_len;
+        drop(body);
+        match self.store(meta.clone(), temp, || replace(data))? {
+            Stored::Written => {
+                let c = &self.counters;
+                c.snapshots_installed.fetch_add(1, Ordering::Relaxed);
+                c.snapshot_bytes.store(bytes, Ordering::Relaxed);
+                tracing::info!(snapshot_id = %meta.snapshot_id, "snapshot installed");
+            }
+            Stored::Stale { durable } => tracing::warn!(
+                snapshot_id = %meta.snapshot_id,
+                snapshot = ?meta.last_log_id,
+                durable = ?durable,
+                "snapshot install ignored: the one on disk covers as much of the log"
+            ),
+        }
+        Ok(())
+    }
+
+    /// An install failed: a purge openraft made for it must not wait for it.
+    pub(super) fn install_failed(&self) {
+        self.horizon.snapshot_failed();
+    }
+}
+
+fn sm_read_err(e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::read_state_machine(AnyError::new(&e)).into()
+}
+
+fn snapshot_write_err(e: impl std::error::Error + 'static) -> StorageError {
+    StorageIOError::write_snapshot(None, AnyError::new(&e)).into()
+}
+
+/// Whether `name` is a temporary snapshot file (of this or an older build).
+fn is_temporary(name: &str) -> bool {
+    name.starts_with(SNAPSHOT_FILE) && name.ends_with(".tmp")
+}
+
+/// Removes temporary files a crash left behind; no writer runs yet.
+fn remove_temporaries(dir: &Path) -> Result<(), StorageError> {
+    for entry in std::fs::read_dir(dir).map_err(sm_read_err)? {
+        let entry = entry.map_err(sm_read_err)?;
+        if entry.file_name().to_str().is_some_and(is_temporary) {
+            tracing::info!(file = ?entry.path(), "removing a stale temporary snapshot");
+            std::fs::remove_file(entry.path()).map_err(snapshot_write_err)?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads a snapshot body of this build's layout or of the one before the
+/// fenced store: each is refused by the other's decoder (one lacks the
+/// store's bytes, the other has them trailing), so neither is misread.
+fn decode_snapshot_body(bytes: &[u8]) -> Result<SnapshotBody, codec::CodecError> {
+    codec::decode::<SnapshotBody>("snapshot", bytes).or_else(|current| {
+        match codec::decode::<SnapshotBodyV1>("snapshot", bytes) {
+            Ok(v1) => Ok(SnapshotBody {
+                last_applied: v1.last_applied,
+                membership: v1.membership,
+                table: v1.table,
+                kv: KvSnapshot::default(),
+            }),
+            Err(_) => Err(current),
+        }
+    })
+}
+
+fn decode_body(bytes: &[u8], history_len: usize) -> Result<Data, StorageError> {
+    let body = decode_snapshot_body(bytes).map_err(sm_read_err)?;
+    let mut table = LeaseTable::from_snapshot(body.table)
+        .map_err(sm_read_err)?
+        .with_history_len(history_len);
+    table.restore_kv(body.kv).map_err(sm_read_err)?;
+    Ok(Data {
+        table,
+        last_applied: body.last_applied,
+        membership: body.membership,
+    })
+}
+
+/// Writes a snapshot file under a temporary name (number `seq`): the
+/// bytes of `codec::encode` of a [`SnapshotFile`], with the body streamed
+/// (its length is counted by an encoding pass first). Not yet synced: see
+/// [`make_durable`].
+fn write_temporary(
+    dir: &Path,
+    seq: u64,
+    meta: &SnapshotMeta,
+    body: &Body,
+) -> Result<Temporary, StorageError> {
+    let body_len = match body {
+        Body::Encoded(bytes) => bytes.len(),
+        Body::State(state) => {
+            1 + codec::encoded_part_len("snapshot", state).map_err(snapshot_write_err)?
+        }
+    };
+    let path = dir.join(format!("{SNAPSHOT_FILE}.{seq}.tmp"));
+    // 0600: the snapshot holds every live owner id.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(snapshot_write_err)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    out.write_all(&[codec::FORMAT_VERSION])
+        .map_err(snapshot_write_err)?;
+    codec::encode_part("snapshot file", meta, &mut out).map_err(snapshot_write_err)?;
+    // A byte vector is its length, then its bytes.
+    codec::encode_part("snapshot file", &(body_len as u64), &mut out)
+        .map_err(snapshot_write_err)?;
+    match body {
+        Body::Encoded(bytes) => out.write_all(bytes).map_err(snapshot_write_err)?,
+        Body::State(state) => {
+            out.write_all(&[codec::FORMAT_VERSION])
+                .map_err(snapshot_write_err)?;
+            let written =
+                codec::encode_part("snapshot", state, &mut out).map_err(snapshot_write_err)?;
+            if written + 1 != body_len {
+                return Err(snapshot_write_err(std::io::Error::other(format!(
+                    "snapshot body: counted {body_len} bytes, wrote {}",
+                    written + 1
+                ))));
+            }
+        }
+    }
+    let file = out
+        .into_inner()
+        .map_err(|e| snapshot_write_err(e.into_error()))?;
+    Ok(Temporary {
+        path,
+        file,
+        body_len: body_len as u64,
+    })
+}
+
+/// Makes a temporary snapshot file the snapshot on disk, atomically:
+/// fsync, rename, fsync of the directory.
+fn make_durable(dir: &Path, temp: Temporary) -> Result<(), StorageError> {
+    temp.file.sync_all().map_err(snapshot_write_err)?;
+    drop(temp.file);
+    std::fs::rename(&temp.path, dir.join(SNAPSHOT_FILE)).map_err(snapshot_write_err)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(snapshot_write_err)?;
+    Ok(())
+}
+
+/// What a restored state holds.
+#[derive(Debug, Clone, Copy)]
+pub struct RestoredState {
+    pub cluster_time: ClusterTime,
+    /// Every token granted from now on is above it.
+    pub last_token: u64,
+    pub live_leases: u64,
+}
+
+impl RestoredState {
+    fn of(table: &LeaseTable) -> Self {
+        Self {
+            cluster_time: table.now(),
+            last_token: table.last_token().map_or(0, Token::get),
+            live_leases: u64::try_from(table.live_leases()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// What an exported body holds, checked as a load would check it.
+pub fn inspect_export(body: &[u8]) -> Result<RestoredState, StorageError> {
+    let data = decode_body(body, fenced_core::MAX_HISTORY_PER_RESOURCE)?;
+    Ok(RestoredState::of(&data.table))
+}
+
+/// Writes, in `dir`, the snapshot a new cluster starts from: the state of
+/// an exported `body` with every token from now on above `token_floor`, as
+/// if applied up to `at` and with `membership` (a new cluster's). Leases
+/// keep their expiry in cluster time, which the new cluster's clock starts
+/// from (the last entry's stamp), so each keeps the time it had left.
+pub fn write_restored_state(
+    dir: &Path,
+    body: &[u8],
+    at: LogId,
+    membership: StoredMembership,
+    token_floor: u64,
+) -> Result<RestoredState, StorageError> {
+    let mut data = decode_body(body, fenced_core::MAX_HISTORY_PER_RESOURCE)?;
+    data.table.raise_token_floor(token_floor);
+    let restored = RestoredState::of(&data.table);
+    let body = SnapshotBody {
+        last_applied: Some(at),
+        membership: membership.clone(),
+        table: data.table.snapshot(),
+        kv: data.table.kv_snapshot(),
+    };
+    let meta = SnapshotMeta {
+        last_log_id: Some(at),
+        last_membership: membership,
+        snapshot_id: format!("restored-{}", at.index),
+    };
+    let body = body.encode().map_err(snapshot_write_err)?;
+    std::fs::create_dir_all(dir).map_err(snapshot_write_err)?;
+    let temp = write_temporary(dir, 0, &meta, &Body::Encoded(&body))?;
+    make_durable(dir, temp)?;
+    Ok(restored)
+}
+
+/// A point where a test holds a task until it lets it go.
+#[cfg(test)]
+pub(super) mod pause {
+    use std::sync::{Mutex, PoisonError};
+
+    use tokio::sync::oneshot;
+
+    #[derive(Default)]
+    pub struct PausePoint {
+        armed: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
+    }
+
+    impl PausePoint {
+        /// The next task to pass stops here: the first receiver hears that
+        /// it arrived, and dropping or sending on the sender lets it go on.
+        pub fn arm(&self) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+            let (reached_tx, reached_rx) = oneshot::channel();
+            let (resume_tx, resume_rx) = oneshot::channel();
+            *self.armed.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some((reached_tx, resume_rx));
+            (reached_rx, resume_tx)
+        }
+
+        pub async fn pass(&self) {
+            let armed = self
+                .armed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some((reached, resume)) = armed {
+                let _ = reached.send(());
+                let _ = resume.await;
+            }
+        }
+    }
+}
+
+/// Snapshots for tests of other modules.
+#[cfg(test)]
+pub(crate) mod testing {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use openraft::Membership;
+
+    use super::*;
+
+    /// A snapshot of an empty table that covers the log up to `last`.
+    pub fn snapshot_at(last: LogId) -> (SnapshotMeta, Box<Cursor<Vec<u8>>>) {
+        let membership = StoredMembership::new(
+            None,
+            Membership::new(vec![std::collections::BTreeSet::from([1])], None),
+        );
+        let body = SnapshotBody {
+            last_applied: Some(last),
+            membership: membership.clone(),
+            table: LeaseTable::new().snapshot(),
+            kv: KvSnapshot::default(),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: Some(last),
+            last_membership: membership,
+            snapshot_id: format!("leader-{}", last.index),
+        };
+        let bytes = codec::encode("snapshot", &body).unwrap();
+        (meta, Box::new(Cursor::new(bytes)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use fenced_core::{AcquireInSessionOutcome, AcquireOutcome, KvPutOutcome, Outcome};
+    use openraft::{
+        storage::{RaftLogStorage, RaftStateMachine},
+        CommittedLeaderId, RaftLogReader, RaftSnapshotBuilder,
+    };
+
+    use super::*;
+    use crate::{
+        log_store::{
+            testing::{log_with_blanks, open_state as open, restart},
+            LogStore,
+        },
+        state_machine::StateMachine,
+    };
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    fn snapshot_at(index: u64) -> (SnapshotMeta, Box<Cursor<Vec<u8>>>) {
+        testing::snapshot_at(log_id(index))
+    }
+
+    fn open_log(dir: &Path) -> LogStore {
+        LogStore::open(&dir.join("raft-log")).expect("open log")
+    }
+
+    async fn current_last(sm: &mut StateMachine) -> Option<LogId> {
+        sm.get_current_snapshot()
+            .await
+            .unwrap()
+            .and_then(|s| s.meta.last_log_id)
+    }
+
+    /// A node with blank entries 1..=25 committed, applied up to 10.
+    async fn node(dir: &Path) -> (LogStore, StateMachine) {
+        let mut log = log_with_blanks(&dir.join("raft-log"), 25, 25).await;
+        let mut sm = open(dir, &log);
+        let entries = log.try_get_log_entries(1..=10).await.unwrap();
+        sm.apply(entries).await.unwrap();
+        (log, sm)
+    }
+
+    #[tokio::test]
+    async fn an_older_build_finishing_after_a_newer_install_is_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, mut sm) = node(dir.path()).await;
+
+        // A build reads the table at 10 and stops before it writes.
+        let (reached, resume) = sm.shared.snapshots.build_paused.arm();
+        let mut builder = sm.get_snapshot_builder().await;
+        let build = tokio::spawn(async move { builder.build_snapshot().await });
+        reached.await.expect("the build reaches its pause point");
+
+        // Meanwhile the leader's snapshot at 20 is installed, and openraft
+        // purges the log up to it.
+        let (meta, body) = snapshot_at(20);
+        sm.install_snapshot(&meta, body).await.unwrap();
+        log.purge(log_id(20)).await.unwrap();
+        assert_eq!(current_last(&mut sm).await, Some(log_id(20)));
+
+        drop(resume);
+        let built = build.await.unwrap().unwrap();
+        assert_eq!(
+            built.meta.last_log_id,
+            Some(log_id(20)),
+            "the build reports the newer snapshot"
+        );
+        assert_eq!(
+            current_last(&mut sm).await,
+            Some(log_id(20)),
+            "the older build replaced the newer snapshot in memory"
+        );
+        assert_eq!(sm.shared.last_applied(), Some(log_id(20)));
+        drop((log, sm));
+
+        // A restart sees the newer snapshot, which covers the purged log.
+        let log = open_log(dir.path());
+        let mut sm = open(dir.path(), &log);
+        assert_eq!(
+            sm.applied_state().await.unwrap().0,
+            Some(log_id(20)),
+            "the older build replaced the newer snapshot on disk"
+        );
+        assert_eq!(current_last(&mut sm).await, Some(log_id(20)));
+        drop((log, sm));
+        let (_log, mut sm) = restart(dir.path()).await;
+        assert_eq!(sm.applied_state().await.unwrap().0, Some(log_id(25)));
+    }
+
+    fn membership() -> StoredMembership {
+        StoredMembership::new(
+            None,
+            openraft::Membership::new(vec![std::collections::BTreeSet::from([1])], None),
+        )
+    }
+
+    /// A table with a lease on `job` and, when `put`, a fenced value under it.
+    fn table_with(put: bool) -> LeaseTable {
+        use fenced_core::{Batch, Command, KvBounds, KvKey, KvValue, OwnerId, ResourceName};
+        let mut table = LeaseTable::new();
+        let owner = OwnerId::random();
+        let resource = ResourceName::new("job").unwrap();
+        let mut commands = vec![Command::Acquire {
+            resource: resource.clone(),
+            owner_id: owner,
+            ttl_ms: 60_000,
+            wait_ms: 0,
+        }];
+        if put {
+            commands.push(Command::KvPut {
+                key: KvKey::new("job/state").unwrap(),
+                value: KvValue::new(vec![7u8; 1000]).unwrap(),
+                resource,
+                owner_id: owner,
+                token: fenced_core::Token::new(1).unwrap(),
+                bounds: KvBounds {
+                    max_keys: 10,
+                    max_total_bytes: 1 << 20,
+                },
+            });
+        }
+        let applied = table.apply(&Batch {
+            stamp: ClusterTime::from_millis(5),
+            commands,
+        });
+        assert!(applied.outcomes.iter().all(|o| matches!(
+            o,
+            Outcome::Acquire(AcquireOutcome::Granted(_))
+                | Outcome::KvPut(KvPutOutcome::Applied { .. })
+        )));
+        table
+    }
+
+    #[test]
+    fn a_snapshot_body_from_before_the_fenced_store_loads_with_an_empty_store() {
+        let table = table_with(false);
+        let old = SnapshotBodyV1 {
+            last_applied: Some(log_id(7)),
+            membership: membership(),
+            table: table.snapshot(),
+        };
+        let data = decode_body(
+            &codec::encode("snapshot", &old).unwrap(),
+            fenced_core::DEFAULT_HISTORY_PER_RESOURCE,
+        )
+        .unwrap();
+        assert_eq!(data.last_applied, Some(log_id(7)));
+        assert_eq!(data.table.snapshot(), table.snapshot());
+        assert!(data.table.kv().is_empty());
+    }
+
+    #[test]
+    fn sessions_round_trip_through_a_snapshot_body() {
+        use fenced_core::{Batch, Command, OwnerId, ResourceName, SessionId};
+        let mut table = table_with(false);
+        let session = SessionId::random();
+        let applied = table.apply(&Batch {
+            stamp: ClusterTime::from_millis(10),
+            commands: vec![
+                Command::OpenSession {
+                    session,
+                    identity: "app".into(),
+                    ttl_ms: 20_000,
+                    bounds: fenced_core::Limits::default().session_bounds(),
+                },
+                Command::AcquireInSession {
+                    resource: ResourceName::new("kept").unwrap(),
+                    owner_id: OwnerId::random(),
+                    session,
+                    identity: "app".into(),
+                    capacity: fenced_core::Capacity::UNBOUNDED,
+                },
+            ],
+        });
+        assert!(matches!(
+            applied.outcomes[1],
+            Outcome::AcquireInSession(AcquireInSessionOutcome::Acquire(AcquireOutcome::Granted(_)))
+        ));
+        let body = SnapshotBody {
+            last_applied: Some(log_id(11)),
+            membership: membership(),
+            table: table.snapshot(),
+            kv: table.kv_snapshot(),
+        };
+        let bytes = codec::encode("snapshot", &body).unwrap();
+        let mut data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
+        assert_eq!(data.table.snapshot(), table.snapshot());
+        assert_eq!(
+            data.table.session(session),
+            Some((ClusterTime::from_millis(20_010), 1))
+        );
+        assert_eq!(data.table.live_leases(), 2);
+        // The restored session lapses with its lease, the other lease stays.
+        data.table.apply(&Batch {
+            stamp: ClusterTime::from_millis(20_010),
+            commands: vec![],
+        });
+        assert_eq!(data.table.live_leases(), 1);
+        assert!(
+            !data
+                .table
+                .describe("kept", ClusterTime::from_millis(20_010))
+                .held
+        );
+    }
+
+    #[test]
+    fn the_fenced_store_round_trips_through_a_snapshot_body() {
+        let table = table_with(true);
+        let body = SnapshotBody {
+            last_applied: Some(log_id(9)),
+            membership: membership(),
+            table: table.snapshot(),
+            kv: table.kv_snapshot(),
+        };
+        let bytes = codec::encode("snapshot", &body).unwrap();
+        let data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
+        assert_eq!(data.table.kv(), table.kv());
+        assert_eq!(
+            data.table.kv().get("job/state").unwrap().value.as_bytes(),
+            &[7u8; 1000][..]
+        );
+        // Cut short inside the store, or with bytes after it: refused, not
+        // misread as the older layout.
+        for bad in [&bytes[..bytes.len() - 1], &[&bytes[..], &[0]].concat()[..]] {
+            assert!(decode_body(bad, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).is_err());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_built_snapshot_carries_the_fenced_store_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, mut sm) = node(dir.path()).await;
+        sm.shared.write().table = table_with(true);
+        let mut builder = sm.get_snapshot_builder().await;
+        builder.build_snapshot().await.unwrap();
+        let want = sm.shared.read().table.kv().clone();
+        drop((log, sm, builder));
+        let log = open_log(dir.path());
+        let sm = open(dir.path(), &log);
+        assert_eq!(sm.shared.read().table.kv(), &want);
+        assert_eq!(want.len(), 1);
+    }
+
+    /// The streamed file is byte for byte the encoding of the snapshot
+    /// file this build wrote before it streamed (a whole body in memory),
+    /// so every reader of that layout reads it; and what the state machine
+    /// hands a follower is that body.
+    #[tokio::test]
+    async fn a_streamed_snapshot_file_is_the_encoded_file_of_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, mut sm) = node(dir.path()).await;
+        sm.shared.write().table = table_with(true);
+        let mut builder = sm.get_snapshot_builder().await;
+        let built = builder.build_snapshot().await.unwrap();
+        let body = {
+            let data = sm.shared.read();
+            codec::encode(
+                "snapshot",
+                &SnapshotBody {
+                    last_applied: data.last_applied,
+                    membership: data.membership.clone(),
+                    table: data.table.snapshot(),
+                    kv: data.table.kv_snapshot(),
+                },
+            )
+            .unwrap()
+        };
+        let want = codec::encode(
+            "snapshot file",
+            &SnapshotFile {
+                meta: built.meta.clone(),
+                body: body.clone(),
+            },
+        )
+        .unwrap();
+        let on_disk = std::fs::read(dir.path().join("state").join(SNAPSHOT_FILE)).unwrap();
+        assert_eq!(on_disk, want);
+        let sent = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(sent.meta, built.meta);
+        assert_eq!(sent.snapshot.into_inner(), body);
+    }
+
+    #[tokio::test]
+    async fn a_stale_install_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, mut sm) = node(dir.path()).await;
+        let (meta, body) = snapshot_at(20);
+        sm.install_snapshot(&meta, body).await.unwrap();
+        let (meta, body) = snapshot_at(15);
+        sm.install_snapshot(&meta, body).await.unwrap();
+        assert_eq!(current_last(&mut sm).await, Some(log_id(20)));
+        assert_eq!(sm.shared.last_applied(), Some(log_id(20)));
+        let bytes = std::fs::read(dir.path().join("state").join(SNAPSHOT_FILE)).unwrap();
+        let file: SnapshotFile = codec::decode("snapshot file", &bytes).unwrap();
+        assert_eq!(file.meta.last_log_id, Some(log_id(20)));
+    }
+
+    #[tokio::test]
+    async fn the_snapshot_file_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, mut sm) = node(dir.path()).await;
+        let (meta, body) = snapshot_at(20);
+        sm.install_snapshot(&meta, body).await.unwrap();
+        let mode = std::fs::metadata(dir.path().join("state").join(SNAPSHOT_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+    }
+
+    #[tokio::test]
+    async fn stale_temporaries_are_removed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        for name in ["snapshot.bin.tmp", "snapshot.bin.7.tmp", "other.tmp"] {
+            std::fs::write(state.join(name), b"partial").unwrap();
+        }
+        let log = open_log(dir.path());
+        let _sm = open(dir.path(), &log);
+        let mut left: Vec<String> = std::fs::read_dir(&state)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["other.tmp"]);
+    }
+
+    #[tokio::test]
+    async fn concurrent_writers_never_leave_a_mixed_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open_log(dir.path());
+        let shared = open(dir.path(), &log).shared();
+        let path = dir.path().join("state").join(SNAPSHOT_FILE);
+        let files: Vec<SnapshotFile> = (1..=16u8)
+            .map(|i| {
+                let (meta, _) = snapshot_at(u64::from(i));
+                // Bodies of different sizes, so a mix of two is detectable.
+                let body = vec![i; 256 * 1024 + 4096 * usize::from(i)];
+                SnapshotFile { meta, body }
+            })
+            .collect();
+        let check = |file: &SnapshotFile| {
+            let want = files
+                .iter()
+                .find(|f| f.meta.snapshot_id == file.meta.snapshot_id)
+                .expect("one of the written snapshots");
+            assert_eq!(file.body, want.body, "the body is one writer's");
+        };
+        let writing = std::sync::atomic::AtomicUsize::new(files.len());
+        std::thread::scope(|s| {
+            for file in &files {
+                let (shared, writing) = (&shared, &writing);
+                s.spawn(move || {
+                    let snapshots = &shared.snapshots;
+                    let seq = snapshots.temp_seq.fetch_add(1, Ordering::Relaxed);
+                    let temp = write_temporary(
+                        &snapshots.dir,
+                        seq,
+                        &file.meta,
+                        &Body::Encoded(&file.body),
+                    )
+                    .expect("every writer writes");
+                    snapshots
+                        .store(file.meta.clone(), temp, || {})
+                        .expect("every writer succeeds");
+                    writing.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+            // A reader sees a whole file whenever it looks.
+            while writing.load(Ordering::SeqCst) > 0 {
+                if let Ok(bytes) = std::fs::read(&path) {
+                    check(&codec::decode("snapshot file", &bytes).expect("a whole file"));
+                }
+            }
+        });
+        let bytes = std::fs::read(&path).unwrap();
+        let file: SnapshotFile = codec::decode("snapshot file", &bytes).expect("a whole file");
+        check(&file);
+        assert_eq!(file.meta.last_log_id, Some(log_id(16)), "the newest wins");
+        assert_eq!(shared.snapshots.durable_last(), Some(log_id(16)));
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("state"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [SNAPSHOT_FILE], "no temporary file is left");
+    }
+}
+
+/// Snapshot files written by earlier builds still load.
+#[cfg(test)]
+mod old_formats {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use fenced_core::{OwnerId, Token, TokenState};
+    use openraft::storage::RaftStateMachine;
+
+    use super::*;
+    use crate::{log_store::LogStore, parking::Parking, state_machine::StateMachine};
+
+    /// The snapshot file of a build before format 2 (table format 1): a
+    /// lease on jobs/a (owner 01..01, token 1, granted at 1000 ms for 60 s)
+    /// with a waiter, jobs/b released (owner 02..02, token 2), applied up
+    /// to index 3.
+    const V1: &[u8] = include_bytes!("../../testdata/snapshot-v1.bin");
+
+    #[tokio::test]
+    async fn a_table_format_1_snapshot_loads_and_carries_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join(SNAPSHOT_FILE), V1).unwrap();
+        let log = LogStore::open(&dir.path().join("raft-log")).unwrap();
+        let mut sm = StateMachine::open(&state, Parking::new(4), log.purge_horizon(), 16).unwrap();
+        let (applied, _) = sm.applied_state().await.unwrap();
+        assert_eq!(applied.map(|l| l.index), Some(3));
+        let shared = sm.shared();
+        let at = ClusterTime::from_millis(5_000);
+        let a = shared.validate("jobs/a", Token::new(1).unwrap(), at);
+        assert_eq!(
+            a.state,
+            TokenState::Current {
+                remaining_ms: 56_000
+            }
+        );
+        assert_eq!(shared.describe("jobs/a", at).waiters, 1);
+        let b = shared.validate("jobs/b", Token::new(2).unwrap(), at);
+        assert_eq!(b.state, TokenState::Released);
+        assert!(shared.holds("jobs/a", OwnerId::from_bytes(&[1; 16]).unwrap()));
+        assert_eq!(shared.revision(), 0, "format 1 kept no changes");
+        assert!(shared.history("jobs/a", 16).is_empty());
+        // Its next snapshot is format 2, and loads as such.
+        let (_, (table, _kv)) = shared.table_snapshot();
+        assert_eq!(table.format_version(), fenced_core::SNAPSHOT_FORMAT_VERSION);
+        let bytes = codec::encode("table", &table).unwrap();
+        let again: TableSnapshot = codec::decode("table", &bytes).unwrap();
+        assert!(LeaseTable::from_snapshot(again).is_ok());
+    }
+}
