@@ -409,7 +409,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             let (body, laid) = backup::restore(&from, &data_dir, node_id, &members, token_floor)
                 .map_err(|e| e.to_string())?;
             println!(
-                "restored {} into {} for node {node_id} of {:?}: backup applied index {},                  last token {}, {} live leases, cluster time {} ms; tokens from now on are above {}",
+                "restored {} into {} for node {node_id} of {:?}: backup applied index {}, last token {}, {} live leases, cluster time {} ms; tokens from now on are above {}",
                 from.display(),
                 laid.data_dir.display(),
                 laid.members,
@@ -441,7 +441,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
                 .await
                 .map_err(|e| e.to_string())?;
             println!(
-                "recovered {} as a one-node cluster of node {node_id}: survivor's last token {},                  {} live leases; tokens from now on are above {}; the old data is in {}",
+                "recovered {} as a one-node cluster of node {node_id}: survivor's last token {}, {} live leases; tokens from now on are above {}; the old data is in {}",
                 laid.data_dir.display(),
                 export.last_token,
                 laid.state.live_leases,
