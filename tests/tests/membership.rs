@@ -597,6 +597,12 @@ async fn only_admins_change_members_and_a_node_adds_only_itself() {
     // promotes it.
     cluster.join_node(4, None);
     wait_for_role(&cluster, &[], 4, "learner", Duration::from_secs(30)).await;
+    // The membership shows the learner once the leader commits it; node 4
+    // logs the leader's answer when that answer arrives, a moment later.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cluster.log_of(4).contains("added as a learner") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(
         cluster.log_of(4).contains("added as a learner"),
         "{}",
