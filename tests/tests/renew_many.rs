@@ -40,6 +40,33 @@ async fn counts(metrics: &[String]) -> Counts {
     }
 }
 
+/// The server's counts and the keeper's, read at a moment when no batch is
+/// on the wire: the keeper counts a call when its answer arrives and the
+/// server when it sends it, so a reading taken mid-call differs by one.
+/// `client` must be the only caller of RenewMany on the cluster, which makes
+/// its total the server's total at such a moment.
+async fn quiet_counts(
+    client: &Client,
+    metrics: &[String],
+) -> (Counts, fenced_client::KeeperStats) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let keeper = client.keeper_stats();
+        let server = counts(metrics).await;
+        let keeper_again = client.keeper_stats();
+        if keeper.calls == keeper_again.calls && keeper.calls == server.renew_many_calls {
+            return (server, keeper);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the keeper's {} calls never matched the server's {} RenewMany calls",
+            keeper_again.calls,
+            server.renew_many_calls
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_keeps_2000_leases_with_one_command_per_interval() {
     const LEASES: usize = 2_000;
@@ -55,12 +82,10 @@ async fn one_client_keeps_2000_leases_with_one_command_per_interval() {
     // into one call.
     tokio::time::sleep(2 * every).await;
 
-    let before = counts(&metrics).await;
-    let stats_before = client.keeper_stats();
+    let (before, stats_before) = quiet_counts(&client, &metrics).await;
     let span = 3 * every;
     tokio::time::sleep(span).await;
-    let after = counts(&metrics).await;
-    let stats_after = client.keeper_stats();
+    let (after, stats_after) = quiet_counts(&client, &metrics).await;
 
     let commands = after.commands - before.commands;
     let renewals = after.renewals - before.renewals;
