@@ -45,10 +45,7 @@ async fn counts(metrics: &[String]) -> Counts {
 /// server when it sends it, so a reading taken mid-call differs by one.
 /// `client` must be the only caller of RenewMany on the cluster, which makes
 /// its total the server's total at such a moment.
-async fn quiet_counts(
-    client: &Client,
-    metrics: &[String],
-) -> (Counts, fenced_client::KeeperStats) {
+async fn quiet_counts(client: &Client, metrics: &[String]) -> (Counts, fenced_client::KeeperStats) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let keeper = client.keeper_stats();

@@ -11,6 +11,7 @@
 
 pub mod auth;
 pub mod backup;
+pub mod blocking;
 pub mod certs;
 pub mod clock;
 pub mod codec;

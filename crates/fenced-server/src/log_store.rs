@@ -86,6 +86,8 @@ impl Decode for WalVote {
 pub enum FlushDone {
     Raft(LogFlushed<TypeConfig>),
     Wait(tokio::sync::oneshot::Sender<io::Result<()>>),
+    /// The simulation's flush: its thread waits for it (see [`SimFsync`]).
+    Block(std::sync::mpsc::SyncSender<io::Result<()>>),
 }
 
 impl raft_log::Callback for FlushDone {
@@ -95,6 +97,8 @@ impl raft_log::Callback for FlushDone {
             FlushDone::Wait(tx) => {
                 let _ = tx.send(res);
             }
+            // raft-log's own callback for a std channel.
+            FlushDone::Block(tx) => raft_log::Callback::send(tx, res),
         }
     }
 }
@@ -188,12 +192,19 @@ impl PurgeHorizon {
         let Some(wanted) = gate.deferred else {
             return Ok(());
         };
-        if let Some(upto) = gate.durable.min(Some(wanted)) {
+        // CANARY (deliberately broken build for fenced-sim): purges as far
+        // as openraft asks, past the snapshot on disk.
+        let durable = if cfg!(feature = "canary-purge-past-snapshot") {
+            Some(wanted)
+        } else {
+            gate.durable
+        };
+        if let Some(upto) = durable.min(Some(wanted)) {
             let mut wal = self.wal.lock().unwrap_or_else(PoisonError::into_inner);
             wal.purge(WalLogId(upto))?;
             wal.flush(true, None)?;
         }
-        if Some(wanted) <= gate.durable {
+        if Some(wanted) <= durable {
             gate.deferred = None;
         } else {
             tracing::info!(
@@ -228,11 +239,21 @@ impl PurgeHorizon {
     }
 }
 
+/// The deterministic simulation's fsync (crate `fenced-sim`): the log is
+/// flushed while the simulation's one thread waits, so no other thread
+/// decides what happens next, and the flush's answer reaches openraft after
+/// the simulated latency this returns, on tokio's paused clock. A node
+/// stopped in between has its entries on disk and never said so: a crash
+/// between an fsync and its answer.
+pub type SimFsync = Arc<dyn Fn() -> std::time::Duration + Send + Sync>;
+
 /// The durable Raft log and vote of one node.
 #[derive(Clone)]
 pub struct LogStore {
     wal: Wal,
     horizon: PurgeHorizon,
+    /// Set under the simulation only.
+    sim_fsync: Option<SimFsync>,
     /// Told of every append once it is handed to the flush thread; set once
     /// Raft runs. The log store knows nothing of what it does with it (the
     /// replication adapter copies a leader's appends early).
@@ -295,8 +316,28 @@ impl LogStore {
         Ok(Self {
             wal,
             horizon,
+            sim_fsync: None,
             sink: Arc::new(OnceLock::new()),
         })
+    }
+
+    /// [`LogStore::open`] for the deterministic simulation: flushes end
+    /// as [`SimFsync`] says.
+    pub fn open_simulated(dir: &Path, fsync: SimFsync) -> io::Result<Self> {
+        Ok(Self {
+            sim_fsync: Some(fsync),
+            ..Self::open(dir)?
+        })
+    }
+
+    /// Under the simulation: flushes now, with this thread waiting, and
+    /// returns the latency to wait before saying so.
+    fn flush_simulated(&self, fsync: &SimFsync) -> io::Result<std::time::Duration> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.wal().flush(true, Some(FlushDone::Block(tx)))?;
+        rx.recv()
+            .map_err(|_| io::Error::other("log flush thread stopped"))??;
+        Ok(fsync())
     }
 
     /// The handle through which the state machine allows purges.
@@ -377,6 +418,11 @@ impl LogStore {
 
     /// Flushes with fdatasync and waits for it.
     async fn sync(&self) -> io::Result<()> {
+        if let Some(fsync) = &self.sim_fsync {
+            let latency = self.flush_simulated(fsync)?;
+            tokio::time::sleep(latency).await;
+            return Ok(());
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.wal().flush(true, Some(FlushDone::Wait(tx)))?;
         rx.await
@@ -484,11 +530,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             (sink, vote, last_log_id(&wal), committed)
         });
         wal.append(items).map_err(write_err)?;
-        // openraft counts the entries as persisted only when raft-log's flush
-        // thread calls back, after fdatasync.
-        wal.flush(true, Some(FlushDone::Raft(callback)))
-            .map_err(write_err)?;
-        drop(wal);
+        if let Some(fsync) = &self.sim_fsync {
+            drop(wal);
+            let latency = self.flush_simulated(fsync).map_err(write_err)?;
+            tokio::spawn(async move {
+                tokio::time::sleep(latency).await;
+                callback.log_io_completed(Ok(()));
+            });
+        } else {
+            // openraft counts the entries as persisted only when raft-log's
+            // flush thread calls back, after fdatasync.
+            wal.flush(true, Some(FlushDone::Raft(callback)))
+                .map_err(write_err)?;
+            drop(wal);
+        }
         if let Some((sink, vote, last_before, committed)) = told {
             sink.appended(Appended {
                 vote,

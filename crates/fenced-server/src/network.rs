@@ -442,6 +442,25 @@ impl Reachability {
     }
 }
 
+/// What carries Raft calls between nodes in place of TCP: the deterministic
+/// simulation's network (crate `fenced-sim`). A node given none uses TCP.
+/// `exchange` is one request and its reply, as [`Peer`] makes it: the call,
+/// the sender's time, the encoded message; the answerer's floor and its
+/// encoded reply back.
+pub trait Wire: Send + Sync + 'static {
+    fn exchange(
+        &self,
+        target: NodeId,
+        call: RaftCall,
+        time: MessageTime,
+        payload: Vec<u8>,
+    ) -> WireReply;
+}
+
+/// A [`Wire`]'s answer to come: the answerer's floor and its reply.
+pub type WireReply =
+    std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<(LeaderTime, Vec<u8>)>> + Send>>;
+
 /// One connection to one peer's Raft port, carrying one request at a time.
 pub struct Peer {
     target: NodeId,
@@ -452,6 +471,8 @@ pub struct Peer {
     /// Where this client's failures and recoveries are told; `None`: not
     /// logged (pre-votes, which count a silent voter as a refusal).
     reachability: Option<Arc<Reachability>>,
+    /// Set: calls go over this instead of TCP (simulation).
+    wire: Option<Arc<dyn Wire>>,
 }
 
 impl Peer {
@@ -463,7 +484,13 @@ impl Peer {
             conn: None,
             tls: None,
             reachability: None,
+            wire: None,
         }
+    }
+
+    /// Sends calls over `wire` instead of TCP when set.
+    pub(crate) fn with_wire(self, wire: Option<Arc<dyn Wire>>) -> Self {
+        Self { wire, ..self }
     }
 
     pub fn target(&self) -> NodeId {
@@ -543,6 +570,11 @@ impl Peer {
         time: MessageTime,
         payload: &[u8],
     ) -> io::Result<(LeaderTime, Vec<u8>)> {
+        if let Some(wire) = &self.wire {
+            return wire
+                .exchange(self.target, call, time, payload.to_vec())
+                .await;
+        }
         let mut conn = match self.conn.take() {
             Some(c) => c,
             None => self.connect().await?,

@@ -28,9 +28,11 @@ use crate::{
     kv_service::{KvService, KV_MESSAGE_MAX_BYTES},
     limits::{ConnectionLimit, Port, ServerLimits},
     log_store::LogStore,
+    log_store::SimFsync,
     maintenance::MaintenanceService,
     membership::{self, Join, JoinRefused},
     metrics,
+    network::Wire,
     parking::Parking,
     peer_listener,
     proposer::{run_leader_watch, run_ticker, Proposer, ProposerConfig},
@@ -219,16 +221,40 @@ fn tokio_listener(l: std::net::TcpListener) -> Result<TcpListener, NodeError> {
     TcpListener::from_std(l).map_err(|source| NodeError::Listen { addr, source })
 }
 
-impl RunningNode {
-    /// Starts the node: binds its listeners, then as [`RunningNode::start_on`].
-    pub async fn start(cfg: NodeConfig) -> Result<Self, NodeError> {
-        let listeners = Listeners::bind(&cfg)?;
-        Self::start_on(cfg, listeners).await
-    }
+/// What the deterministic simulation (crate `fenced-sim`) puts in place of
+/// the network, the disk's timing and the random spread of elections.
+#[derive(Clone)]
+pub struct Simulated {
+    pub wire: Arc<dyn Wire>,
+    pub fsync: SimFsync,
+    pub seed: u64,
+}
 
-    /// Starts the node on listeners already bound: opens storage, writes the
-    /// initial membership on a pristine data dir, starts Raft and serves.
-    pub async fn start_on(cfg: NodeConfig, listeners: Listeners) -> Result<Self, NodeError> {
+/// A node's working parts without its listeners: storage, Raft, the
+/// cluster clock, the proposer, the election, the context the services run
+/// on and the answerer of peers' Raft calls. The real node serves them on
+/// its ports; the simulation calls them directly.
+pub struct NodeCore {
+    pub ctx: NodeContext,
+    /// Answers the peers' Raft calls.
+    pub peer: RaftPeer,
+    pub auth: Arc<Auth>,
+    pub tls: Option<Arc<tls::NodeTls>>,
+    pub members: Members,
+    /// The join to run, unless the data dir holds this node's state.
+    pub join: Option<Join>,
+    /// Ends the election loop (and whatever the caller adds).
+    pub stop: CancellationToken,
+    /// The leader watch, the ticker and the election loop, in that order.
+    pub tasks: Vec<JoinHandle<()>>,
+}
+
+impl NodeCore {
+    /// Opens storage, writes the initial membership on a pristine data
+    /// dir, starts Raft, the proposer and the election; `sim` replaces the
+    /// network and the disk's timing (the simulation), `None` for a real
+    /// node.
+    pub async fn open(cfg: &NodeConfig, sim: Option<Simulated>) -> Result<Self, NodeError> {
         crate::metrics::process_start_unix_seconds();
         cfg.limits
             .validate()
@@ -252,7 +278,13 @@ impl RunningNode {
         {
             crate::data_format::write(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
         }
-        let log = LogStore::open(&cfg.data_dir.join(LOG_DIR)).map_err(|e| storage(Box::new(e)))?;
+        let log = match &sim {
+            Some(sim) => {
+                LogStore::open_simulated(&cfg.data_dir.join(LOG_DIR), Arc::clone(&sim.fsync))
+            }
+            None => LogStore::open(&cfg.data_dir.join(LOG_DIR)),
+        }
+        .map_err(|e| storage(Box::new(e)))?;
         match replication::give_up_restored_leadership(&log, cfg.id).await {
             Ok(Some(term)) => tracing::info!(
                 term,
@@ -281,10 +313,6 @@ impl RunningNode {
             Arc::clone(&shared) as Arc<dyn AppliedTime>,
         ));
 
-        let client_listener = tokio_listener(listeners.client)?;
-        let peer_listener = tokio_listener(listeners.peer)?;
-        let metrics_listener = listeners.metrics.map(tokio_listener).transpose()?;
-
         let raft_config = openraft::Config {
             cluster_name: "fenced".into(),
             heartbeat_interval: cfg.heartbeat_ms,
@@ -307,8 +335,10 @@ impl RunningNode {
             None => None,
         };
         let early_answers = Arc::new(EarlyAnswers::default());
-        let network =
-            Network::new(Arc::clone(&early_answers), Arc::clone(&time)).with_tls(tls.clone());
+        let wire = sim.as_ref().map(|s| Arc::clone(&s.wire));
+        let network = Network::new(Arc::clone(&early_answers), Arc::clone(&time))
+            .with_tls(tls.clone())
+            .with_wire(wire.clone());
         // On a pristine data dir: the first membership, written before Raft
         // starts so that it starts as a follower of a formed cluster and
         // stands only after a pre-vote (LogStore::seed_membership says why
@@ -332,7 +362,8 @@ impl RunningNode {
         // ends (crate::replication::early).
         log.on_append(Arc::new(
             EarlyReplication::new(cfg.id, raft.metrics(), Arc::clone(&early_answers))
-                .with_tls(tls.clone()),
+                .with_tls(tls.clone())
+                .with_wire(wire.clone()),
         ));
         // Elections start from fenced's pre-vote (crate::replication::election),
         // not from openraft's timer.
@@ -345,8 +376,17 @@ impl RunningNode {
                 log.clone(),
             )
             .with_tls(tls.clone())
-            .with_reachability(Arc::clone(&reachability)),
+            .with_reachability(Arc::clone(&reachability))
+            .with_wire(wire),
         );
+        let election = match &sim {
+            Some(sim) => Arc::new(
+                Arc::into_inner(election)
+                    .ok_or_else(|| NodeError::Raft("election shared too early".into()))?
+                    .with_jitter_seed(sim.seed),
+            ),
+            None => election,
+        };
 
         let initialized = raft
             .is_initialized()
@@ -395,20 +435,67 @@ impl RunningNode {
         .with_reachability(reachability);
 
         let stop = CancellationToken::new();
-        let mut tasks = Vec::new();
+        let tasks = vec![
+            tokio::spawn(run_leader_watch(raft.clone(), Arc::clone(&time))),
+            tokio::spawn(run_ticker(
+                raft.clone(),
+                Arc::clone(&shared),
+                time,
+                proposer,
+            )),
+            // After the two tasks above, which shutdown aborts first; this
+            // one ends with `stop`.
+            tokio::spawn({
+                let election = Arc::clone(&election);
+                let (raft, stop) = (raft.clone(), stop.clone());
+                async move { election.run(raft, stop).await }
+            }),
+        ];
+        let peer = RaftPeer {
+            raft: raft.clone(),
+            election,
+            floor,
+            max_snapshot_bytes: cfg.server_limits.max_snapshot_bytes,
+            counters: Arc::clone(&ctx.counters.limits),
+        };
+        Ok(NodeCore {
+            ctx,
+            peer,
+            auth,
+            tls,
+            members,
+            join,
+            stop,
+            tasks,
+        })
+    }
+}
+
+impl RunningNode {
+    /// Starts the node: binds its listeners, then as [`RunningNode::start_on`].
+    pub async fn start(cfg: NodeConfig) -> Result<Self, NodeError> {
+        let listeners = Listeners::bind(&cfg)?;
+        Self::start_on(cfg, listeners).await
+    }
+
+    /// Starts the node on listeners already bound: opens storage, writes the
+    /// initial membership on a pristine data dir, starts Raft and serves.
+    pub async fn start_on(cfg: NodeConfig, listeners: Listeners) -> Result<Self, NodeError> {
+        let client_listener = tokio_listener(listeners.client)?;
+        let peer_listener = tokio_listener(listeners.peer)?;
+        let metrics_listener = listeners.metrics.map(tokio_listener).transpose()?;
+        let NodeCore {
+            ctx,
+            peer,
+            auth,
+            tls,
+            members,
+            join,
+            stop,
+            mut tasks,
+        } = NodeCore::open(&cfg, None).await?;
+        let (raft, counters) = (ctx.raft.clone(), Arc::clone(&ctx.counters));
         let mut join_refused = None;
-        tasks.push(tokio::spawn(run_leader_watch(
-            raft.clone(),
-            Arc::clone(&time),
-        )));
-        tasks.push(tokio::spawn(run_ticker(
-            raft.clone(),
-            Arc::clone(&shared),
-            time,
-            proposer,
-        )));
-        // After the two tasks above, which shutdown aborts first; this one
-        // ends with `stop`.
         if tls.is_some() {
             // Set before either port accepts, then kept up to date.
             let initial = cfg.initial_cluster.keys().copied().collect();
@@ -528,20 +615,9 @@ impl RunningNode {
         // The peer port carries Raft (plain frames) and, over gRPC, the
         // requests followers forward; the accept loop routes each connection.
         let (peer_grpc_tx, peer_grpc_rx) = tokio::sync::mpsc::channel(64);
-        tasks.push(tokio::spawn({
-            let election = Arc::clone(&election);
-            let (raft, stop) = (raft.clone(), stop.clone());
-            async move { election.run(raft, stop).await }
-        }));
         tasks.push(tokio::spawn(peer_listener::accept(
             peer_listener,
-            RaftPeer {
-                raft: raft.clone(),
-                election,
-                floor,
-                max_snapshot_bytes: cfg.server_limits.max_snapshot_bytes,
-                counters: Arc::clone(&limit_counters),
-            },
+            peer,
             tls.clone(),
             connection_limit(Port::Peer),
             peer_grpc_tx,

@@ -50,7 +50,9 @@ use crate::{
 };
 
 /// Marks a request a follower forwarded, so it is never forwarded twice.
-const FORWARDED: &str = "x-fenced-forwarded";
+/// Marks a call a follower sent on to its leader; a node that is not the
+/// leader refuses such a call instead of forwarding it again.
+pub const FORWARDED: &str = "x-fenced-forwarded";
 /// Extra time a parked acquire waits past its `wait_ms` for the answer.
 pub(crate) const WAIT_GRACE: Duration = Duration::from_secs(5);
 

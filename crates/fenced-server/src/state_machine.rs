@@ -236,9 +236,9 @@ pub struct StateMachine {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, StorageError> {
-    tokio::task::spawn_blocking(f)
+    crate::blocking::run(f)
         .await
-        .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, AnyError::error(e))))?
+        .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, AnyError::new(&e))))?
 }
 
 impl StateMachine {

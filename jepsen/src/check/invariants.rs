@@ -276,8 +276,9 @@ pub fn fenced_writes(ops: &[Op]) -> (Finding, WriteStats) {
 }
 
 /// A renew keeps its token: a describe by the same worker, sent after the
-/// renew answered and answered well within the renewed lease, reports the
-/// renewed token as the newest one and the resource as held.
+/// renew answered, before the worker released the lease, and answered well
+/// within the renewed lease, reports the renewed token as the newest one and
+/// the resource as held.
 pub fn renew_keeps_token(ops: &[Op], rho: f64) -> Finding {
     let mut violations = Vec::new();
     let mut checked = 0;
@@ -293,9 +294,14 @@ pub fn renew_keeps_token(ops: &[Op], rho: f64) -> Finding {
                 continue;
             };
             let bound = r.invoke_ns + scaled_ms(*ttl_ms, 1.0 - rho);
+            // The worker's next describe of the resource while it still
+            // holds this lease: a release (or a new acquire) of its own
+            // ends what the renew vouches for.
             let Some(d) = list[i + 1..]
                 .iter()
-                .find(|d| d.f == F::Describe && d.resource == r.resource)
+                .filter(|d| d.resource == r.resource)
+                .take_while(|d| !matches!(d.f, F::Release | F::Acquire))
+                .find(|d| d.f == F::Describe)
             else {
                 continue;
             };
@@ -773,6 +779,44 @@ mod tests {
                     cluster_time_ms: 0,
                 },
             ),
+        ];
+        assert_eq!(renew_keeps_token(&h, 0.05).violations.len(), 1);
+    }
+
+    #[test]
+    fn a_describe_after_the_worker_released_its_lease_is_not_held_to_the_renew() {
+        let described = |token| Answer::Described {
+            last_token: token,
+            held: true,
+            cluster_time_ms: 0,
+        };
+        let renewed = Answer::Renewed { ttl_ms: 2000 };
+        let h = [
+            op(0, F::Renew, "a", Some(4), (0, 10 * MS), renewed.clone()),
+            op(
+                1,
+                F::Release,
+                "a",
+                Some(4),
+                (10 * MS, 20 * MS),
+                Answer::Released,
+            ),
+            op(
+                2,
+                F::Acquire,
+                "b",
+                None,
+                (20 * MS, 30 * MS),
+                granted(5, 2000),
+            ),
+            op(3, F::Describe, "b", None, (40 * MS, 50 * MS), described(5)),
+        ];
+        let f = renew_keeps_token(&h, 0.05);
+        assert_eq!((f.checked, f.violations.len()), (0, 0));
+        // Without the release, the same describe is a violation.
+        let h = [
+            op(0, F::Renew, "a", Some(4), (0, 10 * MS), renewed),
+            op(3, F::Describe, "b", None, (40 * MS, 50 * MS), described(5)),
         ];
         assert_eq!(renew_keeps_token(&h, 0.05).violations.len(), 1);
     }

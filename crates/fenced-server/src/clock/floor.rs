@@ -197,7 +197,7 @@ impl TimeFloor {
         }
         let value = self.leader_time();
         let file = Arc::clone(file);
-        let written = tokio::task::spawn_blocking(move || {
+        let written = crate::blocking::run(move || {
             let mut guard = file.lock().unwrap_or_else(PoisonError::into_inner);
             let slot = 1 - guard.1;
             guard
@@ -208,7 +208,6 @@ impl TimeFloor {
             Ok::<_, io::Error>(())
         })
         .await
-        .map_err(io::Error::other)
         .and_then(|r| r);
         if let Err(e) = written {
             let kind = e.kind();

@@ -10,8 +10,11 @@ pub mod floor;
 
 use std::{
     sync::{Arc, Mutex, PoisonError},
-    time::{Duration, Instant},
+    time::Duration,
 };
+
+// tokio's clock: the simulation runs it paused, and the real one otherwise.
+use tokio::time::Instant;
 
 use fenced_core::{ClusterTime, LeaderClock};
 

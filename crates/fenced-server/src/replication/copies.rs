@@ -2,7 +2,10 @@
 //! answer to a copy vouches for. No clock (times are passed in), no task, no
 //! socket: [`super::early`] executes these decisions.
 
-use std::{collections::VecDeque, time::Instant};
+use std::collections::VecDeque;
+
+// tokio's clock: the simulation runs it paused, and the real one otherwise.
+use tokio::time::Instant;
 
 use openraft::{raft::AppendEntriesRequest, LogId, Vote};
 

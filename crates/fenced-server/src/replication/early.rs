@@ -50,7 +50,7 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use openraft::{
@@ -58,13 +58,17 @@ use openraft::{
     raft::{AppendEntriesRequest, AppendEntriesResponse},
     RaftMetrics,
 };
-use tokio::sync::{mpsc, watch};
+// tokio's clock: the simulation runs it paused, and the real one otherwise.
+use tokio::{
+    sync::{mpsc, watch},
+    time::Instant,
+};
 
 use super::copies::{self, Kept, Need, Sent};
 use crate::{
     codec,
     log_store::{AppendSink, Appended},
-    network::{Peer, RaftCall},
+    network::{Peer, RaftCall, Wire},
     tls::NodeTls,
     types::{Node, NodeId, TypeConfig},
 };
@@ -214,6 +218,7 @@ pub struct EarlyReplication {
     answers: Arc<EarlyAnswers>,
     /// Copies go over mutual TLS when set.
     tls: Option<Arc<NodeTls>>,
+    wire: Option<Arc<dyn Wire>>,
 }
 
 impl EarlyReplication {
@@ -228,12 +233,24 @@ impl EarlyReplication {
             links: Mutex::new(HashMap::new()),
             answers,
             tls: None,
+            wire: None,
         }
     }
 
     /// Sends copies over mutual TLS.
     pub fn with_tls(self, tls: Option<Arc<NodeTls>>) -> Self {
         Self { tls, ..self }
+    }
+
+    /// Sends copies over `wire` instead of TCP (simulation).
+    pub fn with_wire(self, wire: Option<Arc<dyn Wire>>) -> Self {
+        Self { wire, ..self }
+    }
+
+    fn peer(&self, target: NodeId, addr: &str) -> Peer {
+        Peer::new(target, addr.to_string())
+            .with_tls(self.tls.clone())
+            .with_wire(self.wire.clone())
     }
 
     pub fn answers(&self) -> &EarlyAnswers {
@@ -281,10 +298,10 @@ impl EarlyReplication {
                 .entry(target)
                 .and_modify(|l| {
                     if l.addr != addr {
-                        *l = Link::start(target, addr.clone(), self.tls.clone());
+                        *l = Link::start(target, addr.clone(), self.peer(target, &addr));
                     }
                 })
-                .or_insert_with(|| Link::start(target, addr.clone(), self.tls.clone()));
+                .or_insert_with(|| Link::start(target, addr.clone(), self.peer(target, &addr)));
             if link.busy.swap(true, Ordering::AcqRel) {
                 continue;
             }
@@ -320,10 +337,9 @@ impl AppendSink for EarlyReplication {
 impl Link {
     /// Starts the task that sends one follower its early copies in order;
     /// it ends when the link is dropped.
-    fn start(target: NodeId, addr: String, tls: Option<Arc<NodeTls>>) -> Self {
+    fn start(target: NodeId, addr: String, mut peer: Peer) -> Self {
         let (tx, mut rx) = mpsc::channel::<(Vec<u8>, watch::Sender<Answer>)>(1);
         let busy = Arc::new(AtomicBool::new(false));
-        let mut peer = Peer::new(target, addr.clone()).with_tls(tls);
         let done = Arc::clone(&busy);
         tokio::spawn(async move {
             while let Some((frame, answer)) = rx.recv().await {

@@ -22,17 +22,18 @@
 use std::{
     hash::{BuildHasher, RandomState},
     sync::{Arc, Mutex, PoisonError},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use tokio::task::JoinSet;
+// tokio's clock: the simulation runs it paused, and the real one otherwise.
+use tokio::{task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::pre_vote::{self, Check, PreVoteRequest, PreVoteResponse, Tally};
 use crate::{
     codec,
     log_store::LogStore,
-    network::{Peer, RaftCall, Reachability},
+    network::{Peer, RaftCall, Reachability, Wire},
     tls::NodeTls,
     types::{NodeId, Raft},
 };
@@ -51,7 +52,8 @@ pub struct Election {
     check_min: Duration,
     check_max: Duration,
     last_contact: Mutex<Option<Instant>>,
-    jitter: RandomState,
+    /// Seeds the spread of the checks: random, or the simulation's seed.
+    jitter: u64,
     /// This node's log: the last log id a pre-vote compares.
     log: LogStore,
     /// Pre-votes go over mutual TLS when set.
@@ -59,6 +61,8 @@ pub struct Election {
     /// Where a voter that cannot be reached is told (and logged, once per
     /// outage); a voter that is slow to answer is not counted there.
     reachability: Option<Arc<Reachability>>,
+    /// Pre-votes go over this instead of TCP when set (simulation).
+    wire: Option<Arc<dyn Wire>>,
 }
 
 impl Election {
@@ -74,11 +78,25 @@ impl Election {
             check_min: election_timeout_min / 2,
             check_max: election_timeout_min,
             last_contact: Mutex::new(None),
-            jitter: RandomState::new(),
+            jitter: RandomState::new().hash_one(me),
             log,
             tls: None,
             reachability: None,
+            wire: None,
         }
+    }
+
+    /// Spreads the checks from `seed`: the same seed, the same checks.
+    pub fn with_jitter_seed(self, seed: u64) -> Self {
+        Self {
+            jitter: seed,
+            ..self
+        }
+    }
+
+    /// Asks for pre-votes over `wire` instead of TCP (simulation).
+    pub fn with_wire(self, wire: Option<Arc<dyn Wire>>) -> Self {
+        Self { wire, ..self }
     }
 
     /// Tells `reachability` which voters a pre-vote reached.
@@ -129,7 +147,13 @@ impl Election {
         let nanos = spread.as_nanos() as u64;
         let offset = match nanos {
             0 => 0,
-            n => self.jitter.hash_one(round) % n,
+            // SipHash with fixed keys over (seed, round): spread, and
+            // replayable for a given seed.
+            n => {
+                std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default()
+                    .hash_one((self.jitter, round))
+                    % n
+            }
         };
         self.check_min + Duration::from_nanos(offset)
     }
@@ -208,7 +232,8 @@ impl Election {
         for (id, addr) in voters.iter().filter(|(id, _)| *id != self.me) {
             let mut peer = Peer::new(*id, addr.clone())
                 .with_tls(self.tls.clone())
-                .with_reachability(self.reachability.clone());
+                .with_reachability(self.reachability.clone())
+                .with_wire(self.wire.clone());
             let payload = payload.clone();
             let timeout = self.check_min;
             asks.spawn(async move {

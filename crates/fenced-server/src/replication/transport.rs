@@ -31,7 +31,7 @@ use super::{
 use crate::{
     clock::{floor::LeaderTime, ClusterClock},
     codec,
-    network::{MessageTime, Peer, RaftCall, Reachability},
+    network::{MessageTime, Peer, RaftCall, Reachability, Wire},
     tls::NodeTls,
     types::{Node, NodeId, TypeConfig},
 };
@@ -45,6 +45,7 @@ pub struct Network {
     time: Arc<ClusterClock>,
     tls: Option<Arc<NodeTls>>,
     reachability: Arc<Reachability>,
+    wire: Option<Arc<dyn Wire>>,
 }
 
 impl Network {
@@ -54,6 +55,7 @@ impl Network {
             time,
             tls: None,
             reachability: Arc::default(),
+            wire: None,
         }
     }
 
@@ -66,6 +68,11 @@ impl Network {
     pub fn with_tls(self, tls: Option<Arc<NodeTls>>) -> Self {
         Self { tls, ..self }
     }
+
+    /// Sends Raft calls over `wire` instead of TCP (simulation).
+    pub fn with_wire(self, wire: Option<Arc<dyn Wire>>) -> Self {
+        Self { wire, ..self }
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -74,7 +81,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     async fn new_client(&mut self, target: NodeId, node: &Node) -> RaftClient {
         let peer = Peer::new(target, node.peer_addr.clone())
             .with_reachability(Some(Arc::clone(&self.reachability)))
-            .with_tls(self.tls.clone());
+            .with_tls(self.tls.clone())
+            .with_wire(self.wire.clone());
         RaftClient::new(
             peer,
             Some(Arc::clone(&self.early)),

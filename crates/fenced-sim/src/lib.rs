@@ -1,0 +1,92 @@
+//! Deterministic simulation of a three-node fenced cluster.
+//!
+//! Every node is the real server code: [`fenced_server::node::NodeCore`]
+//! (raft-log and the state machine on disk, openraft, the cluster clock, the
+//! proposer, early replication, the pre-vote) and the real Lock service,
+//! called in process. What is simulated is what a seed must decide: the
+//! network between the nodes ([`net`]), when each fsync is answered
+//! (flushed while the one simulation thread waits, answered after a drawn
+//! latency), every clock (tokio's paused clock, each node's rate skewed),
+//! and the faults ([`world`]): partitions, frozen nodes, crashes (between an
+//! fsync and its answer too), restarts. Everything runs on one thread, so a
+//! seed replays exactly: the same seed gives the same history, event for
+//! event, which `tests/seeds.rs` checks.
+//!
+//! The history is fenced-jepsen's, and so are the checkers run on it
+//! ([`check`]).
+
+pub mod check;
+pub mod net;
+pub mod workload;
+pub mod world;
+
+use std::{
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
+
+pub use check::Verdict;
+
+/// The run's one source of randomness, shared by everything the seed
+/// decides; drawn from in an order the single thread fixes.
+#[derive(Clone)]
+pub struct Rng(Arc<Mutex<fastrand::Rng>>);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(Arc::new(Mutex::new(fastrand::Rng::with_seed(seed))))
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, fastrand::Rng> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One run's shape.
+#[derive(Debug, Clone, Copy)]
+pub struct SimConfig {
+    /// Simulated time the workload and the faults run for.
+    pub duration: Duration,
+    /// Client workers on short-TTL leases, and on long-TTL ones.
+    pub short_workers: u32,
+    pub long_workers: u32,
+    pub short_ttl_ms: u64,
+    pub long_ttl_ms: u64,
+    /// A snapshot every this many log entries (small: snapshots, purges
+    /// and installs happen under the faults).
+    pub snapshot_logs: u64,
+    /// Each node's clock runs up to this fast or slow, in ppm.
+    pub max_skew_ppm: i64,
+    /// Faults on, or a quiet run.
+    pub faults: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_secs(30),
+            short_workers: 4,
+            long_workers: 2,
+            short_ttl_ms: 2_000,
+            long_ttl_ms: 600_000,
+            snapshot_logs: 64,
+            max_skew_ppm: 20_000,
+            faults: true,
+        }
+    }
+}
+
+/// Runs one seed to its verdict. Must be called from a thread with no
+/// tokio runtime; every node of the run shares the runtime it builds.
+pub fn run(seed: u64, cfg: &SimConfig) -> anyhow::Result<Verdict> {
+    fenced_server::blocking::run_inline_from_now_on();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()?;
+    let dir = tempfile::tempdir()?;
+    let verdict = rt.block_on(world::run(seed, *cfg, dir.path().to_path_buf()));
+    // Nodes' tasks end with the runtime, before their files go.
+    drop(rt);
+    verdict
+}

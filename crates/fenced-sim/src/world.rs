@@ -1,0 +1,322 @@
+//! The simulated cluster: three real nodes, started, stopped and restarted
+//! on their data dirs, and the faults a seed draws for them.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{atomic::AtomicBool, atomic::Ordering, Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use fenced_jepsen::check::invariants::NodeFinal;
+use fenced_server::{
+    node::{NodeConfig, NodeCore, Simulated},
+    services::{LockService, NodeContext},
+    state_machine,
+    types::{Node, NodeId},
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken as Stop;
+
+use crate::{check, net::Net, workload, Rng, SimConfig, Verdict};
+
+struct Running {
+    ctx: NodeContext,
+    stop: Stop,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// The nodes, their data dirs, and what each one's clock and disk do.
+pub struct Cluster {
+    dir: PathBuf,
+    rng: Rng,
+    net: Arc<Net>,
+    members: BTreeMap<NodeId, Node>,
+    skew_ppm: BTreeMap<NodeId, i64>,
+    snapshot_logs: u64,
+    running: Mutex<BTreeMap<NodeId, Running>>,
+    /// Node crashes and restarts, for the report.
+    pub log: Mutex<Vec<String>>,
+}
+
+const IDS: [NodeId; 3] = [1, 2, 3];
+
+impl Cluster {
+    pub fn ids(&self) -> Vec<NodeId> {
+        IDS.to_vec()
+    }
+
+    fn note(&self, what: String) {
+        tracing::info!(fault = %what, "simulation");
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(what);
+    }
+
+    /// The Lock service of node `id`, if it runs.
+    pub fn service(&self, id: NodeId) -> Option<LockService> {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running
+            .get(&id)
+            .map(|r| LockService::new(r.ctx.clone(), false))
+    }
+
+    fn context(&self, id: NodeId) -> Option<NodeContext> {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running.get(&id).map(|r| r.ctx.clone())
+    }
+
+    /// Starts node `id` on its data dir (a restart when it has one).
+    pub async fn start(&self, id: NodeId) -> anyhow::Result<()> {
+        let unused = SocketAddr::from(([127, 0, 0, 1], 0));
+        let mut cfg = NodeConfig::new(
+            id,
+            self.dir.join(format!("n{id}")),
+            unused,
+            unused,
+            self.members.clone(),
+        );
+        cfg.snapshot_logs = self.snapshot_logs;
+        cfg.proposer.clock_skew_ppm = self.skew_ppm.get(&id).copied().unwrap_or(0);
+        let fsync_rng = self.rng.clone();
+        let sim = Simulated {
+            wire: self.net.wire(id),
+            // Mostly a millisecond or two; now and then a slow disk.
+            fsync: Arc::new(move || {
+                let mut r = fsync_rng.lock();
+                if r.u32(..100) < 2 {
+                    Duration::from_millis(r.u64(20..300))
+                } else {
+                    Duration::from_micros(r.u64(200..2_500))
+                }
+            }),
+            seed: self.rng.lock().u64(..),
+        };
+        let core = NodeCore::open(&cfg, Some(sim))
+            .await
+            .map_err(|e| anyhow::anyhow!("node {id} did not start: {e}"))?;
+        self.net.attach(id, core.peer.clone());
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                id,
+                Running {
+                    ctx: core.ctx,
+                    stop: core.stop,
+                    tasks: core.tasks,
+                },
+            );
+        Ok(())
+    }
+
+    /// Stops node `id` at once: its tasks end where they are, fsyncs whose
+    /// answers were on their way are never answered (their entries are on
+    /// disk), nothing else is written.
+    pub async fn crash(&self, id: NodeId) {
+        self.net.detach(id);
+        let running = self
+            .running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+        if let Some(r) = running {
+            r.stop.cancel();
+            for t in &r.tasks {
+                t.abort();
+            }
+            let _ = r.ctx.raft.shutdown().await;
+        }
+    }
+
+    fn leader(&self) -> Option<NodeId> {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running.values().find_map(|r| {
+            let m = r.ctx.raft.metrics().borrow().clone();
+            (m.state == openraft::ServerState::Leader).then_some(m.id)
+        })
+    }
+
+    /// A node other than the leader (any when there is none).
+    fn pick(&self, leader_first: bool) -> NodeId {
+        let mut r = self.rng.lock();
+        match self.leader() {
+            Some(l) if leader_first && r.bool() => l,
+            _ => IDS[r.usize(..IDS.len())],
+        }
+    }
+
+    /// What every node holds once the faults are over and all caught up.
+    async fn finals(&self, resources: &[String]) -> anyhow::Result<Vec<NodeFinal>> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let applied: Vec<Option<u64>> = IDS
+                .iter()
+                .map(|id| {
+                    self.context(*id)
+                        .and_then(|c| c.shared.last_applied().map(|l| l.index))
+                })
+                .collect();
+            let leader = self.leader().and_then(|l| self.context(l));
+            let committed =
+                leader.and_then(|c| c.raft.metrics().borrow().last_applied.map(|l| l.index));
+            if committed.is_some() && applied.iter().all(|a| *a == committed) {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!("the nodes did not converge within 60 s: applied {applied:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut finals = Vec::new();
+        for id in IDS {
+            let Some(c) = self.context(id) else { continue };
+            let (applied, snapshot) = c.shared.table_snapshot();
+            let now = c.shared.now();
+            let last_tokens = resources
+                .iter()
+                .map(|r| {
+                    let t = c.shared.describe(r, now).last_token.map_or(0, |t| t.get());
+                    (r.clone(), t)
+                })
+                .collect();
+            finals.push(NodeFinal {
+                node: id,
+                last_applied: applied.map_or(0, |l| l.index),
+                digest: state_machine::digest(&snapshot),
+                last_tokens,
+            });
+        }
+        Ok(finals)
+    }
+}
+
+/// Draws and applies faults until `until`, one at a time, each healed
+/// before the next: a cut-off node, a one-way cut, a frozen node (a paused
+/// process: nothing in or out, its clock running on), a crash and restart.
+async fn nemesis(c: &Cluster, until: tokio::time::Instant) -> anyhow::Result<()> {
+    while tokio::time::Instant::now() < until {
+        let (quiet, hold, kind) = {
+            let mut r = c.rng.lock();
+            (r.u64(500..2_500), r.u64(300..5_000), r.u32(..5))
+        };
+        tokio::time::sleep(Duration::from_millis(quiet)).await;
+        let hold = Duration::from_millis(hold);
+        match kind {
+            0 => {
+                let n = c.pick(true);
+                c.note(format!("isolate n{n} for {hold:?}"));
+                c.net.isolate(n, &IDS);
+                tokio::time::sleep(hold).await;
+                c.net.heal();
+            }
+            1 => {
+                let (a, b) = (c.pick(true), c.pick(false));
+                if a != b {
+                    c.note(format!("cut n{a} -> n{b} for {hold:?}"));
+                    c.net.cut(a, b);
+                    tokio::time::sleep(hold).await;
+                    c.net.heal();
+                }
+            }
+            2 => {
+                let n = c.pick(true);
+                c.note(format!("freeze n{n} for {hold:?}"));
+                c.net.freeze(n);
+                tokio::time::sleep(hold).await;
+                c.net.thaw_all();
+            }
+            3 => {
+                let n = c.pick(true);
+                c.note(format!("crash n{n}, restart after {hold:?}"));
+                c.crash(n).await;
+                tokio::time::sleep(hold).await;
+                c.start(n).await?;
+            }
+            _ => c.note("quiet".into()),
+        }
+    }
+    Ok(())
+}
+
+/// One run of `seed`: start, load under faults, heal, converge, check.
+pub async fn run(seed: u64, cfg: SimConfig, dir: PathBuf) -> anyhow::Result<Verdict> {
+    let rng = Rng::new(seed);
+    let net = Net::new(rng.clone());
+    let members: BTreeMap<NodeId, Node> = IDS
+        .iter()
+        .map(|id| {
+            (
+                *id,
+                Node {
+                    peer_addr: format!("sim-n{id}:7001"),
+                    client_addr: format!("sim-n{id}:7000"),
+                },
+            )
+        })
+        .collect();
+    let skew_ppm = IDS
+        .iter()
+        .map(|id| {
+            let max = cfg.max_skew_ppm.max(0);
+            (*id, rng.lock().i64(-max..=max))
+        })
+        .collect();
+    let cluster = Arc::new(Cluster {
+        dir,
+        rng: rng.clone(),
+        net,
+        members,
+        skew_ppm,
+        snapshot_logs: cfg.snapshot_logs,
+        running: Mutex::default(),
+        log: Mutex::default(),
+    });
+    for id in IDS {
+        cluster.start(id).await?;
+    }
+    let history = Arc::new(workload::History::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = Arc::new(workload::Workload {
+        cluster: Arc::clone(&cluster),
+        history: Arc::clone(&history),
+        stop: Arc::clone(&stop),
+        short_ttl_ms: cfg.short_ttl_ms,
+        long_ttl_ms: cfg.long_ttl_ms,
+    });
+    let workers = workload::spawn(&w, &rng, cfg.short_workers, cfg.long_workers);
+    let until = tokio::time::Instant::now() + cfg.duration;
+    if cfg.faults {
+        nemesis(&cluster, until).await?;
+    }
+    tokio::time::sleep_until(until).await;
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        let _ = w.await;
+    }
+    cluster.net.heal();
+    cluster.net.thaw_all();
+    for id in IDS {
+        if cluster.context(id).is_none() {
+            cluster.start(id).await?;
+        }
+    }
+    let events = history.events();
+    let resources: Vec<String> = {
+        let set: std::collections::BTreeSet<&str> =
+            events.iter().map(|e| e.resource.as_str()).collect();
+        set.into_iter().map(str::to_string).collect()
+    };
+    let finals = cluster.finals(&resources).await;
+    for id in IDS {
+        cluster.crash(id).await;
+    }
+    let faults = cluster
+        .log
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    Ok(check::verdict(seed, events, finals, faults))
+}
