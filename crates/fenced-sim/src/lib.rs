@@ -80,13 +80,42 @@ impl Default for SimConfig {
 /// tokio runtime; every node of the run shares the runtime it builds.
 pub fn run(seed: u64, cfg: &SimConfig) -> anyhow::Result<Verdict> {
     fenced_server::blocking::run_inline_from_now_on();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()?;
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // The order `select!` polls its branches in, and a watch channel wakes
+    // its waiters in, come from the runtime's random source: seeded, they
+    // replay (.cargo/config.toml compiles tokio with this API).
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
+    let rt = builder.build()?;
     let dir = tempfile::tempdir()?;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    watchdog(seed, Arc::clone(&done));
     let verdict = rt.block_on(world::run(seed, *cfg, dir.path().to_path_buf()));
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
     // Nodes' tasks end with the runtime, before their files go.
     drop(rt);
     verdict
+}
+
+/// Real time a seed may take. Simulated time only moves while the one
+/// thread is free; a run that blocks it (a lock held across a wait, a
+/// deadlock in the code under test) would otherwise hang its caller.
+const SEED_REAL_TIME_LIMIT: Duration = Duration::from_secs(600);
+
+fn watchdog(seed: u64, done: Arc<std::sync::atomic::AtomicBool>) {
+    std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        while started.elapsed() < SEED_REAL_TIME_LIMIT {
+            if done.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        eprintln!(
+            "fenced-sim: seed {seed} made no end in {SEED_REAL_TIME_LIMIT:?} of real time: \
+             its one thread is blocked"
+        );
+        std::process::exit(3);
+    });
 }

@@ -25,6 +25,9 @@ struct Args {
     /// Print the faults of each seed.
     #[arg(long)]
     verbose: bool,
+    /// Run each seed this many times and fail when its histories differ.
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
     /// Write each seed's history to DIR/seed-N.jsonl (fenced-jepsen's format).
     #[arg(long)]
     history_dir: Option<std::path::PathBuf>,
@@ -36,6 +39,8 @@ fn main() -> ExitCode {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_writer(std::io::stderr)
+            // Real time means nothing here; the lines' order is the run's.
+            .without_time()
             .init();
     }
     let cfg = SimConfig {
@@ -45,8 +50,26 @@ fn main() -> ExitCode {
     let mut failed = 0;
     for seed in args.seed..args.seed.saturating_add(args.seeds) {
         let started = std::time::Instant::now();
+        let mut replays = Vec::new();
+        for _ in 1..args.repeat {
+            match fenced_sim::run(seed, &cfg) {
+                Ok(v) => replays.push(v.history_hash()),
+                Err(e) => {
+                    println!("seed {seed}: the run itself failed: {e:#}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
         match fenced_sim::run(seed, &cfg) {
             Ok(v) => {
+                if replays.iter().any(|h| *h != v.history_hash()) {
+                    println!(
+                        "seed {seed}: FAIL: the replays' histories differ: {replays:016x?} and {:016x}",
+                        v.history_hash()
+                    );
+                    failed += 1;
+                    continue;
+                }
                 println!("{} [{:.1?}]", v.summary(), started.elapsed());
                 if let Some(dir) = &args.history_dir {
                     if let Err(e) = write_history(dir, &v) {

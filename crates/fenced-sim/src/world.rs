@@ -195,12 +195,14 @@ impl Cluster {
 
 /// Draws and applies faults until `until`, one at a time, each healed
 /// before the next: a cut-off node, a one-way cut, a frozen node (a paused
-/// process: nothing in or out, its clock running on), a crash and restart.
+/// process: nothing in or out, its clock running on, so that it wakes with
+/// its clock jumped ahead), a stale leader waking into the next election,
+/// a crash and restart.
 async fn nemesis(c: &Cluster, until: tokio::time::Instant) -> anyhow::Result<()> {
     while tokio::time::Instant::now() < until {
         let (quiet, hold, kind) = {
             let mut r = c.rng.lock();
-            (r.u64(500..2_500), r.u64(300..5_000), r.u32(..5))
+            (r.u64(500..2_500), r.u64(300..5_000), r.u32(..6))
         };
         tokio::time::sleep(Duration::from_millis(quiet)).await;
         let hold = Duration::from_millis(hold);
@@ -228,12 +230,37 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) -> anyhow::Result<()>
                 tokio::time::sleep(hold).await;
                 c.net.thaw_all();
             }
-            3 => {
+            3 | 5 => {
                 let n = c.pick(true);
                 c.note(format!("crash n{n}, restart after {hold:?}"));
                 c.crash(n).await;
                 tokio::time::sleep(hold).await;
                 c.start(n).await?;
+            }
+            4 => {
+                // The stale leader wakes: a leader frozen past an election
+                // comes back with its clock run on, then the leader that
+                // replaced it is cut off, so the woken one votes (and may
+                // stand) in the election after.
+                let Some(old) = c.leader() else { continue };
+                // Drawn before any wait: the one thread must never sleep
+                // holding the run's random source.
+                let (freeze, settle) = {
+                    let mut r = c.rng.lock();
+                    (r.u64(1_500..5_000), r.u64(100..800))
+                };
+                let freeze = Duration::from_millis(freeze);
+                c.note(format!("freeze leader n{old} for {freeze:?}"));
+                c.net.freeze(old);
+                tokio::time::sleep(freeze).await;
+                c.net.thaw_all();
+                tokio::time::sleep(Duration::from_millis(settle)).await;
+                if let Some(new) = c.leader().filter(|l| *l != old) {
+                    c.note(format!("then isolate leader n{new} for {hold:?}"));
+                    c.net.isolate(new, &IDS);
+                    tokio::time::sleep(hold).await;
+                    c.net.heal();
+                }
             }
             _ => c.note("quiet".into()),
         }

@@ -52,5 +52,8 @@ fn seeds_of_faults_pass_every_checker() {
         }
         faults += v.faults.iter().filter(|f| *f != "quiet").count();
     }
-    assert!(faults as u64 >= 3 * seeds, "{faults} faults in {seeds} seeds");
+    assert!(
+        faults as u64 >= 3 * seeds,
+        "{faults} faults in {seeds} seeds"
+    );
 }
