@@ -17,8 +17,8 @@ pub const FILE_NAME: &str = "format";
 
 /// Where in the data directory the Raft log (entries, vote, commit mark)
 /// and the state machine's snapshot live.
-pub(crate) const LOG_DIR: &str = "raft-log";
-pub(crate) const STATE_DIR: &str = "state";
+pub const LOG_DIR: &str = "raft-log";
+pub const STATE_DIR: &str = "state";
 /// The layout this build writes. 1: `raft-log/` (raft-log 0.4 chunks,
 /// entries in codec version 1), `state/snapshot.bin` (codec version 1,
 /// table snapshot version 1), `cluster-time` (slot version 1).

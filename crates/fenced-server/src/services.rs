@@ -328,16 +328,33 @@ impl NodeContext {
     /// the floor, which is behind the clock's next reading by the time since
     /// the election.
     pub(crate) async fn linearizable_read(&self, rpc: &str) -> Result<ClusterTime, Status> {
-        let term = self.raft.metrics().borrow().current_term;
-        if self.time.stamp(term).is_none() {
-            // Not leader, or no quorum: the read below says so.
-            let _ = tokio::time::timeout(
-                self.request_timeout,
-                crate::proposer::ensure_clock(&self.raft, &self.time),
-            )
-            .await;
-        }
-        let (revealed, as_leader_time) = self.read_time();
+        let unconfirmed = || {
+            Status::unavailable(format!(
+                "{rpc}: no quorum confirmed leadership in time; retry"
+            ))
+        };
+        // The read reports the running clock of the term it confirms. A
+        // time read before this node's clock for its new term started (the
+        // last applied entry's) lies behind that clock, which counts from
+        // the moment the node became leader: a lease read then would show
+        // more time left than it has.
+        let term = match tokio::time::timeout(
+            self.request_timeout,
+            crate::proposer::ensure_clock(&self.raft, &self.time),
+        )
+        .await
+        {
+            Ok(Ok(term)) => term,
+            Ok(Err(ProposeError::NotLeader { leader })) => {
+                return Err(self.not_leader(leader.as_ref()))
+            }
+            Ok(Err(_)) | Err(_) => return Err(unconfirmed()),
+        };
+        let Some(revealed) = self.time.stamp(term) else {
+            // Leadership moved on between the two lines.
+            return Err(self.not_leader(crate::proposer::leader_of(&self.raft).as_ref()));
+        };
+        let as_leader_time = LeaderTime::new(term, revealed);
         let (confirmed, durable) = tokio::join!(
             tokio::time::timeout(self.request_timeout, self.raft.ensure_linearizable()),
             self.time.floor().make_durable(as_leader_time),
@@ -349,11 +366,7 @@ impl NodeContext {
         // Read index: confirm leadership with a quorum and wait until the
         // state machine has applied everything committed before the read.
         confirmed
-            .map_err(|_| {
-                Status::unavailable(format!(
-                    "{rpc}: no quorum confirmed leadership in time; retry"
-                ))
-            })?
+            .map_err(|_| unconfirmed())?
             .map_err(|e| {
                 self.not_leader(
                     e.forward_to_leader()

@@ -30,6 +30,8 @@ pub struct Verdict {
     pub linearizable: String,
     /// The nodes did not converge after the faults: why.
     pub convergence: Option<String>,
+    /// Restarts that failed, and why.
+    pub failed_starts: Vec<String>,
     pub faults: Vec<String>,
     pub ops: usize,
     pub grants: usize,
@@ -38,6 +40,9 @@ pub struct Verdict {
 impl Verdict {
     /// The first violation, if any.
     pub fn failure(&self) -> Option<String> {
+        if let Some(why) = self.failed_starts.first() {
+            return Some(why.clone());
+        }
         if let Some(why) = &self.convergence {
             return Some(why.clone());
         }
@@ -79,6 +84,7 @@ pub fn verdict(
     events: Vec<Event>,
     finals: anyhow::Result<Vec<NodeFinal>>,
     faults: Vec<String>,
+    failed_starts: Vec<String>,
 ) -> Verdict {
     let ops = history::pair(&events);
     let (finals, convergence) = match finals {
@@ -109,6 +115,7 @@ pub fn verdict(
         findings,
         convergence,
         faults,
+        failed_starts,
     }
 }
 

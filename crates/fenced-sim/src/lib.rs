@@ -79,7 +79,6 @@ impl Default for SimConfig {
 /// Runs one seed to its verdict. Must be called from a thread with no
 /// tokio runtime; every node of the run shares the runtime it builds.
 pub fn run(seed: u64, cfg: &SimConfig) -> anyhow::Result<Verdict> {
-    fenced_server::blocking::run_inline_from_now_on();
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_time().start_paused(true);
     // The order `select!` polls its branches in, and a watch channel wakes
@@ -91,7 +90,19 @@ pub fn run(seed: u64, cfg: &SimConfig) -> anyhow::Result<Verdict> {
     let dir = tempfile::tempdir()?;
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     watchdog(seed, Arc::clone(&done));
+    // Snapshot and cluster-time writes run inline on this thread, each
+    // after a drawn latency (a slow one now and then).
+    let disk_rng = Rng::new(seed ^ 0x5eed_d15c);
+    fenced_server::blocking::simulate_on_this_thread(Some(Arc::new(move || {
+        let mut r = disk_rng.lock();
+        if r.u32(..100) < 10 {
+            Duration::from_millis(r.u64(20..400))
+        } else {
+            Duration::from_micros(r.u64(200..3_000))
+        }
+    })));
     let verdict = rt.block_on(world::run(seed, *cfg, dir.path().to_path_buf()));
+    fenced_server::blocking::simulate_on_this_thread(None);
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     // Nodes' tasks end with the runtime, before their files go.
     drop(rt);

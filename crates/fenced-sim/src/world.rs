@@ -11,11 +11,15 @@ use std::{
 
 use fenced_jepsen::check::invariants::NodeFinal;
 use fenced_server::{
+    data_format::{LOG_DIR, STATE_DIR},
+    log_store::LogStore,
     node::{NodeConfig, NodeCore, Simulated},
+    parking::Parking,
     services::{LockService, NodeContext},
-    state_machine,
+    state_machine::{self, StateMachine},
     types::{Node, NodeId},
 };
+use openraft::storage::RaftLogStorage;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken as Stop;
 
@@ -38,9 +42,15 @@ pub struct Cluster {
     running: Mutex<BTreeMap<NodeId, Running>>,
     /// Node crashes and restarts, for the report.
     pub log: Mutex<Vec<String>>,
+    /// What a stopped node's data dir or its restart showed wrong.
+    pub failed_starts: Mutex<Vec<String>>,
 }
 
 const IDS: [NodeId; 3] = [1, 2, 3];
+
+/// How long a restart waits for the crashed instance's last tasks to let
+/// go of its log.
+const LOCK_WAIT: Duration = Duration::from_secs(10);
 
 impl Cluster {
     pub fn ids(&self) -> Vec<NodeId> {
@@ -66,6 +76,13 @@ impl Cluster {
     fn context(&self, id: NodeId) -> Option<NodeContext> {
         let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         running.get(&id).map(|r| r.ctx.clone())
+    }
+
+    /// Restarts node `id`; a failure is a finding, and the node stays down.
+    async fn restart(&self, id: NodeId) {
+        if let Err(e) = self.start(id).await {
+            self.finding(format!("n{id} did not restart: {e:#}"));
+        }
     }
 
     /// Starts node `id` on its data dir (a restart when it has one).
@@ -94,9 +111,21 @@ impl Cluster {
             }),
             seed: self.rng.lock().u64(..),
         };
-        let core = NodeCore::open(&cfg, Some(sim))
-            .await
-            .map_err(|e| anyhow::anyhow!("node {id} did not start: {e}"))?;
+        // A crashed node's last tasks (a message it was answering, its
+        // state machine's worker) still hold its log for a moment after
+        // the crash, where a killed process would have let go at once:
+        // wait for them as a restart waits for the old process to die.
+        let mut waited = Duration::ZERO;
+        let core = loop {
+            match NodeCore::open(&cfg, Some(sim.clone())).await {
+                Ok(core) => break core,
+                Err(e) if e.to_string().contains("already locked") && waited < LOCK_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    waited += Duration::from_millis(10);
+                }
+                Err(e) => anyhow::bail!("node {id} did not start: {e}"),
+            }
+        };
         self.net.attach(id, core.peer.clone());
         self.running
             .lock()
@@ -110,6 +139,53 @@ impl Cluster {
                 },
             );
         Ok(())
+    }
+
+    /// The storage rule every crash must leave intact: the log on disk is
+    /// never purged past the snapshot on disk, else a restart that must
+    /// re-apply the entries between finds them gone (and the node cannot
+    /// start without a peer that still has them). Read from the stopped
+    /// node's data dir, as its restart will.
+    async fn check_disk(&self, id: NodeId) {
+        let dir = self.dir.join(format!("n{id}"));
+        let mut waited = Duration::ZERO;
+        let log = loop {
+            match LogStore::open(&dir.join(LOG_DIR)) {
+                Ok(log) => break log,
+                Err(e) if e.to_string().contains("already locked") && waited < LOCK_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    waited += Duration::from_millis(10);
+                }
+                Err(e) => return self.finding(format!("n{id}: its log does not open: {e}")),
+            }
+        };
+        let purged = match RaftLogStorage::get_log_state(&mut log.clone()).await {
+            Ok(state) => state.last_purged_log_id,
+            Err(e) => return self.finding(format!("n{id}: its log does not read: {e}")),
+        };
+        let snapshot = match StateMachine::open(
+            &dir.join(STATE_DIR),
+            Parking::new(1),
+            log.purge_horizon(),
+            fenced_core::DEFAULT_HISTORY_PER_RESOURCE,
+        ) {
+            Ok(sm) => sm.shared().last_applied(),
+            Err(e) => return self.finding(format!("n{id}: its snapshot does not open: {e}")),
+        };
+        tracing::debug!(node = id, ?purged, ?snapshot, "disk after the crash");
+        if purged > snapshot {
+            self.finding(format!(
+                "n{id} crashed with its log purged to {purged:?} past its snapshot at {snapshot:?}"
+            ));
+        }
+    }
+
+    fn finding(&self, what: String) {
+        self.note(what.clone());
+        self.failed_starts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(what);
     }
 
     /// Stops node `id` at once: its tasks end where they are, fsyncs whose
@@ -128,7 +204,27 @@ impl Cluster {
                 t.abort();
             }
             let _ = r.ctx.raft.shutdown().await;
+            drop(r);
+            self.check_disk(id).await;
         }
+    }
+
+    /// Waits, at most `within`, for node `id`'s Raft to count its log
+    /// purged past what its state machine applied (a snapshot received,
+    /// its install not done); says which moment it was.
+    async fn purged_past_applied(&self, id: NodeId, within: Duration) -> &'static str {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            let Some(ctx) = self.context(id) else {
+                return "it was down";
+            };
+            let m = ctx.raft.metrics().borrow().clone();
+            if m.purged.is_some() && m.purged > ctx.shared.last_applied() {
+                return "its log purged past its applied state";
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        "no snapshot install seen"
     }
 
     fn leader(&self) -> Option<NodeId> {
@@ -198,7 +294,7 @@ impl Cluster {
 /// process: nothing in or out, its clock running on, so that it wakes with
 /// its clock jumped ahead), a stale leader waking into the next election,
 /// a crash and restart.
-async fn nemesis(c: &Cluster, until: tokio::time::Instant) -> anyhow::Result<()> {
+async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
     while tokio::time::Instant::now() < until {
         let (quiet, hold, kind) = {
             let mut r = c.rng.lock();
@@ -230,12 +326,28 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) -> anyhow::Result<()>
                 tokio::time::sleep(hold).await;
                 c.net.thaw_all();
             }
-            3 | 5 => {
+            3 => {
                 let n = c.pick(true);
                 c.note(format!("crash n{n}, restart after {hold:?}"));
                 c.crash(n).await;
                 tokio::time::sleep(hold).await;
-                c.start(n).await?;
+                c.restart(n).await;
+            }
+            5 => {
+                // Down long enough for the leader's snapshot to pass it,
+                // then down again as it catches up: at the moment Raft has
+                // purged its log for a snapshot not yet applied (a crash
+                // between the purge and the install), or at a drawn moment.
+                let n = c.pick(false);
+                c.note(format!("crash n{n}, restart after {hold:?}, crash again"));
+                c.crash(n).await;
+                tokio::time::sleep(hold).await;
+                c.restart(n).await;
+                let at = c.purged_past_applied(n, Duration::from_secs(3)).await;
+                c.note(format!("crash n{n} again ({at})"));
+                c.crash(n).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                c.restart(n).await;
             }
             4 => {
                 // The stale leader wakes: a leader frozen past an election
@@ -265,7 +377,6 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) -> anyhow::Result<()>
             _ => c.note("quiet".into()),
         }
     }
-    Ok(())
 }
 
 /// One run of `seed`: start, load under faults, heal, converge, check.
@@ -300,6 +411,7 @@ pub async fn run(seed: u64, cfg: SimConfig, dir: PathBuf) -> anyhow::Result<Verd
         snapshot_logs: cfg.snapshot_logs,
         running: Mutex::default(),
         log: Mutex::default(),
+        failed_starts: Mutex::default(),
     });
     for id in IDS {
         cluster.start(id).await?;
@@ -316,7 +428,7 @@ pub async fn run(seed: u64, cfg: SimConfig, dir: PathBuf) -> anyhow::Result<Verd
     let workers = workload::spawn(&w, &rng, cfg.short_workers, cfg.long_workers);
     let until = tokio::time::Instant::now() + cfg.duration;
     if cfg.faults {
-        nemesis(&cluster, until).await?;
+        nemesis(&cluster, until).await;
     }
     tokio::time::sleep_until(until).await;
     stop.store(true, Ordering::SeqCst);
@@ -327,7 +439,7 @@ pub async fn run(seed: u64, cfg: SimConfig, dir: PathBuf) -> anyhow::Result<Verd
     cluster.net.thaw_all();
     for id in IDS {
         if cluster.context(id).is_none() {
-            cluster.start(id).await?;
+            cluster.restart(id).await;
         }
     }
     let events = history.events();
@@ -345,5 +457,10 @@ pub async fn run(seed: u64, cfg: SimConfig, dir: PathBuf) -> anyhow::Result<Verd
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    Ok(check::verdict(seed, events, finals, faults))
+    let failed_starts = cluster
+        .failed_starts
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    Ok(check::verdict(seed, events, finals, faults, failed_starts))
 }
