@@ -365,15 +365,13 @@ impl NodeContext {
         })?;
         // Read index: confirm leadership with a quorum and wait until the
         // state machine has applied everything committed before the read.
-        confirmed
-            .map_err(|_| unconfirmed())?
-            .map_err(|e| {
-                self.not_leader(
-                    e.forward_to_leader()
-                        .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
-                        .as_ref(),
-                )
-            })?;
+        confirmed.map_err(|_| unconfirmed())?.map_err(|e| {
+            self.not_leader(
+                e.forward_to_leader()
+                    .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
+                    .as_ref(),
+            )
+        })?;
         // Entries applied since carry later stamps, durable in the log.
         Ok(revealed.max(self.time.applied()))
     }
