@@ -9,6 +9,7 @@ use std::{
     time::Instant,
 };
 
+use fenced_proto::v1::{self, acquire_response, release_response, renew_response};
 use serde::{Deserialize, Serialize};
 
 /// What an operation does.
@@ -145,6 +146,71 @@ impl Answer {
                 | Answer::KvRead { .. }
         )
     }
+}
+
+/// How the history records a Lock call's answer: one place for the
+/// fault-injection workload and the simulation's.
+impl Answer {
+    pub fn of_acquire(r: v1::AcquireResponse) -> Result<Answer, String> {
+        match r.outcome {
+            Some(acquire_response::Outcome::Granted(g)) => Ok(Answer::Granted {
+                token: g.token,
+                ttl_ms: g.ttl_ms,
+            }),
+            Some(acquire_response::Outcome::Held(h)) => Ok(Answer::Held {
+                current_token: h.current_token,
+            }),
+            Some(acquire_response::Outcome::Ended(e)) => Ok(Answer::Ended {
+                reason: format!("{:?}", e.reason()),
+                current_token: e.current_token,
+            }),
+            Some(acquire_response::Outcome::SessionGone(_)) => {
+                Err("a session's answer to an acquire without one".into())
+            }
+            None => Err("empty acquire answer".into()),
+        }
+    }
+
+    pub fn of_renew(r: v1::RenewResponse) -> Result<Answer, String> {
+        match r.outcome {
+            Some(renew_response::Outcome::Renewed(x)) => Ok(Answer::Renewed { ttl_ms: x.ttl_ms }),
+            Some(renew_response::Outcome::Lost(l)) => Ok(Answer::Lost {
+                reason: lost_reason(l.reason),
+                current_token: l.current_token,
+            }),
+            None => Err("empty renew answer".into()),
+        }
+    }
+
+    pub fn of_release(r: v1::ReleaseResponse) -> Result<Answer, String> {
+        match r.outcome {
+            Some(release_response::Outcome::Released(_)) => Ok(Answer::Released),
+            Some(release_response::Outcome::NotHolder(n)) => Ok(Answer::NotHolder {
+                reason: lost_reason(n.reason),
+                current_token: n.current_token,
+            }),
+            None => Err("empty release answer".into()),
+        }
+    }
+
+    pub fn of_describe(d: v1::DescribeResponse) -> Answer {
+        Answer::Described {
+            last_token: d.last_token,
+            held: d.held,
+            cluster_time_ms: d.cluster_time_ms,
+        }
+    }
+}
+
+/// A loss reason as the history spells it (`expired`, `released`, ...).
+pub fn lost_reason(code: i32) -> String {
+    v1::LostReason::try_from(code)
+        .map(|r| {
+            r.as_str_name()
+                .trim_start_matches("LOST_REASON_")
+                .to_lowercase()
+        })
+        .unwrap_or_else(|_| format!("code {code}"))
 }
 
 /// One line of the history.

@@ -24,9 +24,8 @@ use std::{
 
 use fenced_core::{OwnerId, ResourceName, Token};
 use fenced_proto::v1::{
-    acquire_response, kv_client::KvClient, kv_put_response, lock_client::LockClient,
-    release_response, renew_response, AcquireRequest, DescribeRequest, KvGetRequest, KvPutRequest,
-    KvRefusalReason, LostReason, ReleaseRequest, RenewRequest,
+    kv_client::KvClient, kv_put_response, lock_client::LockClient, AcquireRequest, DescribeRequest,
+    KvGetRequest, KvPutRequest, KvRefusalReason, ReleaseRequest, RenewRequest,
 };
 use fenced_resource::{FenceStore, Write, WriteOutcome};
 use tokio::sync::RwLock;
@@ -81,16 +80,6 @@ impl Ctx {
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
-}
-
-fn lost_reason(code: i32) -> String {
-    LostReason::try_from(code)
-        .map(|r| {
-            r.as_str_name()
-                .trim_start_matches("LOST_REASON_")
-                .to_lowercase()
-        })
-        .unwrap_or_else(|_| format!("code {code}"))
 }
 
 fn refusal_reason(code: i32) -> String {
@@ -265,23 +254,7 @@ impl Worker {
             wait_ms: 0,
         })))
         .await
-        .and_then(|r| match r.outcome {
-            Some(acquire_response::Outcome::Granted(g)) => Ok(Answer::Granted {
-                token: g.token,
-                ttl_ms: g.ttl_ms,
-            }),
-            Some(acquire_response::Outcome::Held(h)) => Ok(Answer::Held {
-                current_token: h.current_token,
-            }),
-            Some(acquire_response::Outcome::Ended(e)) => Ok(Answer::Ended {
-                reason: format!("{:?}", e.reason()),
-                current_token: e.current_token,
-            }),
-            Some(acquire_response::Outcome::SessionGone(_)) => {
-                Err("a session's answer to an acquire without one".into())
-            }
-            None => Err("empty acquire answer".into()),
-        });
+        .and_then(Answer::of_acquire);
         self.ctx.rec.complete(&e, r.clone());
         r.ok()
     }
@@ -306,14 +279,7 @@ impl Worker {
             ttl_ms,
         })))
         .await
-        .and_then(|r| match r.outcome {
-            Some(renew_response::Outcome::Renewed(x)) => Ok(Answer::Renewed { ttl_ms: x.ttl_ms }),
-            Some(renew_response::Outcome::Lost(l)) => Ok(Answer::Lost {
-                reason: lost_reason(l.reason),
-                current_token: l.current_token,
-            }),
-            None => Err("empty renew answer".into()),
-        });
+        .and_then(Answer::of_renew);
         self.ctx.rec.complete(&e, r.clone());
         r.ok()
     }
@@ -337,14 +303,7 @@ impl Worker {
             token,
         })))
         .await
-        .and_then(|r| match r.outcome {
-            Some(release_response::Outcome::Released(_)) => Ok(Answer::Released),
-            Some(release_response::Outcome::NotHolder(n)) => Ok(Answer::NotHolder {
-                reason: lost_reason(n.reason),
-                current_token: n.current_token,
-            }),
-            None => Err("empty release answer".into()),
-        });
+        .and_then(Answer::of_release);
         self.ctx.rec.complete(&e, r.clone());
         r.ok()
     }
@@ -358,11 +317,7 @@ impl Worker {
             allow_stale: false,
         })))
         .await
-        .map(|d| Answer::Described {
-            last_token: d.last_token,
-            held: d.held,
-            cluster_time_ms: d.cluster_time_ms,
-        });
+        .map(Answer::of_describe);
         self.ctx.rec.complete(&e, r.clone());
         r.ok()
     }

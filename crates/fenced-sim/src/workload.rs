@@ -19,8 +19,7 @@ use std::{
 use fenced_core::OwnerId;
 use fenced_jepsen::history::{event, Answer, Event, Phase, F};
 use fenced_proto::v1::{
-    acquire_response, lock_server::Lock, release_response, renew_response, AcquireRequest,
-    DescribeRequest, LostReason, ReleaseRequest, RenewRequest,
+    lock_server::Lock, AcquireRequest, DescribeRequest, ReleaseRequest, RenewRequest,
 };
 use fenced_server::{services::FORWARDED, types::NodeId};
 use tokio::time::Instant;
@@ -126,16 +125,6 @@ fn request<T>(msg: T) -> Request<T> {
     r
 }
 
-fn lost_reason(code: i32) -> String {
-    LostReason::try_from(code)
-        .map(|r| {
-            r.as_str_name()
-                .trim_start_matches("LOST_REASON_")
-                .to_lowercase()
-        })
-        .unwrap_or_else(|_| format!("code {code}"))
-}
-
 impl Worker {
     fn stopped(&self) -> bool {
         self.w.stop.load(Ordering::SeqCst)
@@ -214,20 +203,7 @@ impl Worker {
             e,
             |s, r| async move { s.acquire(r).await },
             req,
-            |r: fenced_proto::v1::AcquireResponse| match r.outcome {
-                Some(acquire_response::Outcome::Granted(g)) => Ok(Answer::Granted {
-                    token: g.token,
-                    ttl_ms: g.ttl_ms,
-                }),
-                Some(acquire_response::Outcome::Held(h)) => Ok(Answer::Held {
-                    current_token: h.current_token,
-                }),
-                Some(acquire_response::Outcome::Ended(x)) => Ok(Answer::Ended {
-                    reason: format!("{:?}", x.reason()),
-                    current_token: x.current_token,
-                }),
-                _ => Err("an acquire answer of another kind".into()),
-            },
+            Answer::of_acquire,
         )
         .await
     }
@@ -247,16 +223,7 @@ impl Worker {
             e,
             |s, r| async move { s.renew(r).await },
             req,
-            |r: fenced_proto::v1::RenewResponse| match r.outcome {
-                Some(renew_response::Outcome::Renewed(x)) => {
-                    Ok(Answer::Renewed { ttl_ms: x.ttl_ms })
-                }
-                Some(renew_response::Outcome::Lost(l)) => Ok(Answer::Lost {
-                    reason: lost_reason(l.reason),
-                    current_token: l.current_token,
-                }),
-                None => Err("empty renew answer".into()),
-            },
+            Answer::of_renew,
         )
         .await;
     }
@@ -274,14 +241,7 @@ impl Worker {
             e,
             |s, r| async move { s.release(r).await },
             req,
-            |r: fenced_proto::v1::ReleaseResponse| match r.outcome {
-                Some(release_response::Outcome::Released(_)) => Ok(Answer::Released),
-                Some(release_response::Outcome::NotHolder(n)) => Ok(Answer::NotHolder {
-                    reason: lost_reason(n.reason),
-                    current_token: n.current_token,
-                }),
-                None => Err("empty release answer".into()),
-            },
+            Answer::of_release,
         )
         .await
     }
@@ -296,13 +256,7 @@ impl Worker {
             e,
             |s, r| async move { s.describe(r).await },
             req,
-            |d: fenced_proto::v1::DescribeResponse| {
-                Ok(Answer::Described {
-                    last_token: d.last_token,
-                    held: d.held,
-                    cluster_time_ms: d.cluster_time_ms,
-                })
-            },
+            |d| Ok(Answer::of_describe(d)),
         )
         .await;
     }
