@@ -343,6 +343,14 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                 c.crash(n).await;
                 tokio::time::sleep(hold).await;
                 c.restart(n).await;
+                // A snapshot of its own started while it catches up, as
+                // openraft starts one every so many entries: a build that
+                // may meet the install of the leader's snapshot.
+                let build_after = Duration::from_millis(c.rng.lock().u64(0..600));
+                tokio::time::sleep(build_after).await;
+                if let Some(ctx) = c.context(n) {
+                    let _ = ctx.raft.trigger().snapshot().await;
+                }
                 let at = c.purged_past_applied(n, Duration::from_secs(3)).await;
                 c.note(format!("crash n{n} again ({at})"));
                 c.crash(n).await;

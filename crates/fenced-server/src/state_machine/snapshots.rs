@@ -258,10 +258,7 @@ impl Snapshots {
     ) -> Result<Stored, StorageError> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let on_disk = self.durable_last();
-        // CANARY (deliberately broken build for fenced-sim and fenced-jepsen):
-        // a snapshot built while a newer one was installed replaces it.
-        let refuse_older = !cfg!(feature = "canary-older-snapshot-wins");
-        if refuse_older && meta.last_log_id <= on_disk {
+        if meta.last_log_id <= on_disk {
             drop(temp.file);
             std::fs::remove_file(&temp.path).map_err(snapshot_write_err)?;
             // Lets a purge held back for a refused install go ahead.
