@@ -368,25 +368,19 @@ impl NodeCore {
         // Elections start from fenced's pre-vote (crate::replication::election),
         // not from openraft's timer.
         raft.runtime_config().elect(false);
-        let election = Arc::new(
-            Election::new(
-                cfg.id,
-                Duration::from_millis(cfg.election_timeout_ms),
-                Duration::from_millis(cfg.election_timeout_ms * 2),
-                log.clone(),
-            )
-            .with_tls(tls.clone())
-            .with_reachability(Arc::clone(&reachability))
-            .with_wire(wire),
-        );
-        let election = match &sim {
-            Some(sim) => Arc::new(
-                Arc::into_inner(election)
-                    .ok_or_else(|| NodeError::Raft("election shared too early".into()))?
-                    .with_jitter_seed(sim.seed),
-            ),
+        let election = Election::new(
+            cfg.id,
+            Duration::from_millis(cfg.election_timeout_ms),
+            Duration::from_millis(cfg.election_timeout_ms * 2),
+            log.clone(),
+        )
+        .with_tls(tls.clone())
+        .with_reachability(Arc::clone(&reachability))
+        .with_wire(wire);
+        let election = Arc::new(match &sim {
+            Some(sim) => election.with_jitter_seed(sim.seed),
             None => election,
-        };
+        });
 
         let initialized = raft
             .is_initialized()

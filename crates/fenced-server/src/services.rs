@@ -49,9 +49,8 @@ use crate::{
     watch::Watchers,
 };
 
-/// Marks a request a follower forwarded, so it is never forwarded twice.
-/// Marks a call a follower sent on to its leader; a node that is not the
-/// leader refuses such a call instead of forwarding it again.
+/// Marks a request a follower forwarded, so it is never forwarded twice: a
+/// node that is not the leader refuses such a call instead.
 pub const FORWARDED: &str = "x-fenced-forwarded";
 /// Extra time a parked acquire waits past its `wait_ms` for the answer.
 pub(crate) const WAIT_GRACE: Duration = Duration::from_secs(5);
@@ -324,20 +323,17 @@ impl NodeContext {
     /// restart of the whole cluster.
     ///
     /// A new leader's clock may still be starting: the read waits for it
-    /// (the read index that starts it), so it reveals the clock's time, not
-    /// the floor, which is behind the clock's next reading by the time since
-    /// the election.
+    /// (the read index that starts it) and reveals the clock of the term it
+    /// confirms, or is refused. Never the last applied time or the floor:
+    /// both lie behind that clock (which counts from the moment the node
+    /// became leader), and a lease read at them would show more time left
+    /// than it has.
     pub(crate) async fn linearizable_read(&self, rpc: &str) -> Result<ClusterTime, Status> {
         let unconfirmed = || {
             Status::unavailable(format!(
                 "{rpc}: no quorum confirmed leadership in time; retry"
             ))
         };
-        // The read reports the running clock of the term it confirms. A
-        // time read before this node's clock for its new term started (the
-        // last applied entry's) lies behind that clock, which counts from
-        // the moment the node became leader: a lease read then would show
-        // more time left than it has.
         let term = match tokio::time::timeout(
             self.request_timeout,
             crate::proposer::ensure_clock(&self.raft, &self.time),
