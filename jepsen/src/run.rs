@@ -537,36 +537,7 @@ async fn run_in(
         kv::key_tokens_monotonic(&ops),
         phantom_finding,
     ];
-    let mut lin = Linearizable::Pass;
-    let mut lin_resources = 0;
-    let long: BTreeSet<&str> = resources
-        .iter()
-        .copied()
-        .filter(|r| r.starts_with("long-"))
-        .collect();
-    for r in &long {
-        // Kv puts are checked by check::kv, not against the mutex model.
-        let rops: Vec<&Op> = ops
-            .iter()
-            .filter(|o| o.resource == *r && !matches!(o.f, F::KvPut | F::KvGet))
-            .collect();
-        lin_resources += 1;
-        match linear::check_resource(r, &rops, cfg.lin_budget) {
-            Linearizable::Pass => {}
-            f @ Linearizable::Fail(_) => {
-                lin = f;
-                break;
-            }
-            u @ Linearizable::Unknown { .. } => {
-                if lin == Linearizable::Pass {
-                    lin = u;
-                }
-            }
-        }
-    }
-    if long.is_empty() {
-        lin = Linearizable::Unknown { steps: 0 };
-    }
+    let (lin, lin_resources) = linear::check_long_resources(&ops, cfg.lin_budget);
     let mut counterexample = None;
     let lin_text = match &lin {
         Linearizable::Pass => "PASS".to_string(),

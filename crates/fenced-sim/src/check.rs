@@ -2,14 +2,12 @@
 //! grants, leases and cluster time, the nodes' final states, and
 //! linearizability of the long-TTL resources against the mutex model.
 
-use std::collections::BTreeSet;
-
 use fenced_jepsen::{
     check::{
         invariants::{self, Finding, NodeFinal},
         linear::{self, Linearizable},
     },
-    history::{self, Event, Op, F},
+    history::{self, Event, Op},
 };
 
 /// The clock-rate error the lease checkers allow: the nodes' skew (2%)
@@ -30,8 +28,8 @@ pub struct Verdict {
     pub linearizable: String,
     /// The nodes did not converge after the faults: why.
     pub convergence: Option<String>,
-    /// Restarts that failed, and why.
-    pub failed_starts: Vec<String>,
+    /// What a stopped node's data dir or its restart showed wrong.
+    pub node_findings: Vec<String>,
     pub faults: Vec<String>,
     pub ops: usize,
     pub grants: usize,
@@ -40,7 +38,7 @@ pub struct Verdict {
 impl Verdict {
     /// The first violation, if any.
     pub fn failure(&self) -> Option<String> {
-        if let Some(why) = self.failed_starts.first() {
+        if let Some(why) = self.node_findings.first() {
             return Some(why.clone());
         }
         if let Some(why) = &self.convergence {
@@ -84,7 +82,7 @@ pub fn verdict(
     events: Vec<Event>,
     finals: anyhow::Result<Vec<NodeFinal>>,
     faults: Vec<String>,
-    failed_starts: Vec<String>,
+    node_findings: Vec<String>,
 ) -> Verdict {
     let ops = history::pair(&events);
     let (finals, convergence) = match finals {
@@ -115,30 +113,16 @@ pub fn verdict(
         findings,
         convergence,
         faults,
-        failed_starts,
+        node_findings,
     }
 }
 
 fn linearizable(ops: &[Op]) -> String {
-    let long: BTreeSet<&str> = ops
-        .iter()
-        .map(|o| o.resource.as_str())
-        .filter(|r| r.starts_with("long-"))
-        .collect();
-    let mut unknown = None;
-    for r in long {
-        let rops: Vec<&Op> = ops
-            .iter()
-            .filter(|o| o.resource == r && o.f != F::Write)
-            .collect();
-        match linear::check_resource(r, &rops, LIN_BUDGET) {
-            Linearizable::Pass => {}
-            Linearizable::Fail(c) => return format!("FAIL (resource {})", c.resource),
-            Linearizable::Unknown { steps } => unknown = Some(steps),
+    match linear::check_long_resources(ops, LIN_BUDGET).0 {
+        Linearizable::Pass => "PASS".into(),
+        Linearizable::Fail(c) => format!("FAIL (resource {})", c.resource),
+        Linearizable::Unknown { steps } => {
+            format!("UNKNOWN (budget exhausted after {steps} steps)")
         }
-    }
-    match unknown {
-        Some(steps) => format!("UNKNOWN (budget exhausted after {steps} steps)"),
-        None => "PASS".into(),
     }
 }

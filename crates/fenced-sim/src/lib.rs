@@ -21,6 +21,7 @@ pub mod workload;
 pub mod world;
 
 use std::{
+    ops::Range,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::Duration,
 };
@@ -39,6 +40,19 @@ impl Rng {
 
     pub fn lock(&self) -> MutexGuard<'_, fastrand::Rng> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A latency: `slow_percent` of draws in `slow_us`, the rest in
+    /// `fast_us` (microseconds). The network, the log's fsync and the
+    /// other file writes each draw theirs this way.
+    pub fn latency(&self, slow_percent: u32, slow_us: Range<u64>, fast_us: Range<u64>) -> Duration {
+        let mut r = self.lock();
+        let us = if r.u32(..100) < slow_percent {
+            r.u64(slow_us)
+        } else {
+            r.u64(fast_us)
+        };
+        Duration::from_micros(us)
     }
 }
 
@@ -92,14 +106,9 @@ pub fn run(seed: u64, cfg: &SimConfig) -> anyhow::Result<Verdict> {
     watchdog(seed, Arc::clone(&done));
     // Snapshot and cluster-time writes run inline on this thread, each
     // after a drawn latency (a slow one now and then).
-    let disk_rng = Rng::new(seed ^ 0x5eed_d15c);
+    let disk = Rng::new(seed ^ 0x5eed_d15c);
     fenced_server::blocking::simulate_on_this_thread(Some(Arc::new(move || {
-        let mut r = disk_rng.lock();
-        if r.u32(..100) < 10 {
-            Duration::from_millis(r.u64(20..400))
-        } else {
-            Duration::from_micros(r.u64(200..3_000))
-        }
+        disk.latency(10, 20_000..400_000, 200..3_000)
     })));
     let verdict = rt.block_on(world::run(seed, *cfg, dir.path().to_path_buf()));
     fenced_server::blocking::simulate_on_this_thread(None);

@@ -98,12 +98,7 @@ impl Net {
     /// One way's delay: mostly a fraction of a millisecond, now and then a
     /// slow moment.
     fn delay(&self) -> Duration {
-        let mut rng = self.rng.lock();
-        if rng.u32(..100) < 3 {
-            Duration::from_micros(rng.u64(5_000..80_000))
-        } else {
-            Duration::from_micros(rng.u64(100..1_500))
-        }
+        self.rng.latency(3, 5_000..80_000, 100..1_500)
     }
 
     async fn deliver(

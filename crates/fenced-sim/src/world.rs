@@ -43,7 +43,7 @@ pub struct Cluster {
     /// Node crashes and restarts, for the report.
     pub log: Mutex<Vec<String>>,
     /// What a stopped node's data dir or its restart showed wrong.
-    pub failed_starts: Mutex<Vec<String>>,
+    pub findings: Mutex<Vec<String>>,
 }
 
 const IDS: [NodeId; 3] = [1, 2, 3];
@@ -51,6 +51,28 @@ const IDS: [NodeId; 3] = [1, 2, 3];
 /// How long a restart waits for the crashed instance's last tasks to let
 /// go of its log.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// Runs `open` until it no longer finds the node's log locked, at most
+/// [`LOCK_WAIT`]. A crashed node's last tasks (a message it was answering,
+/// its state machine's worker) hold its log for a moment after the crash,
+/// where a killed process would have let go at once: this waits for them
+/// as a restart waits for the old process to die.
+async fn once_unlocked<T, E, F>(mut open: impl FnMut() -> F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let mut waited = Duration::ZERO;
+    loop {
+        match open().await {
+            Err(e) if e.to_string().contains("already locked") && waited < LOCK_WAIT => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                waited += Duration::from_millis(10);
+            }
+            done => return done,
+        }
+    }
+}
 
 impl Cluster {
     pub fn ids(&self) -> Vec<NodeId> {
@@ -67,10 +89,7 @@ impl Cluster {
 
     /// The Lock service of node `id`, if it runs.
     pub fn service(&self, id: NodeId) -> Option<LockService> {
-        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        running
-            .get(&id)
-            .map(|r| LockService::new(r.ctx.clone(), false))
+        self.context(id).map(|ctx| LockService::new(ctx, false))
     }
 
     fn context(&self, id: NodeId) -> Option<NodeContext> {
@@ -101,31 +120,12 @@ impl Cluster {
         let sim = Simulated {
             wire: self.net.wire(id),
             // Mostly a millisecond or two; now and then a slow disk.
-            fsync: Arc::new(move || {
-                let mut r = fsync_rng.lock();
-                if r.u32(..100) < 2 {
-                    Duration::from_millis(r.u64(20..300))
-                } else {
-                    Duration::from_micros(r.u64(200..2_500))
-                }
-            }),
+            fsync: Arc::new(move || fsync_rng.latency(2, 20_000..300_000, 200..2_500)),
             seed: self.rng.lock().u64(..),
         };
-        // A crashed node's last tasks (a message it was answering, its
-        // state machine's worker) still hold its log for a moment after
-        // the crash, where a killed process would have let go at once:
-        // wait for them as a restart waits for the old process to die.
-        let mut waited = Duration::ZERO;
-        let core = loop {
-            match NodeCore::open(&cfg, Some(sim.clone())).await {
-                Ok(core) => break core,
-                Err(e) if e.to_string().contains("already locked") && waited < LOCK_WAIT => {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    waited += Duration::from_millis(10);
-                }
-                Err(e) => anyhow::bail!("node {id} did not start: {e}"),
-            }
-        };
+        let core = once_unlocked(|| NodeCore::open(&cfg, Some(sim.clone())))
+            .await
+            .map_err(|e| anyhow::anyhow!("node {id} did not start: {e}"))?;
         self.net.attach(id, core.peer.clone());
         self.running
             .lock()
@@ -148,16 +148,9 @@ impl Cluster {
     /// node's data dir, as its restart will.
     async fn check_disk(&self, id: NodeId) {
         let dir = self.dir.join(format!("n{id}"));
-        let mut waited = Duration::ZERO;
-        let log = loop {
-            match LogStore::open(&dir.join(LOG_DIR)) {
-                Ok(log) => break log,
-                Err(e) if e.to_string().contains("already locked") && waited < LOCK_WAIT => {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    waited += Duration::from_millis(10);
-                }
-                Err(e) => return self.finding(format!("n{id}: its log does not open: {e}")),
-            }
+        let log = match once_unlocked(|| async { LogStore::open(&dir.join(LOG_DIR)) }).await {
+            Ok(log) => log,
+            Err(e) => return self.finding(format!("n{id}: its log does not open: {e}")),
         };
         let purged = match RaftLogStorage::get_log_state(&mut log.clone()).await {
             Ok(state) => state.last_purged_log_id,
@@ -182,7 +175,7 @@ impl Cluster {
 
     fn finding(&self, what: String) {
         self.note(what.clone());
-        self.failed_starts
+        self.findings
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(what);
@@ -235,7 +228,8 @@ impl Cluster {
         })
     }
 
-    /// A node other than the leader (any when there is none).
+    /// A node drawn from all three; with `leader_first`, the leader half
+    /// the time (when there is one).
     fn pick(&self, leader_first: bool) -> NodeId {
         let mut r = self.rng.lock();
         match self.leader() {
@@ -292,8 +286,8 @@ impl Cluster {
 /// Draws and applies faults until `until`, one at a time, each healed
 /// before the next: a cut-off node, a one-way cut, a frozen node (a paused
 /// process: nothing in or out, its clock running on, so that it wakes with
-/// its clock jumped ahead), a stale leader waking into the next election,
-/// a crash and restart.
+/// its clock jumped ahead), a crash and restart, a stale leader waking into
+/// the next election, a crash again as a restarted node catches up.
 async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
     while tokio::time::Instant::now() < until {
         let (quiet, hold, kind) = {
@@ -333,30 +327,6 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                 tokio::time::sleep(hold).await;
                 c.restart(n).await;
             }
-            5 => {
-                // Down long enough for the leader's snapshot to pass it,
-                // then down again as it catches up: at the moment Raft has
-                // purged its log for a snapshot not yet applied (a crash
-                // between the purge and the install), or at a drawn moment.
-                let n = c.pick(false);
-                c.note(format!("crash n{n}, restart after {hold:?}, crash again"));
-                c.crash(n).await;
-                tokio::time::sleep(hold).await;
-                c.restart(n).await;
-                // A snapshot of its own started while it catches up, as
-                // openraft starts one every so many entries: a build that
-                // may meet the install of the leader's snapshot.
-                let build_after = Duration::from_millis(c.rng.lock().u64(0..600));
-                tokio::time::sleep(build_after).await;
-                if let Some(ctx) = c.context(n) {
-                    let _ = ctx.raft.trigger().snapshot().await;
-                }
-                let at = c.purged_past_applied(n, Duration::from_secs(3)).await;
-                c.note(format!("crash n{n} again ({at})"));
-                c.crash(n).await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                c.restart(n).await;
-            }
             4 => {
                 // The stale leader wakes: a leader frozen past an election
                 // comes back with its clock run on, then the leader that
@@ -382,7 +352,30 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                     c.net.heal();
                 }
             }
-            _ => c.note("quiet".into()),
+            _ => {
+                // Down long enough for the leader's snapshot to pass it,
+                // then down again as it catches up: at the moment Raft has
+                // purged its log for a snapshot not yet applied (a crash
+                // between the purge and the install), or at a drawn moment.
+                let n = c.pick(false);
+                c.note(format!("crash n{n}, restart after {hold:?}, crash again"));
+                c.crash(n).await;
+                tokio::time::sleep(hold).await;
+                c.restart(n).await;
+                // A snapshot of its own started while it catches up, as
+                // openraft starts one every so many entries: a build that
+                // may meet the install of the leader's snapshot.
+                let build_after = Duration::from_millis(c.rng.lock().u64(0..600));
+                tokio::time::sleep(build_after).await;
+                if let Some(ctx) = c.context(n) {
+                    let _ = ctx.raft.trigger().snapshot().await;
+                }
+                let at = c.purged_past_applied(n, Duration::from_secs(3)).await;
+                c.note(format!("crash n{n} again ({at})"));
+                c.crash(n).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                c.restart(n).await;
+            }
         }
     }
 }
@@ -419,7 +412,7 @@ pub async fn run(seed: u64, cfg: SimConfig, dir: PathBuf) -> anyhow::Result<Verd
         snapshot_logs: cfg.snapshot_logs,
         running: Mutex::default(),
         log: Mutex::default(),
-        failed_starts: Mutex::default(),
+        findings: Mutex::default(),
     });
     for id in IDS {
         cluster.start(id).await?;
@@ -465,10 +458,10 @@ pub async fn run(seed: u64, cfg: SimConfig, dir: PathBuf) -> anyhow::Result<Verd
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    let failed_starts = cluster
-        .failed_starts
+    let node_findings = cluster
+        .findings
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    Ok(check::verdict(seed, events, finals, faults, failed_starts))
+    Ok(check::verdict(seed, events, finals, faults, node_findings))
 }

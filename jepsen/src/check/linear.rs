@@ -15,7 +15,7 @@
 //! unknown until a later answer reveals it. When the search exceeds its step
 //! budget the result is UNKNOWN, never PASS.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::history::{Answer, Op, F};
 
@@ -200,6 +200,42 @@ fn step(s: &State, op: &MOp) -> Option<State> {
         (F::Write, _) => {}
     }
     Some(n)
+}
+
+/// Every long-TTL resource of the history (named `long-...`, whose leases
+/// outlive the run, as the model assumes) against the model, each within
+/// `budget` steps: the first failure, else the first UNKNOWN, else PASS;
+/// UNKNOWN of 0 steps when there is no such resource. Kv operations are
+/// left out (`check::kv` judges them). Also returns how many resources were
+/// searched.
+pub fn check_long_resources(ops: &[Op], budget: u64) -> (Linearizable, usize) {
+    let long: BTreeSet<&str> = ops
+        .iter()
+        .map(|o| o.resource.as_str())
+        .filter(|r| r.starts_with("long-"))
+        .collect();
+    if long.is_empty() {
+        return (Linearizable::Unknown { steps: 0 }, 0);
+    }
+    let mut verdict = Linearizable::Pass;
+    let mut searched = 0;
+    for r in long {
+        let rops: Vec<&Op> = ops
+            .iter()
+            .filter(|o| o.resource == r && !matches!(o.f, F::KvPut | F::KvGet))
+            .collect();
+        searched += 1;
+        match check_resource(r, &rops, budget) {
+            Linearizable::Pass => {}
+            f @ Linearizable::Fail(_) => return (f, searched),
+            u @ Linearizable::Unknown { .. } => {
+                if verdict == Linearizable::Pass {
+                    verdict = u;
+                }
+            }
+        }
+    }
+    (verdict, searched)
 }
 
 /// Checks one resource's operations (acquire, renew, release, describe; other
