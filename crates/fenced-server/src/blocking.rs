@@ -4,9 +4,26 @@
 
 use std::{cell::RefCell, io, sync::Arc, time::Duration};
 
+/// Which piece of blocking file work runs: the simulation's disk times
+/// each kind its own way (a snapshot is a large write, a cluster-time slot
+/// a few bytes), so races between them can be drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskWork {
+    /// A snapshot built from the table, encoded into a temporary file.
+    SnapshotEncode,
+    /// A built snapshot made the one on disk (rename, directory sync).
+    SnapshotStore,
+    /// A snapshot received from the leader, decoded, written and put in place.
+    SnapshotInstall,
+    /// The snapshot on disk read to send to a follower.
+    SnapshotRead,
+    /// The leader's cluster time written to its slot and synced.
+    ClusterTime,
+}
+
 /// The simulation's disk: how long the next piece of blocking file work
-/// takes, in simulated time.
-pub type SimDisk = Arc<dyn Fn() -> Duration + Send + Sync>;
+/// of the kind given takes, in simulated time.
+pub type SimDisk = Arc<dyn Fn(DiskWork) -> Duration + Send + Sync>;
 
 thread_local! {
     static SIM_DISK: RefCell<Option<SimDisk>> = const { RefCell::new(None) };
@@ -20,11 +37,16 @@ pub fn simulate_on_this_thread(disk: Option<SimDisk>) {
     SIM_DISK.with(|d| *d.borrow_mut() = disk);
 }
 
-/// Runs `f` on a blocking thread (inline under the simulation).
-pub async fn run<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
+/// Runs `f`, a piece of file work of kind `work`, on a blocking thread
+/// (inline under the simulation).
+pub async fn run<T: Send + 'static>(
+    work: DiskWork,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<T> {
     if let Some(disk) = SIM_DISK.with(|d| d.borrow().clone()) {
-        // The latency before the work: a node stopped meanwhile never wrote.
-        tokio::time::sleep(disk()).await;
+        // The latency comes before the work, which checks whether its node
+        // was stopped meanwhile (a crashed node writes nothing more).
+        tokio::time::sleep(disk(work)).await;
         return Ok(f());
     }
     tokio::task::spawn_blocking(f)

@@ -192,12 +192,19 @@ impl PurgeHorizon {
         let Some(wanted) = gate.deferred else {
             return Ok(());
         };
-        if let Some(upto) = gate.durable.min(Some(wanted)) {
+        // CANARY (deliberately broken build for fenced-sim): purges as far
+        // as openraft asks, past the snapshot on disk.
+        let durable = if cfg!(feature = "canary-purge-past-snapshot") {
+            Some(wanted)
+        } else {
+            gate.durable
+        };
+        if let Some(upto) = durable.min(Some(wanted)) {
             let mut wal = self.wal.lock().unwrap_or_else(PoisonError::into_inner);
             wal.purge(WalLogId(upto))?;
             wal.flush(true, None)?;
         }
-        if Some(wanted) <= gate.durable {
+        if Some(wanted) <= durable {
             gate.deferred = None;
         } else {
             tracing::info!(

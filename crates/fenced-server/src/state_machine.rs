@@ -32,6 +32,7 @@ pub(crate) use self::snapshots::testing;
 pub use self::snapshots::{inspect_export, write_restored_state, RestoredState};
 use self::snapshots::{SnapshotBody, Snapshots};
 use crate::{
+    blocking::DiskWork,
     clock::AppliedTime,
     codec,
     counters::Counters,
@@ -156,6 +157,19 @@ impl Shared {
         self.read().last_applied
     }
 
+    /// The last log id the snapshot file on disk covers (set once the file
+    /// is renamed into place and its directory synced).
+    pub fn snapshot_on_disk(&self) -> Option<LogId> {
+        self.snapshots.durable_last()
+    }
+
+    /// Writes no snapshot from now on, not even one already under way:
+    /// the simulation's crash, which must leave the disk as a process
+    /// killed at that moment would.
+    pub fn halt_writes(&self) {
+        self.snapshots.halt();
+    }
+
     /// Whether `owner` holds the lease on `resource` now.
     pub fn holds(&self, resource: &str, owner: fenced_core::OwnerId) -> bool {
         self.read()
@@ -232,11 +246,12 @@ pub struct StateMachine {
     shared: Arc<Shared>,
 }
 
-/// Runs `f` on a blocking thread.
+/// Runs `f`, file work of kind `work`, on a blocking thread.
 async fn blocking<T: Send + 'static>(
+    work: DiskWork,
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, StorageError> {
-    crate::blocking::run(f)
+    crate::blocking::run(work, f)
         .await
         .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, AnyError::new(&e))))?
 }
@@ -292,7 +307,7 @@ impl StateMachine {
     async fn install(&self, meta: &SnapshotMeta, body: Vec<u8>) -> Result<(), StorageError> {
         let shared = Arc::clone(&self.shared);
         let meta = meta.clone();
-        blocking(move || {
+        blocking(DiskWork::SnapshotInstall, move || {
             shared
                 .snapshots
                 .install(meta, body, |data| shared.replace(data))
@@ -356,11 +371,17 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let started = std::time::Instant::now();
         let shared = Arc::clone(&self.shared);
-        let written = blocking(move || shared.snapshots.write(&shared.read(), started)).await?;
+        let written = blocking(DiskWork::SnapshotEncode, move || {
+            shared.snapshots.write(&shared.read(), started)
+        })
+        .await?;
         #[cfg(test)]
         self.shared.snapshots.build_paused.pass().await;
         let shared = Arc::clone(&self.shared);
-        blocking(move || shared.snapshots.store_built(written, started)).await
+        blocking(DiskWork::SnapshotStore, move || {
+            shared.snapshots.store_built(written, started)
+        })
+        .await
     }
 }
 
@@ -480,7 +501,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
         let shared = Arc::clone(&self.shared);
-        blocking(move || shared.snapshots.current()).await
+        blocking(DiskWork::SnapshotRead, move || shared.snapshots.current()).await
     }
 }
 

@@ -8,7 +8,8 @@
 //! (flushed while the one simulation thread waits, answered after a drawn
 //! latency), every clock (tokio's paused clock, each node's rate skewed),
 //! and the faults ([`world`]): partitions, frozen nodes, crashes (between an
-//! fsync and its answer too), restarts. Everything runs on one thread, so a
+//! fsync and its answer too, and while a snapshot is put in place),
+//! restarts. The storage rule is watched on every running node. Everything runs on one thread, so a
 //! seed replays exactly: the same seed gives the same history, event for
 //! event, which `tests/seeds.rs` checks.
 //!
@@ -25,6 +26,8 @@ use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::Duration,
 };
+
+use fenced_server::blocking::DiskWork;
 
 pub use check::Verdict;
 
@@ -105,10 +108,16 @@ pub fn run(seed: u64, cfg: &SimConfig) -> anyhow::Result<Verdict> {
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     watchdog(seed, Arc::clone(&done));
     // Snapshot and cluster-time writes run inline on this thread, each
-    // after a drawn latency (a slow one now and then).
+    // after a drawn latency (a slow one now and then). Putting a snapshot
+    // in place is slow more often: a build finishing late, or an install
+    // still under way after openraft purged the log for it, are the races
+    // the snapshot writer and the purge horizon must survive.
     let disk = Rng::new(seed ^ 0x5eed_d15c);
-    fenced_server::blocking::simulate_on_this_thread(Some(Arc::new(move || {
-        disk.latency(10, 20_000..400_000, 200..3_000)
+    fenced_server::blocking::simulate_on_this_thread(Some(Arc::new(move |work| match work {
+        DiskWork::SnapshotStore | DiskWork::SnapshotInstall => {
+            disk.latency(30, 50_000..600_000, 200..3_000)
+        }
+        _ => disk.latency(10, 20_000..400_000, 200..3_000),
     })));
     let verdict = rt.block_on(world::run(seed, *cfg, dir.path().to_path_buf()));
     fenced_server::blocking::simulate_on_this_thread(None);

@@ -173,6 +173,34 @@ impl Cluster {
         }
     }
 
+    /// The storage rule at every moment, not only at the crashes the
+    /// nemesis draws: on each running node the log on disk is never purged
+    /// past the snapshot file on disk, so a crash at any instant would
+    /// leave a node that restarts. A state that breaks it is reported
+    /// once per node.
+    async fn watch_disks(self: Arc<Self>, stop: Arc<AtomicBool>) {
+        let mut reported = std::collections::BTreeSet::new();
+        while !stop.load(Ordering::SeqCst) {
+            for id in IDS {
+                let Some(ctx) = self.context(id) else {
+                    continue;
+                };
+                let Ok(state) = RaftLogStorage::get_log_state(&mut ctx.log.clone()).await else {
+                    continue;
+                };
+                let snapshot = ctx.shared.snapshot_on_disk();
+                if state.last_purged_log_id > snapshot && reported.insert(id) {
+                    self.finding(format!(
+                        "n{id} ran with its log purged to {:?} past its snapshot on disk at \
+                         {snapshot:?}: a crash then would leave it unable to restart",
+                        state.last_purged_log_id
+                    ));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     fn finding(&self, what: String) {
         self.note(what.clone());
         self.findings
@@ -192,6 +220,9 @@ impl Cluster {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&id);
         if let Some(r) = running {
+            // Before anything yields: a snapshot write waiting on the
+            // simulated disk must not land after the crash.
+            r.ctx.shared.halt_writes();
             r.stop.cancel();
             for t in &r.tasks {
                 t.abort();
@@ -202,22 +233,43 @@ impl Cluster {
         }
     }
 
-    /// Waits, at most `within`, for node `id`'s Raft to count its log
-    /// purged past what its state machine applied (a snapshot received,
-    /// its install not done); says which moment it was.
-    async fn purged_past_applied(&self, id: NodeId, within: Duration) -> &'static str {
-        let deadline = tokio::time::Instant::now() + within;
-        while tokio::time::Instant::now() < deadline {
+    /// Lets node `id` catch up for `within`, starting a snapshot build of
+    /// its own after `build_after`; with `at_purge`, returns early at the
+    /// first moment its Raft counts the log purged past what its state
+    /// machine applied (a snapshot received, its install not done). Says
+    /// which moment it returned at.
+    async fn catch_up_with_build(
+        &self,
+        id: NodeId,
+        build_after: Duration,
+        at_purge: bool,
+        within: Duration,
+    ) -> &'static str {
+        let started = tokio::time::Instant::now();
+        let mut built = false;
+        let mut purged_seen = false;
+        while started.elapsed() < within {
             let Some(ctx) = self.context(id) else {
                 return "it was down";
             };
+            if !built && started.elapsed() >= build_after {
+                built = true;
+                let _ = ctx.raft.trigger().snapshot().await;
+            }
             let m = ctx.raft.metrics().borrow().clone();
             if m.purged.is_some() && m.purged > ctx.shared.last_applied() {
-                return "its log purged past its applied state";
+                if at_purge {
+                    return "its log purged past its applied state";
+                }
+                purged_seen = true;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        "no snapshot install seen"
+        if purged_seen {
+            "caught up after a snapshot install"
+        } else {
+            "no snapshot install seen"
+        }
     }
 
     fn leader(&self) -> Option<NodeId> {
@@ -362,15 +414,18 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                 c.crash(n).await;
                 tokio::time::sleep(hold).await;
                 c.restart(n).await;
-                // A snapshot of its own started while it catches up, as
+                // A snapshot of its own started as it catches up, as
                 // openraft starts one every so many entries: a build that
-                // may meet the install of the leader's snapshot.
-                let build_after = Duration::from_millis(c.rng.lock().u64(0..600));
-                tokio::time::sleep(build_after).await;
-                if let Some(ctx) = c.context(n) {
-                    let _ = ctx.raft.trigger().snapshot().await;
-                }
-                let at = c.purged_past_applied(n, Duration::from_secs(3)).await;
+                // may meet the install of the leader's snapshot. Then the
+                // second crash: at once when Raft counts the log purged for
+                // a snapshot whose install is not done, or once caught up.
+                let (build_after, at_purge) = {
+                    let mut r = c.rng.lock();
+                    (Duration::from_millis(r.u64(0..300)), r.u64(0..2) == 0)
+                };
+                let at = c
+                    .catch_up_with_build(n, build_after, at_purge, Duration::from_secs(3))
+                    .await;
                 c.note(format!("crash n{n} again ({at})"));
                 c.crash(n).await;
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -427,6 +482,7 @@ pub async fn run(seed: u64, cfg: SimConfig, dir: PathBuf) -> anyhow::Result<Verd
         long_ttl_ms: cfg.long_ttl_ms,
     });
     let workers = workload::spawn(&w, &rng, cfg.short_workers, cfg.long_workers);
+    let disks = tokio::spawn(Arc::clone(&cluster).watch_disks(Arc::clone(&stop)));
     let until = tokio::time::Instant::now() + cfg.duration;
     if cfg.faults {
         nemesis(&cluster, until).await;
@@ -436,6 +492,7 @@ pub async fn run(seed: u64, cfg: SimConfig, dir: PathBuf) -> anyhow::Result<Verd
     for w in workers {
         let _ = w.await;
     }
+    let _ = disks.await;
     cluster.net.heal();
     cluster.net.thaw_all();
     for id in IDS {

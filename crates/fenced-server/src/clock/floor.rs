@@ -197,7 +197,7 @@ impl TimeFloor {
         }
         let value = self.leader_time();
         let file = Arc::clone(file);
-        let written = crate::blocking::run(move || {
+        let written = crate::blocking::run(crate::blocking::DiskWork::ClusterTime, move || {
             let mut guard = file.lock().unwrap_or_else(PoisonError::into_inner);
             let slot = 1 - guard.1;
             guard

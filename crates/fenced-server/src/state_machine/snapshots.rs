@@ -9,7 +9,7 @@ use std::{
     os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
     },
     time::{Duration, Instant},
@@ -138,6 +138,9 @@ pub(super) struct Snapshots {
     /// Held by the one task writing the snapshot file, from its temporary
     /// file to the update of `current`.
     writer: Mutex<()>,
+    /// Set when the node's process is gone (the simulation's crash): no
+    /// snapshot is written or put in place after it.
+    halted: AtomicBool,
     snapshot_seq: AtomicU64,
     /// Numbers temporary files, so no two writes share one.
     temp_seq: AtomicU64,
@@ -197,6 +200,7 @@ impl Snapshots {
         let snapshots = Self {
             current: Mutex::new(current),
             writer: Mutex::new(()),
+            halted: AtomicBool::new(false),
             snapshot_seq: AtomicU64::new(0),
             temp_seq: AtomicU64::new(0),
             dir: dir.to_path_buf(),
@@ -209,8 +213,23 @@ impl Snapshots {
         Ok((snapshots, loaded))
     }
 
+    /// From now on nothing is written: what a crash leaves of a write
+    /// that had not begun.
+    pub(super) fn halt(&self) {
+        self.halted.store(true, Ordering::SeqCst);
+    }
+
+    fn refuse_if_halted(&self) -> Result<(), StorageError> {
+        if self.halted.load(Ordering::SeqCst) {
+            return Err(snapshot_write_err(std::io::Error::other(
+                "the node stopped: no snapshot is written",
+            )));
+        }
+        Ok(())
+    }
+
     /// The last log id the snapshot on disk covers.
-    fn durable_last(&self) -> Option<LogId> {
+    pub(super) fn durable_last(&self) -> Option<LogId> {
         self.current
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -257,8 +276,12 @@ impl Snapshots {
         durable: impl FnOnce(),
     ) -> Result<Stored, StorageError> {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        self.refuse_if_halted()?;
         let on_disk = self.durable_last();
-        if meta.last_log_id <= on_disk {
+        // CANARY (deliberately broken build for fenced-sim): a snapshot
+        // built while a newer one was installed replaces it.
+        let refuse_older = !cfg!(feature = "canary-older-snapshot-wins");
+        if refuse_older && meta.last_log_id <= on_disk {
             drop(temp.file);
             std::fs::remove_file(&temp.path).map_err(snapshot_write_err)?;
             // Lets a purge held back for a refused install go ahead.
@@ -278,6 +301,7 @@ impl Snapshots {
     /// meanwhile; a copy of a million leases would take about as long and
     /// twice the memory). `started` is when the build began. Blocking.
     pub(super) fn write(&self, data: &Data, started: Instant) -> Result<Written, StorageError> {
+        self.refuse_if_halted()?;
         let body = SnapshotBodyRef {
             last_applied: &data.last_applied,
             membership: &data.membership,
@@ -374,6 +398,7 @@ impl Snapshots {
         body: Vec<u8>,
         replace: impl FnOnce(Data),
     ) -> Result<(), StorageError> {
+        self.refuse_if_halted()?;
         let data = decode_body(&body, self.history_len)?;
         let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
         let temp = write_temporary(&self.dir, seq, &meta, &Body::Encoded(&body))?;
@@ -742,6 +767,31 @@ mod tests {
         drop((log, sm));
         let (_log, mut sm) = restart(dir.path()).await;
         assert_eq!(sm.applied_state().await.unwrap().0, Some(log_id(25)));
+    }
+
+    /// A halted node (the simulation's crash) puts no snapshot in place,
+    /// not even one whose build had begun: the disk stays as it was.
+    #[tokio::test]
+    async fn a_halted_node_writes_no_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, mut sm) = node(dir.path()).await;
+        let before = current_last(&mut sm).await;
+
+        let (reached, resume) = sm.shared.snapshots.build_paused.arm();
+        let mut builder = sm.get_snapshot_builder().await;
+        let build = tokio::spawn(async move { builder.build_snapshot().await });
+        reached.await.expect("the build reaches its pause point");
+        sm.shared.halt_writes();
+        drop(resume);
+        assert!(build.await.unwrap().is_err(), "a build finished after the halt");
+
+        let (meta, body) = snapshot_at(20);
+        assert!(
+            sm.install_snapshot(&meta, body).await.is_err(),
+            "an install went ahead after the halt"
+        );
+        assert_eq!(current_last(&mut sm).await, before);
+        assert_eq!(sm.shared.snapshot_on_disk(), before);
     }
 
     fn membership() -> StoredMembership {
