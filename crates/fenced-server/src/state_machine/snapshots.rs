@@ -787,6 +787,17 @@ mod tests {
         )
     }
 
+    /// The encoded snapshot body of `table`, applied up to `applied`.
+    fn encoded_body(table: &LeaseTable, applied: u64) -> Vec<u8> {
+        let body = SnapshotBody {
+            last_applied: Some(log_id(applied)),
+            membership: membership(),
+            table: table.snapshot(),
+            kv: table.kv_snapshot(),
+        };
+        codec::encode("snapshot", &body).unwrap()
+    }
+
     /// A table with a lease on `job` and, when `put`, a fenced value under it.
     fn table_with(put: bool) -> LeaseTable {
         use fenced_core::{Batch, Command, KvBounds, KvKey, KvValue, OwnerId, ResourceName};
@@ -869,13 +880,7 @@ mod tests {
             applied.outcomes[1],
             Outcome::AcquireInSession(AcquireInSessionOutcome::Acquire(AcquireOutcome::Granted(_)))
         ));
-        let body = SnapshotBody {
-            last_applied: Some(log_id(11)),
-            membership: membership(),
-            table: table.snapshot(),
-            kv: table.kv_snapshot(),
-        };
-        let bytes = codec::encode("snapshot", &body).unwrap();
+        let bytes = encoded_body(&table, 11);
         let mut data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
         assert_eq!(data.table.snapshot(), table.snapshot());
         assert_eq!(
@@ -897,16 +902,34 @@ mod tests {
         );
     }
 
+    /// A node remembering more grants than the default (32 here) loads
+    /// its own snapshot with all of them; a load used to check them against
+    /// the default 16 and refuse the file.
+    #[test]
+    fn a_history_longer_than_the_default_survives_a_load() {
+        use fenced_core::{Batch, Command, OwnerId, ResourceName};
+        let mut table = LeaseTable::new().with_history_len(32);
+        for at in 0..20 {
+            table.apply(&Batch {
+                stamp: ClusterTime::from_millis(at * 20),
+                commands: vec![Command::Acquire {
+                    resource: ResourceName::new("r").unwrap(),
+                    owner_id: OwnerId::random(),
+                    ttl_ms: 10,
+                    wait_ms: 0,
+                }],
+            });
+        }
+        let bytes = encoded_body(&table, 20);
+        let data = decode_body(&bytes, 32).unwrap();
+        assert_eq!(data.table.history("r", 64).len(), 20);
+        assert_eq!(data.table.snapshot(), table.snapshot());
+    }
+
     #[test]
     fn the_fenced_store_round_trips_through_a_snapshot_body() {
         let table = table_with(true);
-        let body = SnapshotBody {
-            last_applied: Some(log_id(9)),
-            membership: membership(),
-            table: table.snapshot(),
-            kv: table.kv_snapshot(),
-        };
-        let bytes = codec::encode("snapshot", &body).unwrap();
+        let bytes = encoded_body(&table, 9);
         let data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
         assert_eq!(data.table.kv(), table.kv());
         assert_eq!(
