@@ -236,7 +236,7 @@ impl PurgeHorizon {
 }
 
 /// The bytes of entries raft-log keeps in memory (see [`LogStore::open`]):
-/// a few hundred of the largest entries (4,096 commands), thousands of the
+/// over a hundred of the largest entries (4,096 commands), thousands of the
 /// usual ones, so applying and replicating recent entries never reads back.
 pub const LOG_CACHE_BYTES: usize = 32 << 20;
 

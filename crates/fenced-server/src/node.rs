@@ -72,7 +72,8 @@ pub struct NodeConfig {
     pub heartbeat_ms: u64,
     /// Build a snapshot (and purge the log behind it) every this many entries.
     pub snapshot_logs: u64,
-    /// ... and every this many bytes of log appended, whatever the entries.
+    /// Build one as well every this many bytes of log appended, however
+    /// few entries they are.
     pub snapshot_log_bytes: u64,
     pub proposer: ProposerConfig,
     pub max_parked: usize,
