@@ -48,6 +48,6 @@ pub use outcome::{
     Outcome, ReleaseOutcome, RenewOutcome, SessionBound, SessionOutcome, SessionRefusal,
 };
 pub use table::{
-    LeaseTable, SnapshotError, TableSnapshot, TableSnapshotRef, SNAPSHOT_FORMAT_VERSION,
+    LeaseTable, SnapshotError, TableSeed, TableSnapshot, TableSnapshotRef, SNAPSHOT_FORMAT_VERSION,
 };
 pub use time::{ClusterTime, LeaderClock};

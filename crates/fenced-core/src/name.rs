@@ -19,9 +19,27 @@ pub const RESOURCE_NAME_MAX_BYTES: usize = 200;
 /// assert!(ResourceName::new("a\nb").is_err());
 /// # Ok::<(), fenced_core::InvalidArgument>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ResourceName(Arc<str>);
+
+/// Read as a string and validated as [`ResourceName::new`] does, from the
+/// input in place where the format lends it: a snapshot holds a name per
+/// record, and a `String` made first for each showed in loads.
+impl<'de> Deserialize<'de> for ResourceName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = ResourceName;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a resource name")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ResourceName, E> {
+                ResourceName::new(v).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(Visitor)
+    }
+}
 
 /// Written as the string it holds (the bytes `String` would give), from
 /// the shared text in place: a snapshot writes every name, and copying
@@ -63,7 +81,14 @@ pub(crate) fn check_name(
             format!("must be 1 to {max} bytes of UTF-8, got {len}"),
         ));
     }
-    if let Some(pos) = name.chars().position(char::is_control) {
+    // ASCII (nearly every name): its control characters are bytes below
+    // 0x20 and 0x7f, and a byte's position is its character's.
+    let control = if name.is_ascii() {
+        name.bytes().position(|b| b < 0x20 || b == 0x7f)
+    } else {
+        name.chars().position(char::is_control)
+    };
+    if let Some(pos) = control {
         return Err(InvalidArgument::new(
             field,
             format!("must not contain control characters, found one at character {pos}"),
@@ -110,5 +135,28 @@ impl TryFrom<String> for ResourceName {
 impl From<ResourceName> for String {
     fn from(n: ResourceName) -> String {
         n.0.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_ascii_check_refuses_what_char_calls_control() {
+        for b in 0u8..128 {
+            let c = char::from(b);
+            let refused = ResourceName::new(&format!("ab{c}d")).is_err();
+            assert_eq!(refused, c.is_control(), "byte {b:#x}");
+        }
+        let err = ResourceName::new("ab\u{85}d").unwrap_err();
+        assert!(err.to_string().contains("at character 2"), "{err}");
+        let err = ResourceName::new("ab\u{7f}").unwrap_err();
+        assert!(err.to_string().contains("at character 2"), "{err}");
+        // Read from a string in place, validated the same.
+        let name: ResourceName = serde_json::from_str("\"jobs/a\"").unwrap();
+        assert_eq!(name.as_str(), "jobs/a");
+        assert!(serde_json::from_str::<ResourceName>("\"a\\u0001\"").is_err());
     }
 }

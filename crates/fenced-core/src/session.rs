@@ -237,16 +237,14 @@ impl Ends {
         Some(session)
     }
 
-    /// Rebuilds the session indexes from a snapshot's sessions.
-    pub fn with_sessions(sessions: Vec<(SessionId, Session)>) -> Result<Self, String> {
-        let mut ends = Ends::default();
-        for (id, session) in sessions {
-            if ends.sessions.contains_key(&id) {
-                return Err(format!("session {id} is recorded twice"));
-            }
-            ends.insert(id, session);
+    /// Adds a session restored from a snapshot, refusing a second one
+    /// with the same id.
+    pub fn restore(&mut self, id: SessionId, session: Session) -> Result<(), String> {
+        if self.sessions.contains_key(&id) {
+            return Err(format!("session {id} is recorded twice"));
         }
-        Ok(ends)
+        self.insert(id, session);
+        Ok(())
     }
 
     /// Checks the session indexes against the sessions, and that every

@@ -16,6 +16,10 @@ use crate::{
     MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
 };
 
+mod load;
+
+pub use load::TableSeed;
+
 /// The version of [`TableSnapshot`]'s layout. Bump it when the layout changes.
 /// Version 2 added the change window and the grant history; version 3 the
 /// sessions. Older snapshots still load (version 1 with no history and no
@@ -1190,7 +1194,12 @@ impl LeaseTable {
             if let Some(seq) = rec.idle_seq {
                 idle.push((seq, name));
             }
-            check_history(name, rec, self.history_len)?;
+            check_history(
+                name.as_str(),
+                &rec.history,
+                rec.last_token,
+                self.history_len,
+            )?;
         }
         expiries.sort_unstable();
         deadlines.sort_unstable();
@@ -1295,113 +1304,16 @@ impl LeaseTable {
                 .collect(),
         }
     }
-
-    /// Rebuilds a table from a snapshot, refusing an unknown format or a
-    /// snapshot whose contents break an invariant.
-    pub fn from_snapshot(snapshot: TableSnapshot) -> Result<Self, SnapshotError> {
-        if !(1..=SNAPSHOT_FORMAT_VERSION).contains(&snapshot.format_version) {
-            return Err(SnapshotError::Version {
-                found: snapshot.format_version,
-                supported: SNAPSHOT_FORMAT_VERSION,
-            });
-        }
-        let mut table = LeaseTable {
-            now: snapshot.now,
-            last_token: snapshot.last_token,
-            next_idle_seq: snapshot.next_idle_seq,
-            ..LeaseTable::new()
-        };
-        table.window.revision = snapshot.revision;
-        table.window.changes = snapshot.changes.into();
-        let mut history: BTreeMap<ResourceName, Vec<HistoryEntry>> =
-            snapshot.history.into_iter().collect();
-        // Which session holds each lease held by one.
-        let mut held_by: BTreeMap<ResourceName, SessionId> = BTreeMap::new();
-        for (id, session) in &snapshot.sessions {
-            for name in &session.leases {
-                if held_by.insert(name.clone(), *id).is_some() {
-                    return Err(SnapshotError::Invariant(format!(
-                        "the lease of {name} is held by two sessions"
-                    )));
-                }
-            }
-        }
-        table.ends = Ends::with_sessions(snapshot.sessions).map_err(SnapshotError::Invariant)?;
-        // Collected, then built in one pass each: a map built from sorted
-        // entries has full nodes, and is built faster than by inserts.
-        let mut expiries = Vec::new();
-        let mut deadlines = Vec::new();
-        let mut idle = Vec::new();
-        let mut records = Vec::with_capacity(snapshot.records.len());
-        for (name, rec) in snapshot.records {
-            let holder = rec.holder.map(|l| Lease {
-                owner: l.owner,
-                token: l.token,
-                term: match held_by.get(&name) {
-                    Some(id) => Term::Session(*id),
-                    None => Term::Own {
-                        expires_at: l.expires_at,
-                        ttl_ms: l.ttl_ms,
-                    },
-                },
-            });
-            if let Some(Lease {
-                term: Term::Own { expires_at, .. },
-                ..
-            }) = &holder
-            {
-                expiries.push((*expires_at, name.clone()));
-            }
-            for w in rec.waiters.iter() {
-                deadlines.push((w.deadline, name.clone(), w.owner));
-            }
-            if let Some(seq) = rec.idle_seq {
-                idle.push((seq, name.clone()));
-            }
-            let mut entries = history.remove(&name).unwrap_or_default();
-            entries.shrink_to_fit();
-            let record = Record {
-                last_token: rec.last_token,
-                holder,
-                ended: rec.ended,
-                waiters: Waiters::from(rec.waiters),
-                idle_seq: rec.idle_seq,
-                history: entries,
-            };
-            records.push((name, Box::new(record)));
-        }
-        if let Some(name) = history.keys().next() {
-            return Err(SnapshotError::Invariant(format!(
-                "history kept for {name}, which is not remembered"
-            )));
-        }
-        let count = records.len();
-        table.records = records.into_iter().collect();
-        if table.records.len() != count {
-            return Err(SnapshotError::Invariant(
-                "a resource is recorded twice".into(),
-            ));
-        }
-        table.ends.own = expiries.into_iter().collect();
-        table.deadlines = deadlines.into_iter().collect();
-        table.idle = idle.into_iter().collect();
-        // CANARY (deliberately broken build for fenced-jepsen): a table loaded
-        // from a snapshot (a restart, or a snapshot installed from the leader)
-        // forgets its token counter, as if the snapshot did not carry it, and
-        // counts again from 0: every resource it remembers is then granted
-        // tokens at or below ones already issued for it.
-        #[cfg(feature = "canary-reuse-token")]
-        {
-            table.last_token = 0;
-        }
-        table.check_invariants().map_err(SnapshotError::Invariant)?;
-        Ok(table)
-    }
 }
 
-/// The grant history of one record against its bound and its record.
-fn check_history(name: &ResourceName, rec: &Record, bound: usize) -> Result<(), String> {
-    let entries = &rec.history;
+/// The grant history of one record against its bound and its record's
+/// newest token.
+fn check_history(
+    name: &str,
+    entries: &[HistoryEntry],
+    last_token: Token,
+    bound: usize,
+) -> Result<(), String> {
     if entries.len() > bound {
         return Err(format!(
             "resource {name}: {} history entries, bound {bound}",
@@ -1418,7 +1330,7 @@ fn check_history(name: &ResourceName, rec: &Record, bound: usize) -> Result<(), 
     if entries.iter().rev().skip(1).any(|e| e.end.is_none()) {
         return Err(format!("resource {name}: an older grant never ended"));
     }
-    if entries.last().is_some_and(|e| e.token > rec.last_token) {
+    if entries.last().is_some_and(|e| e.token > last_token) {
         return Err(format!("resource {name}: history ahead of its token"));
     }
     Ok(())
@@ -1465,7 +1377,7 @@ mod snapshot_format {
     use super::{Session, StoredRecord, TableSnapshot};
     use crate::{Change, ClusterTime, HistoryEntry, ResourceName, SessionId};
 
-    const FIELDS: &[&str] = &[
+    pub(super) const FIELDS: &[&str] = &[
         "format_version",
         "now",
         "last_token",
@@ -1477,6 +1389,30 @@ mod snapshot_format {
         "sessions",
     ];
 
+    /// A sequence that ends before the fields its format version has.
+    pub(super) fn missing<E: Error>(i: usize) -> E {
+        E::invalid_length(i, &"the fields of its format version")
+    }
+
+    /// The fields in front of the records, in every format version.
+    pub(super) struct Header {
+        pub format_version: u32,
+        pub now: ClusterTime,
+        pub last_token: u64,
+        pub next_idle_seq: u64,
+    }
+
+    impl Header {
+        pub(super) fn read<'de, A: SeqAccess<'de>>(seq: &mut A) -> Result<Self, A::Error> {
+            Ok(Header {
+                format_version: seq.next_element()?.ok_or_else(|| missing(0))?,
+                now: seq.next_element()?.ok_or_else(|| missing(1))?,
+                last_token: seq.next_element()?.ok_or_else(|| missing(2))?,
+                next_idle_seq: seq.next_element()?.ok_or_else(|| missing(3))?,
+            })
+        }
+    }
+
     struct SnapshotVisitor;
 
     impl<'de> Visitor<'de> for SnapshotVisitor {
@@ -1487,17 +1423,15 @@ mod snapshot_format {
         }
 
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TableSnapshot, A::Error> {
-            let missing = |i| A::Error::invalid_length(i, &"the fields of its format version");
-            let format_version: u32 = seq.next_element()?.ok_or_else(|| missing(0))?;
-            let now = seq.next_element()?.ok_or_else(|| missing(1))?;
-            let last_token = seq.next_element()?.ok_or_else(|| missing(2))?;
-            let next_idle_seq = seq.next_element()?.ok_or_else(|| missing(3))?;
+            let missing = missing::<A::Error>;
+            let h = Header::read(&mut seq)?;
+            let format_version = h.format_version;
             let records = seq.next_element()?.ok_or_else(|| missing(4))?;
             let mut snapshot = TableSnapshot {
                 format_version,
-                now,
-                last_token,
-                next_idle_seq,
+                now: h.now,
+                last_token: h.last_token,
+                next_idle_seq: h.next_idle_seq,
                 records,
                 revision: 0,
                 changes: Vec::new(),

@@ -81,7 +81,18 @@ pub fn decode_borrowed<'a, T: Deserialize<'a>>(
     })
 }
 
-/// The frame both decoders check: the version byte in front, no bytes
+/// [`decode_borrowed`] through `seed`: a value built as it is decoded.
+pub fn decode_seed<'a, S: serde::de::DeserializeSeed<'a>>(
+    what: &'static str,
+    bytes: &'a [u8],
+    seed: S,
+) -> Result<S::Value, CodecError> {
+    decode_with(what, bytes, |body| {
+        bincode::serde::seed_decode_from_slice(seed, body, config())
+    })
+}
+
+/// The frame the decoders check: the version byte in front, no bytes
 /// left over behind what `decode_body` read.
 fn decode_with<'a, T>(
     what: &'static str,

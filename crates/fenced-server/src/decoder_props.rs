@@ -299,6 +299,18 @@ proptest! {
                     prop_assert!(table.check_invariants().is_ok());
                 }
             }
+            // Built as it is decoded, as a node loads its snapshot: the
+            // same verdict, and the same table when loaded.
+            let seed = fenced_core::TableSeed { history_len: fenced_core::DEFAULT_HISTORY_PER_RESOURCE };
+            let streamed = codec::decode_seed("table", &input, seed);
+            let whole = codec::decode::<TableSnapshot>("table", &input)
+                .ok()
+                .and_then(|s| LeaseTable::from_snapshot(s).ok());
+            prop_assert_eq!(streamed.is_ok(), whole.is_some());
+            if let (Ok(streamed), Some(whole)) = (streamed, whole) {
+                prop_assert!(streamed.check_invariants().is_ok());
+                prop_assert_eq!(streamed.snapshot(), whole.snapshot());
+            }
         }
     }
 

@@ -8,7 +8,10 @@ use std::{
     io,
     ops::{Bound, RangeBounds},
     path::Path,
-    sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
+    },
 };
 
 use openraft::{
@@ -239,6 +242,11 @@ impl PurgeHorizon {
     }
 }
 
+/// The bytes of entries raft-log keeps in memory (see [`LogStore::open`]):
+/// over a hundred of the largest entries (4,096 commands), thousands of the
+/// usual ones, so applying and replicating recent entries never reads back.
+pub const LOG_CACHE_BYTES: usize = 32 << 20;
+
 /// The deterministic simulation's fsync (crate `fenced-sim`): the log is
 /// flushed while the simulation's one thread waits, so no other thread
 /// decides what happens next, and the flush's answer reaches openraft after
@@ -258,6 +266,9 @@ pub struct LogStore {
     /// Raft runs. The log store knows nothing of what it does with it (the
     /// replication adapter copies a leader's appends early).
     sink: Arc<OnceLock<Arc<dyn AppendSink>>>,
+    /// Bytes of entries appended since the log was opened (see
+    /// [`LogStore::appended_bytes`]).
+    appended: Arc<AtomicU64>,
 }
 
 /// An append the log store took, as its sink is told of it: the log's vote,
@@ -306,6 +317,11 @@ impl LogStore {
         // of fenced-bench S1/S3, no linger beat 50 µs in four of five pairs
         // (S1 cycle p50 2.6–3.0 ms against 2.9–4.9 ms).
         config.wal.flush_batch_wait = Some(std::time::Duration::ZERO);
+        // raft-log keeps every entry not yet purged in memory, up to 1 GiB by
+        // default; past this many bytes the oldest flushed ones are read back
+        // from their chunk when asked for (a follower far behind), so the
+        // log's memory has a bound in bytes, not only in entries.
+        config.log_cache_capacity = Some(LOG_CACHE_BYTES);
         let wal = Arc::new(Mutex::new(raft_log::RaftLog::<WalTypes>::open(Arc::new(
             config,
         ))?));
@@ -318,7 +334,14 @@ impl LogStore {
             horizon,
             sim_fsync: None,
             sink: Arc::new(OnceLock::new()),
+            appended: Arc::default(),
         })
+    }
+
+    /// Bytes of entries appended since the log was opened: what the node
+    /// counts to build a snapshot every so many bytes of log.
+    pub fn appended_bytes(&self) -> u64 {
+        self.appended.load(Ordering::Relaxed)
     }
 
     /// [`LogStore::open`] for the deterministic simulation: flushes end
@@ -521,6 +544,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 codec::encode("log entry", &e.payload).map_err(write_err)?,
             ));
         }
+        let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
+        self.appended
+            .fetch_add(u64::try_from(bytes).unwrap_or(u64::MAX), Ordering::Relaxed);
         let mut wal = self.wal();
         // As of the append, read under the same lock.
         let told = self.sink.get().map(|sink| {

@@ -72,6 +72,9 @@ pub struct NodeConfig {
     pub heartbeat_ms: u64,
     /// Build a snapshot (and purge the log behind it) every this many entries.
     pub snapshot_logs: u64,
+    /// Build one as well every this many bytes of log appended, however
+    /// few entries they are.
+    pub snapshot_log_bytes: u64,
     pub proposer: ProposerConfig,
     pub max_parked: usize,
     pub request_timeout: Duration,
@@ -116,6 +119,7 @@ impl NodeConfig {
             election_timeout_ms: 500,
             heartbeat_ms: 100,
             snapshot_logs: 10_000,
+            snapshot_log_bytes: 16 << 20,
             proposer: ProposerConfig {
                 max_pending: 65_536,
                 max_batch: fenced_core::MAX_BATCH_COMMANDS,
@@ -412,7 +416,7 @@ impl NodeCore {
             proposer.clone(),
             Arc::clone(&time),
             cfg.limits,
-            log,
+            log.clone(),
             cfg.request_timeout,
         )
         .with_auth(
@@ -429,6 +433,12 @@ impl NodeCore {
         .with_reachability(reachability);
 
         let stop = CancellationToken::new();
+        let snapshot_by_bytes = tokio::spawn(snapshot_every_bytes(
+            raft.clone(),
+            log,
+            cfg.snapshot_log_bytes,
+            stop.clone(),
+        ));
         let tasks = vec![
             tokio::spawn(run_leader_watch(raft.clone(), Arc::clone(&time))),
             tokio::spawn(run_ticker(
@@ -444,6 +454,7 @@ impl NodeCore {
                 let (raft, stop) = (raft.clone(), stop.clone());
                 async move { election.run(raft, stop).await }
             }),
+            snapshot_by_bytes,
         ];
         let peer = RaftPeer {
             raft: raft.clone(),
@@ -789,6 +800,38 @@ fn private_dirs(data_dir: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Builds a snapshot whenever `budget` bytes of log were appended since
+/// the last one was seen, however few entries they are: openraft counts
+/// entries only (`snapshot_logs`), and one entry holds up to 4,096
+/// commands, so the log a restart re-applies had no bound in bytes
+/// (docs/SCALING.md, "One group's capacity"). Ends with `stop`.
+async fn snapshot_every_bytes(raft: Raft, log: LogStore, budget: u64, stop: CancellationToken) {
+    let mut metrics = raft.metrics();
+    let mut seen = metrics.borrow().snapshot;
+    let mut since = log.appended_bytes();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let appended = log.appended_bytes();
+        let snapshot = metrics.borrow_and_update().snapshot;
+        if snapshot != seen {
+            (seen, since) = (snapshot, appended);
+        } else if appended.saturating_sub(since) >= budget {
+            tracing::info!(
+                bytes = appended - since,
+                "log grew past its budget: building a snapshot"
+            );
+            if raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+            since = appended;
+        }
+    }
 }
 
 /// Resolves once `raft`'s core has stopped on an error, with that error:

@@ -4,59 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{
-    collections::BTreeMap,
-    net::{SocketAddr, TcpListener},
-    time::{Duration, Instant},
-};
+mod common;
 
+use std::time::{Duration, Instant};
+
+use common::cluster;
 use fenced_core::{AcquireOutcome, ClusterTime, Command, OwnerId, ResourceName};
 use fenced_proto::v1::{self, lock_server::Lock};
-use fenced_server::{
-    metrics,
-    node::{NodeConfig, RunningNode},
-    proposer::ProposeError,
-    services::LockService,
-    types::Node,
-};
-
-fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    l.local_addr().expect("its address")
-}
-
-/// Starts nodes `1..=n` of one cluster in this process; returns them once
-/// they know a leader.
-async fn cluster(dir: &std::path::Path, n: u64) -> Vec<RunningNode> {
-    let addrs: BTreeMap<u64, (SocketAddr, SocketAddr)> =
-        (1..=n).map(|id| (id, (free_addr(), free_addr()))).collect();
-    let members: BTreeMap<u64, Node> = addrs
-        .iter()
-        .map(|(id, (listen, peer))| {
-            let node = Node {
-                peer_addr: peer.to_string(),
-                client_addr: listen.to_string(),
-            };
-            (*id, node)
-        })
-        .collect();
-    let mut nodes = Vec::new();
-    for (id, (listen, peer)) in addrs {
-        let data = dir.join(format!("node{id}"));
-        let cfg = NodeConfig::new(id, data, listen, peer, members.clone());
-        nodes.push(RunningNode::start(cfg).await.expect("the node starts"));
-    }
-    for node in &nodes {
-        assert!(
-            node.wait_for_leader(Duration::from_secs(10))
-                .await
-                .is_some(),
-            "node {} knows a leader",
-            node.ctx.id
-        );
-    }
-    nodes
-}
+use fenced_server::{metrics, proposer::ProposeError, services::LockService};
 
 fn acquire(resource: &ResourceName, owner: OwnerId) -> Command {
     Command::Acquire {
@@ -70,7 +25,7 @@ fn acquire(resource: &ResourceName, owner: OwnerId) -> Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_whose_deadline_passed_is_dropped_unwritten() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let node = cluster(dir.path(), 1).await.remove(0);
+    let node = cluster(dir.path(), 1, |_| {}).await.remove(0);
     let ctx = node.ctx.clone();
     let res = ResourceName::new("statement:account-1842:2026-07").unwrap();
     let entries_before = ctx.raft.metrics().borrow().last_log_index;
@@ -117,7 +72,7 @@ async fn a_command_whose_deadline_passed_is_dropped_unwritten() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_does_not_forward_a_request_whose_deadline_passed() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let nodes = cluster(dir.path(), 2).await;
+    let nodes = cluster(dir.path(), 2, |_| {}).await;
     let leader_id = nodes[0]
         .wait_for_leader(Duration::from_secs(10))
         .await
