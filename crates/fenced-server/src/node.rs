@@ -249,7 +249,8 @@ pub struct NodeCore {
     pub join: Option<Join>,
     /// Ends the election loop (and whatever the caller adds).
     pub stop: CancellationToken,
-    /// The leader watch, the ticker and the election loop, in that order.
+    /// The leader watch, the ticker, the election loop and the snapshot-by-bytes
+    /// watch, in that order.
     pub tasks: Vec<JoinHandle<()>>,
 }
 

@@ -819,7 +819,10 @@ mod tests {
         reached.await.expect("the build reaches its pause point");
         sm.shared.halt_writes();
         drop(resume);
-        assert!(build.await.unwrap().is_err(), "a build finished after the halt");
+        assert!(
+            build.await.unwrap().is_err(),
+            "a build finished after the halt"
+        );
 
         let (meta, body) = snapshot_at(20);
         assert!(
