@@ -26,10 +26,11 @@ const READY_WITHIN: Duration = Duration::from_secs(30);
 /// 1..=5) are all free, below the ephemeral range.
 fn free_base_port() -> u16 {
     for _ in 0..200 {
-        let base = free_port();
-        if !(1024..=30_000).contains(&base) {
-            continue;
-        }
+        // free_port hands out 10,000-31,999, a different port each call:
+        // folded into 10,000-27,999, every candidate's dev ports stay
+        // below 30,005 (a base above 30,000 was skipped, and a process
+        // whose ports started near the top ran out of tries).
+        let base = 10_000 + free_port().saturating_sub(10_000) % 18_000;
         let all_free = (1..=5u16).all(|i| {
             [base + i, base + 100 + i, base + 2000 + i]
                 .iter()
