@@ -44,8 +44,9 @@ pub async fn run<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> io::Result<T> {
     if let Some(disk) = SIM_DISK.with(|d| d.borrow().clone()) {
-        // The latency comes before the work, which checks whether its node
-        // was stopped meanwhile (a crashed node writes nothing more).
+        // The latency comes before the work: a crash meanwhile finds it not
+        // begun (snapshot work then refuses to write, see
+        // `Shared::halt_writes`).
         tokio::time::sleep(disk(work)).await;
         return Ok(f());
     }

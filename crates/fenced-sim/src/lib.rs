@@ -9,9 +9,9 @@
 //! latency), every clock (tokio's paused clock, each node's rate skewed),
 //! and the faults ([`world`]): partitions, frozen nodes, crashes (between an
 //! fsync and its answer too, and while a snapshot is put in place),
-//! restarts. The storage rule is watched on every running node. Everything runs on one thread, so a
-//! seed replays exactly: the same seed gives the same history, event for
-//! event, which `tests/seeds.rs` checks.
+//! restarts. The storage rule is watched on every running node. Everything
+//! runs on one thread, so a seed replays exactly: the same seed gives the
+//! same history, event for event, which `tests/seeds.rs` checks.
 //!
 //! The history is fenced-jepsen's, and so are the checkers run on it
 //! ([`check`]).
