@@ -13,7 +13,7 @@ use serde::de::{
 
 use super::{
     snapshot_format::{missing, Header},
-    LeaseTable, Record, SnapshotError, StoredRecord, TableSnapshot, Term, Waiters,
+    IdleSeq, LeaseTable, Record, SnapshotError, StoredRecord, TableSnapshot, Term, Waiters,
     SNAPSHOT_FORMAT_VERSION,
 };
 use crate::{Change, ClusterTime, HistoryEntry, ResourceName, SessionId, MAX_HISTORY_PER_RESOURCE};
@@ -69,7 +69,11 @@ impl Builder {
 
     /// A record as stored; its lease is taken as one of its own until a
     /// session claims it.
-    pub(super) fn record(&mut self, name: ResourceName, rec: StoredRecord) {
+    pub(super) fn record(
+        &mut self,
+        name: ResourceName,
+        rec: StoredRecord,
+    ) -> Result<(), SnapshotError> {
         if self.records.last().is_some_and(|(last, _)| *last >= name) {
             self.sorted = false;
         }
@@ -81,15 +85,18 @@ impl Builder {
                 ttl_ms: l.ttl_ms,
             },
         });
+        let idle_seq = IdleSeq::new(rec.idle_seq)
+            .ok_or_else(|| invariant(format!("resource {name}: idle mark out of range")))?;
         let record = Record {
             last_token: rec.last_token,
             holder,
-            ended: rec.ended,
+            ended: rec.ended.map(Box::new),
             waiters: Waiters::from(rec.waiters),
-            idle_seq: rec.idle_seq,
-            history: Vec::new(),
+            idle_seq,
+            history: Box::default(),
         };
         self.records.push((name, Box::new(record)));
+        Ok(())
     }
 
     /// All records are in: puts them in name order if they were not.
@@ -125,11 +132,8 @@ impl Builder {
         super::check_history(name, &entries, rec.last_token, MAX_HISTORY_PER_RESOURCE)
             .map_err(invariant)?;
         let extra = entries.len().saturating_sub(self.table.history_len);
-        if extra > 0 {
-            entries.drain(..extra);
-            entries.shrink_to_fit();
-        }
-        rec.history = entries;
+        entries.drain(..extra);
+        rec.history = entries.into_boxed_slice();
         Ok(())
     }
 
@@ -238,7 +242,7 @@ impl Builder {
             for w in rec.waiters.iter() {
                 deadlines.push((w.deadline, name.clone(), w.owner));
             }
-            if let Some(seq) = rec.idle_seq {
+            if let Some(seq) = rec.idle_seq.get() {
                 idle.push((seq, name.clone()));
             }
         }
@@ -262,6 +266,10 @@ impl Builder {
         }
         table.idle = idle.into_iter().collect();
         table.records = records.into_iter().collect();
+        table.built_at = super::IndexSizes {
+            records: table.records.len(),
+            own: table.ends.own.len(),
+        };
         // The full check agrees with the one folded into the build above
         // (debug builds and tests only: it takes as long as the build).
         debug_assert_eq!(table.check_invariants(), Ok(()));
@@ -292,7 +300,7 @@ impl LeaseTable {
         let mut b = Builder::new(header, history_len)?;
         b.reserve(snapshot.records.len());
         for (name, rec) in snapshot.records {
-            b.record(name, rec);
+            b.record(name, rec)?;
         }
         b.records_done()?;
         b.window(snapshot.revision, snapshot.changes);
@@ -410,8 +418,7 @@ struct Records<'b>(&'b mut Builder);
 seq_seed!(Records, "the records", |b, seq| {
     b.reserve(seq.size_hint().unwrap_or(0));
     each_element(seq, |(name, rec): (ResourceName, StoredRecord)| {
-        b.record(name, rec);
-        Ok(())
+        b.record(name, rec)
     })
 });
 
