@@ -26,12 +26,22 @@ pub use load::TableSeed;
 /// changes kept, both with no sessions).
 pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
 
+/// A held lease. Its token is its record's newest (an invariant), so it is
+/// not kept twice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Lease {
     owner: OwnerId,
-    token: Token,
     term: Term,
+    /// When it was granted, if the history remembers the grant
+    /// ([`NOT_REMEMBERED`] otherwise): a live grant's history entry is made
+    /// from the lease, not kept beside it.
+    granted_at: ClusterTime,
 }
+
+/// The grant time of a lease whose grant the history does not remember (a
+/// table that keeps no history, or a lease loaded from a snapshot that kept
+/// none).
+const NOT_REMEMBERED: ClusterTime = ClusterTime::MAX;
 
 /// A held lease as snapshots store it: with its expiry and TTL, its
 /// session's for a lease held by one (the sessions, stored after the
@@ -46,14 +56,24 @@ struct StoredLease {
 }
 
 impl Lease {
-    fn stored(&self, ends: &Ends) -> StoredLease {
+    fn stored(&self, token: Token, ends: &Ends) -> StoredLease {
         let (expires_at, ttl_ms) = ends.end_of(&self.term);
         StoredLease {
             owner: self.owner,
-            token: self.token,
+            token,
             expires_at,
             ttl_ms,
         }
+    }
+
+    /// The history entry of this live lease, if its grant is remembered.
+    fn live_entry(&self, token: Token) -> Option<HistoryEntry> {
+        (self.granted_at != NOT_REMEMBERED).then_some(HistoryEntry {
+            token,
+            owner_id: self.owner,
+            granted_at: self.granted_at,
+            end: None,
+        })
     }
 }
 
@@ -94,11 +114,13 @@ struct Record {
     waiters: Waiters,
     /// Position in the forget-oldest order while the resource is idle.
     idle_seq: IdleSeq,
-    /// The last grants, oldest first, at most the table's history length.
-    /// A slice of exactly its length (most resources keep one or two), and
-    /// kept here rather than in a map of its own, so a resource's name is
-    /// held once by the records and once per index entry (a shared pointer).
-    history: Box<[HistoryEntry]>,
+    /// The last grants that ended, oldest first; with the holder's grant
+    /// (made from `holder`, see [`Record::history`]) at most the table's
+    /// history length. A slice of exactly its length (most resources keep
+    /// none or one), and kept here rather than in a map of its own, so a
+    /// resource's name is held once by the records and once per index entry
+    /// (a shared pointer).
+    ended_grants: Box<[HistoryEntry]>,
 }
 
 /// A record's place in the forget-oldest order, or none while it is in use:
@@ -223,14 +245,17 @@ impl Record {
             ended: None,
             waiters: Waiters::default(),
             idle_seq: IdleSeq::default(),
-            history: Box::default(),
+            ended_grants: Box::default(),
         }
     }
 
     fn stored(&self, ends: &Ends) -> StoredRecord {
         StoredRecord {
             last_token: self.last_token,
-            holder: self.holder.as_ref().map(|l| l.stored(ends)),
+            holder: self
+                .holder
+                .as_ref()
+                .map(|l| l.stored(self.last_token, ends)),
             ended: self.ended.as_deref().cloned(),
             waiters: self.waiters.iter().cloned().collect(),
             idle_seq: self.idle_seq.get(),
@@ -240,7 +265,10 @@ impl Record {
     fn stored_ref(&self, ends: &Ends) -> StoredRecordRef<'_> {
         StoredRecordRef {
             last_token: self.last_token,
-            holder: self.holder.as_ref().map(|l| l.stored(ends)),
+            holder: self
+                .holder
+                .as_ref()
+                .map(|l| l.stored(self.last_token, ends)),
             ended: self.ended.as_deref(),
             waiters: &self.waiters,
             idle_seq: self.idle_seq.get(),
@@ -256,29 +284,48 @@ impl Record {
         }
     }
 
-    /// Appends a grant to the history, dropping the oldest beyond `len`
-    /// (at least one is kept).
-    fn push_history(&mut self, entry: HistoryEntry, len: usize) {
-        if !self.history.is_empty() && self.history.len() >= len {
-            let last = self.history.len() - 1;
-            self.history.rotate_left(1);
-            self.history[last] = entry;
-            if self.history.len() > len {
-                self.cut_history(len);
-            }
-            return;
-        }
-        let mut v = std::mem::take(&mut self.history).into_vec();
-        v.reserve_exact(1);
-        v.push(entry);
-        self.history = v.into_boxed_slice();
+    /// The remembered grants, oldest first: those that ended, then the
+    /// holder's if its grant is remembered.
+    fn history(&self) -> impl DoubleEndedIterator<Item = HistoryEntry> + '_ {
+        let live = self
+            .holder
+            .as_ref()
+            .and_then(|l| l.live_entry(self.last_token));
+        self.ended_grants.iter().copied().chain(live)
     }
 
-    /// Keeps the newest `len` grants of the history.
+    /// Appends a grant that ended, dropping the oldest beyond `len` (at
+    /// least one is kept).
+    fn push_ended_grant(&mut self, entry: HistoryEntry, len: usize) {
+        let grants = &mut self.ended_grants;
+        if !grants.is_empty() && grants.len() >= len {
+            let last = grants.len() - 1;
+            grants.rotate_left(1);
+            grants[last] = entry;
+            self.cut_history(len);
+            return;
+        }
+        let mut v = std::mem::take(grants).into_vec();
+        v.reserve_exact(1);
+        v.push(entry);
+        self.ended_grants = v.into_boxed_slice();
+    }
+
+    /// Keeps the newest `len` grants of the history, the holder's counted.
     fn cut_history(&mut self, len: usize) {
-        let extra = self.history.len().saturating_sub(len);
+        if len == 0 {
+            if let Some(l) = self.holder.as_mut() {
+                l.granted_at = NOT_REMEMBERED;
+            }
+        }
+        let live = self
+            .holder
+            .as_ref()
+            .is_some_and(|l| l.granted_at != NOT_REMEMBERED);
+        let keep = len.saturating_sub(usize::from(live));
+        let extra = self.ended_grants.len().saturating_sub(keep);
         if extra > 0 {
-            self.history = self.history[extra..].into();
+            self.ended_grants = self.ended_grants[extra..].into();
         }
     }
 
@@ -483,7 +530,7 @@ impl LeaseTable {
     pub fn history(&self, resource: &str, limit: usize) -> Vec<HistoryEntry> {
         self.records
             .get(resource)
-            .map(|r| r.history.iter().rev().take(limit).copied().collect())
+            .map(|r| r.history().rev().take(limit).collect())
             .unwrap_or_default()
     }
 
@@ -505,11 +552,12 @@ impl LeaseTable {
         } else {
             let end = rec.holder.as_ref().map(|l| self.ends.end_of(&l.term).0);
             match (&rec.holder, rec.ended.as_deref(), end) {
-                (Some(l), _, Some(end)) if l.token == token && end > now => TokenState::Current {
+                // `token` is the newest, so the holder's if there is one.
+                (Some(_), _, Some(end)) if end > now => TokenState::Current {
                     remaining_ms: end.millis_since(now),
                 },
                 // Ran out, not yet swept: the next entry ends it as expired.
-                (Some(l), _, _) if l.token == token => TokenState::Expired,
+                (Some(_), _, _) => TokenState::Expired,
                 (None, Some(e), _) if e.token == token => match e.reason {
                     EndReason::Released => TokenState::Released,
                     EndReason::Expired => TokenState::Expired,
@@ -523,12 +571,14 @@ impl LeaseTable {
         }
     }
 
+    /// Records a change for watchers and in the history. A grant, already
+    /// the holder (whose entry is made from the lease), makes room for
+    /// itself; an end keeps the lease's grant, `granted_at`, if remembered.
     fn record_change(
         &mut self,
         name: &ResourceName,
         kind: ChangeKind,
-        token: Token,
-        owner: OwnerId,
+        (token, owner, granted_at): (Token, OwnerId, ClusterTime),
         now: ClusterTime,
     ) {
         self.window.record(name, kind, token, owner, now);
@@ -539,15 +589,15 @@ impl LeaseTable {
             return;
         };
         if kind == ChangeKind::Granted {
+            rec.cut_history(self.history_len);
+        } else if granted_at != NOT_REMEMBERED {
             let entry = HistoryEntry {
                 token,
                 owner_id: owner,
-                granted_at: now,
-                end: None,
+                granted_at,
+                end: Some(LeaseEnd { at: now, how: kind }),
             };
-            rec.push_history(entry, self.history_len);
-        } else if let Some(entry) = rec.history.iter_mut().rev().find(|e| e.token == token) {
-            entry.end = Some(LeaseEnd { at: now, how: kind });
+            rec.push_ended_grant(entry, self.history_len);
         }
     }
 
@@ -601,12 +651,13 @@ impl LeaseTable {
 
     /// The current holder of `resource` and its grant, if any.
     pub fn holder(&self, resource: &str) -> Option<(OwnerId, Grant)> {
-        let lease = self.records.get(resource)?.holder.as_ref()?;
+        let rec = self.records.get(resource)?;
+        let lease = rec.holder.as_ref()?;
         let (expires_at, ttl_ms) = self.ends.end_of(&lease.term);
         Some((
             lease.owner,
             Grant {
-                token: lease.token,
+                token: rec.last_token,
                 expires_at,
                 ttl_ms,
             },
@@ -628,11 +679,13 @@ impl LeaseTable {
         };
         match &rec.holder {
             Some(l)
-                if l.owner == owner && l.token == token && self.ends.end_of(&l.term).0 > now =>
+                if l.owner == owner
+                    && rec.last_token == token
+                    && self.ends.end_of(&l.term).0 > now =>
             {
                 Ok(())
             }
-            Some(l) if l.owner == owner && l.token == token => Err(LostReason::Expired),
+            Some(l) if l.owner == owner && rec.last_token == token => Err(LostReason::Expired),
             _ if token < rec.last_token => Err(LostReason::Superseded {
                 current_token: rec.last_token,
             }),
@@ -704,7 +757,7 @@ impl LeaseTable {
             if list.rows.len() < limit {
                 list.rows.push(LeaseView {
                     resource: name.clone(),
-                    token: lease.token,
+                    token: rec.last_token,
                     remaining_ms: expires_at.millis_since(now),
                     ttl_ms,
                     waiters: u32::try_from(rec.waiters.len()).unwrap_or(u32::MAX),
@@ -930,7 +983,7 @@ impl LeaseTable {
                 events.push(Event::WaitElapsed {
                     resource: name.clone(),
                     owner_id: owner,
-                    current_token: lease.token,
+                    current_token: rec.last_token,
                     remaining_ms: self.ends.end_of(&lease.term).0.millis_since(now),
                 });
             }
@@ -953,17 +1006,19 @@ impl LeaseTable {
                 continue;
             };
             if let Some(lease) = rec.holder.take() {
+                let token = rec.last_token;
                 rec.set_ended(Ended {
                     owner: lease.owner,
-                    token: lease.token,
+                    token,
                     reason: EndReason::Expired,
                 });
                 events.push(Event::Expired {
                     resource: name.clone(),
                     owner_id: lease.owner,
-                    token: lease.token,
+                    token,
                 });
-                self.record_change(&name, ChangeKind::Expired, lease.token, lease.owner, now);
+                let change = (token, lease.owner, lease.granted_at);
+                self.record_change(&name, ChangeKind::Expired, change, now);
             }
             self.hand_off(&name, now, events);
             self.update_idle(&name);
@@ -1028,14 +1083,14 @@ impl LeaseTable {
                 }
                 let (expires_at, ttl_ms) = self.ends.end_of(&lease.term);
                 AcquireOutcome::Granted(Grant {
-                    token: lease.token,
+                    token: rec.last_token,
                     expires_at,
                     ttl_ms,
                 })
             }
             Some(lease) => {
                 let held = AcquireOutcome::Held {
-                    current_token: lease.token,
+                    current_token: rec.last_token,
                     remaining_ms: self.ends.end_of(&lease.term).0.millis_since(now),
                 };
                 let Term::Own { ttl_ms, .. } = term else {
@@ -1097,9 +1152,10 @@ impl LeaseTable {
                 continue;
             };
             ended += 1;
+            let token = rec.last_token;
             rec.set_ended(Ended {
                 owner: lease.owner,
-                token: lease.token,
+                token,
                 reason: how,
             });
             let kind = match how {
@@ -1107,13 +1163,13 @@ impl LeaseTable {
                     events.push(Event::Expired {
                         resource: name.clone(),
                         owner_id: lease.owner,
-                        token: lease.token,
+                        token,
                     });
                     ChangeKind::Expired
                 }
                 EndReason::Released => ChangeKind::Released,
             };
-            self.record_change(name, kind, lease.token, lease.owner, now);
+            self.record_change(name, kind, (token, lease.owner, lease.granted_at), now);
             self.hand_off(name, now, events);
             self.update_idle(name);
         }
@@ -1132,8 +1188,9 @@ impl LeaseTable {
         let Some(rec) = self.records.get_mut(name) else {
             return RenewOutcome::Lost(LostReason::Unknown);
         };
+        let current = rec.last_token;
         match &mut rec.holder {
-            Some(lease) if lease.owner == owner && lease.token == token => {
+            Some(lease) if lease.owner == owner && current == token => {
                 let Term::Own {
                     expires_at: old, ..
                 } = lease.term
@@ -1166,17 +1223,19 @@ impl LeaseTable {
         let (owner, token) = rec
             .holder
             .as_ref()
-            .map_or((owner, token), |l| (l.owner, l.token));
+            .map_or((owner, token), |l| (l.owner, rec.last_token));
         match &rec.holder {
-            Some(lease) if lease.owner == owner && lease.token == token => {
+            Some(lease) if lease.owner == owner && rec.last_token == token => {
                 self.ends.detach(name, &lease.term);
+                let granted_at = lease.granted_at;
                 rec.holder = None;
                 rec.set_ended(Ended {
                     owner,
                     token,
                     reason: EndReason::Released,
                 });
-                self.record_change(name, ChangeKind::Released, token, owner, now);
+                let change = (token, owner, granted_at);
+                self.record_change(name, ChangeKind::Released, change, now);
                 self.hand_off(name, now, events);
                 ReleaseOutcome::Released
             }
@@ -1198,7 +1257,16 @@ impl LeaseTable {
     ) -> Grant {
         self.last_token += 1;
         let token = Token::issued(self.last_token);
-        let lease = Lease { owner, token, term };
+        let granted_at = if self.history_len > 0 {
+            now
+        } else {
+            NOT_REMEMBERED
+        };
+        let lease = Lease {
+            owner,
+            term,
+            granted_at,
+        };
         match self.records.get_mut(name) {
             Some(rec) => {
                 debug_assert!(rec.holder.is_none());
@@ -1211,7 +1279,7 @@ impl LeaseTable {
             }
         }
         self.ends.attach(name, &term);
-        self.record_change(name, ChangeKind::Granted, token, owner, now);
+        self.record_change(name, ChangeKind::Granted, (token, owner, granted_at), now);
         let (expires_at, ttl_ms) = self.ends.end_of(&term);
         Grant {
             token,
@@ -1300,7 +1368,7 @@ impl LeaseTable {
             }
             check_history(
                 name.as_str(),
-                &rec.history,
+                &rec.history().collect::<Vec<_>>(),
                 rec.last_token,
                 self.history_len,
             )?;
@@ -1362,8 +1430,8 @@ impl LeaseTable {
             return fail("token above the table's counter");
         }
         if let Some(l) = &rec.holder {
-            if l.token != rec.last_token {
-                return fail("holder's token is not the newest token");
+            if l.granted_at != NOT_REMEMBERED && l.granted_at > self.now {
+                return fail("a lease granted after the table's time");
             }
             if self.ends.end_of(&l.term).0 <= self.now {
                 return fail("an expired lease is still held");
@@ -1397,8 +1465,8 @@ impl LeaseTable {
             history: self
                 .records
                 .iter()
-                .filter(|(_, r)| !r.history.is_empty())
-                .map(|(n, r)| (n.clone(), r.history.to_vec()))
+                .filter(|(_, r)| r.history().next().is_some())
+                .map(|(n, r)| (n.clone(), r.history().collect()))
                 .collect(),
             sessions: self
                 .ends
@@ -1658,12 +1726,27 @@ struct HistoriesRef<'a>(&'a LeaseTable);
 impl Serialize for HistoriesRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
-        let kept = || self.0.records.iter().filter(|(_, r)| !r.history.is_empty());
+        let kept = || {
+            self.0
+                .records
+                .iter()
+                .filter(|(_, r)| r.history().next().is_some())
+        };
         let mut seq = s.serialize_seq(Some(kept().count()))?;
         for (name, rec) in kept() {
-            seq.serialize_element(&(name, &rec.history))?;
+            seq.serialize_element(&(name, RecordHistory(rec)))?;
         }
         seq.end()
+    }
+}
+
+/// A record's remembered grants, written as the sequence they were stored
+/// as before the holder's entry was made from its lease.
+struct RecordHistory<'a>(&'a Record);
+
+impl Serialize for RecordHistory<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.history())
     }
 }
 

@@ -11,6 +11,8 @@ pub struct ClusterTime(u64);
 
 impl ClusterTime {
     pub const ZERO: ClusterTime = ClusterTime(0);
+    /// The latest time there is: no stamp reaches it.
+    pub const MAX: ClusterTime = ClusterTime(u64::MAX);
 
     pub fn from_millis(ms: u64) -> Self {
         Self(ms)

@@ -14,7 +14,7 @@ use serde::de::{
 use super::{
     snapshot_format::{missing, Header},
     IdleSeq, LeaseTable, Record, SnapshotError, StoredRecord, TableSnapshot, Term, Waiters,
-    SNAPSHOT_FORMAT_VERSION,
+    NOT_REMEMBERED, SNAPSHOT_FORMAT_VERSION,
 };
 use crate::{Change, ClusterTime, HistoryEntry, ResourceName, SessionId, MAX_HISTORY_PER_RESOURCE};
 
@@ -77,13 +77,19 @@ impl Builder {
         if self.records.last().is_some_and(|(last, _)| *last >= name) {
             self.sorted = false;
         }
+        if rec.holder.is_some_and(|l| l.token != rec.last_token) {
+            return Err(invariant(format!(
+                "resource {name}: holder's token is not the newest token"
+            )));
+        }
+        // Its grant time comes with the history, if the snapshot kept it.
         let holder = rec.holder.map(|l| super::Lease {
             owner: l.owner,
-            token: l.token,
             term: Term::Own {
                 expires_at: l.expires_at,
                 ttl_ms: l.ttl_ms,
             },
+            granted_at: NOT_REMEMBERED,
         });
         let idle_seq = IdleSeq::new(rec.idle_seq)
             .ok_or_else(|| invariant(format!("resource {name}: idle mark out of range")))?;
@@ -93,7 +99,7 @@ impl Builder {
             ended: rec.ended.map(Box::new),
             waiters: Waiters::from(rec.waiters),
             idle_seq,
-            history: Box::default(),
+            ended_grants: Box::default(),
         };
         self.records.push((name, Box::new(record)));
         Ok(())
@@ -116,7 +122,9 @@ impl Builder {
     }
 
     /// The grants kept for `name`, checked in full, then cut to the
-    /// table's history length (oldest dropped).
+    /// table's history length (oldest dropped). A grant that has not ended
+    /// must be the holder's: its time goes to the lease, the rest are kept
+    /// as ended grants.
     pub(super) fn history(
         &mut self,
         name: &str,
@@ -126,14 +134,28 @@ impl Builder {
             invariant(format!("history kept for {name}, which is not remembered"))
         })?;
         let rec = &mut self.records[i].1;
-        if !rec.history.is_empty() {
+        let remembered = |l: &super::Lease| l.granted_at != NOT_REMEMBERED;
+        if !rec.ended_grants.is_empty() || rec.holder.as_ref().is_some_and(remembered) {
             return Err(invariant(format!("history of {name} is kept twice")));
         }
         super::check_history(name, &entries, rec.last_token, MAX_HISTORY_PER_RESOURCE)
             .map_err(invariant)?;
         let extra = entries.len().saturating_sub(self.table.history_len);
         entries.drain(..extra);
-        rec.history = entries.into_boxed_slice();
+        if let Some(live) = entries.pop_if(|e| e.end.is_none()) {
+            let lease = rec
+                .holder
+                .as_mut()
+                .filter(|l| l.owner == live.owner_id && live.token == rec.last_token)
+                .ok_or_else(|| {
+                    invariant(format!("{name}: a grant never ended, not the holder's"))
+                })?;
+            if live.granted_at == NOT_REMEMBERED {
+                return Err(invariant(format!("{name}: grant time out of range")));
+            }
+            lease.granted_at = live.granted_at;
+        }
+        rec.ended_grants = entries.into_boxed_slice();
         Ok(())
     }
 
@@ -588,10 +610,14 @@ mod tests {
         assert!(err(with(vec![session(1, &["a"]), session(2, &["a"])])).contains("two sessions"));
         assert!(err(with(vec![session(1, &["zz"])])).contains("not remembered"));
         assert!(err(with(vec![session(1, &["a"]), session(1, &["b"])])).contains("twice"));
-        // A free resource: "a" released.
+        // A free resource: "a" released. Its grant, still live in the
+        // history, is refused first; without it, the session's claim.
         let mut freed = value.clone();
         freed["records"][0][1]["holder"] = Value::Null;
         freed["sessions"] = json!([session(1, &["a"])]);
+        assert!(err(load(freed.clone())).contains("never ended"));
+        let history = freed["history"].as_array_mut().unwrap();
+        history.retain(|h| h[0] != json!("a"));
         assert!(err(load(freed)).contains("free"));
     }
 
