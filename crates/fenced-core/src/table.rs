@@ -1,5 +1,5 @@
 use std::{
-    collections::{BTreeMap, BTreeSet, VecDeque},
+    collections::{btree_map, BTreeMap, BTreeSet, VecDeque},
     ops::Bound,
 };
 
@@ -311,6 +311,27 @@ impl Record {
         self.ended_grants = v.into_boxed_slice();
     }
 
+    /// Notes in the history that the lease `(token, owner, granted_at)`
+    /// ended `how` at `now`, if its grant was remembered.
+    fn note_end(
+        &mut self,
+        (token, owner, granted_at): (Token, OwnerId, ClusterTime),
+        how: ChangeKind,
+        now: ClusterTime,
+        history_len: usize,
+    ) {
+        if history_len == 0 || granted_at == NOT_REMEMBERED {
+            return;
+        }
+        let entry = HistoryEntry {
+            token,
+            owner_id: owner,
+            granted_at,
+            end: Some(LeaseEnd { at: now, how }),
+        };
+        self.push_ended_grant(entry, history_len);
+    }
+
     /// Keeps the newest `len` grants of the history, the holder's counted.
     fn cut_history(&mut self, len: usize) {
         if len == 0 {
@@ -568,36 +589,6 @@ impl LeaseTable {
         Validation {
             state,
             current_token,
-        }
-    }
-
-    /// Records a change for watchers and in the history. A grant, already
-    /// the holder (whose entry is made from the lease), makes room for
-    /// itself; an end keeps the lease's grant, `granted_at`, if remembered.
-    fn record_change(
-        &mut self,
-        name: &ResourceName,
-        kind: ChangeKind,
-        (token, owner, granted_at): (Token, OwnerId, ClusterTime),
-        now: ClusterTime,
-    ) {
-        self.window.record(name, kind, token, owner, now);
-        if self.history_len == 0 {
-            return;
-        }
-        let Some(rec) = self.records.get_mut(name) else {
-            return;
-        };
-        if kind == ChangeKind::Granted {
-            rec.cut_history(self.history_len);
-        } else if granted_at != NOT_REMEMBERED {
-            let entry = HistoryEntry {
-                token,
-                owner_id: owner,
-                granted_at,
-                end: Some(LeaseEnd { at: now, how: kind }),
-            };
-            rec.push_ended_grant(entry, self.history_len);
         }
     }
 
@@ -1017,8 +1008,10 @@ impl LeaseTable {
                     owner_id: lease.owner,
                     token,
                 });
-                let change = (token, lease.owner, lease.granted_at);
-                self.record_change(&name, ChangeKind::Expired, change, now);
+                let lease_id = (token, lease.owner, lease.granted_at);
+                rec.note_end(lease_id, ChangeKind::Expired, now, self.history_len);
+                self.window
+                    .record(&name, ChangeKind::Expired, token, lease.owner, now);
             }
             self.hand_off(&name, now, events);
             self.update_idle(&name);
@@ -1169,7 +1162,9 @@ impl LeaseTable {
                 }
                 EndReason::Released => ChangeKind::Released,
             };
-            self.record_change(name, kind, (token, lease.owner, lease.granted_at), now);
+            let lease_id = (token, lease.owner, lease.granted_at);
+            rec.note_end(lease_id, kind, now, self.history_len);
+            self.window.record(name, kind, token, lease.owner, now);
             self.hand_off(name, now, events);
             self.update_idle(name);
         }
@@ -1234,8 +1229,10 @@ impl LeaseTable {
                     token,
                     reason: EndReason::Released,
                 });
-                let change = (token, owner, granted_at);
-                self.record_change(name, ChangeKind::Released, change, now);
+                let lease_id = (token, owner, granted_at);
+                rec.note_end(lease_id, ChangeKind::Released, now, self.history_len);
+                self.window
+                    .record(name, ChangeKind::Released, token, owner, now);
                 self.hand_off(name, now, events);
                 ReleaseOutcome::Released
             }
@@ -1267,19 +1264,25 @@ impl LeaseTable {
             term,
             granted_at,
         };
-        match self.records.get_mut(name) {
-            Some(rec) => {
+        // One search of the records, whether the resource is known or new.
+        match self.records.entry(name.clone()) {
+            btree_map::Entry::Occupied(mut known) => {
+                let rec = known.get_mut();
                 debug_assert!(rec.holder.is_none());
                 rec.last_token = token;
                 rec.holder = Some(lease);
+                // Room for the new grant, whose entry is made from the lease.
+                if self.history_len > 0 {
+                    rec.cut_history(self.history_len);
+                }
             }
-            None => {
-                self.records
-                    .insert(name.clone(), Box::new(Record::new(token, lease)));
+            btree_map::Entry::Vacant(new) => {
+                new.insert(Box::new(Record::new(token, lease)));
             }
         }
         self.ends.attach(name, &term);
-        self.record_change(name, ChangeKind::Granted, (token, owner, granted_at), now);
+        self.window
+            .record(name, ChangeKind::Granted, token, owner, now);
         let (expires_at, ttl_ms) = self.ends.end_of(&term);
         Grant {
             token,
