@@ -1324,7 +1324,8 @@ impl LeaseTable {
             (true, None) => {
                 let seq = self.next_idle_seq;
                 let Some(mark) = IdleSeq::new(Some(seq)) else {
-                    // 2^64 - 1 resources gone idle: the record stays.
+                    // Out of reach: the counter counts idle transitions from
+                    // zero, and a load refuses one at or above 2^63.
                     return;
                 };
                 self.next_idle_seq += 1;

@@ -49,6 +49,14 @@ impl Builder {
                 supported: SNAPSHOT_FORMAT_VERSION,
             });
         }
+        // A counter of idle transitions: a file that puts it within reach of
+        // its end (2^64) is not one this code wrote.
+        if h.next_idle_seq >= 1 << 63 {
+            return Err(invariant(format!(
+                "next idle mark {} out of range",
+                h.next_idle_seq
+            )));
+        }
         let table = LeaseTable {
             now: h.now,
             last_token: h.last_token,
@@ -154,6 +162,13 @@ impl Builder {
                 return Err(invariant(format!("{name}: grant time out of range")));
             }
             lease.granted_at = live.granted_at;
+        }
+        // The holder's grant has not ended: an ended grant with its token (or
+        // a later one) is not a history this code wrote.
+        if rec.holder.is_some() && entries.last().is_some_and(|e| e.token >= rec.last_token) {
+            return Err(invariant(format!(
+                "{name}: the holder's grant is recorded as ended"
+            )));
         }
         rec.ended_grants = entries.into_boxed_slice();
         Ok(())
@@ -582,6 +597,19 @@ mod tests {
         let first = history[0].clone();
         history.insert(1, first);
         assert!(matches!(load(twice), Err(SnapshotError::Invariant(e)) if e.contains("twice")));
+    }
+
+    #[test]
+    fn a_history_that_ends_the_holders_grant_or_an_idle_counter_at_its_end_is_refused() {
+        let value = serde_json::to_value(three_leases().snapshot()).unwrap();
+        let mut ended = value.clone();
+        ended["history"][0][1][0]["end"] = json!({"at": 2, "how": "Released"});
+        let refused =
+            |r, what: &str| matches!(r, Err(SnapshotError::Invariant(e)) if e.contains(what));
+        assert!(refused(load(ended), "holder's grant is recorded as ended"));
+        let mut counter = value;
+        counter["next_idle_seq"] = json!(u64::MAX - 1);
+        assert!(refused(load(counter), "next idle mark"));
     }
 
     #[test]
