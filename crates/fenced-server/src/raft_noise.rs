@@ -3,8 +3,8 @@
 //!
 //! openraft 0.9 logs at ERROR every vote request and every replication
 //! attempt that fails, whatever the cause, and at WARN every answer that
-//! arrives after the election it belonged to ended. Two of these say nothing
-//! an operator must act on:
+//! arrives after the election it belonged to ended. Three of these say
+//! nothing an operator must act on:
 //!
 //! - a call that failed as [`openraft::error::Unreachable`]: fenced's
 //!   transport returns that only for a peer it could not connect to or whose
@@ -12,6 +12,10 @@
 //!   every [`crate::network::REACHABILITY_REPEAT`] (see
 //!   [`crate::network::Reachability`]), where openraft would log it on every
 //!   retry;
+//! - "... backoff mode: drain events without processing them": the pause
+//!   openraft's replication to a peer takes after such a call (it backs off
+//!   on [`openraft::error::Unreachable`] only), logged at WARN on every
+//!   pause; the outage itself is what the transport reports;
 //! - "A message will be ignored because vote changed": a late vote
 //!   answer or higher-vote notice for an election or term already over; the
 //!   candidate that won with two of three votes always gets the third after.
@@ -45,12 +49,15 @@ impl<S: Subscriber> Layer<S> for QuietRaftNoise {
 }
 
 /// Whether an openraft warning or error with this message and error text is
-/// one of the two kinds of noise.
+/// one of the three kinds of noise.
 pub fn is_noise(message: &str, error: &str) -> bool {
     const STALE_VOTE: &str = "A message will be ignored because vote changed";
+    // openraft's ReplicationCore::backoff_drain_events, behind its function name.
+    const BACKOFF: &str = "backoff mode: drain events without processing them";
     // openraft's Display of RPCError::Unreachable.
     const UNREACHABLE: &str = "Unreachable node:";
     message.starts_with(STALE_VOTE)
+        || message.ends_with(BACKOFF)
         || (error.starts_with(UNREACHABLE)
             && (message == "while requesting vote"
                 || message == "RPCError"
@@ -89,7 +96,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_unreachable_peers_and_stale_votes_are_noise() {
+    fn only_unreachable_peers_their_backoff_and_stale_votes_are_noise() {
         let unreachable = "Unreachable node: vote to node 2 at 127.0.0.1:7202: Connection refused";
         assert!(is_noise("while requesting vote", unreachable));
         assert!(is_noise("RPCError", unreachable));
@@ -109,6 +116,12 @@ mod tests {
             "seen a higher vote: T2-N3 GT mine: T1-N2"
         ));
         assert!(!is_noise("quit RaftCore::main on error", unreachable));
+        // The pause after an unreachable peer, as openraft 0.9 words it.
+        assert!(is_noise(
+            "openraft::replication::ReplicationCore<_, _, _>::backoff_drain_events backoff mode: drain events without processing them",
+            ""
+        ));
+        assert!(!is_noise("backoff mode: something else", ""));
     }
 
     #[derive(Clone, Default)]
