@@ -311,25 +311,37 @@ impl Record {
         self.ended_grants = v.into_boxed_slice();
     }
 
-    /// Notes in the history that the lease `(token, owner, granted_at)`
-    /// ended `how` at `now`, if its grant was remembered.
-    fn note_end(
+    /// Ends `lease`, the holder just taken off this record, `how` at `now`:
+    /// it becomes the last ended lease and, if its grant was remembered, an
+    /// ended grant of the history. Returns its token and the change to tell
+    /// watchers.
+    fn end(
         &mut self,
-        (token, owner, granted_at): (Token, OwnerId, ClusterTime),
-        how: ChangeKind,
+        lease: &Lease,
+        how: EndReason,
         now: ClusterTime,
         history_len: usize,
-    ) {
-        if history_len == 0 || granted_at == NOT_REMEMBERED {
-            return;
-        }
-        let entry = HistoryEntry {
+    ) -> (Token, ChangeKind) {
+        let token = self.last_token;
+        self.set_ended(Ended {
+            owner: lease.owner,
             token,
-            owner_id: owner,
-            granted_at,
-            end: Some(LeaseEnd { at: now, how }),
+            reason: how,
+        });
+        let kind = match how {
+            EndReason::Released => ChangeKind::Released,
+            EndReason::Expired => ChangeKind::Expired,
         };
-        self.push_ended_grant(entry, history_len);
+        if history_len > 0 && lease.granted_at != NOT_REMEMBERED {
+            let entry = HistoryEntry {
+                token,
+                owner_id: lease.owner,
+                granted_at: lease.granted_at,
+                end: Some(LeaseEnd { at: now, how: kind }),
+            };
+            self.push_ended_grant(entry, history_len);
+        }
+        (token, kind)
     }
 
     /// Keeps the newest `len` grants of the history, the holder's counted.
@@ -997,21 +1009,13 @@ impl LeaseTable {
                 continue;
             };
             if let Some(lease) = rec.holder.take() {
-                let token = rec.last_token;
-                rec.set_ended(Ended {
-                    owner: lease.owner,
-                    token,
-                    reason: EndReason::Expired,
-                });
+                let (token, kind) = rec.end(&lease, EndReason::Expired, now, self.history_len);
                 events.push(Event::Expired {
                     resource: name.clone(),
                     owner_id: lease.owner,
                     token,
                 });
-                let lease_id = (token, lease.owner, lease.granted_at);
-                rec.note_end(lease_id, ChangeKind::Expired, now, self.history_len);
-                self.window
-                    .record(&name, ChangeKind::Expired, token, lease.owner, now);
+                self.window.record(&name, kind, token, lease.owner, now);
             }
             self.hand_off(&name, now, events);
             self.update_idle(&name);
@@ -1145,25 +1149,14 @@ impl LeaseTable {
                 continue;
             };
             ended += 1;
-            let token = rec.last_token;
-            rec.set_ended(Ended {
-                owner: lease.owner,
-                token,
-                reason: how,
-            });
-            let kind = match how {
-                EndReason::Expired => {
-                    events.push(Event::Expired {
-                        resource: name.clone(),
-                        owner_id: lease.owner,
-                        token,
-                    });
-                    ChangeKind::Expired
-                }
-                EndReason::Released => ChangeKind::Released,
-            };
-            let lease_id = (token, lease.owner, lease.granted_at);
-            rec.note_end(lease_id, kind, now, self.history_len);
+            let (token, kind) = rec.end(&lease, how, now, self.history_len);
+            if how == EndReason::Expired {
+                events.push(Event::Expired {
+                    resource: name.clone(),
+                    owner_id: lease.owner,
+                    token,
+                });
+            }
             self.window.record(name, kind, token, lease.owner, now);
             self.hand_off(name, now, events);
             self.update_idle(name);
@@ -1222,17 +1215,10 @@ impl LeaseTable {
         match &rec.holder {
             Some(lease) if lease.owner == owner && rec.last_token == token => {
                 self.ends.detach(name, &lease.term);
-                let granted_at = lease.granted_at;
+                let lease = lease.clone();
                 rec.holder = None;
-                rec.set_ended(Ended {
-                    owner,
-                    token,
-                    reason: EndReason::Released,
-                });
-                let lease_id = (token, owner, granted_at);
-                rec.note_end(lease_id, ChangeKind::Released, now, self.history_len);
-                self.window
-                    .record(name, ChangeKind::Released, token, owner, now);
+                let (token, kind) = rec.end(&lease, EndReason::Released, now, self.history_len);
+                self.window.record(name, kind, token, owner, now);
                 self.hand_off(name, now, events);
                 ReleaseOutcome::Released
             }
