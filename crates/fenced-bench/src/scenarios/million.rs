@@ -53,6 +53,11 @@ fn mb(bytes: Option<u64>) -> f64 {
     bytes.map_or(f64::NAN, |b| b as f64 / 1e6)
 }
 
+/// Each process's resident memory, in MB.
+fn resident_mb(pids: &[u32]) -> Vec<f64> {
+    pids.iter().map(|p| mb(procs::rss_bytes(*p))).collect()
+}
+
 fn list(v: &[f64]) -> String {
     v.iter()
         .map(|x| format!("{x:.1}"))
@@ -185,7 +190,7 @@ async fn measure(
         );
     }
     let pids = c.pids();
-    let rss_mb: Vec<f64> = pids.iter().map(|p| mb(procs::rss_bytes(*p))).collect();
+    let rss_mb = resident_mb(&pids);
     let peak_rss_mb: Vec<f64> = pids.iter().map(|p| mb(procs::peak_rss_bytes(*p))).collect();
     println!(
         "[million] RSS per node {} MB with {n} leases (peak {} MB; target 400 MB)",
@@ -241,14 +246,13 @@ async fn measure(
     println!("[million] every node reports {n} live leases and a leader after {all_loaded_s:.3} s");
 
     verify(&client, &samples, &max_token, &probe_name, probe_token).await?;
-    let rss_after_restart_mb: Vec<f64> =
-        c.pids().iter().map(|p| mb(procs::rss_bytes(*p))).collect();
+    let rss_after_restart_mb = resident_mb(&c.pids());
     println!(
         "[million] RSS per node after the restart {} MB",
         list(&rss_after_restart_mb)
     );
     tokio::time::sleep(SETTLE).await;
-    let rss_settled_mb: Vec<f64> = c.pids().iter().map(|p| mb(procs::rss_bytes(*p))).collect();
+    let rss_settled_mb = resident_mb(&c.pids());
     println!(
         "[million] RSS per node {} s after that {} MB",
         SETTLE.as_secs(),
