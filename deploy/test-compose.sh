@@ -6,7 +6,7 @@
 # policy does not know refused, take a lease from the host with fencectl
 # over TLS as the operator, stop the leader's container and take another
 # lease (a higher token), restart the container and see it rejoin, then
-# add a fourth node as a learner (it joins by itself), promote it, take a
+# add a fourth node as a learner (the operator adds it), promote it, take a
 # lease, remove it, then `down` and `up` again on the same volumes and see
 # tokens keep rising.
 # Everything it starts is removed on exit (`down -v`), failed or not.
@@ -147,6 +147,9 @@ log "fenced$leader rejoined: follows node $new_leader, last token $t2"
 
 log "membership: fenced4 joins as a learner, is promoted, then removed"
 "${compose[@]}" --profile grow up -d fenced4
+# A node certificate adds no node, its own included: the operator adds it.
+ctl member add 4 --peer fenced4:7201 --client fenced4:7101 >/dev/null \
+    || fail "member add 4: $(ctl member list)"
 # Role of node $1 in `member list`, or "none".
 role_of() { ctl member list | jq -r --argjson id "$1" '[.members[] | select(.id == $id) | .role][0] // "none"'; }
 deadline=$((SECONDS + 60))
@@ -154,7 +157,7 @@ until [[ "$(role_of 4)" == learner ]]; do
     ((SECONDS < deadline)) || fail "fenced4 did not join as a learner: $(ctl member list)"
     sleep 1
 done
-log "fenced4 joined as a learner by itself (its node certificate)"
+log "fenced4 added by the operator, receiving the log as a learner"
 ctl member promote 4 --wait 25s >/dev/null || fail "promote 4: $(ctl member list)"
 [[ "$(role_of 4)" == voter ]] || fail "fenced4 is not a voter: $(ctl member list)"
 t4="$(acquire deploy:four)"

@@ -17,6 +17,7 @@ use fenced_proto::v1::{lock_client::LockClient, StatusResponse};
 use fenced_testkit::ClusterSpec;
 pub use fenced_testkit::NodeSpec;
 use nix::sys::signal::Signal;
+use rustls::pki_types::pem::PemObject;
 use tonic::transport::Channel;
 
 /// The directory holding the workspace's built binaries.
@@ -193,6 +194,25 @@ impl Pki {
     /// Client `name`'s certificate and key.
     pub fn client(&self, name: &str) -> (PathBuf, PathBuf) {
         self.kit.client(name).unwrap()
+    }
+
+    /// A lazily connecting gRPC channel to `addr` showing node `id`'s
+    /// certificate, as a node (or a holder of its certificate) opens one.
+    pub fn node_channel(&self, addr: &str, id: u64) -> Channel {
+        let (cert, key) = self.node(id);
+        let read = |p: &Path| std::fs::read(p).unwrap();
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(read(&self.ca())))
+            .identity(tonic::transport::Identity::from_pem(
+                read(&cert),
+                read(&key),
+            ));
+        Channel::from_shared(format!("https://{addr}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .timeout(Duration::from_secs(10))
+            .connect_lazy()
     }
 
     /// Client options trusting this CA, with client `name`'s certificate.
@@ -456,6 +476,42 @@ impl Cluster {
         let n = self.node(id);
         (n.client_port, n.peer_port)
     }
+}
+
+/// A TLS connection to `addr` as the holder of `cert`/`key` (a node's or a
+/// client's), trusting `ca`: what an attacker with that certificate opens.
+pub async fn tls_connect(
+    addr: &str,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let chain: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .map(|c| c.unwrap())
+        .collect();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(
+        chain,
+        rustls::pki_types::PrivateKeyDer::from_pem_file(key).unwrap(),
+    )
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(),
+            tcp,
+        )
+        .await
 }
 
 /// The resident memory of process `pid`, in KiB (VmRSS in /proc).

@@ -19,10 +19,7 @@ use fenced_core::OwnerId;
 use fenced_proto::v1::{self, cluster_client::ClusterClient};
 use fenced_tests::{bin, Cluster};
 use nix::sys::signal::Signal;
-use tonic::{
-    transport::{Certificate, Channel, ClientTlsConfig, Identity},
-    Code,
-};
+use tonic::{transport::Channel, Code};
 
 /// Tokens seen per resource, in the order their grants were recorded; a
 /// holder records before it releases, so grants of one resource are
@@ -490,26 +487,13 @@ fn tokens_file(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-/// A channel to `addr` showing node `id`'s certificate, as a joining node does.
+/// A channel to `addr` showing node `id`'s certificate.
 fn as_node(cluster: &Cluster, addr: &str, id: u64) -> ClusterClient<Channel> {
-    let pki = cluster.pki.as_ref().unwrap();
-    let (cert, key) = pki.node(id);
-    let read = |p: &Path| std::fs::read(p).unwrap();
-    let tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(read(&pki.ca())))
-        .identity(Identity::from_pem(read(&cert), read(&key)));
-    ClusterClient::new(
-        Channel::from_shared(format!("https://{addr}"))
-            .unwrap()
-            .tls_config(tls)
-            .unwrap()
-            .timeout(Duration::from_secs(10))
-            .connect_lazy(),
-    )
+    ClusterClient::new(cluster.pki.as_ref().unwrap().node_channel(addr, id))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_admins_change_members_and_a_node_adds_only_itself() {
+async fn only_admins_change_members_even_a_node_s_own_addition() {
     let files = tempfile::tempdir().unwrap();
     let policy = files.path().join("policy.toml");
     std::fs::write(&policy, POLICY).unwrap();
@@ -584,27 +568,51 @@ async fn only_admins_change_members_and_a_node_adds_only_itself() {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
-    assert!(
-        refused.message().contains("names node 7") && refused.message().contains("only"),
-        "{refused:?}"
-    );
+    assert!(refused.message().contains("needs admin"), "{refused:?}");
+    // Nor its own id: a spare or a removed node's certificate would
+    // otherwise take the cluster's log.
+    let refused = as_node(&cluster, &leader_addr, 7)
+        .add_learner(ask(7))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("needs admin"), "{refused:?}");
     let mut alice = ClusterClient::new(pki.channel(&leader_addr, Some("alice")));
     let refused = alice.add_learner(ask(8)).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     assert!(!roles(&cluster, &[]).contains_key(&8));
+    assert!(!roles(&cluster, &[]).contains_key(&7));
 
-    // Node 4 joins by itself over TLS with its certificate; an admin
-    // promotes it.
+    // Node 4 starts with --join: its own request is refused and it waits;
+    // an admin adds it, then promotes it.
     cluster.join_node(4, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cluster.log_of(4).contains("waiting for an operator") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!roles(&cluster, &[]).contains_key(&4));
+    let (client4, peer4) = cluster.ports(4);
+    ctl(
+        &cluster,
+        &[
+            "member",
+            "add",
+            "4",
+            "--peer",
+            &format!("127.0.0.1:{peer4}"),
+            "--client",
+            &format!("127.0.0.1:{client4}"),
+        ],
+    );
     wait_for_role(&cluster, &[], 4, "learner", Duration::from_secs(30)).await;
     // The membership shows the learner once the leader commits it; node 4
-    // logs the leader's answer when that answer arrives, a moment later.
+    // logs it once the membership reaches its own log, a moment later.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !cluster.log_of(4).contains("added as a learner") && Instant::now() < deadline {
+    while !cluster.log_of(4).contains("a member now") && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        cluster.log_of(4).contains("added as a learner"),
+        cluster.log_of(4).contains("a member now"),
         "{}",
         cluster.log_of(4)
     );

@@ -295,6 +295,9 @@ pub struct Auth {
     config: AuthConfig,
     /// `None` while auth is off.
     policy: RwLock<Option<Arc<Policy>>>,
+    /// The membership view that says which nodes may forward a caller's
+    /// identity: voters only. `None`: no node may.
+    forwarders: Option<crate::tls::Members>,
 }
 
 impl Auth {
@@ -316,7 +319,15 @@ impl Auth {
         Ok(Self {
             config,
             policy: RwLock::new(policy),
+            forwarders: None,
         })
+    }
+
+    /// Believes a forwarded identity from the voters of `members` (over the
+    /// peer port's mutual TLS), and from no other node.
+    pub fn with_forwarders(mut self, members: crate::tls::Members) -> Self {
+        self.forwarders = Some(members);
+        self
     }
 
     pub fn enabled(&self) -> bool {
@@ -362,13 +373,25 @@ impl Auth {
             .extensions()
             .get::<Principal>()
             .or(from_certificate.as_ref());
-        // A forwarded identity is believed only from a member node: over the
-        // peer port's mutual TLS, which admits current members only.
+        // A forwarded identity is believed only from a voter: over the peer
+        // port's mutual TLS, from a certificate naming a node this node's
+        // membership lists as a voter. A learner, a spare or a removed
+        // node's certificate forwards nobody.
         let trusted_forward = trusted_forward
             && req
                 .extensions()
                 .get::<crate::tls::PeerConnectInfo>()
-                .is_some_and(|info| info.certs.is_some());
+                .and_then(|info| {
+                    info.certs
+                        .as_ref()?
+                        .first()
+                        .and_then(|c| crate::tls::node_id_of(c))
+                })
+                .is_some_and(|node| {
+                    self.forwarders
+                        .as_ref()
+                        .is_some_and(|members| members.is_known_voter(node))
+                });
         let identity = identify(&policy, req.metadata(), principal, trusted_forward)?;
         Self::check_grant(&policy, identity, permission, operation, resource)
     }

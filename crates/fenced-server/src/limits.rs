@@ -99,6 +99,10 @@ pub struct LimitCounters {
     pub kv_bytes: AtomicU64,
     pub peer_frames: AtomicU64,
     pub snapshot_chunks: AtomicU64,
+    /// Raft frames claiming another node than their certificate names.
+    pub peer_impersonations: AtomicU64,
+    /// Raft frames (votes, appends, snapshots) from a node that is not a voter.
+    pub peer_not_voter: AtomicU64,
 }
 
 impl LimitCounters {
@@ -124,6 +128,21 @@ impl LimitCounters {
             let _ = writeln!(
                 out,
                 "fenced_limit_refusals_total{{limit=\"{limit}\",port=\"{port}\"}} {}",
+                counter.load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP fenced_peer_frames_refused_total Raft frames refused because their sender may not send them: it claims another node than its certificate names, or it is not a voter.\n\
+             # TYPE fenced_peer_frames_refused_total counter"
+        );
+        for (reason, counter) in [
+            ("impersonation", &self.peer_impersonations),
+            ("not_voter", &self.peer_not_voter),
+        ] {
+            let _ = writeln!(
+                out,
+                "fenced_peer_frames_refused_total{{reason=\"{reason}\"}} {}",
                 counter.load(Relaxed)
             );
         }

@@ -312,6 +312,9 @@ pub async fn join(
         i += 1;
         let answer = match peer_channel(&target, tls.as_deref()) {
             Ok(ch) => {
+                if let Some(tls) = &tls {
+                    seed_from(&tls.members, ch.clone(), &target).await;
+                }
                 let mut req = tonic::Request::new(v1::AddLearnerRequest {
                     node_id: join.id,
                     peer_addr: join.node.peer_addr.clone(),
@@ -344,7 +347,7 @@ pub async fn join(
             }
             Err(s) => match s.code() {
                 Code::PermissionDenied | Code::Unauthenticated => {
-                    tracing::warn!(
+                    tracing::info!(
                         node = join.id,
                         via = %target,
                         error = s.message(),
@@ -389,6 +392,30 @@ pub async fn join(
             _ = tokio::time::sleep(pause) => {}
         }
         pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Seeds a joining node's peer-port admission with the members the node at
+/// `target` (over TLS, a certificate of this cluster's CA) lists, so that
+/// until a membership reaches this node's log only they are admitted.
+async fn seed_from(members: &crate::tls::Members, ch: tonic::transport::Channel, target: &str) {
+    let mut req = tonic::Request::new(v1::StatusRequest { with_digest: false });
+    req.set_timeout(Duration::from_secs(2));
+    match ClusterClient::new(ch).status(req).await {
+        Ok(status) => {
+            let status = status.into_inner();
+            let ids = status.members.iter().map(|m| m.id).collect();
+            let voters = status
+                .members
+                .iter()
+                .filter(|m| m.voter)
+                .map(|m| m.id)
+                .collect();
+            members.seed(ids, voters);
+        }
+        Err(e) => {
+            tracing::debug!(via = %target, error = e.message(), "no status to seed the joining node's admission")
+        }
     }
 }
 
@@ -449,29 +476,39 @@ pub async fn vouch_for_refused(
                 let ch = peer_channel(&addr, tls.as_deref()).map_err(|e| e.to_string())?;
                 let mut req = tonic::Request::new(v1::StatusRequest { with_digest: false });
                 req.set_timeout(crate::tls::PROBE_INTERVAL);
-                ClusterClient::new(ch)
+                let status = ClusterClient::new(ch)
                     .status(req)
                     .await
                     .map(tonic::Response::into_inner)
-                    .map_err(|e| format!("node {m} at {addr}: {}", e.message()))
+                    .map_err(|e| format!("node {m} at {addr}: {}", e.message()))?;
+                // A member speaks for itself only: the answer counts as the
+                // word of the node asked, and only if it says so.
+                if status.node_id != m {
+                    return Err(format!(
+                        "node {m} at {addr} answered as node {}",
+                        status.node_id
+                    ));
+                }
+                Ok(status)
             });
         }
         let answers = tokio::select! {
             _ = stop.cancelled() => return,
             a = calls.join_all() => a,
         };
-        for answer in answers {
-            match answer {
-                Ok(status) => {
-                    for r in &refused {
-                        if status.members.iter().any(|m| m.id == *r) {
-                            members.vouch(*r, status.node_id, status.membership_index);
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "a member did not answer about refused peers")
-                }
+        let answers: Vec<_> = answers
+            .into_iter()
+            .filter_map(|answer| {
+                answer
+                    .inspect_err(|e| {
+                        tracing::debug!(error = %e, "a member did not answer about refused peers")
+                    })
+                    .ok()
+            })
+            .collect();
+        for r in &refused {
+            for (by, index, voter) in vouchers(*r, &answers) {
+                members.vouch(*r, &by, index, voter);
             }
         }
         tokio::select! {
@@ -479,6 +516,24 @@ pub async fn vouch_for_refused(
             _ = tokio::time::sleep(crate::tls::PROBE_INTERVAL) => {}
         }
     }
+}
+
+/// What the members' `answers` say of node `id`: the members whose newer
+/// membership names it, with the oldest of their membership indexes, once
+/// for those that name it at all and once for those that name it a voter
+/// (for [`crate::tls::Members::vouch`], which counts them).
+fn vouchers(id: NodeId, answers: &[v1::StatusResponse]) -> Vec<(BTreeSet<NodeId>, u64, bool)> {
+    let mut out = Vec::new();
+    for voter in [false, true] {
+        let naming: Vec<&v1::StatusResponse> = answers
+            .iter()
+            .filter(|s| s.members.iter().any(|m| m.id == id && (m.voter || !voter)))
+            .collect();
+        if let Some(index) = naming.iter().map(|s| s.membership_index).min() {
+            out.push((naming.iter().map(|s| s.node_id).collect(), index, voter));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

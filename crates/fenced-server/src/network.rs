@@ -241,6 +241,27 @@ pub(crate) fn encode_call<T: Serialize>(call: RaftCall, value: &T) -> io::Result
     codec::encode(call.name(), value).map_err(|e| io::Error::other(e.to_string()))
 }
 
+/// One whole request frame as a node sends it on a connection of version 3
+/// (after the preface): length, call byte, `time`, the encoded `message`.
+/// For tools and tests that speak to a peer port as a node would.
+pub fn request_frame<T: Serialize>(
+    call: RaftCall,
+    time: MessageTime,
+    message: &T,
+) -> io::Result<Vec<u8>> {
+    let body = codec::encode(call.name(), message).map_err(|e| io::Error::other(e.to_string()))?;
+    let len = u32::try_from(1 + REQUEST_HEADER_LEN + body.len())
+        .ok()
+        .filter(|len| *len as usize <= RAFT_MESSAGE_MAX_BYTES)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "raft message too large"))?;
+    let mut frame = Vec::with_capacity(4 + len as usize);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.push(call as u8);
+    frame.extend_from_slice(&time.encode());
+    frame.extend_from_slice(&body);
+    Ok(frame)
+}
+
 /// Writes one frame: a 4-byte big-endian length, then `head` and `body`.
 /// The caller flushes.
 pub async fn write_frame<W: AsyncWrite + Unpin>(

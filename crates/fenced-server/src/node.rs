@@ -270,7 +270,14 @@ impl NodeCore {
                 cfg.id
             )));
         }
-        let auth = Arc::new(Auth::load(cfg.auth.clone()).map_err(NodeError::Config)?);
+        // The membership view: which node certificates the peer port admits,
+        // which may send Raft calls and forward a caller's identity.
+        let members = Members::default();
+        let auth = Arc::new(
+            Auth::load(cfg.auth.clone())
+                .map_err(NodeError::Config)?
+                .with_forwarders(members.clone()),
+        );
         let storage = |source: Box<dyn std::error::Error + Send + Sync>| NodeError::Storage {
             dir: cfg.data_dir.clone(),
             source,
@@ -332,7 +339,6 @@ impl NodeCore {
         }
         .validate()
         .map_err(|e| NodeError::Config(e.to_string()))?;
-        let members = Members::default();
         let tls = match &cfg.tls {
             Some(s) => Some(Arc::new(
                 tls::load(s, members.clone()).map_err(NodeError::Config)?,

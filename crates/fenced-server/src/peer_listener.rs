@@ -16,11 +16,10 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    handoff,
     limits::ConnectionLimit,
     network::{
-        decode_call, encode_call, invalid, read_frame, reply_header, write_frame, FrameTooLarge,
-        MessageTime, PeerVersion, RaftCall, PREFACE,
+        invalid, read_frame, reply_header, write_frame, FrameTooLarge, MessageTime, PeerVersion,
+        RaftCall, PREFACE,
     },
     replication::RaftPeer,
     tls::{self, Members, NodeTls, PeerStream, Routed},
@@ -147,15 +146,8 @@ async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
             .ok_or_else(|| invalid(format!("unknown raft call {kind}")))?;
         let (time, body) = MessageTime::split(version, body)
             .ok_or_else(|| invalid(format!("{} frame shorter than its header", call.name())))?;
-        let reply = match peer.answer(call, version, time, body).await? {
-            Some(reply) => reply,
-            None => {
-                // RaftCall::TimeoutNow, the only call replication leaves.
-                let req: handoff::TimeoutNow = decode_call(call, body)?;
-                let sender = from.as_ref().map(|(id, _)| *id);
-                encode_call(call, &handoff::answer(&peer.raft, sender, &req).await)?
-            }
-        };
+        let sender = from.as_ref().map(|(id, members)| (*id, members));
+        let reply = peer.answer(call, version, time, body, sender).await?;
         // Read after the call: a granted vote answers with every time this
         // node accepted before granting it.
         let head = reply_header(version, peer.floor.leader_time());

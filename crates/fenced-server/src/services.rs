@@ -1160,11 +1160,20 @@ impl ClusterService {
         req: Request<v1::AddLearnerRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
         let node_id = req.get_ref().node_id;
-        let joining = self.joining_node(&req, node_id)?;
-        let identity = match joining {
-            Some(_) => None,
-            None => self.admin(&req, "AddLearner")?,
-        };
+        // Only an admin adds a node, a joining node's own certificate
+        // included (docs/DECISIONS.md, "Only an admin adds a node").
+        let identity = self.admin(&req, "AddLearner").inspect_err(|_| {
+            if let Some(named) = req
+                .peer_certs()
+                .and_then(|certs| certs.first().and_then(|c| crate::tls::node_id_of(c)))
+            {
+                tracing::info!(
+                    certificate_node = named,
+                    node = node_id,
+                    "join refused: a node certificate does not add nodes; an admin must"
+                );
+            }
+        })?;
         let node = Node {
             peer_addr: req.get_ref().peer_addr.clone(),
             client_addr: req.get_ref().client_addr.clone(),
@@ -1172,23 +1181,14 @@ impl ClusterService {
         // The addresses are checked here too, so bad input is refused
         // before anything is forwarded.
         membership::check_add(&BTreeMap::new(), node_id, &node)?;
-        if joining.is_some() {
-            // A node's own join is not forwarded (its identity is not a
-            // grant the leader could check again): it asks the leader
-            // itself, named in the refusal.
-            if let Some(leader) = self.ctx.other_leader() {
-                return Err(not_leader(Some(&leader)));
-            }
-        } else {
-            forward_or!(
-                self.ctx,
-                req,
-                deadline_of(&req),
-                identity,
-                ClusterClient,
-                add_learner
-            );
-        }
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            ClusterClient,
+            add_learner
+        );
         self.confirmed_leader().await?;
         let members = membership::members_of(&self.ctx.raft);
         if membership::check_add(&members, node_id, &node)? == membership::AddPlan::AlreadyLearner {
@@ -1207,7 +1207,7 @@ impl ClusterService {
             node = node_id,
             peer = %node.peer_addr,
             client = %node.client_addr,
-            by = identity.as_deref().or(joining.map(|_| "the node itself")).unwrap_or("anyone (auth off)"),
+            by = identity.as_deref().unwrap_or("anyone (auth off)"),
             "adding a learner"
         );
         // Not blocking: the node may not run yet (an operator adds it before
@@ -1388,35 +1388,6 @@ impl ClusterService {
 }
 
 impl ClusterService {
-    /// The node id of a caller that asks to add ITSELF: with auth on, one
-    /// whose verified certificate (client port) names `fenced://node/<id>`
-    /// for exactly this id and that sends no bearer token. A node
-    /// certificate naming another id is refused here (docs/DECISIONS.md,
-    /// "A joining node adds itself with its own certificate").
-    fn joining_node<T>(&self, req: &Request<T>, node_id: NodeId) -> Result<Option<NodeId>, Status> {
-        if !self.ctx.auth.enabled() || self.peer || req.metadata().contains_key("authorization") {
-            return Ok(None);
-        }
-        let Some(named) = req
-            .peer_certs()
-            .and_then(|certs| certs.first().and_then(|c| crate::tls::node_id_of(c)))
-        else {
-            return Ok(None);
-        };
-        if named != node_id {
-            tracing::info!(
-                certificate_node = named,
-                node = node_id,
-                "join refused: a node certificate may add only its own id"
-            );
-            return Err(Status::permission_denied(format!(
-                "permission denied: the certificate names node {named}; a node may add only \
-                 itself as a learner (node_id {node_id}), other changes need admin"
-            )));
-        }
-        Ok(Some(named))
-    }
-
     /// The index of the membership in force.
     fn membership_index(&self) -> u64 {
         self.ctx

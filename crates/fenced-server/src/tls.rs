@@ -86,11 +86,27 @@ struct MembersInner {
 struct View {
     /// `None` while this node knows no membership yet.
     ids: Option<BTreeSet<NodeId>>,
+    /// The voters among `ids`: the only nodes that may send votes, appends
+    /// and snapshots ([`crate::replication::sender`]).
+    voters: BTreeSet<NodeId>,
     /// The log index of the membership `ids` come from (0: none).
     index: u64,
-    /// Ids outside `ids` admitted on a member's word: who vouched, and the
-    /// log index of the membership it named them in.
-    vouched: BTreeMap<NodeId, (NodeId, u64)>,
+    /// A joining node's view before any membership reaches its log: the
+    /// members (and voters) of the cluster it joins, as their nodes
+    /// answered ([`Members::seed`]).
+    seeded: Option<(BTreeSet<NodeId>, BTreeSet<NodeId>)>,
+    /// Ids outside `ids` admitted on the members' word: who vouched, the
+    /// log index of the membership they named them in, and whether it
+    /// named them voters.
+    vouched: BTreeMap<NodeId, Vouched>,
+}
+
+/// An id admitted beyond this node's view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Vouched {
+    by: BTreeSet<NodeId>,
+    index: u64,
+    voter: bool,
 }
 
 /// Ids refused since the last probe round, and when each was last asked
@@ -109,20 +125,65 @@ pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub const MAX_PROBED_IDS: usize = 16;
 
 impl Members {
-    /// Replaces the view with `ids` at membership index 0 (tests).
+    /// Replaces the view with `ids`, all voters, at membership index 0
+    /// (tests).
     pub fn set(&self, ids: Option<BTreeSet<NodeId>>) {
-        self.set_view(ids, 0);
+        let voters = ids.clone().unwrap_or_default();
+        self.set_view(ids, voters, 0);
     }
 
-    /// Replaces the view with `ids`, the membership at log `index`. A
-    /// vouched id is dropped once the view is as new as the membership it
-    /// was vouched from: from then on the view alone decides.
-    pub fn set_view(&self, ids: Option<BTreeSet<NodeId>>, index: u64) {
+    /// Replaces the view with `ids` (of which `voters` vote), the
+    /// membership at log `index`. A vouched id is dropped once the view is
+    /// as new as the membership it was vouched from: from then on the view
+    /// alone decides.
+    pub fn set_view(&self, ids: Option<BTreeSet<NodeId>>, voters: BTreeSet<NodeId>, index: u64) {
         let mut view = self.0.view.write().unwrap_or_else(PoisonError::into_inner);
         view.vouched
-            .retain(|id, (_, at)| *at > index && !ids.as_ref().is_some_and(|ids| ids.contains(id)));
+            .retain(|id, v| v.index > index && !ids.as_ref().is_some_and(|ids| ids.contains(id)));
         view.ids = ids;
+        view.voters = voters;
         view.index = index;
+    }
+
+    /// A node that joins and knows no membership yet admits the members of
+    /// the cluster it joins (`ids`, of which `voters` vote) instead of any
+    /// node certificate; once a membership reaches its log, that decides.
+    pub fn seed(&self, ids: BTreeSet<NodeId>, voters: BTreeSet<NodeId>) {
+        let mut view = self.0.view.write().unwrap_or_else(PoisonError::into_inner);
+        if ids.is_empty() || view.index > 0 {
+            return;
+        }
+        if view.ids.is_none() || view.seeded.is_some() {
+            tracing::info!(members = ?ids, voters = ?voters, "joining: peer certificates admitted for the members of the cluster joined");
+            view.ids = Some(ids.clone());
+            view.voters = voters.clone();
+        }
+        view.seeded = Some((ids, voters));
+    }
+
+    /// Whether node `id` is a voter of this node's membership (or vouched
+    /// for as one); `false` while this node knows no membership.
+    pub fn is_known_voter(&self, id: NodeId) -> bool {
+        let known = self
+            .0
+            .view
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .ids
+            .is_some();
+        known && self.is_voter(id)
+    }
+
+    /// Whether node `id` may send votes, appends and snapshots: a voter of
+    /// this node's view, or one its voters' majority vouched for as a voter
+    /// of a newer membership. A node that knows no membership yet takes
+    /// them from any node it admits (see [`Members::admits`]).
+    pub fn is_voter(&self, id: NodeId) -> bool {
+        let view = self.0.view.read().unwrap_or_else(PoisonError::into_inner);
+        match &view.ids {
+            Some(_) => view.voters.contains(&id) || view.vouched.get(&id).is_some_and(|v| v.voter),
+            None => true,
+        }
     }
 
     /// Whether node `id` may connect. A node that has no membership yet (a
@@ -136,23 +197,47 @@ impl Members {
         }
     }
 
-    /// Admits `id` on the word of member `by`, whose membership at log
-    /// `index` names it; only when that membership is newer than this
-    /// node's view, so a member that has not seen a removal this node has
-    /// seen cannot bring the removed node back. Returns whether it did.
-    pub fn vouch(&self, id: NodeId, by: NodeId, index: u64) -> bool {
+    /// Admits `id` on the word of the voters in `by`, each of whose
+    /// memberships, newer than this node's view, names it (`voter`: as a
+    /// voter); `index` is the oldest of those memberships. Taken only from
+    /// a majority of this node's voters: one member, whatever its
+    /// certificate, cannot bring in a node by itself, and a majority that
+    /// has seen a membership change is the majority that made it. Only
+    /// newer memberships count, so members that have not seen a removal
+    /// this node has seen cannot bring the removed node back. Returns
+    /// whether it admitted `id` (or raised it to a voter).
+    pub fn vouch(&self, id: NodeId, by: &BTreeSet<NodeId>, index: u64, voter: bool) -> bool {
         let mut view = self.0.view.write().unwrap_or_else(PoisonError::into_inner);
-        let known = view.ids.as_ref().is_none_or(|ids| ids.contains(&id));
-        if known || index <= view.index || view.vouched.contains_key(&id) {
+        let Some(ids) = &view.ids else {
+            return false;
+        };
+        let known = if voter {
+            view.voters.contains(&id)
+        } else {
+            ids.contains(&id)
+        };
+        let vouchers = by.intersection(&view.voters).count();
+        let majority = view.voters.len() / 2 + 1;
+        let already = view.vouched.get(&id).is_some_and(|v| v.voter || !voter);
+        if known || index <= view.index || vouchers < majority || already {
             return false;
         }
-        view.vouched.insert(id, (by, index));
+        let own_index = view.index;
+        view.vouched.insert(
+            id,
+            Vouched {
+                by: by.clone(),
+                index,
+                voter,
+            },
+        );
         tracing::info!(
             peer_node = id,
-            vouched_by = by,
+            vouched_by = ?by,
             membership_index = index,
-            own_membership_index = view.index,
-            "peer certificate admitted: node {id} is a member of node {by}'s newer membership"
+            own_membership_index = own_index,
+            voter,
+            "peer certificate admitted: a majority of the voters name node {id} in a newer membership"
         );
         true
     }
@@ -194,30 +279,41 @@ impl Members {
     /// Takes the membership `raft` knows now; while it knows none, the
     /// `initial` cluster's ids (empty: none, see [`Members::admits`]).
     pub fn refresh(&self, raft: &Raft, initial: &BTreeSet<NodeId>) {
-        let (mut ids, index) = {
+        let (mut ids, mut voters, index) = {
             let m = raft.metrics();
             let m = m.borrow();
-            let ids: BTreeSet<NodeId> = m
-                .membership_config
-                .membership()
-                .nodes()
-                .map(|(id, _)| *id)
-                .collect();
-            (ids, m.membership_config.log_id().map_or(0, |l| l.index))
+            let membership = m.membership_config.membership();
+            let ids: BTreeSet<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
+            let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+            (
+                ids,
+                voters,
+                m.membership_config.log_id().map_or(0, |l| l.index),
+            )
         };
         if ids.is_empty() {
+            // The cluster this node is initialised with: all voters; or, for
+            // a node that joins, the cluster it joins.
             ids.clone_from(initial);
+            voters.clone_from(initial);
+            if ids.is_empty() {
+                let view = self.0.view.read().unwrap_or_else(PoisonError::into_inner);
+                if let Some((seeded, seeded_voters)) = &view.seeded {
+                    ids.clone_from(seeded);
+                    voters.clone_from(seeded_voters);
+                }
+            }
         }
         let ids = (!ids.is_empty()).then_some(ids);
-        let (current, current_index) = {
+        let (current, current_voters, current_index) = {
             let view = self.0.view.read().unwrap_or_else(PoisonError::into_inner);
-            (view.ids.clone(), view.index)
+            (view.ids.clone(), view.voters.clone(), view.index)
         };
-        if ids != current || index != current_index {
-            if ids != current {
-                tracing::info!(members = ?ids, membership_index = index, "peer certificates admitted for these node ids");
+        if ids != current || voters != current_voters || index != current_index {
+            if ids != current || voters != current_voters {
+                tracing::info!(members = ?ids, voters = ?voters, membership_index = index, "peer certificates admitted for these node ids");
             }
-            self.set_view(ids, index);
+            self.set_view(ids, voters, index);
         }
     }
 
@@ -815,33 +911,43 @@ mod tests {
     }
 
     #[test]
-    fn a_node_admits_an_id_vouched_for_by_a_newer_membership_only() {
+    fn a_node_admits_an_id_vouched_for_by_a_majority_of_its_voters_only() {
         let members = Members::default();
-        members.set_view(Some([1, 2, 3].into()), 10);
+        let voters: BTreeSet<NodeId> = [1, 2, 3].into();
+        members.set_view(Some(voters.clone()), voters.clone(), 10);
+        let by = |ids: &[NodeId]| ids.iter().copied().collect::<BTreeSet<NodeId>>();
         assert!(!members.admits(4));
         // A view as old as this node's, or older, vouches for nothing: it
         // may not have seen a removal this node has.
-        assert!(!members.vouch(4, 2, 10));
-        assert!(!members.vouch(4, 2, 7));
+        assert!(!members.vouch(4, &by(&[1, 2]), 10, false));
+        assert!(!members.vouch(4, &by(&[1, 2]), 7, false));
+        // One voter alone, or a voter and an unknown node, is no majority.
+        assert!(!members.vouch(4, &by(&[2]), 12, true));
+        assert!(!members.vouch(4, &by(&[2, 9]), 12, true));
         assert!(!members.admits(4));
-        // A newer one does; the id is then admitted, and only that id.
-        assert!(members.vouch(4, 2, 12));
+        // A majority naming it a learner admits it, as a learner.
+        assert!(members.vouch(4, &by(&[1, 2]), 12, false));
         assert!(members.admits(4));
+        assert!(!members.is_voter(4));
+        // Named a voter by a majority: it may send votes and appends.
+        assert!(members.vouch(4, &by(&[2, 3]), 12, true));
+        assert!(members.is_voter(4));
         assert!(!members.admits(9));
         // A known member needs no vouching.
-        assert!(!members.vouch(1, 2, 12));
-        // The view catches up with the voucher's: the view alone decides,
+        assert!(!members.vouch(1, &by(&[2, 3]), 12, true));
+        // The view catches up with the vouchers': the view alone decides,
         // here without node 4 (removed meanwhile).
-        members.set_view(Some([1, 2, 3].into()), 12);
+        members.set_view(Some(voters.clone()), voters.clone(), 12);
         assert!(!members.admits(4));
-        // After the view passed it, an old voucher's word is not taken.
-        assert!(!members.vouch(4, 3, 11));
+        assert!(!members.is_voter(4));
+        // After the view passed it, old vouchers' word is not taken.
+        assert!(!members.vouch(4, &by(&[1, 3]), 11, false));
         assert!(!members.admits(4));
         // A view that names the vouched id takes over from the vouch.
-        assert!(members.vouch(5, 2, 20));
-        members.set_view(Some([1, 2, 3, 5].into()), 15);
+        assert!(members.vouch(5, &by(&[1, 2, 3]), 20, false));
+        members.set_view(Some([1, 2, 3, 5].into()), voters.clone(), 15);
         assert!(members.admits(5));
-        members.set_view(Some([1, 2, 3].into()), 16);
+        members.set_view(Some(voters.clone()), voters, 16);
         assert!(
             !members.admits(5),
             "the vouch was dropped when the view named 5"
@@ -849,9 +955,33 @@ mod tests {
     }
 
     #[test]
+    fn a_learner_of_the_view_is_not_a_voter_and_a_joining_node_admits_its_cluster() {
+        let members = Members::default();
+        // No membership at all: a fresh node takes the leader that adds it.
+        assert!(members.admits(7) && members.is_voter(7));
+        assert!(
+            !members.is_known_voter(7),
+            "no forwarded identity before a view"
+        );
+        // Joining: only the cluster it joins.
+        members.seed([1, 2, 3, 4].into(), [1, 2, 3].into());
+        assert!(members.admits(4) && !members.is_voter(4));
+        assert!(!members.admits(7));
+        assert!(members.is_voter(1) && members.is_known_voter(1));
+        // A membership in the log replaces the seed.
+        members.set_view(Some([1, 2, 3, 4].into()), [1, 2, 4].into(), 30);
+        assert!(members.is_voter(4) && !members.is_voter(3));
+        members.seed([1, 2, 3].into(), [1, 2, 3].into());
+        assert!(
+            members.is_voter(4),
+            "a seed never overrides the log's membership"
+        );
+    }
+
+    #[test]
     fn refused_ids_are_probed_at_most_once_a_second_and_boundedly() {
         let members = Members::default();
-        members.set_view(Some([1, 2, 3].into()), 10);
+        members.set(Some([1, 2, 3].into()));
         let t0 = Instant::now();
         members.refused(4, t0);
         members.refused(4, t0 + Duration::from_millis(500));

@@ -124,10 +124,12 @@ impl Net {
             tokio::time::sleep(wait).await;
             return Err(lost());
         };
+        if call == RaftCall::TimeoutNow {
+            return Err(io::Error::other("simulated network: call not simulated"));
+        }
         let reply = peer
-            .answer(call, PeerVersion::V3, time, &payload)
-            .await?
-            .ok_or_else(|| io::Error::other("simulated network: call not simulated"))?;
+            .answer(call, PeerVersion::V3, time, &payload, None)
+            .await?;
         let floor = peer.floor.leader_time();
         self.thawed(from, to).await;
         tokio::time::sleep(self.delay()).await;

@@ -13,14 +13,21 @@ use std::{
 use super::{
     election::Election,
     pre_vote::PreVoteRequest,
+    sender::{self, Refusal},
     stream::{self, Heard},
 };
 use crate::{
     clock::floor::{LeaderTime, TimeFloor},
+    handoff,
     limits::LimitCounters,
     network::{check_snapshot_chunk, decode_call, encode_call, MessageTime, PeerVersion, RaftCall},
-    types::{Raft, TypeConfig},
+    tls::Members,
+    types::{NodeId, Raft, TypeConfig},
 };
+
+/// The node a peer connection's certificate names and the view that says
+/// whether it votes; `None` without TLS.
+pub type Sender<'a> = Option<(NodeId, &'a Members)>;
 
 /// What a Raft connection is served with.
 #[derive(Clone)]
@@ -37,19 +44,59 @@ pub struct RaftPeer {
 }
 
 impl RaftPeer {
-    /// Answers one replication call (`None` for another call), encoded.
+    /// Refuses, counts and logs a frame whose claimed sender `claimed` the
+    /// connection's certificate may not speak for ([`sender::check`]); the
+    /// connection then closes.
+    pub fn admit(
+        &self,
+        call: RaftCall,
+        from: Sender<'_>,
+        claimed: Option<NodeId>,
+    ) -> io::Result<()> {
+        let Some((certificate, members)) = from else {
+            return Ok(());
+        };
+        sender::check(Some(certificate), claimed, members.is_voter(certificate)).map_err(
+            |refusal| {
+                let counter = match refusal {
+                    Refusal::Impersonation { .. } => &self.counters.peer_impersonations,
+                    Refusal::NotVoter { node } => {
+                        // It may be a voter of a membership this node has not
+                        // seen yet: ask the voters.
+                        members.refused(node, std::time::Instant::now());
+                        &self.counters.peer_not_voter
+                    }
+                };
+                counter.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    peer_node = certificate,
+                    call = call.name(),
+                    reason = %refusal,
+                    "raft frame refused: its sender may not send it"
+                );
+                io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("{} refused: {refusal}", call.name()),
+                )
+            },
+        )
+    }
+
+    /// Answers one Raft call from `from`, encoded.
     pub async fn answer(
         &self,
         call: RaftCall,
         version: PeerVersion,
         time: MessageTime,
         body: &[u8],
-    ) -> io::Result<Option<Vec<u8>>> {
+        from: Sender<'_>,
+    ) -> io::Result<Vec<u8>> {
         let (raft, floor) = (&self.raft, &self.floor);
         let reply = match call {
             RaftCall::AppendEntries => {
                 let req: openraft::raft::AppendEntriesRequest<TypeConfig> =
                     decode_call(call, body)?;
+                self.admit(call, from, req.vote.leader_id().voted_for())?;
                 let time = time.of_term(version, req.vote.leader_id().get_term())?;
                 // Held across the append and the recording of its time, so a
                 // vote granted after openraft took the append carries it.
@@ -60,7 +107,8 @@ impl RaftPeer {
                 encode_call(call, &resp)?
             }
             RaftCall::Vote => {
-                let req = decode_call(call, body)?;
+                let req: openraft::raft::VoteRequest<NodeId> = decode_call(call, body)?;
+                self.admit(call, from, req.vote.leader_id().voted_for())?;
                 let _gate = floor.gate.write().await;
                 let resp = raft.vote(req).await;
                 if stream::after_vote(&resp) {
@@ -75,6 +123,7 @@ impl RaftPeer {
                     self.counters.snapshot_chunks.fetch_add(1, Relaxed);
                     return Err(e);
                 }
+                self.admit(call, from, req.vote.leader_id().voted_for())?;
                 let _gate = floor.gate.read().await;
                 let vote = req.vote;
                 let time = time.of_term(version, vote.leader_id().get_term())?;
@@ -85,11 +134,17 @@ impl RaftPeer {
             }
             RaftCall::PreVote => {
                 let req: PreVoteRequest = decode_call(call, body)?;
+                self.admit(call, from, Some(req.candidate))?;
                 encode_call(call, &self.election.answer(raft, &req))?
             }
-            RaftCall::TimeoutNow => return Ok(None),
+            RaftCall::TimeoutNow => {
+                let req: handoff::TimeoutNow = decode_call(call, body)?;
+                self.admit(call, from, Some(req.leader))?;
+                let sender = from.map(|(id, _)| id);
+                encode_call(call, &handoff::answer(raft, sender, &req).await)?
+            }
         };
-        Ok(Some(reply))
+        Ok(reply)
     }
 
     /// Executes what hearing (or not) from a leader means.

@@ -55,6 +55,7 @@ pub mod election;
 pub mod follower;
 pub mod pre_vote;
 pub mod restart;
+pub mod sender;
 pub mod stream;
 pub mod transport;
 

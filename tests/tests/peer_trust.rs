@@ -1,0 +1,269 @@
+//! The peer trust boundary under attack, with real certificates: a node
+//! certificate speaks only as its own node, only voters send votes and
+//! appends or forward a caller's identity, and no node certificate adds a
+//! node (docs/SECURITY.md, "A node certificate").
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use fenced_proto::v1::{self, cluster_client::ClusterClient, lock_client::LockClient};
+use fenced_server::{
+    clock::floor::LeaderTime,
+    network::{request_frame, MessageTime, RaftCall, PREFACE},
+    types::{NodeId, TypeConfig},
+};
+use fenced_tests::{tls_connect, Cluster};
+use openraft::{raft::AppendEntriesRequest, raft::VoteRequest, Vote};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::{metadata::MetadataValue, Code};
+
+const POLICY: &str = r#"
+[roles.ops]
+admin = true
+read = [""]
+lock = [""]
+
+[identities]
+harness = ["ops"]
+"#;
+
+/// What a node that is not the leader would answer, and whether it did:
+/// sends `frame` on a Raft connection to `peer_addr` as node `as_node` and
+/// reads. `Ok(n)`: the node answered `n` bytes; `Err`: it closed the
+/// connection (or the handshake failed) without answering.
+async fn send_raft(
+    cluster: &Cluster,
+    peer_addr: &str,
+    as_node: NodeId,
+    frame: &[u8],
+) -> Result<usize, String> {
+    let pki = cluster.pki.as_ref().unwrap();
+    let (cert, key) = pki.node(as_node);
+    let mut conn = tls_connect(peer_addr, &pki.ca(), &cert, &key)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut bytes = PREFACE.to_vec();
+    bytes.extend_from_slice(frame);
+    conn.write_all(&bytes).await.map_err(|e| e.to_string())?;
+    conn.flush().await.map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 4096];
+    match tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await {
+        Ok(Ok(0)) => Err("closed".into()),
+        Ok(Ok(n)) => Ok(n),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 5 s".into()),
+    }
+}
+
+/// An empty AppendEntries from a leader `leader` in `term`.
+fn append_from(leader: NodeId, term: u64) -> Vec<u8> {
+    let req: AppendEntriesRequest<TypeConfig> = AppendEntriesRequest {
+        vote: Vote::new_committed(term, leader),
+        prev_log_id: None,
+        entries: vec![],
+        leader_commit: None,
+    };
+    let time = MessageTime {
+        at: LeaderTime::ZERO,
+        durable: false,
+    };
+    request_frame(RaftCall::AppendEntries, time, &req).unwrap()
+}
+
+/// A vote request from candidate `candidate` in `term`.
+fn vote_from(candidate: NodeId, term: u64) -> Vec<u8> {
+    let req: VoteRequest<NodeId> = VoteRequest::new(Vote::new(term, candidate), None);
+    request_frame(RaftCall::Vote, MessageTime::NONE, &req).unwrap()
+}
+
+/// `body` as forwarded by a node for the harness's (admin) identity.
+fn as_harness<T>(body: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(body);
+    req.metadata_mut()
+        .insert("x-fenced-identity", MetadataValue::from_static("harness"));
+    req
+}
+
+/// The term every node is in, and who leads.
+async fn terms(cluster: &Cluster, ids: &[u64]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for id in ids {
+        let s = cluster.status(*id).await.expect("status");
+        out.push((s.term, s.leader_id));
+    }
+    out
+}
+
+async fn auth_cluster(files: &tempfile::TempDir) -> Cluster {
+    let policy = files.path().join("policy.toml");
+    std::fs::write(&policy, POLICY).unwrap();
+    Cluster::start_tls(3, &[("FENCED_AUTH_POLICY", policy.to_str().unwrap())]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_certificate_cannot_speak_as_another_node() {
+    let cluster = Cluster::start_tls(3, &[]).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    cluster.wait_for_convergence(Duration::from_secs(10)).await;
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let (target, attacker) = (followers[0], followers[1]);
+    let before = terms(&cluster, &[1, 2, 3]).await;
+    let term = before[0].0;
+    let addr = cluster.peer_addr(target);
+
+    // The other follower's certificate, claiming the leader's id in the
+    // next term: an empty append that would move the target's term.
+    let answered = send_raft(&cluster, &addr, attacker, &append_from(leader, term + 1)).await;
+    assert!(
+        answered.is_err(),
+        "a forged append was answered: {answered:?}"
+    );
+    // And claiming to be the leader as candidate.
+    let answered = send_raft(&cluster, &addr, attacker, &vote_from(leader, term + 5)).await;
+    assert!(
+        answered.is_err(),
+        "a forged vote was answered: {answered:?}"
+    );
+    let log = cluster.log_of(target);
+    assert!(
+        log.contains("raft frame refused") && log.contains(&format!("claims node {leader}")),
+        "{log}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        terms(&cluster, &[1, 2, 3]).await,
+        before,
+        "a forged frame moved the cluster"
+    );
+
+    // Control: the same certificate speaking as itself is answered (its
+    // stale vote is simply not granted).
+    let answered = send_raft(&cluster, &addr, attacker, &vote_from(attacker, term)).await;
+    assert!(
+        answered.is_ok(),
+        "a voter's own vote was not answered: {answered:?}"
+    );
+    assert_eq!(
+        cluster.wait_for_leader(Duration::from_secs(5)).await,
+        leader
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_sends_no_vote_and_forwards_no_identity() {
+    let files = tempfile::tempdir().unwrap();
+    let cluster = auth_cluster(&files).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    cluster.wait_for_convergence(Duration::from_secs(10)).await;
+    // An admin adds node 4 as a learner (it need not run).
+    let out = cluster.fencectl(&[
+        "member",
+        "add",
+        "4",
+        "--peer",
+        "127.0.0.1:9",
+        "--client",
+        "127.0.0.1:10",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while cluster.status(follower).await.unwrap().members.len() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node {follower} never saw node 4"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = terms(&cluster, &[1, 2, 3]).await;
+    let term = before[0].0;
+
+    // Node 4's own certificate, as itself: a vote in a later term.
+    let answered = send_raft(
+        &cluster,
+        &cluster.peer_addr(follower),
+        4,
+        &vote_from(4, term + 3),
+    )
+    .await;
+    assert!(
+        answered.is_err(),
+        "a learner's vote was answered: {answered:?}"
+    );
+    assert!(cluster.log_of(follower).contains("node 4 is not a voter"));
+    assert_eq!(terms(&cluster, &[1, 2, 3]).await, before);
+
+    // Node 4's certificate on the leader's peer port, forwarding the
+    // harness's admin identity: refused. A voter's certificate: believed.
+    let pki = cluster.pki.as_ref().unwrap();
+    let channel = |as_node: u64| pki.node_channel(&cluster.peer_addr(leader), as_node);
+    let refused = ClusterClient::new(channel(4))
+        .list_members(as_harness(v1::ListMembersRequest {}))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    let refused = LockClient::new(channel(4))
+        .history(as_harness(v1::HistoryRequest {
+            resource: "any".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    let voter = follower;
+    let listed = ClusterClient::new(channel(voter))
+        .list_members(as_harness(v1::ListMembersRequest {}))
+        .await;
+    assert!(listed.is_ok(), "a voter's forwarded identity: {listed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spare_node_certificate_does_not_add_its_node() {
+    let files = tempfile::tempdir().unwrap();
+    let cluster = auth_cluster(&files).await;
+    let pki = cluster.pki.clone().unwrap();
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    let (cert, key) = pki.node(9);
+    let out = std::process::Command::new(fenced_tests::bin("fencectl"))
+        .arg("--endpoints")
+        .arg(cluster.endpoints().join(","))
+        .arg("--cacert")
+        .arg(pki.ca())
+        .arg("--cert")
+        .arg(&cert)
+        .arg("--key")
+        .arg(&key)
+        .args([
+            "member",
+            "add",
+            "9",
+            "--peer",
+            "127.0.0.1:9",
+            "--client",
+            "127.0.0.1:10",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(err.contains("needs admin"), "{err}");
+    // Straight to the leader's client port as well.
+    let leader_addr = cluster.status(leader).await.unwrap().leader_addr;
+    let channel = pki.node_channel(&leader_addr, 9);
+    let refused = ClusterClient::new(channel)
+        .add_learner(v1::AddLearnerRequest {
+            node_id: 9,
+            peer_addr: "127.0.0.1:9".into(),
+            client_addr: "127.0.0.1:10".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let members = cluster.status(leader).await.unwrap().members;
+    assert!(members.iter().all(|m| m.id != 9), "{members:?}");
+}
