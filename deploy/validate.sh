@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Static checks of the deployment files, offline:
-#   - TLS everywhere: no FENCED_INSECURE in any flavour, and the systemd
-#     host files leave the TLS paths to the unit.
+#   - TLS everywhere: no FENCED_INSECURE in any flavour (nor
+#     FENCED_INSECURE_NO_AUTH), and the systemd host files leave the TLS
+#     paths to the unit.
+#   - Authentication everywhere: every flavour loads a policy, and each
+#     shipped policy loads (`fenced auth check-policy`).
 #   - systemd: `systemd-analyze verify` of fenced.service with each host's
 #     environment file; any message fails (verify itself exits 0 on unknown
 #     keys and bad values).
@@ -34,6 +37,28 @@ if grep -n "^FENCED_TLS_" deploy/systemd/host*.env; then
     exit 1
 fi
 echo "no FENCED_INSECURE; TLS paths only in fenced.service: ok"
+
+echo "== authentication in every flavour"
+# Each flavour names a policy the node loads, and the policy parses (an
+# unknown role or field fails `fenced run` at start, so check it here).
+auth_missing=()
+grep -q "FENCED_AUTH_POLICY" deploy/compose.yaml || auth_missing+=(compose)
+grep -q "^Environment=FENCED_AUTH_POLICY=" deploy/systemd/fenced.service || auth_missing+=(systemd)
+grep -q "name: FENCED_AUTH_POLICY" deploy/kubernetes/fenced.yaml || auth_missing+=(kubernetes)
+if ((${#auth_missing[@]})); then
+    echo "validate: no authentication policy in: ${auth_missing[*]}" >&2
+    exit 1
+fi
+python3 - deploy/kubernetes/fenced.yaml "$work/k8s-policy.toml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+(cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "fenced-policy"]
+open(sys.argv[2], "w").write(cm["data"]["policy.toml"])
+PY
+for policy in deploy/compose-policy.toml deploy/systemd/policy.toml "$work/k8s-policy.toml"; do
+    "$fenced" auth check-policy "$policy" >/dev/null || { echo "validate: $policy does not load" >&2; exit 1; }
+done
+echo "compose, systemd and Kubernetes run with a policy that loads: ok"
 
 echo "== systemd units"
 command -v systemd-analyze >/dev/null || {

@@ -334,7 +334,17 @@ async fn plaintext_on_a_public_address_needs_insecure_and_warns() {
         "it refused before touching the disk"
     );
 
-    let mut child = run_node(&["--insecure"], &dir.path().join("b"));
+    let started = start_log(run_node(&["--insecure"], &dir.path().join("b"))).await;
+    assert!(started.contains("node started"), "{started}");
+    assert!(
+        started.contains("WARN") && started.contains("--insecure: serving plaintext"),
+        "{started}"
+    );
+}
+
+/// What a node started as `child` logs until "node started" (at most 15
+/// s); the node is then stopped.
+async fn start_log(mut child: std::process::Child) -> String {
     let mut stderr = child.stderr.take().unwrap();
     let mut text = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -356,9 +366,46 @@ async fn plaintext_on_a_public_address_needs_insecure_and_warns() {
     .unwrap();
     let _ = child.kill();
     let _ = child.wait();
+    started
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_on_a_public_address_needs_authentication_and_warns_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let (cert, key) = pki.node(1);
+    let ca = pki.ca();
+    let tls: Vec<String> = [
+        ("--tls-cert", &cert),
+        ("--tls-key", &key),
+        ("--tls-ca", &ca),
+    ]
+    .iter()
+    .map(|(flag, path)| format!("{flag}={}", path.display()))
+    .collect();
+    let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
+    let refused = run_node(&tls, &dir.path().join("a"))
+        .wait_with_output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("authentication is off")
+            && stderr.contains("--auth-policy")
+            && stderr.contains("--insecure-no-auth"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("a").exists(),
+        "it refused before touching the disk"
+    );
+
+    let mut loud = tls.clone();
+    loud.push("--insecure-no-auth");
+    let started = start_log(run_node(&loud, &dir.path().join("b"))).await;
     assert!(started.contains("node started"), "{started}");
     assert!(
-        started.contains("WARN") && started.contains("--insecure: serving plaintext"),
+        started.contains("WARN") && started.contains("--insecure-no-auth: authentication is off"),
         "{started}"
     );
 }

@@ -155,8 +155,14 @@ impl Policy {
     /// Reads and checks the files; the error names the file and the line or
     /// the field at fault.
     pub fn load(tokens: Option<&Path>, policy: Option<&Path>) -> Result<Policy, String> {
+        let paths: Vec<&Path> = [tokens, policy].into_iter().flatten().collect();
+        Self::load_all(&paths)
+    }
+
+    /// [`Policy::load`] of any number of files, merged.
+    pub fn load_all<P: AsRef<Path>>(paths: &[P]) -> Result<Policy, String> {
         let mut files = Vec::new();
-        for path in [tokens, policy].into_iter().flatten() {
+        for path in paths.iter().map(AsRef::as_ref) {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("auth file {}: {e}", path.display()))?;
             let file: AuthFile =
@@ -234,6 +240,11 @@ impl Policy {
             }
         }
         found
+    }
+
+    /// Every identity the files name and what it is granted, by name.
+    pub fn identities(&self) -> BTreeMap<&str, &Grants> {
+        self.grants.iter().map(|(k, v)| (k.as_str(), v)).collect()
     }
 
     pub fn grants(&self, identity: &str) -> Grants {

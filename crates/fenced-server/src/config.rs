@@ -180,6 +180,12 @@ pub struct RunSettings {
     #[arg(long, env = "FENCED_INSECURE")]
     #[serde(default, skip_serializing_if = "is_off")]
     pub insecure: bool,
+    /// Serve TLS on a non-loopback address with authentication off (refused
+    /// otherwise): every client that trusts the CA, with or without a
+    /// certificate, is then an admin. Warned at every start.
+    #[arg(long, env = "FENCED_INSECURE_NO_AUTH")]
+    #[serde(default, skip_serializing_if = "is_off")]
+    pub insecure_no_auth: bool,
 }
 
 impl RunSettings {
@@ -479,6 +485,7 @@ impl RunSettings {
             self.client_cert_auth,
         )?;
         secure_default(&cfg, self.insecure)?;
+        authenticated_default(&cfg, self.insecure, self.insecure_no_auth)?;
         if self.metrics_tls && cfg.tls.is_none() {
             return Err("metrics_tls: needs --tls-cert, --tls-key and --tls-ca".into());
         }
@@ -529,6 +536,34 @@ fn tls_settings(
             ))
         }
     }
+}
+
+/// With TLS, authentication off only on a loopback client address, unless
+/// `--insecure-no-auth` says otherwise (then a warning at every start). A
+/// plaintext node (`--insecure`) is already warned as open to anyone.
+fn authenticated_default(
+    cfg: &NodeConfig,
+    insecure: bool,
+    insecure_no_auth: bool,
+) -> Result<(), String> {
+    if cfg.auth.enabled() || cfg.listen.ip().is_loopback() || (cfg.tls.is_none() && insecure) {
+        return Ok(());
+    }
+    if insecure_no_auth {
+        tracing::warn!(
+            client = %cfg.listen,
+            "--insecure-no-auth: authentication is off; every client that trusts the CA can \
+             take and release any lock, change the membership and save a snapshot with every \
+             owner id"
+        );
+        return Ok(());
+    }
+    Err(format!(
+        "--listen {} is not a loopback address and authentication is off: give --auth-policy \
+         (client certificates, roles) and/or --auth-tokens (docs/DEPLOYING.md, \
+         \"Authentication\"), or --insecure-no-auth to serve every caller as an admin anyway",
+        cfg.listen
+    ))
 }
 
 /// Plaintext only on loopback, unless `--insecure` says otherwise (then a
@@ -914,6 +949,42 @@ max_batch = 8",
     }
 
     #[test]
+    fn tls_on_a_non_loopback_address_needs_authentication_or_insecure_no_auth() {
+        let tls = |listen: &str| RunSettings {
+            tls_cert: Some("node.pem".into()),
+            tls_key: Some("node-key.pem".into()),
+            tls_ca: Some("ca.pem".into()),
+            ..on(listen, "0.0.0.0:7201")
+        };
+        let err = tls("0.0.0.0:7101").into_node_config().unwrap_err();
+        assert!(
+            err.contains("--listen 0.0.0.0:7101")
+                && err.contains("authentication is off")
+                && err.contains("--auth-policy")
+                && err.contains("--insecure-no-auth"),
+            "{err}"
+        );
+        // A policy, tokens, the loud flag, or a loopback client address.
+        for settings in [
+            RunSettings {
+                auth_policy: Some("policy.toml".into()),
+                ..tls("0.0.0.0:7101")
+            },
+            RunSettings {
+                auth_tokens: Some("tokens.toml".into()),
+                ..tls("0.0.0.0:7101")
+            },
+            RunSettings {
+                insecure_no_auth: true,
+                ..tls("0.0.0.0:7101")
+            },
+            tls("127.0.0.1:7101"),
+        ] {
+            assert!(settings.into_node_config().is_ok());
+        }
+    }
+
+    #[test]
     fn tls_needs_all_three_files() {
         let half = RunSettings {
             tls_cert: Some("c.pem".into()),
@@ -926,6 +997,7 @@ max_batch = 8",
             tls_key: Some("k.pem".into()),
             tls_ca: Some("ca.pem".into()),
             client_cert_auth: true,
+            auth_policy: Some("policy.toml".into()),
             ..on("0.0.0.0:7101", "0.0.0.0:7201")
         };
         let tls = all.into_node_config().unwrap().tls.unwrap();

@@ -245,6 +245,16 @@ enum AuthCommand {
     #[command(after_help = "Examples:
   fenced auth new-token")]
     NewToken,
+    /// Load auth files (policies or tokens) as `fenced run` would and say
+    /// what they grant; exits 2 with the file and field at fault otherwise.
+    #[command(after_help = "Examples:
+  fenced auth check-policy /etc/fenced/policy.toml
+  fenced auth check-policy policy.toml tokens.toml")]
+    CheckPolicy {
+        /// The files, merged as --auth-policy and --auth-tokens merge them.
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
 }
 
 /// `fenced auth ...`: prints to stdout.
@@ -267,6 +277,15 @@ fn auth_command(command: AuthCommand) -> Result<ExitCode, String> {
             let token = format!("fenced_{}", auth::to_hex(&bytes));
             println!("token  {token}");
             println!("sha256 {}", auth::to_hex(&auth::hash_token(&token)));
+        }
+        AuthCommand::CheckPolicy { files } => {
+            let policy = auth::Policy::load_all(&files)?;
+            for (identity, grants) in policy.identities() {
+                println!(
+                    "{identity}: admin {}, lock {:?}, read {:?}",
+                    grants.admin, grants.lock, grants.read
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -147,6 +147,13 @@ pub fn availability(
              other than loopback, and an admin token would cross the network in clear; \
              serve it over HTTPS with --metrics-tls"
         )),
+        // With auth off nobody can be asked for admin: only loopback, where
+        // the node's own host is the boundary.
+        Some(a) if !auth && !a.ip().is_loopback() => Err(format!(
+            "the status page is off: authentication is off and the metrics listener {a} is \
+             not on loopback, so anyone who reaches it would read every live lease; turn \
+             authentication on (--auth-policy, --auth-tokens) to serve it to admins"
+        )),
         _ => Ok(()),
     }
 }
@@ -638,13 +645,26 @@ mod tests {
             "{err}"
         );
         assert!(availability(at("0.0.0.0:9101"), false, true).is_err());
-        // Over HTTPS, on loopback, or with no token to send: served.
+        // Over HTTPS, or on loopback: served.
         assert!(availability(at("10.0.0.1:9101"), true, true).is_ok());
         assert!(availability(at("127.0.0.1:9101"), false, true).is_ok());
         assert!(availability(at("[::1]:9101"), false, true).is_ok());
-        assert!(availability(at("10.0.0.1:9101"), false, false).is_ok());
         let page = unavailable(&err);
         assert!(!page.contains("<script") && page.contains("--metrics-tls"));
+    }
+
+    #[test]
+    fn with_auth_off_the_page_is_served_on_loopback_only() {
+        let at = |a: &str| Some(a.parse().unwrap());
+        for (addr, tls) in [("10.0.0.1:9101", false), ("0.0.0.0:9101", true)] {
+            let err = availability(at(addr), tls, false).unwrap_err();
+            assert!(
+                err.contains("authentication is off") && err.contains(addr),
+                "{err}"
+            );
+        }
+        assert!(availability(at("127.0.0.1:9101"), false, false).is_ok());
+        assert!(availability(at("[::1]:9101"), true, false).is_ok());
     }
 
     #[test]
