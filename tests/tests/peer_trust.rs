@@ -267,3 +267,93 @@ async fn a_spare_node_certificate_does_not_add_its_node() {
     let members = cluster.status(leader).await.unwrap().members;
     assert!(members.iter().all(|m| m.id != 9), "{members:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_certificate_is_refused_after_a_reload() {
+    let files = tempfile::tempdir().unwrap();
+    let deny = files.path().join("deny.toml");
+    std::fs::write(&deny, "").unwrap();
+    let cluster = Cluster::start_tls(3, &[("FENCED_TLS_DENY", deny.to_str().unwrap())]).await;
+    let pki = cluster.pki.clone().unwrap();
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    let mallory = fenced_client::Client::with_tls(
+        cluster.endpoints(),
+        Some(&pki.client_options(Some("mallory"))),
+    )
+    .unwrap();
+    mallory
+        .describe("revoked-a")
+        .await
+        .expect("before the revocation");
+    // An open gRPC connection made with mallory's certificate.
+    let open = pki.channel(
+        &cluster.status(leader).await.unwrap().leader_addr,
+        Some("mallory"),
+    );
+    let mut open = ClusterClient::new(open);
+    open.list_members(v1::ListMembersRequest {})
+        .await
+        .expect("before");
+
+    // Revoke mallory and node 3 (the node itself is then cut off), then
+    // SIGHUP every node.
+    let victim = (1..=3).find(|id| *id != leader).unwrap();
+    std::fs::write(
+        &deny,
+        format!("clients = [\"mallory\"]\nnodes = [{victim}]\n"),
+    )
+    .unwrap();
+    for id in 1..=3 {
+        cluster.signal(id, nix::sys::signal::Signal::SIGHUP);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cluster.log_of(leader).contains("deny list reloaded") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            cluster.log_of(leader)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The open connection is refused at its next call; a new one at the
+    // handshake.
+    let refused = open
+        .list_members(v1::ListMembersRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("revoked"), "{refused:?}");
+    let fresh = fenced_client::Client::with_tls(
+        cluster.endpoints(),
+        Some(&pki.client_options(Some("mallory"))),
+    )
+    .unwrap();
+    assert!(fresh.describe("revoked-a").await.is_err());
+    // The revoked node's Raft connections are refused on the other nodes'
+    // peer ports; the other two serve on.
+    let others: Vec<u64> = (1..=3).filter(|id| *id != victim).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !others
+        .iter()
+        .any(|id| cluster.log_of(*id).contains("revoked"))
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = cluster.status(leader).await.unwrap().last_token;
+    // (Through the leader: the revoked node's forwarded calls are refused.)
+    let token = cluster
+        .client_of(leader)
+        .acquire_once(
+            "revoked-b",
+            fenced_core::OwnerId::random(),
+            Duration::from_secs(5),
+            Duration::ZERO,
+        )
+        .await;
+    assert!(
+        matches!(token, Ok(fenced_client::AcquireOutcome::Granted { .. })),
+        "{token:?}"
+    );
+    assert!(cluster.status(leader).await.unwrap().last_token > before);
+}

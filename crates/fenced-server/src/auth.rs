@@ -309,6 +309,9 @@ pub struct Auth {
     /// The membership view that says which nodes may forward a caller's
     /// identity: voters only. `None`: no node may.
     forwarders: Option<crate::tls::Members>,
+    /// Revoked certificates: a connection opened before its certificate
+    /// was revoked is refused at its next call.
+    revocations: Option<Arc<crate::revocation::Revocations>>,
 }
 
 impl Auth {
@@ -331,7 +334,20 @@ impl Auth {
             config,
             policy: RwLock::new(policy),
             forwarders: None,
+            revocations: None,
         })
+    }
+
+    /// Refuses calls over a connection whose certificate `revocations`
+    /// lists, and rereads that list with the auth files.
+    pub fn with_revocations(mut self, revocations: Arc<crate::revocation::Revocations>) -> Self {
+        self.revocations = Some(revocations);
+        self
+    }
+
+    /// Whether a deny list is set (SIGHUP rereads it).
+    pub fn revokes(&self) -> bool {
+        self.revocations.as_ref().is_some_and(|r| r.enabled())
     }
 
     /// Believes a forwarded identity from the voters of `members` (over the
@@ -352,8 +368,12 @@ impl Auth {
             .clone()
     }
 
-    /// Rereads the files; on an error the policy in force stays.
+    /// Rereads the files; on an error the policy (or deny list) in force
+    /// stays.
     pub fn reload(&self) -> Result<(), String> {
+        if let Some(r) = &self.revocations {
+            r.reload()?;
+        }
         if !self.enabled() {
             return Ok(());
         }
@@ -372,6 +392,27 @@ impl Auth {
         operation: &str,
         resource: Option<&str>,
     ) -> Result<Option<String>, Status> {
+        // A certificate revoked after its connection opened.
+        let revoked = |der: &[u8]| {
+            self.revocations
+                .as_ref()
+                .map_or(Ok(()), |r| crate::tls::revoked(r, der))
+                .map_err(|why| {
+                    Status::unauthenticated(format!(
+                        "authentication failed: the connection's certificate is revoked ({why})"
+                    ))
+                })
+        };
+        if let Some(cert) = req.peer_certs().as_ref().and_then(|c| c.first().cloned()) {
+            revoked(&cert)?;
+        }
+        if let Some(cert) = req
+            .extensions()
+            .get::<crate::tls::PeerConnectInfo>()
+            .and_then(|info| info.certs.as_ref()?.first().cloned())
+        {
+            revoked(&cert)?;
+        }
         let Some(policy) = self.current() else {
             return Ok(None);
         };
@@ -514,10 +555,10 @@ pub async fn reload_on_sighup(auth: Arc<Auth>, stop: CancellationToken) {
                         return;
                     }
                     match auth.reload() {
-                        Ok(()) => tracing::info!("auth files reloaded"),
+                        Ok(()) => tracing::info!("auth files and deny list reloaded"),
                         Err(e) => tracing::error!(
                             error = %e,
-                            "auth files not reloaded: the previous tokens and policy stay in force"
+                            "auth files not reloaded: the previous tokens, policy and deny list stay in force"
                         ),
                     }
                 }

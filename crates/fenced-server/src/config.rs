@@ -165,6 +165,11 @@ pub struct RunSettings {
     /// The CA (PEM) that signs node and client certificates.
     #[arg(long, env = "FENCED_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
+    /// Certificates refused before they expire: a TOML file of `serials`,
+    /// `nodes` and `clients`, checked on every port and reread on SIGHUP
+    /// (docs/DEPLOYING.md, "Revoking a certificate"); needs TLS.
+    #[arg(long, env = "FENCED_TLS_DENY")]
+    pub tls_deny: Option<PathBuf>,
     /// Require a client certificate signed by --tls-ca on the client port
     /// (it is optional there otherwise; the peer port always requires one).
     #[arg(long, env = "FENCED_CLIENT_CERT_AUTH")]
@@ -484,6 +489,13 @@ impl RunSettings {
             self.tls_ca,
             self.client_cert_auth,
         )?;
+        match (&mut cfg.tls, self.tls_deny) {
+            (Some(tls), deny) => tls.deny = deny,
+            (None, Some(_)) => {
+                return Err("tls_deny: needs --tls-cert, --tls-key and --tls-ca".into())
+            }
+            (None, None) => {}
+        }
         secure_default(&cfg, self.insecure)?;
         authenticated_default(&cfg, self.insecure, self.insecure_no_auth)?;
         if self.metrics_tls && cfg.tls.is_none() {
@@ -516,6 +528,7 @@ fn tls_settings(
             key,
             ca,
             client_cert_auth,
+            deny: None,
         })),
         (None, None, None) if client_cert_auth => {
             Err("client_cert_auth: needs --tls-cert, --tls-key and --tls-ca".into())

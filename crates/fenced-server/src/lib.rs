@@ -37,6 +37,7 @@ pub mod proposer;
 pub mod quota;
 pub mod raft_noise;
 pub mod replication;
+pub mod revocation;
 pub mod rpc_metrics;
 pub mod services;
 // After `services`: uses its forwarding macro.

@@ -405,6 +405,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
                     key,
                     ca,
                     client_cert_auth: false,
+                    deny: None,
                 }),
                 _ => None,
             };

@@ -600,6 +600,21 @@ impl Peer {
             Some(c) => c,
             None => self.connect().await?,
         };
+        // A peer whose certificate was revoked since the connection opened
+        // gets nothing more on it.
+        if let Some(tls) = self.tls.as_ref().filter(|t| t.members.revokes_any()) {
+            let certs = conn.get_ref().peer_certs();
+            if let Some(Err(why)) = certs
+                .as_ref()
+                .and_then(|c| c.first())
+                .map(|c| tls.members.revoked(c))
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("node {}'s certificate is revoked: {why}", self.target),
+                ));
+            }
+        }
         let mut head = [0u8; 1 + REQUEST_HEADER_LEN];
         head[0] = call as u8;
         head[1..].copy_from_slice(&time.encode());

@@ -38,6 +38,7 @@ use crate::{
     proposer::{run_leader_watch, run_ticker, Proposer, ProposerConfig},
     quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
     replication::{self, EarlyAnswers, EarlyReplication, Election, Network, RaftPeer},
+    revocation::Revocations,
     services::{ClusterService, LockService, NodeContext},
     state_machine::StateMachine,
     tls::{self, Members, TlsSettings},
@@ -273,10 +274,16 @@ impl NodeCore {
         // The membership view: which node certificates the peer port admits,
         // which may send Raft calls and forward a caller's identity.
         let members = Members::default();
+        let revocations = Arc::new(
+            Revocations::load(cfg.tls.as_ref().and_then(|t| t.deny.as_deref()))
+                .map_err(NodeError::Config)?,
+        );
+        members.set_revocations(Arc::clone(&revocations));
         let auth = Arc::new(
             Auth::load(cfg.auth.clone())
                 .map_err(NodeError::Config)?
-                .with_forwarders(members.clone()),
+                .with_forwarders(members.clone())
+                .with_revocations(revocations),
         );
         let storage = |source: Box<dyn std::error::Error + Send + Sync>| NodeError::Storage {
             dir: cfg.data_dir.clone(),
@@ -556,7 +563,7 @@ impl RunningNode {
         }
 
         let outer_timeout = Duration::from_millis(cfg.limits.wait_max_ms) + cfg.request_timeout * 2;
-        if auth.enabled() {
+        if auth.enabled() || auth.revokes() {
             tasks.push(tokio::spawn(auth::reload_on_sighup(auth, stop.clone())));
         }
         let lock = |peer| {

@@ -87,9 +87,13 @@ pub async fn accept(
             // sure there is one); it must stay a member.
             let from = match &tls {
                 None => None,
-                Some(t) => match stream.peer_node() {
-                    Some(id) => Some((id, t.members.clone())),
-                    None => return,
+                Some(t) => match (stream.peer_node(), stream.peer_certs()) {
+                    (Some(id), Some(certs)) => Some(Sender {
+                        id,
+                        members: t.members.clone(),
+                        certs,
+                    }),
+                    _ => return,
                 },
             };
             let stream = limit.wrap(stream, permit);
@@ -120,22 +124,37 @@ pub async fn accept(
     }
 }
 
+/// The other end of a Raft connection over mutual TLS.
+struct Sender {
+    /// The node its certificate names.
+    id: NodeId,
+    members: Members,
+    certs: Arc<Vec<rustls::pki_types::CertificateDer<'static>>>,
+}
+
 /// Answers Raft requests on one connection, one at a time, until it closes.
 /// A malformed frame closes the connection; the sender reconnects. With
-/// `from`, the connection closes as soon as that node is no longer a member.
+/// `from`, the connection closes as soon as that node is no longer a member
+/// or its certificate is revoked.
 async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     version: PeerVersion,
     peer: RaftPeer,
-    from: Option<(NodeId, Members)>,
+    from: Option<Sender>,
 ) -> io::Result<()> {
     let mut conn = BufStream::new(stream);
     while let Some(frame) = read_frame(&mut conn).await? {
-        if let Some((id, members)) = &from {
+        if let Some(Sender { id, members, certs }) = &from {
             if !members.admits(*id) {
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!("node {id} is no longer a member"),
+                ));
+            }
+            if let Some(Err(why)) = certs.first().map(|c| members.revoked(c)) {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("node {id}'s certificate is revoked: {why}"),
                 ));
             }
         }
@@ -146,7 +165,7 @@ async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
             .ok_or_else(|| invalid(format!("unknown raft call {kind}")))?;
         let (time, body) = MessageTime::split(version, body)
             .ok_or_else(|| invalid(format!("{} frame shorter than its header", call.name())))?;
-        let sender = from.as_ref().map(|(id, members)| (*id, members));
+        let sender = from.as_ref().map(|s| (s.id, &s.members));
         let reply = peer.answer(call, version, time, body, sender).await?;
         // Read after the call: a granted vote answers with every time this
         // node accepted before granting it.

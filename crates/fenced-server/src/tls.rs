@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     limits::{ConnectionLimit, Limited},
+    revocation::Revocations,
     types::{NodeId, Raft},
 };
 
@@ -64,6 +65,8 @@ pub struct TlsSettings {
     pub ca: PathBuf,
     /// Require a client certificate on the client port.
     pub client_cert_auth: bool,
+    /// The deny list of revoked certificates ([`crate::revocation`]).
+    pub deny: Option<PathBuf>,
 }
 
 /// The node ids a peer's certificate may name: voters and learners of the
@@ -79,6 +82,8 @@ struct MembersInner {
     view: RwLock<View>,
     probes: Mutex<Probes>,
     wake: Notify,
+    /// The certificates revoked before they expire (none until set).
+    revocations: std::sync::OnceLock<Arc<Revocations>>,
 }
 
 /// This node's membership view and the ids vouched for beyond it.
@@ -186,10 +191,42 @@ impl Members {
         }
     }
 
+    /// Checks every certificate against `revocations` from now on (once;
+    /// later calls change nothing).
+    pub fn set_revocations(&self, revocations: Arc<Revocations>) {
+        let _ = self.0.revocations.set(revocations);
+    }
+
+    /// Whether any certificate is revoked now (most nodes: none, and no
+    /// certificate need be looked at).
+    pub fn revokes_any(&self) -> bool {
+        self.0
+            .revocations
+            .get()
+            .is_some_and(|r| !r.current().is_empty())
+    }
+
+    /// `Err` with the reason when the certificate `der` is revoked.
+    pub fn revoked(&self, der: &[u8]) -> Result<(), String> {
+        match self.0.revocations.get() {
+            Some(r) => revoked(r, der),
+            None => Ok(()),
+        }
+    }
+
     /// Whether node `id` may connect. A node that has no membership yet (a
     /// learner that has never been contacted) admits any node certificate:
-    /// it holds nothing, and the leader that adds it must be let in.
+    /// it holds nothing, and the leader that adds it must be let in. A node
+    /// whose certificates are revoked never.
     pub fn admits(&self, id: NodeId) -> bool {
+        if self
+            .0
+            .revocations
+            .get()
+            .is_some_and(|r| r.current().denies_node(id))
+        {
+            return false;
+        }
         let view = self.0.view.read().unwrap_or_else(PoisonError::into_inner);
         match &view.ids {
             Some(ids) => ids.contains(&id) || view.vouched.contains_key(&id),
@@ -380,6 +417,31 @@ pub fn client_name(cert: &[u8]) -> Option<String> {
     certificate_name(uris.iter().map(String::as_str), cn)
 }
 
+/// `Err` with the reason when `revocations` lists the certificate `der`
+/// (its serial, its node or its client name). Nothing is parsed while the
+/// list is empty.
+pub fn revoked(revocations: &Revocations, der: &[u8]) -> Result<(), String> {
+    let list = revocations.current();
+    if list.is_empty() {
+        return Ok(());
+    }
+    let serial = x509_parser::parse_x509_certificate(der).ok().map(|(_, c)| {
+        c.tbs_certificate
+            .raw_serial()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    });
+    match list.denies(
+        serial.as_deref(),
+        node_id_of(der),
+        client_name(der).as_deref(),
+    ) {
+        Some(why) => Err(why),
+        None => Ok(()),
+    }
+}
+
 /// The node id a certificate names (`fenced://node/<id>`), if exactly one.
 pub fn node_id_of(cert: &[u8]) -> Option<NodeId> {
     let ids: Vec<NodeId> = san_uris(cert)
@@ -417,6 +479,12 @@ impl ClientCertVerifier for MemberVerifier {
     ) -> Result<ClientCertVerified, rustls::Error> {
         self.chain
             .verify_client_cert(end_entity, intermediates, now)?;
+        if let Err(why) = self.members.revoked(end_entity) {
+            tracing::warn!(reason = %why, "peer certificate refused: revoked");
+            return Err(rustls::Error::General(format!(
+                "certificate revoked: {why}"
+            )));
+        }
         match node_id_of(end_entity) {
             Some(id) if self.members.admits(id) => Ok(ClientCertVerified::assertion()),
             Some(id) => {
@@ -438,6 +506,66 @@ impl ClientCertVerifier for MemberVerifier {
                 ))
             }
         }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.chain.supported_verify_schemes()
+    }
+}
+
+/// The client and metrics ports' check: the chain (webpki), then the deny
+/// list ([`crate::revocation`]).
+#[derive(Debug)]
+pub struct RevokingVerifier {
+    chain: Arc<dyn ClientCertVerifier>,
+    members: Members,
+}
+
+impl ClientCertVerifier for RevokingVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.chain.root_hint_subjects()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.chain.client_auth_mandatory()
+    }
+
+    fn offer_client_auth(&self) -> bool {
+        self.chain.offer_client_auth()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .chain
+            .verify_client_cert(end_entity, intermediates, now)?;
+        self.members.revoked(end_entity).map_err(|why| {
+            tracing::warn!(reason = %why, "client certificate refused: revoked");
+            rustls::Error::General(format!("certificate revoked: {why}"))
+        })?;
+        Ok(verified)
     }
 
     fn verify_tls12_signature(
@@ -539,7 +667,7 @@ pub fn load(settings: &TlsSettings, members: Members) -> Result<NodeTls, String>
             cfg.alpn_protocols = vec![alpn.to_vec()];
             Ok(TlsAcceptor::from(Arc::new(cfg)))
         };
-    let verifier = |optional: bool| {
+    let webpki = |optional: bool| {
         let b = WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), provider());
         if optional {
             b.allow_unauthenticated()
@@ -549,8 +677,14 @@ pub fn load(settings: &TlsSettings, members: Members) -> Result<NodeTls, String>
         .build()
         .map_err(|e| bad("tls_ca", &e))
     };
+    let verifier = |optional: bool| -> Result<Arc<dyn ClientCertVerifier>, String> {
+        Ok(Arc::new(RevokingVerifier {
+            chain: webpki(optional)?,
+            members: members.clone(),
+        }))
+    };
     let member_verifier = Arc::new(MemberVerifier {
-        chain: verifier(false)?,
+        chain: webpki(false)?,
         members: members.clone(),
     });
     let connector = ClientConfig::builder_with_provider(provider())
@@ -821,6 +955,16 @@ pub async fn connect_peer(
         )
     })?;
     let s = PeerStream::Tls(Box::new(tokio_rustls::TlsStream::Client(s)));
+    if let Some(Err(why)) = s
+        .certificates()
+        .and_then(|c| c.first())
+        .map(|c| tls.members.revoked(c))
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{addr} answered with a revoked certificate: {why}"),
+        ));
+    }
     match s.peer_node() {
         Some(id) if id == target => Ok(s),
         other => Err(io::Error::new(
@@ -1005,6 +1149,61 @@ mod tests {
         members.0.probes.lock().unwrap().pending.clear();
         members.refused(4, t0 + PROBE_INTERVAL + Duration::from_millis(1));
         assert!(members.0.probes.lock().unwrap().pending.contains(&4));
+    }
+
+    #[test]
+    fn a_certificate_is_revoked_by_its_serial_node_or_client_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        certs::run(&CertsCommand::Ca { dir: dir.clone() }).unwrap();
+        let node = |id| {
+            let paths = certs::run(&CertsCommand::Node {
+                dir: dir.clone(),
+                id,
+                hosts: vec![],
+                days: 1,
+            })
+            .unwrap();
+            der(&paths[0]).to_vec()
+        };
+        let client = |name: &str| {
+            let paths = certs::run(&CertsCommand::Client {
+                dir: dir.clone(),
+                name: name.into(),
+                days: 1,
+            })
+            .unwrap();
+            der(&paths[0]).to_vec()
+        };
+        let (n2, n3, mallory, alice) = (node(2), node(3), client("mallory"), client("alice"));
+        let (_, parsed) = x509_parser::parse_x509_certificate(&n3).unwrap();
+        let serial: Vec<String> = parsed
+            .tbs_certificate
+            .raw_serial()
+            .iter()
+            .map(|b| format!("{b:02X}"))
+            .collect();
+        let deny = dir.join("deny.toml");
+        std::fs::write(
+            &deny,
+            format!(
+                "serials = [\"{}\"]\nnodes = [2]\nclients = [\"mallory\"]\n",
+                serial.join(":")
+            ),
+        )
+        .unwrap();
+        let r = Revocations::load(Some(&deny)).unwrap();
+        assert!(revoked(&r, &n2).unwrap_err().contains("node 2"));
+        assert!(revoked(&r, &n3).unwrap_err().contains("serial"));
+        assert!(revoked(&r, &mallory).unwrap_err().contains("mallory"));
+        assert!(revoked(&r, &alice).is_ok());
+        assert!(revoked(&Revocations::default(), &n2).is_ok());
+        let members = Members::default();
+        members.set(Some([1, 2, 3].into()));
+        assert!(members.admits(2));
+        members.set_revocations(Arc::new(r));
+        assert!(!members.admits(2), "a revoked node is admitted by no view");
+        assert!(members.revokes_any());
     }
 
     #[test]
