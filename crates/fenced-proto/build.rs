@@ -17,6 +17,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={}", f.display());
     }
     let descriptors = protox::compile(&files, [&root])?;
+    // Every routed method, `package.Service/Method`, sorted: the only names
+    // the server's `/metrics` puts in a label (a caller's path never is).
+    let mut methods: Vec<String> = descriptors
+        .file
+        .iter()
+        .flat_map(|f| {
+            f.service.iter().flat_map(move |s| {
+                s.method
+                    .iter()
+                    .map(move |m| format!("{}.{}/{}", f.package(), s.name(), m.name()))
+            })
+        })
+        .collect();
+    methods.sort();
+    let list: String = methods.iter().map(|m| format!("    {m:?},\n")).collect();
+    let out = PathBuf::from(std::env::var("OUT_DIR")?).join("methods.rs");
+    std::fs::write(out, format!("pub const METHODS: &[&str] = &[\n{list}];\n"))?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

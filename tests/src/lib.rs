@@ -20,6 +20,25 @@ use nix::sys::signal::Signal;
 use rustls::pki_types::pem::PemObject;
 use tonic::transport::Channel;
 
+/// The first of `names` on PATH, or `None` (a loud skip, saying what the
+/// test needs: `needs`) when none is installed and this is not CI; under
+/// CI (`CI` set, not "false") a missing tool fails the test instead.
+pub fn tool_on_path(names: &[&str], needs: &str) -> Option<PathBuf> {
+    let found = names.iter().find_map(|name| {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(name))
+                .find(|p| p.is_file())
+        })
+    });
+    if found.is_none() {
+        let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
+        assert!(!ci, "CI is set but {} is not installed: {needs}", names[0]);
+        eprintln!("\n!!!!!!!! SKIPPED: {needs}; it is not on PATH !!!!!!!!\n");
+    }
+    found
+}
+
 /// The directory holding the workspace's built binaries.
 pub fn bin_dir() -> PathBuf {
     fenced_testkit::bin_dir().expect("target dir")

@@ -67,6 +67,23 @@ async fn grant(client: &Client, resource: &str, ttl: Duration) -> (Token, u64) {
     }
 }
 
+/// A lease live before the restore or recovery is still held, by `token`.
+async fn assert_held(client: &Client, resource: &str, token: Token) {
+    match client
+        .acquire_once(
+            resource,
+            OwnerId::random(),
+            Duration::from_secs(5),
+            Duration::ZERO,
+        )
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Held { current_token, .. } => assert_eq!(current_token, token),
+        other => panic!("{resource}: the live lease was lost: {other:?}"),
+    }
+}
+
 /// `n` grants, each released at once, spread over `resources`, four at a
 /// time; returns the highest token.
 async fn grants(client: &Client, resources: &[String], n: usize) -> u64 {
@@ -324,25 +341,104 @@ async fn a_survivor_recovers_as_a_one_node_cluster_above_every_old_token() {
         }
     };
     assert_eq!(status.members.len(), 1, "{:?}", status.members);
-    match client
-        .acquire_once(
-            "jobs/held",
-            OwnerId::random(),
-            Duration::from_secs(5),
-            Duration::ZERO,
-        )
-        .await
-        .unwrap()
-    {
-        AcquireOutcome::Held { current_token, .. } => assert_eq!(current_token, held_token),
-        other => panic!("the live lease was lost in the recovery: {other:?}"),
-    }
+    assert_held(&client, "jobs/held", held_token).await;
     for name in resources.iter().map(String::as_str).chain(["jobs/new"]) {
         let (token, _) = grant(&client, name, Duration::from_secs(5)).await;
         assert!(
             token.get() > highest,
             "{name}: token {token} is not above {highest}"
         );
+    }
+}
+
+/// The attack on the counter: a floor at the end of a u64 made the next
+/// grant's token 0, then 1, below tokens already issued. Such a floor is
+/// refused by name and bound, writing nothing; a restore at the bound
+/// (2^62) grants above every token in the backup, and never goes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_floor_past_its_bound_is_refused_and_one_at_it_never_goes_backwards() {
+    const BOUND: u64 = 1 << 62;
+    let old = Cluster::start(1).await;
+    let client = old.client();
+    let resources: Vec<String> = (0..5).map(|i| format!("ledger/{i}")).collect();
+    let highest_old = grants(&client, &resources, 20).await;
+    let (held_token, _) = grant(&client, "ledger/held", Duration::from_secs(60)).await;
+    let backups = tempfile::tempdir().unwrap();
+    let file = backups.path().join("backup.fncd");
+    let saved = save(&old, &file);
+    let in_backup = saved["last_token"].as_u64().unwrap();
+    assert!(in_backup >= highest_old.max(held_token.get()), "{saved}");
+    drop(old);
+
+    let mut fresh = Cluster::stopped(3, &[]);
+    let target = fresh.nodes()[0].data_dir.clone();
+    for floor in [
+        "18446744073709551614",
+        "18446744073709551615",
+        "4611686018427387905",
+    ] {
+        let out = restore(
+            &file,
+            &target,
+            1,
+            fresh.initial_cluster(),
+            &["--token-floor", floor],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--token-floor {floor} was accepted");
+        assert!(
+            err.contains("--token-floor") && err.contains("4611686018427387904 (2^62)"),
+            "{floor}: {err}"
+        );
+        assert!(
+            !target.exists(),
+            "a refused restore wrote {}",
+            target.display()
+        );
+    }
+    let bound = BOUND.to_string();
+    for node in fresh.nodes() {
+        let out = restore(
+            &file,
+            &node.data_dir,
+            node.id,
+            fresh.initial_cluster(),
+            &["--token-floor", &bound],
+        );
+        assert!(
+            out.status.success(),
+            "restore at the bound, node {}: {}",
+            node.id,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    fresh.start_all().await;
+    let client = fresh.client();
+    assert_held(&client, "ledger/held", held_token).await;
+    // Known resources and new ones, in turn, each released after: every
+    // token above the one before and above the floor (so above every token
+    // in the backup), never 0.
+    let mut last = BOUND;
+    for round in 0..3 {
+        for name in resources.iter().cloned().chain([format!("new/{round}")]) {
+            let owner = OwnerId::random();
+            let token = match client
+                .acquire_once(&name, owner, Duration::from_secs(5), Duration::ZERO)
+                .await
+                .unwrap()
+            {
+                AcquireOutcome::Granted { token, .. } => token,
+                other => panic!("{name}: not granted: {other:?}"),
+            };
+            assert!(
+                token.get() > last && token.get() > in_backup,
+                "{name}: token {token} after {last} (floor {BOUND}, backup's last {in_backup})"
+            );
+            last = token.get();
+            let d = client.describe(&name).await.unwrap();
+            assert!(d.held && d.last_token == token.get(), "{name}: {d:?}");
+            client.release(&name, owner, token).await.unwrap();
+        }
     }
 }
 

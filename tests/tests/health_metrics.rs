@@ -470,3 +470,142 @@ async fn the_state_digest_is_computed_only_when_asked_and_agrees_across_replicas
     }
     assert_ne!(digests[0], digests[1], "five more leases, the same digest");
 }
+
+/// `promtool` on PATH, or none when it is not installed and this is not CI;
+/// under CI a missing promtool fails (.ci/run installs it).
+fn promtool() -> Option<std::path::PathBuf> {
+    fenced_tests::tool_on_path(
+        &["promtool"],
+        "`promtool check metrics` of the exposition needs promtool (Prometheus; .ci/run \
+         installs it); the strict parser still ran",
+    )
+}
+
+/// Calls `path` on `addr` as a unary gRPC call; the answer does not matter.
+async fn call_path(addr: &str, path: &str) {
+    use tonic::codegen::http::uri::PathAndQuery;
+    let Ok(path) = PathAndQuery::try_from(path) else {
+        return;
+    };
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let codec = tonic_prost::ProstCodec::<v1::DescribeRequest, v1::DescribeResponse>::default();
+    let _ = grpc
+        .unary(
+            tonic::Request::new(v1::DescribeRequest::default()),
+            path,
+            codec,
+        )
+        .await;
+}
+
+/// The attack on `/metrics`: one unauthenticated call to
+/// `/fenced.v1.x",port="peer` used to become a label with its quotes
+/// unescaped, and Prometheus refused every scrape of the node after it;
+/// invented method names pushed the real ones into `other`. Now only
+/// routed methods are labels, the rest count as `unknown`, and the
+/// exposition stays well formed (by the strict parser, and promtool).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_paths_cannot_write_into_metrics() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let cluster = Cluster::start_with(1, &[("FENCED_METRICS_LISTEN", &addr)]).await;
+    let node = &cluster.nodes()[0];
+    let (client, peer) = (node.client_addr(), format!("127.0.0.1:{}", node.peer_port));
+    let mut hostile: Vec<String> = [
+        "/fenced.v1.x\",port=\"peer",
+        "/fenced.v1.Lock/Acquire\"} 1",
+        "/fenced.v1.Lock/Acquire\\",
+        "/fenced.v1.Lock/{Acquire}",
+        "/fenced.v1.Lock/Acquire%0A",
+        "/grpc.health.v1.Health/Check\\n",
+    ]
+    .map(String::from)
+    .to_vec();
+    hostile.push(format!("/fenced.v1.Lock/{}", "A".repeat(4096)));
+    for i in 0..100 {
+        hostile.push(format!("/fenced.v1.Lock/Invented{i}"));
+    }
+    // The attack's own path is one the client library sends as is.
+    assert!(tonic::codegen::http::uri::PathAndQuery::try_from(hostile[0].as_str()).is_ok());
+    for path in &hostile {
+        call_path(&client, path).await;
+        call_path(&peer, path).await;
+    }
+    // A real method after the flood still gets its own series.
+    let mut lock = cluster.lock_client(1);
+    lock.describe(v1::DescribeRequest {
+        resource: b"metrics/after-the-flood".to_vec(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    let (status, body) = http_get(&addr, "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    fenced_server::exposition::check(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+    assert!(!body.contains("fenced.v1.x"), "{body}");
+    assert!(!body.contains("Invented"), "{body}");
+    assert!(!body.contains("method=\"other\""), "{body}");
+    assert!(
+        body.contains("fenced_rpc_requests_total{port=\"client\",method=\"unknown\","),
+        "{body}"
+    );
+    assert!(
+        body.contains(
+            "fenced_rpc_requests_total{port=\"client\",method=\"fenced.v1.Lock/Describe\",code=\"OK\"} 1\n"
+        ),
+        "{body}"
+    );
+    for line in body.lines().filter(|l| l.contains("method=\"")) {
+        let method = line
+            .split("method=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert!(
+            method == "unknown"
+                || fenced_proto::METHODS.contains(&method)
+                || method.starts_with("grpc.health.v1.Health/"),
+            "{method:?} became a label: {line}"
+        );
+    }
+    if let Some(promtool) = promtool() {
+        use std::io::Write;
+        let mut child = Command::new(promtool)
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(body.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Lint findings (naming advice) exit 3; a parse error exits 1.
+        assert!(
+            !said.contains("error while linting") && !said.contains("text format parsing error"),
+            "promtool refused the exposition: {said}\n{body}"
+        );
+        assert!(
+            matches!(out.status.code(), Some(0 | 3)),
+            "promtool: {:?} {said}",
+            out.status
+        );
+    }
+}

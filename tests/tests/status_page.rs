@@ -221,25 +221,10 @@ async fn no_status_page_where_a_token_would_travel_in_clear() {
 /// Headless Chromium from the system, or `None` (a loud skip) when it is
 /// not installed and this is not CI; under CI a missing browser fails.
 fn chromium() -> Option<PathBuf> {
-    let found = ["chromium", "chromium-browser"].iter().find_map(|name| {
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|dir| dir.join(name))
-                .find(|p| p.is_file())
-        })
-    });
-    if found.is_none() {
-        let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
-        assert!(
-            !ci,
-            "CI is set but chromium is not installed: .ci/run installs it (apt-get install chromium)"
-        );
-        eprintln!(
-            "\n!!!!!!!! SKIPPED: the status page's browser test needs chromium \
-             (apt-get install chromium); it is not on PATH !!!!!!!!\n"
-        );
-    }
-    found
+    fenced_tests::tool_on_path(
+        &["chromium", "chromium-browser"],
+        "the status page's browser test needs chromium (apt-get install chromium; .ci/run installs it)",
+    )
 }
 
 /// The page's DOM after its script ran in headless Chromium; `url` carries

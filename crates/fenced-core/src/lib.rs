@@ -34,7 +34,8 @@ pub use kv::{
 };
 pub use limits::{
     Capacity, CapacityBound, Limits, SessionBounds, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS,
-    MAX_RENEW_BATCH, MAX_RENEW_BATCH_BYTES, MAX_WAITERS_PER_RESOURCE, SESSION_IDENTITY_MAX_BYTES,
+    MAX_LOADED_REVISION, MAX_RENEW_BATCH, MAX_RENEW_BATCH_BYTES, MAX_TOKEN, MAX_TOKEN_FLOOR,
+    MAX_WAITERS_PER_RESOURCE, SESSION_IDENTITY_MAX_BYTES,
 };
 pub use name::{ResourceName, RESOURCE_NAME_MAX_BYTES};
 pub use observe::{
@@ -48,6 +49,7 @@ pub use outcome::{
     Outcome, ReleaseOutcome, RenewOutcome, SessionBound, SessionOutcome, SessionRefusal,
 };
 pub use table::{
-    LeaseTable, SnapshotError, TableSeed, TableSnapshot, TableSnapshotRef, SNAPSHOT_FORMAT_VERSION,
+    LeaseTable, SnapshotError, TableSeed, TableSnapshot, TableSnapshotRef, TokenFloorError,
+    SNAPSHOT_FORMAT_VERSION,
 };
 pub use time::{ClusterTime, LeaderClock};

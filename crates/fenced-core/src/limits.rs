@@ -12,6 +12,22 @@ pub const MAX_WAITERS_PER_RESOURCE: usize = 1024;
 /// counter for the whole table.
 pub const MAX_IDLE_RECORDS: usize = 100_000;
 
+/// The highest fencing token the table's counter issues. A table whose
+/// counter reached it refuses every new grant
+/// ([`crate::AcquireOutcome::TokensExhausted`]) rather than wrap to 0; a
+/// snapshot whose counter is above it is refused at load.
+pub const MAX_TOKEN: u64 = 1 << 63;
+
+/// The highest floor a restore or a recovery may raise the counter to
+/// (`--token-floor`): 2^62 tokens of room stay above it, more than any
+/// cluster grants (a million a second for 146,000 years).
+pub const MAX_TOKEN_FLOOR: u64 = 1 << 62;
+
+/// The highest watch revision a snapshot may carry: far below the end of
+/// a u64 (the window stops numbering there rather than wrap; 2^63 more
+/// changes away, out of reach).
+pub const MAX_LOADED_REVISION: u64 = 1 << 62;
+
 /// The most commands in one log entry.
 pub const MAX_BATCH_COMMANDS: usize = 4096;
 

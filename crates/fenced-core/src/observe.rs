@@ -153,7 +153,12 @@ impl Window {
         owner: OwnerId,
         at: ClusterTime,
     ) {
-        self.revision += 1;
+        // Checked: a loaded revision is at most 2^62, 2^63 changes from the
+        // end; past it a change goes unnumbered rather than wrap to 0.
+        let Some(revision) = self.revision.checked_add(1) else {
+            return;
+        };
+        self.revision = revision;
         self.changes.push_back(Change {
             revision: self.revision,
             resource: resource.clone(),
@@ -171,7 +176,7 @@ impl Window {
     pub(crate) fn oldest(&self) -> u64 {
         self.changes
             .front()
-            .map_or(self.revision + 1, |c| c.revision)
+            .map_or(self.revision.saturating_add(1), |c| c.revision)
     }
 
     pub(crate) fn after(
@@ -216,9 +221,9 @@ impl Window {
                     c.revision
                 ));
             }
-            expect += 1;
+            expect = expect.saturating_add(1);
         }
-        if !self.changes.is_empty() && expect != self.revision + 1 {
+        if !self.changes.is_empty() && expect != self.revision.saturating_add(1) {
             return Err("the newest change is not the table's revision".into());
         }
         Ok(())

@@ -71,6 +71,13 @@ pub enum AcquireOutcome {
         bound: CapacityBound,
         limit: u64,
     },
+    /// The table's token counter reached `limit` ([`crate::MAX_TOKEN`]): no
+    /// grant can get a token higher than every one before, so none is
+    /// made, ever again on this table; nothing changed. (Last: outcomes
+    /// are encoded by position.)
+    TokensExhausted {
+        limit: u64,
+    },
 }
 
 /// What a renew ([`crate::Command::Renew`], or one lease of a
@@ -264,6 +271,13 @@ pub enum Event {
     /// A session lapsed without a keep-alive; `leases` of its leases ended
     /// with it, each also reported as [`Event::Expired`].
     SessionExpired { session: SessionId, leases: u64 },
+    /// A queued owner's wait ended without a grant: the resource came free
+    /// but the token counter reached `limit` ([`crate::MAX_TOKEN`]).
+    TokensExhausted {
+        resource: ResourceName,
+        owner_id: OwnerId,
+        limit: u64,
+    },
 }
 
 /// Everything one applied batch produced.

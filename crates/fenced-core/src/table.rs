@@ -13,9 +13,11 @@ use crate::{
     Event, Grant, HistoryEntry, KvSnapshot, KvStore, LeaseEnd, LeaseList, LeaseView, LostReason,
     Outcome, OwnerId, ReleaseOutcome, RenewOutcome, ResourceName, SessionId, SessionRefusal, Token,
     TokenState, Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE,
-    MAX_IDLE_RECORDS, MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
+    MAX_IDLE_RECORDS, MAX_TOKEN, MAX_TOKEN_FLOOR, MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
 };
 
+#[cfg(test)]
+mod counter_tests;
 mod load;
 
 pub use load::TableSeed;
@@ -1048,7 +1050,7 @@ impl LeaseTable {
             if leases_full {
                 return refuse(CapacityBound::LiveLeases, capacity.max_live_leases);
             }
-            return AcquireOutcome::Granted(self.grant(name, owner, term, now));
+            return self.grant_or_refuse(name, owner, term, now);
         };
         if let Some(reason) = rec.ended_attempt(owner) {
             return AcquireOutcome::Ended(reason);
@@ -1058,7 +1060,7 @@ impl LeaseTable {
         #[cfg(feature = "canary-skip-lease-check")]
         if let Some(lease) = rec.holder.take_if(|l| l.owner != owner) {
             self.ends.detach(name, &lease.term);
-            return AcquireOutcome::Granted(self.grant(name, owner, term, now));
+            return self.grant_or_refuse(name, owner, term, now);
         }
         match &mut rec.holder {
             // The holder asking again (its reply was lost): the same grant, with
@@ -1101,6 +1103,10 @@ impl LeaseTable {
                         position: position_u32(pos + 1),
                     };
                 }
+                // No grant can end the wait: answer now, queue nothing.
+                if self.last_token >= MAX_TOKEN {
+                    return AcquireOutcome::TokensExhausted { limit: MAX_TOKEN };
+                }
                 if rec.waiters.len() >= MAX_WAITERS_PER_RESOURCE {
                     return AcquireOutcome::WaitQueueFull {
                         max_waiters: position_u32(MAX_WAITERS_PER_RESOURCE),
@@ -1123,7 +1129,7 @@ impl LeaseTable {
             // Free: waiters are granted in the step that ends a lease, so a
             // free resource has none queued.
             None if leases_full => refuse(CapacityBound::LiveLeases, capacity.max_live_leases),
-            None => AcquireOutcome::Granted(self.grant(name, owner, term, now)),
+            None => self.grant_or_refuse(name, owner, term, now),
         }
     }
 
@@ -1230,16 +1236,41 @@ impl LeaseTable {
         }
     }
 
-    /// Issues the next token to `owner` and makes it the holder of `name`.
+    /// The token the next grant gets, or none once the counter reached
+    /// [`MAX_TOKEN`]: checked, so no build (release ones have no overflow
+    /// checks) ever wraps to 0 or below a token already issued.
+    fn next_token(&self) -> Option<Token> {
+        self.last_token
+            .checked_add(1)
+            .filter(|t| *t <= MAX_TOKEN)
+            .map(Token::issued)
+    }
+
+    /// [`LeaseTable::grant`] as an acquire's answer.
+    fn grant_or_refuse(
+        &mut self,
+        name: &ResourceName,
+        owner: OwnerId,
+        term: Term,
+        now: ClusterTime,
+    ) -> AcquireOutcome {
+        match self.grant(name, owner, term, now) {
+            Some(grant) => AcquireOutcome::Granted(grant),
+            None => AcquireOutcome::TokensExhausted { limit: MAX_TOKEN },
+        }
+    }
+
+    /// Issues the next token to `owner` and makes it the holder of `name`;
+    /// none, and nothing changed, once the counter is exhausted.
     fn grant(
         &mut self,
         name: &ResourceName,
         owner: OwnerId,
         term: Term,
         now: ClusterTime,
-    ) -> Grant {
-        self.last_token += 1;
-        let token = Token::issued(self.last_token);
+    ) -> Option<Grant> {
+        let token = self.next_token()?;
+        self.last_token = token.get();
         let granted_at = if self.history_len > 0 {
             now
         } else {
@@ -1270,11 +1301,11 @@ impl LeaseTable {
         self.window
             .record(name, ChangeKind::Granted, token, owner, now);
         let (expires_at, ttl_ms) = self.ends.end_of(&term);
-        Grant {
+        Some(Grant {
             token,
             expires_at,
             ttl_ms,
-        }
+        })
     }
 
     /// Grants a free resource to its first waiter, in the same step.
@@ -1294,12 +1325,39 @@ impl LeaseTable {
             expires_at: now.plus_millis(waiter.ttl_ms),
             ttl_ms: waiter.ttl_ms,
         };
-        let grant = self.grant(name, waiter.owner, term, now);
+        let Some(grant) = self.grant(name, waiter.owner, term, now) else {
+            // No waiter can ever be granted: every wait ends now, so no
+            // waiter stays queued on a free resource.
+            self.end_waits_exhausted(name, waiter.owner, events);
+            return;
+        };
         events.push(Event::WaiterGranted {
             resource: name.clone(),
             owner_id: waiter.owner,
             grant,
         });
+    }
+
+    /// Ends the wait of `first` (already taken off the queue) and of every
+    /// waiter still queued on `name`: the counter is exhausted.
+    fn end_waits_exhausted(
+        &mut self,
+        name: &ResourceName,
+        first: OwnerId,
+        events: &mut Vec<Event>,
+    ) {
+        let mut owners = vec![first];
+        if let Some(rec) = self.records.get_mut(name) {
+            while let Some(w) = rec.waiters.pop_front() {
+                self.deadlines.remove(&(w.deadline, name.clone(), w.owner));
+                owners.push(w.owner);
+            }
+        }
+        events.extend(owners.into_iter().map(|owner_id| Event::TokensExhausted {
+            resource: name.clone(),
+            owner_id,
+            limit: MAX_TOKEN,
+        }));
     }
 
     fn update_idle(&mut self, name: &ResourceName) {
@@ -1309,12 +1367,12 @@ impl LeaseTable {
         match (rec.is_idle(), rec.idle_seq.get()) {
             (true, None) => {
                 let seq = self.next_idle_seq;
-                let Some(mark) = IdleSeq::new(Some(seq)) else {
+                let (Some(mark), Some(next)) = (IdleSeq::new(Some(seq)), seq.checked_add(1)) else {
                     // Out of reach: the counter counts idle transitions from
                     // zero, and a load refuses one at or above 2^63.
                     return;
                 };
-                self.next_idle_seq += 1;
+                self.next_idle_seq = next;
                 rec.idle_seq = mark;
                 self.idle.insert((seq, name.clone()));
             }
@@ -1418,6 +1476,10 @@ impl LeaseTable {
         #[cfg(not(feature = "canary-reuse-token"))]
         if rec.last_token.get() > self.last_token {
             return fail("token above the table's counter");
+        }
+        // Tokens start at 1: a record with token 0 is not one a grant made.
+        if rec.last_token.get() == 0 {
+            return fail("token 0");
         }
         if let Some(l) = &rec.holder {
             if l.granted_at != NOT_REMEMBERED && l.granted_at > self.now {
@@ -1760,9 +1822,26 @@ impl LeaseTable {
     /// every resource, remembered or new (the counter is the table's own).
     /// Never lowers it. A cluster restored from a backup raises its floor
     /// above anything the old cluster may have issued after the backup.
-    pub fn raise_token_floor(&mut self, floor: u64) {
+    /// A floor above [`MAX_TOKEN_FLOOR`] is refused, nothing changed: room
+    /// for grants must stay above it, and a counter at its end would wrap.
+    pub fn raise_token_floor(&mut self, floor: u64) -> Result<(), TokenFloorError> {
+        if floor > MAX_TOKEN_FLOOR {
+            return Err(TokenFloorError {
+                floor,
+                max: MAX_TOKEN_FLOOR,
+            });
+        }
         self.last_token = self.last_token.max(floor);
+        Ok(())
     }
+}
+
+/// A token floor above [`MAX_TOKEN_FLOOR`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("token floor {floor} is above the bound {max} (2^62)")]
+pub struct TokenFloorError {
+    pub floor: u64,
+    pub max: u64,
 }
 
 #[cfg(test)]
@@ -1790,11 +1869,11 @@ mod token_floor_tests {
     fn a_raised_floor_applies_to_known_and_new_resources_and_never_lowers() {
         let mut table = LeaseTable::new();
         let first = acquire(&mut table, "a", 1);
-        table.raise_token_floor(1_000);
+        table.raise_token_floor(1_000).unwrap();
         assert!(acquire(&mut table, "b", 2) > 1_000);
         assert!(acquire(&mut table, "a", 5_000) > 1_000);
         let before = table.last_token();
-        table.raise_token_floor(first);
+        table.raise_token_floor(first).unwrap();
         assert_eq!(table.last_token(), before);
         table.check_invariants().unwrap();
     }

@@ -478,6 +478,9 @@ proptest! {
                         Event::SessionExpired { .. } => {
                             prop_assert!(false, "the model opens no session")
                         }
+                        Event::TokensExhausted { .. } => {
+                            prop_assert!(false, "the model's counter never nears its bound")
+                        }
                     }
                 }
             }

@@ -302,10 +302,23 @@ pub fn capacity_reached(bound: CapacityBound, limit: u64) -> Status {
     ))
 }
 
-/// The reply to an acquire whose outcome is final: a `Waiting` outcome
-/// (answered later, when the wait ends) is UNAVAILABLE here, outcome unknown.
+/// FAILED_PRECONDITION naming the resource and the bound: the table's token
+/// counter reached it, so no grant can get a token above every one before.
+/// Not worth a retry: it stays so on this cluster.
+pub fn tokens_exhausted(resource: &str, limit: u64) -> Status {
+    Status::failed_precondition(format!(
+        "resource {resource}: fencing tokens exhausted: the cluster's token counter \
+         reached its bound {limit} (2^63), so no lease can be granted with a token above \
+         every one before; nothing changed"
+    ))
+}
+
+/// The reply to an acquire of `resource` whose outcome is final: a
+/// `Waiting` outcome (answered later, when the wait ends) is UNAVAILABLE
+/// here, outcome unknown.
 pub fn acquire_reply(
     outcome: &AcquireOutcome,
+    resource: &str,
     now: ClusterTime,
 ) -> Result<v1::AcquireResponse, Status> {
     use v1::acquire_response::Outcome as O;
@@ -338,6 +351,9 @@ pub fn acquire_reply(
         AcquireOutcome::CapacityReached { bound, limit } => {
             return Err(capacity_reached(*bound, *limit))
         }
+        AcquireOutcome::TokensExhausted { limit } => {
+            return Err(tokens_exhausted(resource, *limit))
+        }
         AcquireOutcome::Waiting { .. } => {
             return Err(Status::unavailable(
                 "acquire: still waiting, the outcome is unknown; retry with the same owner_id",
@@ -354,10 +370,11 @@ pub fn acquire_reply(
 /// the session (an answer) or a refusal (an error).
 pub fn acquire_in_session_reply(
     outcome: &AcquireInSessionOutcome,
+    resource: &str,
     now: ClusterTime,
 ) -> Result<v1::AcquireResponse, Status> {
     match outcome {
-        AcquireInSessionOutcome::Acquire(o) => acquire_reply(o, now),
+        AcquireInSessionOutcome::Acquire(o) => acquire_reply(o, resource, now),
         AcquireInSessionOutcome::SessionRefused(r) => match session_refused(*r) {
             None => Ok(v1::AcquireResponse {
                 outcome: Some(v1::acquire_response::Outcome::SessionGone(

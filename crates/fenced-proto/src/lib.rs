@@ -10,6 +10,13 @@ pub mod v1 {
     tonic::include_proto!("fenced.v1");
 }
 
+/// Every method of the services in `proto/fenced/v1`, as
+/// `package.Service/Method` (a call's path without its `/`), sorted.
+pub mod methods {
+    include!(concat!(env!("OUT_DIR"), "/methods.rs"));
+}
+pub use methods::METHODS;
+
 mod convert;
 mod kv;
 

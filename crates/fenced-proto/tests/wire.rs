@@ -121,6 +121,7 @@ fn token_zero_is_refused_on_renew_and_release() {
 fn a_full_waiter_queue_is_resource_exhausted_naming_the_bound() {
     let status = acquire_reply(
         &AcquireOutcome::WaitQueueFull { max_waiters: 1024 },
+        "r",
         fenced_core::ClusterTime::ZERO,
     )
     .unwrap_err();
@@ -133,6 +134,7 @@ fn an_acquire_by_a_spent_owner_id_is_answered_ended_with_the_reason() {
     let reply = |reason| {
         acquire_reply(
             &AcquireOutcome::Ended(reason),
+            "r",
             fenced_core::ClusterTime::ZERO,
         )
         .expect("an ended attempt is a typed outcome, not an error")
@@ -156,6 +158,22 @@ fn an_acquire_by_a_spent_owner_id_is_answered_ended_with_the_reason() {
 }
 
 #[test]
+fn an_exhausted_token_counter_is_failed_precondition_naming_the_resource_and_bound() {
+    let status = acquire_reply(
+        &AcquireOutcome::TokensExhausted {
+            limit: fenced_core::MAX_TOKEN,
+        },
+        "statement:account-1842",
+        fenced_core::ClusterTime::ZERO,
+    )
+    .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    let m = status.message();
+    assert!(m.contains("statement:account-1842"), "{m}");
+    assert!(m.contains(&fenced_core::MAX_TOKEN.to_string()), "{m}");
+}
+
+#[test]
 fn a_full_table_is_resource_exhausted_naming_the_setting_and_its_value() {
     for (bound, setting) in [
         (
@@ -169,6 +187,7 @@ fn a_full_table_is_resource_exhausted_naming_the_setting_and_its_value() {
                 bound,
                 limit: 10_000,
             },
+            "r",
             fenced_core::ClusterTime::ZERO,
         )
         .unwrap_err();

@@ -26,6 +26,8 @@ use openraft::{storage::RaftStateMachine, CommittedLeaderId, Membership, RaftLog
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use fenced_core::MAX_TOKEN_FLOOR;
+
 use crate::{
     codec, data_format,
     log_store::LogStore,
@@ -161,7 +163,15 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<BackupBody, BackupError> {
     }
     let body: BackupBody = codec::decode("backup", &content[HEADER_LEN..])
         .map_err(|e| corrupt(format!("body: {e}")))?;
-    state_machine::inspect_export(&body.state).map_err(|e| corrupt(format!("state: {e}")))?;
+    let state =
+        state_machine::inspect_export(&body.state).map_err(|e| corrupt(format!("state: {e}")))?;
+    // The floor is computed from the header's token: it must be the state's.
+    if state.last_token != body.last_token {
+        return Err(corrupt(format!(
+            "the header's last token {} is not the state's {}",
+            body.last_token, state.last_token
+        )));
+    }
     Ok(body)
 }
 
@@ -190,17 +200,45 @@ pub fn default_token_gap(created_unix_ms: u64, now_unix_ms: u64) -> u64 {
     MAX_GRANTS_PER_SECOND.saturating_mul(age_s.saturating_add(GAP_MARGIN_SECONDS))
 }
 
+/// Checks `--token-floor`: a whole number at most [`MAX_TOKEN_FLOOR`].
+pub fn parse_token_floor(text: &str) -> Result<u64, String> {
+    let bound = || format!("--token-floor must be a whole number at most {MAX_TOKEN_FLOOR} (2^62)");
+    let n: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{}, got {text:?}", bound()))?;
+    if n > MAX_TOKEN_FLOOR {
+        return Err(format!("{}, got {n}", bound()));
+    }
+    Ok(n)
+}
+
 /// The floor for a new cluster from a state whose highest token is
 /// `last_token`: `stated` if given (it must not be below `last_token`),
 /// else `last_token` plus `gap`.
+/// Either is refused above [`MAX_TOKEN_FLOOR`]: room for grants stays above
+/// it, and a floor at the end of the counter would wrap to 0.
 pub fn token_floor(last_token: u64, gap: u64, stated: Option<u64>) -> Result<u64, BackupError> {
     match stated {
+        Some(n) if n > MAX_TOKEN_FLOOR => Err(BackupError::Refused(format!(
+            "--token-floor: {n} is above the bound {MAX_TOKEN_FLOOR} (2^62)"
+        ))),
         Some(n) if n < last_token => Err(BackupError::Refused(format!(
             "--token-floor: {n} is below the highest token in the state ({last_token}); \
              it must be at least that, and above every token the old cluster may have issued"
         ))),
         Some(n) => Ok(n),
-        None => Ok(last_token.saturating_add(gap)),
+        None => last_token
+            .checked_add(gap)
+            .filter(|f| *f <= MAX_TOKEN_FLOOR)
+            .ok_or_else(|| {
+                BackupError::Refused(format!(
+                    "token floor: the state's highest token {last_token} plus the gap {gap} is \
+                     above the bound {MAX_TOKEN_FLOOR} (2^62); state --token-floor between \
+                     {last_token} and {MAX_TOKEN_FLOOR} if every token the old cluster may \
+                     have issued is below it"
+                ))
+            }),
     }
 }
 
@@ -390,7 +428,10 @@ pub async fn recover(
             fenced_core::DEFAULT_HISTORY_PER_RESOURCE,
         )
         .map_err(|e| BackupError::Refused(format!("{}: {e}", data_dir.display())))?;
-        let from = sm.shared().last_applied().map_or(0, |l| l.index + 1);
+        let from = sm
+            .shared()
+            .last_applied()
+            .map_or(0, |l| l.index.saturating_add(1));
         let entries = log.try_get_log_entries(from..).await.map_err(|e| {
             BackupError::Refused(format!("{}: reading the log: {e}", data_dir.display()))
         })?;
@@ -508,7 +549,47 @@ mod tests {
         assert_eq!(token_floor(10, 5, None).unwrap(), 15);
         assert_eq!(token_floor(10, 5, Some(10)).unwrap(), 10);
         assert!(token_floor(10, 5, Some(9)).is_err());
-        assert_eq!(token_floor(u64::MAX - 1, 5, None).unwrap(), u64::MAX);
+        // Never past the bound, whichever way the floor comes, so never wrapped.
+        assert_eq!(
+            token_floor(10, 5, Some(MAX_TOKEN_FLOOR)).unwrap(),
+            MAX_TOKEN_FLOOR
+        );
+        for stated in [MAX_TOKEN_FLOOR + 1, u64::MAX - 1, u64::MAX] {
+            let e = token_floor(10, 5, Some(stated)).unwrap_err().to_string();
+            assert!(e.contains("--token-floor") && e.contains("2^62"), "{e}");
+        }
+        assert_eq!(
+            token_floor(MAX_TOKEN_FLOOR - 5, 5, None).unwrap(),
+            MAX_TOKEN_FLOOR
+        );
+        for last in [MAX_TOKEN_FLOOR - 4, u64::MAX - 1] {
+            let e = token_floor(last, 5, None).unwrap_err().to_string();
+            assert!(e.contains("2^62"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_token_floor_flag_is_bounded_by_2_pow_62() {
+        assert_eq!(parse_token_floor("5000000"), Ok(5_000_000));
+        assert_eq!(
+            parse_token_floor(&MAX_TOKEN_FLOOR.to_string()),
+            Ok(MAX_TOKEN_FLOOR)
+        );
+        for bad in [
+            "4611686018427387905",
+            "18446744073709551614",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-1",
+            "",
+            "1e9",
+        ] {
+            let e = parse_token_floor(bad).unwrap_err();
+            assert!(
+                e.contains("--token-floor") && e.contains("4611686018427387904 (2^62)"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

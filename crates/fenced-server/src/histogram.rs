@@ -109,6 +109,25 @@ pub(crate) fn header(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// A label value as the text format requires it between its quotes:
+/// backslash, double quote and newline escaped. Every label value of the
+/// exposition goes through it, so no text can end a label or a line early.
+pub(crate) fn label_value(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return std::borrow::Cow::Borrowed(v);
+    }
+    let mut out = String::with_capacity(v.len() + 8);
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +146,15 @@ mod tests {
         assert!(out.contains("x_sum 27\n"), "{out}");
         assert!(out.contains("x_count 5\n"), "{out}");
         assert_eq!(h.count(), 5);
+    }
+
+    #[test]
+    fn label_values_are_escaped_as_the_text_format_requires() {
+        assert_eq!(
+            label_value("fenced.v1.Lock/Acquire"),
+            "fenced.v1.Lock/Acquire"
+        );
+        assert_eq!(label_value("x\",port=\"peer"), "x\\\",port=\\\"peer");
+        assert_eq!(label_value("a\\b\nc"), "a\\\\b\\nc");
     }
 }

@@ -20,6 +20,7 @@ pub mod counters;
 pub mod data_format;
 pub mod deadline;
 pub mod dev;
+pub mod exposition;
 pub mod handoff;
 pub mod headers;
 pub mod health;

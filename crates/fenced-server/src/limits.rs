@@ -28,6 +28,8 @@ use tokio::{
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::Connected;
 
+use crate::histogram::label_value;
+
 /// The node-wide limits on connections, streams and peer data, as set
 /// (`fenced run --help` names each; docs/DECISIONS.md says why the defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +129,9 @@ impl LimitCounters {
         ] {
             let _ = writeln!(
                 out,
-                "fenced_limit_refusals_total{{limit=\"{limit}\",port=\"{port}\"}} {}",
+                "fenced_limit_refusals_total{{limit=\"{}\",port=\"{}\"}} {}",
+                label_value(limit),
+                label_value(port),
                 counter.load(Relaxed)
             );
         }

@@ -185,8 +185,9 @@ enum Command {
         #[arg(long)]
         initial_cluster: String,
         /// Every token granted after the restore is above this (at least
-        /// the backup's last token). Default: last token + the gap.
-        #[arg(long)]
+        /// the backup's last token, at most 2^62). Default: last token +
+        /// the gap.
+        #[arg(long, value_parser = backup::parse_token_floor)]
         token_floor: Option<u64>,
     },
     /// Last resort after losing a majority for good: make a one-node
@@ -207,7 +208,9 @@ enum Command {
         /// This node alone: ID=HOST:PEERPORT[/HOST:CLIENTPORT].
         #[arg(long)]
         initial_cluster: String,
-        #[arg(long)]
+        /// As for `fenced restore` (at least the survivor's last token, at
+        /// most 2^62).
+        #[arg(long, value_parser = backup::parse_token_floor)]
         token_floor: Option<u64>,
     },
     /// Run one node of a cluster.

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     auth::{Permission, Principal},
-    histogram::header,
+    histogram::{header, label_value},
     services::NodeContext,
     status_page,
 };
@@ -143,7 +143,8 @@ pub fn render(ctx: &NodeContext) -> String {
     ] {
         let _ = writeln!(
             out,
-            "fenced_identity_limit_refusals_total{{setting=\"{setting}\"}} {}",
+            "fenced_identity_limit_refusals_total{{setting=\"{}\"}} {}",
+            label_value(setting),
             counter.load(Relaxed)
         );
     }
@@ -265,7 +266,8 @@ pub fn render(ctx: &NodeContext) -> String {
             let lag = last.saturating_sub(matched.map_or(0, |l| l.index));
             let _ = writeln!(
                 out,
-                "fenced_follower_lag_entries{{follower=\"{follower}\"}} {lag}"
+                "fenced_follower_lag_entries{{follower=\"{}\"}} {lag}",
+                label_value(&follower.to_string())
             );
         }
     }

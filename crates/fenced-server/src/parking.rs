@@ -21,6 +21,10 @@ pub enum WaitEnd {
         current_token: Token,
         remaining_ms: u64,
     },
+    /// The resource came free but the token counter is at its bound.
+    TokensExhausted {
+        limit: u64,
+    },
 }
 
 type Key = (ResourceName, OwnerId);
@@ -112,6 +116,14 @@ impl Parking {
                         current_token: *current_token,
                         remaining_ms: *remaining_ms,
                     },
+                ),
+                Event::TokensExhausted {
+                    resource,
+                    owner_id: owner,
+                    limit,
+                } => (
+                    (resource.clone(), *owner),
+                    WaitEnd::TokensExhausted { limit: *limit },
                 ),
                 Event::Expired { .. } | Event::SessionExpired { .. } => continue,
             };

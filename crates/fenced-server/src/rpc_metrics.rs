@@ -21,13 +21,16 @@ use std::{
 };
 
 use crate::{
-    histogram::{Histogram, LATENCY_US_BOUNDS},
+    histogram::{label_value, Histogram, LATENCY_US_BOUNDS},
     limits::Port,
 };
 
-/// Distinct (port, method) series kept; calls to further methods count as
-/// `other`, so a client inventing paths cannot grow the exposition.
-const MAX_SERIES: usize = 64;
+/// The label of every call to a path no service routes: one series per
+/// port, whatever the path, so a caller can neither write into the
+/// exposition nor grow it, nor push a routed method out of it.
+const UNKNOWN: &str = "unknown";
+/// The health service's methods (tonic-health's, not in `proto/`).
+const HEALTH_METHODS: [&str; 2] = ["grpc.health.v1.Health/Check", "grpc.health.v1.Health/Watch"];
 /// gRPC status codes are 0 (OK) to 16 (UNAUTHENTICATED).
 const CODES: usize = 17;
 
@@ -49,29 +52,31 @@ impl MethodStats {
 /// Every RPC's latency histogram and count by status code.
 #[derive(Debug, Default)]
 pub struct RpcMetrics {
-    series: Mutex<BTreeMap<(&'static str, String), Arc<MethodStats>>>,
+    /// Keyed by port and a name from a fixed list ([`routed`]): at most two
+    /// ports times the routed methods plus one.
+    series: Mutex<BTreeMap<(&'static str, &'static str), Arc<MethodStats>>>,
+}
+
+/// The label a call to `path` is counted under: its method's name when a
+/// service routes it, else [`UNKNOWN`]. Never text from the caller.
+fn routed(path: &str) -> &'static str {
+    let Some(method) = path.strip_prefix('/') else {
+        return UNKNOWN;
+    };
+    fenced_proto::METHODS
+        .binary_search(&method)
+        .ok()
+        .and_then(|i| fenced_proto::METHODS.get(i).copied())
+        .or_else(|| HEALTH_METHODS.iter().find(|m| **m == method).copied())
+        .unwrap_or(UNKNOWN)
 }
 
 impl RpcMetrics {
     fn stats(&self, port: Port, path: &str) -> Arc<MethodStats> {
-        let method = path.strip_prefix('/').unwrap_or(path);
-        let known = method.starts_with("fenced.v1.") || method.starts_with("grpc.health.v1.");
         let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
-        let key = (port.name(), method.to_string());
-        if known {
-            if let Some(s) = series.get(&key) {
-                return Arc::clone(s);
-            }
-            // Room is kept for the two ports' `other` series.
-            if series.len() < MAX_SERIES - 2 {
-                let s = Arc::new(MethodStats::new());
-                series.insert(key, Arc::clone(&s));
-                return s;
-            }
-        }
         Arc::clone(
             series
-                .entry((port.name(), "other".to_string()))
+                .entry((port.name(), routed(path)))
                 .or_insert_with(|| Arc::new(MethodStats::new())),
         )
     }
@@ -83,7 +88,7 @@ impl RpcMetrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .map(|(k, v)| (k.clone(), Arc::clone(v)))
+            .map(|(k, v)| (*k, Arc::clone(v)))
             .collect();
         let _ = writeln!(
             out,
@@ -91,6 +96,7 @@ impl RpcMetrics {
              # TYPE fenced_rpc_requests_total counter"
         );
         for ((port, method), stats) in &series {
+            let (port, method) = (label_value(port), label_value(method));
             for (code, n) in stats.codes.iter().enumerate() {
                 let n = n.load(Relaxed);
                 if n > 0 {
@@ -108,6 +114,7 @@ impl RpcMetrics {
              # TYPE fenced_rpc_duration_seconds histogram"
         );
         for ((port, method), stats) in &series {
+            let (port, method) = (label_value(port), label_value(method));
             stats.latency.render_series(
                 out,
                 "fenced_rpc_duration_seconds",
@@ -215,19 +222,94 @@ where
 mod tests {
     use super::*;
 
+    /// Paths a caller may send: quotes and a label of its own, newlines,
+    /// backslashes, braces, a long one, and many invented method names of
+    /// the real services.
+    fn hostile_paths() -> Vec<String> {
+        let mut paths: Vec<String> = [
+            "/fenced.v1.x\",port=\"peer",
+            "/fenced.v1.Lock/Acquire\"} 1\nfenced_grants_total 99\n#",
+            "/fenced.v1.Lock/Acquire\\",
+            "/fenced.v1.Lock/{Acquire}",
+            "/fenced.v1.Lock/Acquire ",
+            "/grpc.health.v1.Health/Check\n",
+            "",
+            "/",
+            "fenced.v1.Lock/Acquire",
+        ]
+        .map(String::from)
+        .to_vec();
+        paths.push(format!("/fenced.v1.Lock/{}", "A".repeat(64 * 1024)));
+        for i in 0..500 {
+            paths.push(format!("/fenced.v1.Lock/Invented{i}"));
+            paths.push(format!("/evil.Service/M{i}"));
+        }
+        paths
+    }
+
     #[test]
-    fn unknown_paths_share_one_series_and_the_count_is_bounded() {
+    fn only_routed_methods_become_labels_and_the_rest_share_one_series() {
         let m = RpcMetrics::default();
-        m.stats(Port::Client, "/fenced.v1.Lock/Acquire");
-        for i in 0..200 {
-            m.stats(Port::Client, &format!("/evil.Service/M{i}"));
-            m.stats(Port::Peer, &format!("/fenced.v1.Lock/Invented{i}"));
+        for path in hostile_paths() {
+            m.stats(Port::Client, &path);
+            m.stats(Port::Peer, &path);
+        }
+        // Every real method still gets its own series after the flood.
+        for method in fenced_proto::METHODS.iter().chain(&HEALTH_METHODS) {
+            m.stats(Port::Client, &format!("/{method}"));
         }
         let series = m.series.lock().unwrap_or_else(PoisonError::into_inner);
-        assert!(series.len() <= MAX_SERIES, "{}", series.len());
-        assert!(series.contains_key(&("client", "fenced.v1.Lock/Acquire".to_string())));
-        assert!(series.contains_key(&("client", "other".to_string())));
-        assert!(!series.keys().any(|(_, m)| m.starts_with("evil")));
+        for ((_, method), _) in series.iter() {
+            assert!(
+                *method == UNKNOWN
+                    || fenced_proto::METHODS.contains(method)
+                    || HEALTH_METHODS.contains(method),
+                "{method:?} became a label"
+            );
+        }
+        for method in fenced_proto::METHODS.iter().chain(&HEALTH_METHODS) {
+            assert!(series.contains_key(&("client", *method)), "{method}");
+        }
+        assert!(series.contains_key(&("client", UNKNOWN)));
+        assert!(series.contains_key(&("peer", UNKNOWN)));
+        assert_eq!(
+            series.len(),
+            fenced_proto::METHODS.len() + HEALTH_METHODS.len() + 2
+        );
+    }
+
+    #[test]
+    fn hostile_paths_leave_a_well_formed_exposition() {
+        let m = RpcMetrics::default();
+        for path in hostile_paths() {
+            let s = m.stats(Port::Peer, &path);
+            s.codes[0].fetch_add(1, Relaxed);
+            s.latency.observe(10);
+        }
+        let mut out = String::new();
+        m.render(&mut out);
+        assert_eq!(crate::exposition::check(&out), Ok(()), "{out}");
+        assert!(!out.contains("fenced.v1.x"), "{out}");
+        assert!(
+            out.contains(
+                "fenced_rpc_requests_total{port=\"peer\",method=\"unknown\",code=\"OK\"} 1010\n"
+            ),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn the_routed_list_is_the_generated_services_methods() {
+        assert!(fenced_proto::METHODS.windows(2).all(|w| w[0] < w[1]));
+        for m in [
+            "fenced.v1.Lock/Acquire",
+            "fenced.v1.Cluster/Status",
+            "fenced.v1.Kv/Put",
+        ] {
+            assert_eq!(routed(&format!("/{m}")), m);
+        }
+        assert_eq!(routed("/fenced.v1.x\",port=\"peer"), UNKNOWN);
+        assert_eq!(routed("/fenced.v1.Lock/acquire"), UNKNOWN);
     }
 
     #[test]

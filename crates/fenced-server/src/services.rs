@@ -11,7 +11,8 @@ use std::{
 };
 
 use fenced_core::{
-    AcquireOutcome, ClusterTime, Command, CommandOutcome, Limits, OwnerId, ResourceName,
+    AcquireInSessionOutcome, AcquireOutcome, ClusterTime, Command, CommandOutcome, Limits, OwnerId,
+    ResourceName,
 };
 use fenced_proto::{
     acquire_command, acquire_in_session_command, acquire_in_session_reply, acquire_reply,
@@ -642,7 +643,7 @@ impl LockService {
             .await
             .map_err(|e| self.ctx.propose_status(e))?;
         let (AcquireOutcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
-            return acquire_reply(&outcome, now).map(Response::new);
+            return acquire_reply(&outcome, resource.as_str(), now).map(Response::new);
         };
         let wait = Duration::from_millis(wait_ms) + WAIT_GRACE;
         let end = match tokio::time::timeout(wait, &mut parked.rx).await {
@@ -671,8 +672,9 @@ impl LockService {
                 current_token,
                 remaining_ms,
             },
+            WaitEnd::TokensExhausted { limit } => AcquireOutcome::TokensExhausted { limit },
         };
-        acquire_reply(&outcome, now).map(Response::new)
+        acquire_reply(&outcome, resource.as_str(), now).map(Response::new)
     }
 
     async fn answer_renew(
@@ -756,8 +758,11 @@ impl LockService {
                 .quota
                 .admit_lease(id, &resource, owner, &self.ctx.shared)?;
         }
-        self.decide(command, deadline, acquire_in_session_reply)
+        let (outcome, now) = self
+            .propose::<AcquireInSessionOutcome>(command, deadline)
             .await
+            .map_err(|e| self.ctx.propose_status(e))?;
+        acquire_in_session_reply(&outcome, resource.as_str(), now).map(Response::new)
     }
 
     async fn answer_open_session(

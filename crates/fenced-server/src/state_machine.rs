@@ -321,7 +321,9 @@ impl StateMachine {
             Outcome::Acquire(o)
             | Outcome::AcquireInSession(AcquireInSessionOutcome::Acquire(o)) => match o {
                 AcquireOutcome::Granted(_) => &c.grants,
-                AcquireOutcome::Held { .. } | AcquireOutcome::WaitQueueFull { .. } => &c.refusals,
+                AcquireOutcome::Held { .. }
+                | AcquireOutcome::WaitQueueFull { .. }
+                | AcquireOutcome::TokensExhausted { .. } => &c.refusals,
                 AcquireOutcome::Waiting { .. } => return,
                 AcquireOutcome::Ended(_) => &c.lost,
                 AcquireOutcome::CapacityReached { bound, .. } => match bound {
@@ -458,6 +460,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                                     tracing::debug!(%resource, owner_id = %owner, token = grant.token.get(), term, "granted to waiter");
                                 }
                                 Event::WaitElapsed { .. } => {}
+                                Event::TokensExhausted {
+                                    resource, limit, ..
+                                } => {
+                                    tracing::error!(%resource, limit, term, "a waiter's wait ended: the token counter is at its bound, no grant is possible");
+                                }
                                 Event::SessionExpired { session, leases } => {
                                     c.session_expiries.fetch_add(1, Ordering::Relaxed);
                                     tracing::info!(%session, leases, term, "session lapsed; its leases ended");

@@ -16,7 +16,10 @@ use super::{
     IdleSeq, LeaseTable, Record, SnapshotError, StoredRecord, TableSnapshot, Term, Waiters,
     NOT_REMEMBERED, SNAPSHOT_FORMAT_VERSION,
 };
-use crate::{Change, ClusterTime, HistoryEntry, ResourceName, SessionId, MAX_HISTORY_PER_RESOURCE};
+use crate::{
+    Change, ClusterTime, HistoryEntry, ResourceName, SessionId, MAX_HISTORY_PER_RESOURCE,
+    MAX_LOADED_REVISION, MAX_TOKEN,
+};
 
 /// The most records room is made for ahead of decoding them: a corrupt
 /// length must not reserve more than this.
@@ -55,6 +58,14 @@ impl Builder {
             return Err(invariant(format!(
                 "next idle mark {} out of range",
                 h.next_idle_seq
+            )));
+        }
+        // A counter above the highest token ever issued is not one this code
+        // wrote, and one at the end of a u64 would wrap on the next grant.
+        if h.last_token > MAX_TOKEN {
+            return Err(invariant(format!(
+                "token counter {} above the bound {MAX_TOKEN} (2^63)",
+                h.last_token
             )));
         }
         let table = LeaseTable {
@@ -124,9 +135,29 @@ impl Builder {
         Ok(())
     }
 
-    pub(super) fn window(&mut self, revision: u64, changes: Vec<Change>) {
+    pub(super) fn window(
+        &mut self,
+        revision: u64,
+        changes: Vec<Change>,
+    ) -> Result<(), SnapshotError> {
+        if revision > MAX_LOADED_REVISION {
+            return Err(invariant(format!(
+                "watch revision {revision} above the bound {MAX_LOADED_REVISION} (2^62)"
+            )));
+        }
+        // Every change names a token the counter issued.
+        if let Some(c) = changes
+            .iter()
+            .find(|c| c.token.get() > self.table.last_token)
+        {
+            return Err(invariant(format!(
+                "change {} of {}: token {} above the table's counter {}",
+                c.revision, c.resource, c.token, self.table.last_token
+            )));
+        }
         self.table.window.revision = revision;
         self.table.window.changes = changes.into();
+        Ok(())
     }
 
     /// The grants kept for `name`, checked in full, then cut to the
@@ -340,7 +371,7 @@ impl LeaseTable {
             b.record(name, rec)?;
         }
         b.records_done()?;
-        b.window(snapshot.revision, snapshot.changes);
+        b.window(snapshot.revision, snapshot.changes)?;
         for (name, entries) in snapshot.history {
             b.history(name.as_str(), entries)?;
         }
@@ -393,7 +424,7 @@ impl<'de> Visitor<'de> for TableSeed {
         if format_version >= 2 {
             let revision = seq.next_element()?.ok_or_else(|| missing(5))?;
             let changes = seq.next_element()?.ok_or_else(|| missing(6))?;
-            b.window(revision, changes);
+            b.window(revision, changes).map_err(A::Error::custom)?;
             seq.next_element_seed(Histories(&mut b))?
                 .ok_or_else(|| missing(7))?;
         }

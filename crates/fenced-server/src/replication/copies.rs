@@ -36,7 +36,9 @@ pub fn leader_append(
 /// not lead (see [`super::restart`] for why).
 pub fn vote_after_restart(stored: Option<Vote<NodeId>>, me: NodeId) -> Option<Vote<NodeId>> {
     let led = stored.filter(|v| leads_under(v, me))?;
-    Some(Vote::new(led.leader_id().get_term() + 1, me))
+    // Checked: the term is read from disk; at its end there is no next one.
+    let next = led.leader_id().get_term().checked_add(1)?;
+    Some(Vote::new(next, me))
 }
 
 /// The members an early copy goes to: every one but this node.

@@ -632,7 +632,9 @@ pub fn write_restored_state(
     token_floor: u64,
 ) -> Result<RestoredState, StorageError> {
     let mut data = decode_body(body, fenced_core::MAX_HISTORY_PER_RESOURCE)?;
-    data.table.raise_token_floor(token_floor);
+    data.table
+        .raise_token_floor(token_floor)
+        .map_err(snapshot_write_err)?;
     let restored = RestoredState::of(&data.table);
     let body = SnapshotBody {
         last_applied: Some(at),
