@@ -124,6 +124,7 @@ async fn validate_token_tells_current_superseded_expired_and_released() {
     let check = |token| v1::ValidateTokenRequest {
         resource: b"jobs/v".to_vec(),
         token,
+        owner_id: Vec::new(),
     };
     let e = lock.validate_token(check(0)).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
@@ -628,7 +629,8 @@ async fn fencectl_watch_prints_one_line_per_event_and_resumes_from_a_revision() 
     assert!(String::from_utf8(out.stdout).unwrap().contains("released"));
 }
 
-/// A write through `fenced-resource --require-current`.
+/// A write through `fenced-resource` checking writes against the cluster
+/// (its default; `--require-current` is still accepted).
 async fn put_current(
     svc: &str,
     resource: &str,
@@ -694,15 +696,22 @@ async fn require_current_refuses_a_released_token_and_fails_closed() {
     assert!(accepted(&first), "{first:?}");
 
     // Released: not older than the highest token, but no longer current.
+    // A final refusal, typed like the store's own.
     client.release("ledger/1", a, ta).await.unwrap();
-    let e = put_current(&addr, "ledger/1", a, ta.get(), "late")
+    let late = put_current(&addr, "ledger/1", a, ta.get(), "late")
         .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(
-        e.message().contains("not current (TOKEN_STATE_RELEASED"),
-        "{e:?}"
-    );
+        .unwrap();
+    match late.outcome {
+        Some(v1::put_response::Outcome::Rejected(r)) => {
+            assert_eq!(r.reason, v1::RejectReason::NotCurrent as i32, "{r:?}");
+            assert!(
+                r.message
+                    .contains("not current on the lock cluster (RELEASED"),
+                "{r:?}"
+            );
+        }
+        other => panic!("a released token's write was not refused: {other:?}"),
+    }
 
     let (b, tb) = grant(&client, "ledger/1", TTL).await;
     assert!(accepted(
