@@ -30,7 +30,9 @@ pub(crate) enum ModeArg {
 #[derive(Subcommand)]
 pub(crate) enum ResourceCmd {
     /// Write VALUE to KEY if TOKEN is not older than the highest token the
-    /// service accepted for it. Exit 3 if the write is rejected (final).
+    /// service accepted for it and, unless the service runs standalone, the
+    /// current lease of OWNER_ID on the cluster. Exit 3 if the write is
+    /// rejected (final), 5 if refused by authentication or permission.
     #[command(after_help = "Examples:
   fencectl resource put invoice-7 --token 4 --owner-id $OWNER --value paid
   fencectl resource put report --resource reports --token 4 --owner-id $OWNER \\
