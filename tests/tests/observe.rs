@@ -139,6 +139,82 @@ async fn validate_token_tells_current_superseded_expired_and_released() {
     assert!(e.message().contains("checks[1].token"), "{}", e.message());
 }
 
+/// With an owner id, ValidateToken answers CURRENT only for the owner the
+/// lease was granted to: the current token under a made-up owner id (what
+/// anyone with `read` could try) is OWNER_MISMATCH, and the answer says the
+/// owner was compared. A bad owner id is refused by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_token_compares_the_owner_id_when_given() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let (a, ta) = grant(&cluster.client(), "jobs/o", TTL).await;
+    let check = |owner: &[u8], token: u64| v1::ValidateTokenRequest {
+        resource: b"jobs/o".to_vec(),
+        token,
+        owner_id: owner.to_vec(),
+    };
+    let stranger = OwnerId::random();
+    for id in [leader, follower] {
+        let mut lock = cluster.lock_client(id);
+        let own = lock
+            .validate_token(check(a.as_bytes(), ta.get()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (state(&own), own.owner_checked),
+            (v1::TokenState::Current, true)
+        );
+        let other = lock
+            .validate_token(check(stranger.as_bytes(), ta.get()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (state(&other), other.owner_checked, other.remaining_ms),
+            (v1::TokenState::OwnerMismatch, true, 0)
+        );
+        // Without an owner id: as before, and said to be unchecked.
+        let plain = lock
+            .validate_token(check(&[], ta.get()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (state(&plain), plain.owner_checked),
+            (v1::TokenState::Current, false)
+        );
+        // The batch: per check, in order.
+        let r = lock
+            .validate_tokens(v1::ValidateTokensRequest {
+                checks: vec![
+                    check(stranger.as_bytes(), ta.get()),
+                    check(a.as_bytes(), ta.get()),
+                    check(stranger.as_bytes(), u64::MAX),
+                ],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let states: Vec<_> = r.results.iter().map(state).collect();
+        assert_eq!(
+            states,
+            [
+                v1::TokenState::OwnerMismatch,
+                v1::TokenState::Current,
+                v1::TokenState::Unknown
+            ]
+        );
+        let e = lock
+            .validate_token(check(&[7; 3], ta.get()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().starts_with("owner_id"), "{}", e.message());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_keeps_the_last_grants_through_a_restart_of_every_node() {
     let mut cluster = Cluster::start_with(
