@@ -124,6 +124,7 @@ async fn validate_token_tells_current_superseded_expired_and_released() {
     let check = |token| v1::ValidateTokenRequest {
         resource: b"jobs/v".to_vec(),
         token,
+        owner_id: Vec::new(),
     };
     let e = lock.validate_token(check(0)).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
@@ -136,6 +137,82 @@ async fn validate_token_tells_current_superseded_expired_and_released() {
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("checks[1].token"), "{}", e.message());
+}
+
+/// With an owner id, ValidateToken answers CURRENT only for the owner the
+/// lease was granted to: the current token under a made-up owner id (what
+/// anyone with `read` could try) is OWNER_MISMATCH, and the answer says the
+/// owner was compared. A bad owner id is refused by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_token_compares_the_owner_id_when_given() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let (a, ta) = grant(&cluster.client(), "jobs/o", TTL).await;
+    let check = |owner: &[u8], token: u64| v1::ValidateTokenRequest {
+        resource: b"jobs/o".to_vec(),
+        token,
+        owner_id: owner.to_vec(),
+    };
+    let stranger = OwnerId::random();
+    for id in [leader, follower] {
+        let mut lock = cluster.lock_client(id);
+        let own = lock
+            .validate_token(check(a.as_bytes(), ta.get()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (state(&own), own.owner_checked),
+            (v1::TokenState::Current, true)
+        );
+        let other = lock
+            .validate_token(check(stranger.as_bytes(), ta.get()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (state(&other), other.owner_checked, other.remaining_ms),
+            (v1::TokenState::OwnerMismatch, true, 0)
+        );
+        // Without an owner id: as before, and said to be unchecked.
+        let plain = lock
+            .validate_token(check(&[], ta.get()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (state(&plain), plain.owner_checked),
+            (v1::TokenState::Current, false)
+        );
+        // The batch: per check, in order.
+        let r = lock
+            .validate_tokens(v1::ValidateTokensRequest {
+                checks: vec![
+                    check(stranger.as_bytes(), ta.get()),
+                    check(a.as_bytes(), ta.get()),
+                    check(stranger.as_bytes(), u64::MAX),
+                ],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let states: Vec<_> = r.results.iter().map(state).collect();
+        assert_eq!(
+            states,
+            [
+                v1::TokenState::OwnerMismatch,
+                v1::TokenState::Current,
+                v1::TokenState::Unknown
+            ]
+        );
+        let e = lock
+            .validate_token(check(&[7; 3], ta.get()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().starts_with("owner_id"), "{}", e.message());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -628,7 +705,8 @@ async fn fencectl_watch_prints_one_line_per_event_and_resumes_from_a_revision() 
     assert!(String::from_utf8(out.stdout).unwrap().contains("released"));
 }
 
-/// A write through `fenced-resource --require-current`.
+/// A write through `fenced-resource` checking writes against the cluster
+/// (its default; `--require-current` is still accepted).
 async fn put_current(
     svc: &str,
     resource: &str,
@@ -694,15 +772,22 @@ async fn require_current_refuses_a_released_token_and_fails_closed() {
     assert!(accepted(&first), "{first:?}");
 
     // Released: not older than the highest token, but no longer current.
+    // A final refusal, typed like the store's own.
     client.release("ledger/1", a, ta).await.unwrap();
-    let e = put_current(&addr, "ledger/1", a, ta.get(), "late")
+    let late = put_current(&addr, "ledger/1", a, ta.get(), "late")
         .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(
-        e.message().contains("not current (TOKEN_STATE_RELEASED"),
-        "{e:?}"
-    );
+        .unwrap();
+    match late.outcome {
+        Some(v1::put_response::Outcome::Rejected(r)) => {
+            assert_eq!(r.reason, v1::RejectReason::NotCurrent as i32, "{r:?}");
+            assert!(
+                r.message
+                    .contains("not current on the lock cluster (RELEASED"),
+                "{r:?}"
+            );
+        }
+        other => panic!("a released token's write was not refused: {other:?}"),
+    }
 
     let (b, tb) = grant(&client, "ledger/1", TTL).await;
     assert!(accepted(

@@ -9,6 +9,7 @@
 
 use std::{
     collections::BTreeMap,
+    ffi::OsString,
     io::{BufRead, BufReader, Write as _},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
@@ -23,7 +24,7 @@ use fenced_proto::v1::{
     PutRequest, RejectReason, RenewRequest,
 };
 use fenced_resource::{postgres::PgFenceStore, FenceStore, Mode, Write, WriteOutcome};
-use fenced_tests::{bin, free_port, postgres_url, Cluster};
+use fenced_tests::{bin, free_port, lock_rpcs_ok, postgres_url, write_auth_files, Cluster, Pki};
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
@@ -39,15 +40,27 @@ struct ServiceProc {
     port: u16,
     data_dir: PathBuf,
     log: PathBuf,
+    /// Its arguments after `--listen` and `--data-dir`.
+    args: Vec<OsString>,
+    /// Set: it serves TLS from these certificates.
+    pki: Option<Pki>,
     child: Option<Child>,
 }
 
 impl ServiceProc {
+    /// A service checking no write against a cluster: the store's own
+    /// contract, on its own.
     async fn start(dir: &Path) -> ServiceProc {
+        Self::start_with(dir, &["--standalone-no-cluster-check".into()], None).await
+    }
+
+    async fn start_with(dir: &Path, args: &[OsString], pki: Option<Pki>) -> ServiceProc {
         let mut svc = ServiceProc {
             port: free_port(),
             data_dir: dir.join("resource-data"),
             log: dir.join("resource.log"),
+            args: args.to_vec(),
+            pki,
             child: None,
         };
         svc.spawn().await;
@@ -67,6 +80,7 @@ impl ServiceProc {
         let child = Command::new(bin("fenced-resource"))
             .args(["serve", "--listen", &self.addr(), "--data-dir"])
             .arg(&self.data_dir)
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -75,11 +89,17 @@ impl ServiceProc {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let mut c = self.client();
-            if c.get(GetRequest {
-                key: b"ping".to_vec(),
-            })
-            .await
-            .is_ok()
+            let answer = c
+                .get(GetRequest {
+                    key: b"ping".to_vec(),
+                })
+                .await;
+            // Any answer of the service itself (a refusal included) means it
+            // is serving.
+            if answer.is_ok()
+                || answer.is_err_and(|s| {
+                    matches!(s.code(), Code::Unauthenticated | Code::PermissionDenied)
+                })
             {
                 return;
             }
@@ -99,12 +119,23 @@ impl ServiceProc {
         }
     }
 
+    /// A channel showing client `name`'s certificate (TLS only).
+    fn channel(&self, name: Option<&str>) -> Channel {
+        match &self.pki {
+            Some(pki) => pki.channel(&self.addr(), name),
+            None => Channel::from_shared(format!("http://{}", self.addr()))
+                .unwrap()
+                .timeout(Duration::from_secs(10))
+                .connect_lazy(),
+        }
+    }
+
     fn client(&self) -> FencedResourceClient<Channel> {
-        let channel = Channel::from_shared(format!("http://{}", self.addr()))
-            .unwrap()
-            .timeout(Duration::from_secs(10))
-            .connect_lazy();
-        FencedResourceClient::new(channel)
+        FencedResourceClient::new(self.channel(None))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
@@ -112,6 +143,18 @@ impl Drop for ServiceProc {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// A key's highest token and bound resource; `None` if never written.
+async fn get_token(c: &mut FencedResourceClient<Channel>, key: &str) -> Option<(u64, String)> {
+    let g = c
+        .get(GetRequest {
+            key: key.as_bytes().to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    g.found.then_some((g.token, g.resource))
 }
 
 fn put(key: &str, token: u64, owner: OwnerId, value: &str) -> PutRequest {
@@ -607,14 +650,7 @@ async fn service_refuses_bad_input_by_field_and_writes_nothing() {
             err.message()
         );
     }
-    let got = c
-        .get(GetRequest {
-            key: key.as_bytes().to_vec(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(!got.found, "nothing was written");
+    assert_eq!(get_token(&mut c, key).await, None, "nothing was written");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -972,4 +1008,326 @@ async fn postgres_concurrent_writers_with_mixed_tokens() {
     let store = PgFenceStore::connect(&url).await.unwrap();
     let c = store.get(&key).await.unwrap().unwrap();
     assert_eq!((c.token, c.value), (30, b"by 30".to_vec()));
+}
+
+// ---------------------------------------------------------------- exposed service
+
+/// `--cluster` and the endpoints of `cluster`.
+fn cluster_args(cluster: &Cluster) -> Vec<OsString> {
+    vec!["--cluster".into(), cluster.endpoints().join(",").into()]
+}
+
+/// A lease on `resource` from the cluster: (token, owner id), kept while
+/// the returned lease lives.
+async fn lease(cluster: &Cluster, resource: &str) -> fenced_client::Lease {
+    match cluster
+        .client()
+        .acquire(resource, Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        fenced_client::Acquired::Granted(lease) => lease,
+        fenced_client::Acquired::Held { current_token, .. } => {
+            panic!("{resource}: held by {current_token}")
+        }
+    }
+}
+
+fn rejection(outcome: put_response::Outcome) -> fenced_proto::v1::PutRejected {
+    match outcome {
+        put_response::Outcome::Rejected(r) => r,
+        other => panic!("not rejected: {other:?}"),
+    }
+}
+
+/// The attacks of a caller that reaches the port: tokens the cluster never
+/// issued (u64::MAX, one above its newest), the current token with a made-up
+/// owner id (read from describe by anyone with `read`), and a squatter's
+/// first write binding a key to another resource. Each is refused, nothing
+/// is raised, and the real holder's writes land after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_owners_the_cluster_did_not_issue_cannot_poison_a_key() {
+    let cluster = Cluster::start(3).await;
+    let svc = ServiceProc::start_with(cluster.dir.path(), &cluster_args(&cluster), None).await;
+    let mut c = svc.client();
+    let holder = lease(&cluster, "jobs/a").await;
+    let (token, owner) = (holder.token().get(), holder.owner_id());
+    let squatter = OwnerId::random();
+
+    for (what, req) in [
+        ("u64::MAX", put("jobs/a", u64::MAX, squatter, "poison")),
+        (
+            "above the newest",
+            put("jobs/a", token + 1, squatter, "poison"),
+        ),
+        (
+            "the current token, another owner",
+            put("jobs/a", token, squatter, "poison"),
+        ),
+    ] {
+        let r = rejection(c.put(req).await.unwrap().into_inner().outcome.unwrap());
+        assert_eq!(r.reason, RejectReason::NotCurrent as i32, "{what}: {r:?}");
+        assert!(r.message.contains("not applied"), "{what}: {}", r.message);
+    }
+    assert_eq!(
+        get_token(&mut c, "jobs/a").await,
+        None,
+        "a refused write bound the key"
+    );
+
+    // A squatter's first write binds a key to its own resource: refused, so
+    // the real holder's first write binds it.
+    let mut squat = put("jobs/b", u64::MAX, squatter, "squat");
+    squat.resource = b"jobs/elsewhere".to_vec();
+    let r = rejection(c.put(squat).await.unwrap().into_inner().outcome.unwrap());
+    assert_eq!(r.reason, RejectReason::NotCurrent as i32, "{r:?}");
+    let b = lease(&cluster, "jobs/b").await;
+    let (status, _) =
+        put_status(&mut c, put("jobs/b", b.token().get(), b.owner_id(), "real")).await;
+    assert_eq!(status, "accepted");
+    assert_eq!(
+        get_token(&mut c, "jobs/b").await,
+        Some((b.token().get(), "jobs/b".into()))
+    );
+
+    // The real holder writes after all of them.
+    assert_eq!(
+        put_status(&mut c, put("jobs/a", token, owner, "real")).await,
+        ("accepted".into(), token)
+    );
+    // Once released, its token is not current any more.
+    holder.release().await.unwrap();
+    let r = rejection(
+        c.put(put("jobs/a", token, owner, "late"))
+            .await
+            .unwrap()
+            .into_inner()
+            .outcome
+            .unwrap(),
+    );
+    assert_eq!(r.reason, RejectReason::NotCurrent as i32, "{r:?}");
+    assert!(r.message.contains("RELEASED"), "{}", r.message);
+
+    // fencectl: a refusal by the cluster check exits 3 with the reason.
+    let out = Command::new(bin("fencectl"))
+        .arg("--json")
+        .args([
+            "resource",
+            "put",
+            "jobs/a",
+            "--token",
+            &u64::MAX.to_string(),
+        ])
+        .args(["--owner-id", &squatter.to_string(), "--value", "x"])
+        .args(["--endpoint", &svc.addr()])
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{json} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json["reason"], "not_current", "{json}");
+    assert_eq!(get_token(&mut c, "jobs/a").await.unwrap().0, token);
+    // Owner ids are never logged above debug.
+    assert!(!svc.log().contains(&squatter.to_string()), "{}", svc.log());
+}
+
+/// Writes that arrive together are checked in shared ValidateTokens calls:
+/// 64 concurrent writers make fewer calls than writes, and every write lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_share_cluster_checks() {
+    let (cluster, metrics) = Cluster::start_with_metrics(3, &[]).await;
+    let mut args = cluster_args(&cluster);
+    args.extend(["--current-calls-in-flight".into(), "1".into()]);
+    let svc = ServiceProc::start_with(cluster.dir.path(), &args, None).await;
+    let leases =
+        fenced_tests::acquire_all(&cluster.client(), "batch/", 64, Duration::from_secs(60)).await;
+    let before = lock_rpcs_ok(&metrics, "ValidateTokens").await;
+    let mut tasks = Vec::new();
+    for l in &leases {
+        let mut c = svc.client();
+        let req = put(l.resource(), l.token().get(), l.owner_id(), "v");
+        tasks.push(tokio::spawn(async move { put_status(&mut c, req).await.0 }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), "accepted");
+    }
+    let calls = lock_rpcs_ok(&metrics, "ValidateTokens").await - before;
+    assert!(
+        (1..64).contains(&calls),
+        "64 writes made {calls} ValidateTokens calls"
+    );
+}
+
+/// TLS with client certificates and bearer tokens from the nodes' auth file
+/// format: a put needs `lock` on the resource's prefix, a get `read`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_need_lock_and_gets_read_on_the_resource_prefix() {
+    let cluster = Cluster::start(3).await;
+    let dir = cluster.dir.path().join("svc");
+    std::fs::create_dir_all(&dir).unwrap();
+    let pki = Pki::new(&dir.join("pki"));
+    let (cert, key) = pki.server("resource");
+    let (tokens, policy) = write_auth_files(
+        &dir,
+        &[
+            ("reader-bot", "reader-secret", "reader"),
+            ("writer-bot", "writer-secret", "writer"),
+        ],
+        "[roles.reader]\nread = [\"jobs/\"]\n\
+         [roles.writer]\nlock = [\"jobs/\"]\nread = [\"jobs/\"]\n\
+         [identities]\nreader = [\"reader\"]\nwriter = [\"writer\"]\n",
+    );
+    let mut args = cluster_args(&cluster);
+    args.extend(
+        [
+            "--tls-cert".into(),
+            cert.into_os_string(),
+            "--tls-key".into(),
+            key.into_os_string(),
+            "--tls-ca".into(),
+            pki.ca().into_os_string(),
+            "--auth-tokens".into(),
+            tokens.into(),
+            "--auth-policy".into(),
+            policy.into(),
+        ]
+        .into_iter(),
+    );
+    let svc = ServiceProc::start_with(&dir, &args, Some(pki.clone())).await;
+    let holder = lease(&cluster, "jobs/paid").await;
+    let write = put("jobs/paid", holder.token().get(), holder.owner_id(), "paid");
+    let as_bearer = |token: &str, req: PutRequest| {
+        let mut r = tonic::Request::new(req);
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        r
+    };
+
+    // No credentials: refused, nothing written.
+    let e = svc.client().put(write.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    let e = svc
+        .client()
+        .put(as_bearer("guessed", write.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    // A read-only identity, by certificate or token: refused, naming the grant.
+    let mut reader = FencedResourceClient::new(svc.channel(Some("reader")));
+    let e = reader.put(write.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("lock"), "{}", e.message());
+    let e = svc
+        .client()
+        .put(as_bearer("reader-secret", write.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert_eq!(get_token(&mut reader, "jobs/paid").await, None);
+    // A writer outside its prefix: refused.
+    let e = FencedResourceClient::new(svc.channel(Some("writer")))
+        .put(put("other/x", 1, OwnerId::random(), "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    // The writer, by certificate: lands; the reader reads it.
+    let mut writer = FencedResourceClient::new(svc.channel(Some("writer")));
+    assert_eq!(put_status(&mut writer, write.clone()).await.0, "accepted");
+    assert_eq!(
+        get_token(&mut reader, "jobs/paid").await,
+        Some((holder.token().get(), "jobs/paid".into()))
+    );
+    // Unauthenticated gets are refused too.
+    let e = svc
+        .client()
+        .get(GetRequest {
+            key: b"jobs/paid".to_vec(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    // fencectl with a bearer token: the writer's lands, the reader's exits 5.
+    let fencectl = |token: &str| {
+        Command::new(bin("fencectl"))
+            .arg("--cacert")
+            .arg(pki.ca())
+            .args(["--token", token, "resource", "put", "jobs/paid"])
+            .args(["--token", &holder.token().get().to_string()])
+            .args([
+                "--owner-id",
+                &holder.owner_id().to_string(),
+                "--value",
+                "again",
+            ])
+            .args(["--endpoint", &svc.addr()])
+            .output()
+            .unwrap()
+    };
+    let out = fencectl("reader-secret");
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = fencectl("writer-secret");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Plaintext off loopback is refused at start, naming the address and the
+/// flags to add; without a cluster the service starts only when the
+/// standalone mode is named, and then warns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_off_loopback_and_no_cluster_refuse_to_start_unless_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(bin("fenced-resource"))
+            .args(["serve", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let public = format!("0.0.0.0:{}", free_port());
+    let out = run(&["--listen", &public, "--standalone-no-cluster-check"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&public) && stderr.contains("--tls-cert"),
+        "{stderr}"
+    );
+
+    let local = format!("127.0.0.1:{}", free_port());
+    let out = run(&["--listen", &local]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--cluster") && stderr.contains("--standalone-no-cluster-check"),
+        "{stderr}"
+    );
+
+    // Named: it serves any token, and says so at start.
+    let svc = ServiceProc::start(dir.path()).await;
+    let mut c = svc.client();
+    assert_eq!(
+        put_status(&mut c, put("free", 9, OwnerId::random(), "v"))
+            .await
+            .0,
+        "accepted"
+    );
+    assert!(
+        svc.log().contains("--standalone-no-cluster-check"),
+        "{}",
+        svc.log()
+    );
+    assert!(svc.log().contains("WARN"), "{}", svc.log());
 }

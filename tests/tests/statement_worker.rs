@@ -27,6 +27,8 @@ impl Drop for Resource {
     }
 }
 
+/// Without the cluster check: these tests show the store's own fence
+/// refusing the frozen worker (the check would refuse it earlier).
 async fn start_resource(dir: &std::path::Path) -> Resource {
     let addr = format!("127.0.0.1:{}", free_port());
     let child = Command::new(bin("fenced-resource"))
@@ -36,6 +38,7 @@ async fn start_resource(dir: &std::path::Path) -> Resource {
             &addr,
             "--data-dir",
             dir.to_str().unwrap(),
+            "--standalone-no-cluster-check",
         ])
         .stderr(Stdio::null())
         .spawn()

@@ -419,7 +419,13 @@ async fn fenced_resource_serves_tls_and_requires_client_certificates() {
     let addr = format!("127.0.0.1:{}", free_port());
     let log = std::fs::File::create(dir.path().join("resource.log")).unwrap();
     let mut child = Command::new(bin("fenced-resource"))
-        .args(["serve", "--listen", &addr, "--client-cert-auth"])
+        .args([
+            "serve",
+            "--listen",
+            &addr,
+            "--client-cert-auth",
+            "--standalone-no-cluster-check",
+        ])
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .arg("--tls-cert")

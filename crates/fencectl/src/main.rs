@@ -301,11 +301,12 @@ fn token(value: u64) -> Result<Token, ClientError> {
 async fn execute(
     client: &Client,
     tls: Option<&TlsOptions>,
+    bearer: Option<&str>,
     command: Cmd,
     json_out: bool,
 ) -> Result<Report, ClientError> {
     Ok(match command {
-        Cmd::Resource(command) => return resource::execute(command, tls).await,
+        Cmd::Resource(command) => return resource::execute(command, tls, bearer).await,
         Cmd::Snapshot(command) => {
             let (value, text) = snapshot::execute(client, command).await?;
             Report {
@@ -601,10 +602,18 @@ fn main() -> ExitCode {
             key: cli.tls_key.clone(),
         });
         let mut client = Client::with_tls(&endpoints, tls.as_ref())?.with_call_timeout(cli.timeout);
-        if let Some(token) = bearer_token(&cli)? {
-            client = client.with_token(&token)?;
+        let bearer = bearer_token(&cli)?;
+        if let Some(token) = &bearer {
+            client = client.with_token(token)?;
         }
-        execute(&client, tls.as_ref(), cli.command, json_out).await
+        execute(
+            &client,
+            tls.as_ref(),
+            bearer.as_deref(),
+            cli.command,
+            json_out,
+        )
+        .await
     });
     match result {
         Ok(report) => {

@@ -10,8 +10,9 @@ use fenced_proto::v1::{
 };
 use serde_json::json;
 use tonic::{
+    metadata::{Ascii, MetadataValue},
     transport::{Certificate, Channel, ClientTlsConfig, Identity},
-    Code, Status,
+    Code, Request, Status,
 };
 
 use crate::{owner_id, Report};
@@ -29,7 +30,9 @@ pub(crate) enum ModeArg {
 #[derive(Subcommand)]
 pub(crate) enum ResourceCmd {
     /// Write VALUE to KEY if TOKEN is not older than the highest token the
-    /// service accepted for it. Exit 3 if the write is rejected (final).
+    /// service accepted for it and, unless the service runs standalone, the
+    /// current lease of OWNER_ID on the cluster. Exit 3 if the write is
+    /// rejected (final), 5 if refused by authentication or permission.
     #[command(after_help = "Examples:
   fencectl resource put invoice-7 --token 4 --owner-id $OWNER --value paid
   fencectl resource put report --resource reports --token 4 --owner-id $OWNER \\
@@ -90,6 +93,9 @@ pub(crate) enum ResourceCmd {
 fn client_error(s: Status) -> ClientError {
     match s.code() {
         Code::InvalidArgument => ClientError::InvalidArgument(s.message().to_string()),
+        Code::Unauthenticated => ClientError::Unauthenticated(s.message().to_string()),
+        Code::PermissionDenied => ClientError::PermissionDenied(s.message().to_string()),
+        Code::ResourceExhausted => ClientError::ResourceExhausted(s.message().to_string()),
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             ClientError::Unavailable(s.message().to_string())
         }
@@ -135,10 +141,27 @@ fn connect(
     Ok(FencedResourceClient::new(channel))
 }
 
+/// A request carrying the bearer token, when one was given.
+fn request<T>(body: T, bearer: Option<&MetadataValue<Ascii>>) -> Request<T> {
+    let mut req = Request::new(body);
+    if let Some(b) = bearer {
+        req.metadata_mut().insert("authorization", b.clone());
+    }
+    req
+}
+
 pub(crate) async fn execute(
     command: ResourceCmd,
     tls: Option<&TlsOptions>,
+    bearer: Option<&str>,
 ) -> Result<Report, ClientError> {
+    let bearer = bearer
+        .map(|t| {
+            MetadataValue::try_from(format!("Bearer {t}"))
+                .map_err(|_| ClientError::InvalidArgument("token: must be printable ASCII".into()))
+        })
+        .transpose()?;
+    let bearer = bearer.as_ref();
     match command {
         ResourceCmd::Put {
             key,
@@ -171,7 +194,7 @@ pub(crate) async fn execute(
                 sequence,
             };
             let reply = connect(&endpoint, tls)?
-                .put(request)
+                .put(self::request(request, bearer))
                 .await
                 .map_err(client_error)?
                 .into_inner();
@@ -213,9 +236,12 @@ pub(crate) async fn execute(
         }
         ResourceCmd::Get { key, endpoint } => {
             let reply = connect(&endpoint, tls)?
-                .get(GetRequest {
-                    key: key.clone().into_bytes(),
-                })
+                .get(request(
+                    GetRequest {
+                        key: key.clone().into_bytes(),
+                    },
+                    bearer,
+                ))
                 .await
                 .map_err(client_error)?
                 .into_inner();

@@ -7,7 +7,8 @@
 //!
 //! ```sh
 //! fenced dev &
-//! fenced-resource serve --listen 127.0.0.1:7301 --data-dir /tmp/statements &
+//! fenced-resource serve --listen 127.0.0.1:7301 --data-dir /tmp/statements \
+//!     --cluster 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103 &
 //! cargo run -p fenced-client --example statement_worker -- --instance a --account 1842 --month 2026-07
 //! ```
 //!

@@ -689,6 +689,7 @@ impl Client {
         let req = v1::ValidateTokenRequest {
             resource: resource.as_bytes().to_vec(),
             token: token.get(),
+            owner_id: Vec::new(),
         };
         Ok(self
             .with_retries(self.inner.call_timeout, |ch, left| {
@@ -711,6 +712,7 @@ impl Client {
                 .map(|(r, t)| v1::ValidateTokenRequest {
                     resource: r.as_bytes().to_vec(),
                     token: t.get(),
+                    owner_id: Vec::new(),
                 })
                 .collect(),
         };

@@ -445,18 +445,29 @@ pub fn describe_reply(d: &Description, now: ClusterTime) -> v1::DescribeResponse
     }
 }
 
-/// A validated (resource, token) pair to check.
-pub fn validate_check(
-    req: &v1::ValidateTokenRequest,
-) -> Result<(ResourceName, Token), InvalidArgument> {
+/// A validated check: the resource, the token and, when asked, the owner id
+/// the token's lease must have been granted to.
+pub type TokenCheck = (ResourceName, Token, Option<OwnerId>);
+
+/// A validated (resource, token[, owner id]) check.
+///
+/// ```
+/// use fenced_proto::{validate_check, v1::ValidateTokenRequest};
+/// let req = ValidateTokenRequest { resource: b"r".to_vec(), token: 1, owner_id: vec![7; 3] };
+/// assert_eq!(validate_check(&req).unwrap_err().field(), "owner_id");
+/// ```
+pub fn validate_check(req: &v1::ValidateTokenRequest) -> Result<TokenCheck, InvalidArgument> {
     Ok((
         ResourceName::from_bytes(&req.resource)?,
         Token::new(req.token)?,
+        (!req.owner_id.is_empty())
+            .then(|| OwnerId::from_bytes(&req.owner_id))
+            .transpose()?,
     ))
 }
 
-/// The validated pairs of a batch: 1 to [`fenced_core::MAX_VALIDATE_BATCH`].
-/// A bad pair is named by its index (`checks[3].token`).
+/// The validated checks of a batch: 1 to [`fenced_core::MAX_VALIDATE_BATCH`].
+/// A bad check is named by its index (`checks[3].token`).
 ///
 /// ```
 /// use fenced_proto::{validate_checks, v1::ValidateTokensRequest};
@@ -465,7 +476,7 @@ pub fn validate_check(
 /// ```
 pub fn validate_checks(
     req: &v1::ValidateTokensRequest,
-) -> Result<Vec<(ResourceName, Token)>, InvalidArgument> {
+) -> Result<Vec<TokenCheck>, InvalidArgument> {
     let max = fenced_core::MAX_VALIDATE_BATCH;
     let n = req.checks.len();
     if n == 0 || n > max {
@@ -484,9 +495,29 @@ pub fn validate_checks(
         .collect()
 }
 
-/// The wire form of a token's state.
-pub fn validate_reply(v: &Validation, now: ClusterTime) -> v1::ValidateTokenResponse {
+/// The wire form of a token's state. `owner_matches`: `None` when no owner
+/// id was asked about, else whether the token's lease is that owner's; a
+/// current lease of another owner answers OWNER_MISMATCH.
+///
+/// ```
+/// use fenced_core::{ClusterTime, Token, TokenState, Validation};
+/// use fenced_proto::{validate_reply, v1};
+/// let v = Validation { state: TokenState::Current { remaining_ms: 5 }, current_token: Token::new(3).ok() };
+/// let now = ClusterTime::ZERO;
+/// assert_eq!(validate_reply(&v, None, now).state, v1::TokenState::Current as i32);
+/// let mismatch = validate_reply(&v, Some(false), now);
+/// assert_eq!(mismatch.state, v1::TokenState::OwnerMismatch as i32);
+/// assert_eq!((mismatch.remaining_ms, mismatch.owner_checked), (0, true));
+/// ```
+pub fn validate_reply(
+    v: &Validation,
+    owner_matches: Option<bool>,
+    now: ClusterTime,
+) -> v1::ValidateTokenResponse {
     let (state, remaining_ms) = match v.state {
+        TokenState::Current { .. } if owner_matches == Some(false) => {
+            (v1::TokenState::OwnerMismatch, 0)
+        }
         TokenState::Current { remaining_ms } => (v1::TokenState::Current, remaining_ms),
         TokenState::Superseded => (v1::TokenState::Superseded, 0),
         TokenState::Expired => (v1::TokenState::Expired, 0),
@@ -498,6 +529,7 @@ pub fn validate_reply(v: &Validation, now: ClusterTime) -> v1::ValidateTokenResp
         current_token: v.current_token.map_or(0, Token::get),
         remaining_ms,
         cluster_time_ms: now.as_millis(),
+        owner_checked: owner_matches.is_some(),
     }
 }
 

@@ -1,6 +1,6 @@
 //! `fenced-resource`: the protected resource as a service.
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
 use clap::{Parser, Subcommand};
 use fenced_resource::{
@@ -8,6 +8,7 @@ use fenced_resource::{
     service::ResourceService,
     FenceStore, Mode,
 };
+use fenced_server::auth::{Auth, AuthConfig};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing_subscriber::EnvFilter;
 
@@ -43,27 +44,30 @@ enum Command {
         #[command(flatten)]
         tls: TlsArgs,
         #[command(flatten)]
+        auth: AuthArgs,
+        #[command(flatten)]
         current: CurrentArgs,
     },
 }
 
-/// "Still current" checks against the lock cluster.
+/// The cluster check: every write's token must be the current lease of its
+/// owner id on the lock cluster.
 #[derive(clap::Args)]
 struct CurrentArgs {
-    /// Before applying a write, ask the lock cluster (ValidateToken) that
-    /// its token is still the current lease; refuse it otherwise, and when
-    /// the cluster cannot answer.
-    #[arg(long, env = "FENCED_RESOURCE_REQUIRE_CURRENT", requires = "cluster")]
-    require_current: bool,
-    /// Check only keys starting with this (repeatable; default every key).
+    /// Check no write against a lock cluster: any token and owner id a
+    /// caller sends is accepted and can raise a key's highest token for
+    /// ever. For tests and single-host setups only; warned at every start.
     #[arg(
-        long = "require-current-prefix",
-        env = "FENCED_RESOURCE_REQUIRE_CURRENT_PREFIX",
-        value_delimiter = ',',
-        requires = "require_current"
+        long,
+        env = "FENCED_RESOURCE_STANDALONE_NO_CLUSTER_CHECK",
+        conflicts_with_all = ["cluster", "require_current"]
     )]
-    require_current_prefix: Vec<String>,
-    /// Comma-separated host:port of the lock cluster's nodes.
+    standalone_no_cluster_check: bool,
+    /// The cluster check is the default; kept so older command lines work.
+    #[arg(long, env = "FENCED_RESOURCE_REQUIRE_CURRENT", hide = true)]
+    require_current: bool,
+    /// Comma-separated host:port of the lock cluster's nodes (required
+    /// unless --standalone-no-cluster-check).
     #[arg(long, env = "FENCED_RESOURCE_CLUSTER", value_delimiter = ',')]
     cluster: Vec<String>,
     /// The CA (PEM) of the cluster's certificates: TLS to the cluster.
@@ -85,11 +89,25 @@ struct CurrentArgs {
     #[arg(long, env = "FENCED_RESOURCE_CURRENT_CHECKS_IN_FLIGHT", default_value_t = 1_024,
         value_parser = clap::value_parser!(u64).range(1..=100_000))]
     current_checks_in_flight: u64,
+    /// The most checks one ValidateTokens call carries (1 to 256).
+    #[arg(long, env = "FENCED_RESOURCE_CURRENT_BATCH_MAX", default_value_t = 256,
+        value_parser = clap::value_parser!(u64).range(1..=256))]
+    current_batch_max: u64,
+    /// How long a call waits for more checks once it has one, µs (0 to
+    /// 10000; 0: it takes what is queued).
+    #[arg(long, env = "FENCED_RESOURCE_CURRENT_BATCH_WAIT_US", default_value_t = 0,
+        value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    current_batch_wait_us: u64,
+    /// The most ValidateTokens calls in flight (1 to 64); checks arriving
+    /// while all are busy go together in the next one.
+    #[arg(long, env = "FENCED_RESOURCE_CURRENT_CALLS_IN_FLIGHT", default_value_t = 4,
+        value_parser = clap::value_parser!(u64).range(1..=64))]
+    current_calls_in_flight: u64,
 }
 
 impl CurrentArgs {
     fn check(&self) -> Result<Option<CurrentCheck>, String> {
-        if !self.require_current {
+        if self.standalone_no_cluster_check {
             return Ok(None);
         }
         let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
@@ -112,17 +130,33 @@ impl CurrentArgs {
             (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
             _ => None,
         };
+        // Every bound was checked by clap; the conversions cannot fail.
+        let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
         CurrentCheck::new(ClusterOptions {
             endpoints: self.cluster.clone(),
             ca_pem: self.cluster_ca.as_ref().map(read).transpose()?,
             identity_pem,
             bearer,
-            key_prefixes: self.require_current_prefix.clone(),
-            timeout: std::time::Duration::from_millis(self.current_timeout_ms),
-            max_in_flight: usize::try_from(self.current_checks_in_flight).unwrap_or(usize::MAX),
+            timeout: Duration::from_millis(self.current_timeout_ms),
+            max_in_flight: size(self.current_checks_in_flight),
+            batch_max: size(self.current_batch_max),
+            batch_wait: Duration::from_micros(self.current_batch_wait_us),
+            calls_in_flight: size(self.current_calls_in_flight),
         })
         .map(Some)
     }
+}
+
+/// Who may call: the lock nodes' auth files (tokens and roles, the same
+/// format and prefixes). A put needs `lock`, a get `read`.
+#[derive(clap::Args)]
+struct AuthArgs {
+    /// Bearer tokens (hashed) and their roles, as the nodes' auth_tokens.
+    #[arg(long, env = "FENCED_RESOURCE_AUTH_TOKENS")]
+    auth_tokens: Option<PathBuf>,
+    /// Roles and certificate identities, as the nodes' auth_policy.
+    #[arg(long, env = "FENCED_RESOURCE_AUTH_POLICY")]
+    auth_policy: Option<PathBuf>,
 }
 
 /// TLS on the gRPC port: all three files, or none (plaintext).
@@ -174,6 +208,18 @@ async fn shutdown_signal() {
     }
 }
 
+/// Plaintext only on a loopback address: off it, a client's token, owner id
+/// and value would cross the network readable and forgeable.
+fn plaintext_allowed(listen: SocketAddr, tls: bool) -> Result<(), String> {
+    if tls || listen.ip().is_loopback() {
+        return Ok(());
+    }
+    Err(format!(
+        "listen: refusing plaintext on {listen}, which is not a loopback address; add \
+         --tls-cert, --tls-key and --tls-ca (e.g. from `fenced certs`), or listen on 127.0.0.1"
+    ))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_env("FENCED_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
@@ -186,6 +232,7 @@ fn main() -> ExitCode {
         data_dir,
         default_mode,
         tls,
+        auth,
         current,
     } = cli.command;
 
@@ -193,6 +240,20 @@ fn main() -> ExitCode {
         Ok(t) => t,
         Err(e) => {
             eprintln!("fenced-resource: TLS: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = plaintext_allowed(listen, tls.is_some()) {
+        eprintln!("fenced-resource: {e}");
+        return ExitCode::from(2);
+    }
+    let auth = match Auth::load(AuthConfig {
+        tokens: auth.auth_tokens,
+        policy: auth.auth_policy,
+    }) {
+        Ok(a) => Arc::new(a),
+        Err(e) => {
+            eprintln!("fenced-resource: {e}");
             return ExitCode::from(2);
         }
     };
@@ -230,10 +291,20 @@ fn main() -> ExitCode {
         if let Some(tls) = tls {
             server = server.tls_config(tls)?;
         }
-        let mut service = ResourceService::new(store);
-        if let Some(check) = current {
-            tracing::info!("writes need a token still current on the lock cluster");
-            service = service.with_current_check(check);
+        let mut service = ResourceService::new(store).with_auth(auth.clone());
+        match current {
+            Some(check) => {
+                tracing::info!("every write needs a token current for its owner id on the lock cluster");
+                service = service.with_current_check(check);
+            }
+            None => tracing::warn!(
+                "--standalone-no-cluster-check: writes are NOT checked against a lock cluster; \
+                 any caller that may write can raise a key's highest token for ever"
+            ),
+        }
+        if !auth.enabled() {
+            tracing::warn!(%listen, "auth is off: any caller that reaches the port may write \
+                (--auth-tokens/--auth-policy, or --client-cert-auth, restrict it)");
         }
         server
             .add_service(service.into_server())

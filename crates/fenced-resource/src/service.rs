@@ -5,6 +5,11 @@
 //! `x-fencing-resource`, `x-fencing-owner`), so a proxy can add them to a
 //! request it forwards. Writes run on tokio's blocking pool; the store
 //! serialises them per key and syncs each one before it is answered.
+//!
+//! With auth on (the lock nodes' files and identities, `fenced_server::auth`),
+//! a put needs `lock` on its lock resource and a get `read` on the key's
+//! bound resource. With the cluster check on, a put's token must be the
+//! current lease of its owner id on the lock cluster ([`crate::current`]).
 
 use std::sync::Arc;
 
@@ -13,11 +18,13 @@ use fenced_proto::v1::{
     self, fenced_resource_server::FencedResourceServer, put_response, FenceMode, PutAccepted,
     PutAlreadyApplied, PutRejected,
 };
+use fenced_server::auth::{Auth, Permission};
 use tonic::{metadata::MetadataMap, Request, Response, Status};
 
 use crate::{
-    current::CurrentCheck, limits::check_key, FenceStore, Mode, RejectReason, Rejection,
-    StoreError, Write, WriteOutcome,
+    current::{refusal_status, CurrentCheck, Refusal},
+    limits::check_key,
+    FenceStore, Mode, RejectReason, Rejection, StoreError, Write, WriteOutcome,
 };
 
 /// Metadata carrying the fencing token, as decimal text.
@@ -55,9 +62,11 @@ pub const OWNER_METADATA: &str = "x-fencing-owner";
 #[derive(Clone)]
 pub struct ResourceService {
     store: Arc<FenceStore>,
-    /// Set: writes to the keys it covers need a token still current on the
-    /// lock cluster.
+    /// Set: every write needs a token still current, for its owner id, on
+    /// the lock cluster.
     current: Option<CurrentCheck>,
+    /// Off unless auth files were given.
+    auth: Arc<Auth>,
 }
 
 impl ResourceService {
@@ -73,12 +82,19 @@ impl ResourceService {
         ResourceService {
             store,
             current: None,
+            auth: Arc::new(Auth::disabled()),
         }
     }
 
-    /// The same service requiring, for the keys `check` covers, that a
-    /// write's token is still the current lease (asked of the lock cluster
-    /// before the write is applied; refused when it cannot answer).
+    /// The same service authenticating and authorizing every call with
+    /// `auth` (a put needs `lock`, a get `read`, on the lock resource).
+    pub fn with_auth(self, auth: Arc<Auth>) -> Self {
+        Self { auth, ..self }
+    }
+
+    /// The same service requiring that a write's token is the current lease
+    /// of its owner id (asked of the lock cluster before the write is
+    /// applied; refused when it cannot answer).
     pub fn with_current_check(self, check: CurrentCheck) -> Self {
         Self {
             current: Some(check),
@@ -273,6 +289,22 @@ pub fn rejected_reply(r: &Rejection) -> PutRejected {
     wire
 }
 
+/// The wire form of a write the cluster check refused: final for its token.
+fn not_current_reply(write: &Write, cluster_token: u64, message: String) -> PutRejected {
+    PutRejected {
+        key: write.key.clone(),
+        token: write.token.get(),
+        owner_id: write.owner.as_bytes().to_vec(),
+        operation_id: write.operation_id.clone().unwrap_or_default(),
+        reason: v1::RejectReason::NotCurrent as i32,
+        message: format!(
+            "{}: {message} (cluster's newest token {cluster_token})",
+            write.key
+        ),
+        ..Default::default()
+    }
+}
+
 fn store_status(e: StoreError) -> Status {
     match e {
         StoreError::InvalidArgument(e) => Status::invalid_argument(e.to_string()),
@@ -293,8 +325,34 @@ impl v1::fenced_resource_server::FencedResource for ResourceService {
             tracing::warn!(error = %e, "put refused as invalid");
             Status::invalid_argument(e.to_string())
         })?;
-        if let Some(check) = self.current.as_ref().filter(|c| c.applies_to(&write.key)) {
-            check.require(&write.resource, write.token).await?;
+        self.auth.authorize(
+            &request,
+            false,
+            Permission::Lock,
+            "put",
+            Some(write.resource.as_str()),
+        )?;
+        if let Some(check) = &self.current {
+            match check
+                .require(&write.resource, write.token, write.owner)
+                .await
+            {
+                Ok(()) => {}
+                Err(Refusal::NotCurrent {
+                    current_token,
+                    message,
+                    ..
+                }) => {
+                    return Ok(Response::new(v1::PutResponse {
+                        outcome: Some(put_response::Outcome::Rejected(not_current_reply(
+                            &write,
+                            current_token,
+                            message,
+                        ))),
+                    }))
+                }
+                Err(r) => return Err(refusal_status(&r)),
+            }
         }
         let store = self.store.clone();
         let outcome = tokio::task::spawn_blocking(move || store.write(&write))
@@ -319,17 +377,28 @@ impl v1::fenced_resource_server::FencedResource for ResourceService {
         &self,
         request: Request<v1::GetRequest>,
     ) -> Result<Response<v1::GetResponse>, Status> {
-        let key = String::from_utf8(request.into_inner().key).map_err(|e| {
-            Status::invalid_argument(format!(
-                "key: must be UTF-8, invalid byte at offset {}",
-                e.utf8_error().valid_up_to()
-            ))
-        })?;
+        let key = std::str::from_utf8(&request.get_ref().key)
+            .map_err(|e| {
+                Status::invalid_argument(format!(
+                    "key: must be UTF-8, invalid byte at offset {}",
+                    e.valid_up_to()
+                ))
+            })?
+            .to_string();
+        check_key(&key).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let store = self.store.clone();
-        let current = tokio::task::spawn_blocking(move || store.get(&key))
+        let lookup = key.clone();
+        let current = tokio::task::spawn_blocking(move || store.get(&lookup))
             .await
             .map_err(|e| Status::internal(format!("read task failed: {e}")))?
             .map_err(store_status)?;
+        // A bound key is read under its lock resource's grants, an unbound
+        // one under its own name's (no answer before the check either way).
+        let resource = current
+            .as_ref()
+            .map_or(key.as_str(), |c| c.resource.as_str());
+        self.auth
+            .authorize(&request, false, Permission::Read, "get", Some(resource))?;
         Ok(Response::new(match current {
             None => v1::GetResponse::default(),
             Some(c) => v1::GetResponse {

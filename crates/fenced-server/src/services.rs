@@ -831,8 +831,8 @@ impl LockService {
         &self,
         req: Request<v1::ValidateTokenRequest>,
     ) -> Result<Response<v1::ValidateTokenResponse>, Status> {
-        let (resource, token) = validate_check(req.get_ref()).map_err(|e| invalid_argument(&e))?;
-        let identity = self.authorize(&req, Permission::Read, "validate_token", &resource)?;
+        let check = validate_check(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Read, "validate_token", &check.0)?;
         forward_or!(
             self.ctx,
             req,
@@ -842,8 +842,14 @@ impl LockService {
             validate_token
         );
         let now = self.ctx.linearizable_read("validate_token").await?;
-        let v = self.ctx.shared.validate(resource.as_str(), token, now);
-        Ok(Response::new(validate_reply(&v, now)))
+        let answers = self
+            .ctx
+            .shared
+            .validate_all(std::slice::from_ref(&check), now);
+        let (v, owner) = answers
+            .first()
+            .ok_or_else(|| Status::internal("validate_token: no answer for the check"))?;
+        Ok(Response::new(validate_reply(v, *owner, now)))
     }
 
     async fn answer_validate_tokens(
@@ -853,7 +859,7 @@ impl LockService {
         let checks = validate_checks(req.get_ref()).map_err(|e| invalid_argument(&e))?;
         // Every resource of the batch must be readable by the caller.
         let mut identity = None;
-        for (resource, _) in &checks {
+        for (resource, _, _) in &checks {
             identity = self.authorize(&req, Permission::Read, "validate_tokens", resource)?;
         }
         forward_or!(
@@ -870,7 +876,7 @@ impl LockService {
             .shared
             .validate_all(&checks, now)
             .iter()
-            .map(|v| validate_reply(v, now))
+            .map(|(v, owner)| validate_reply(v, *owner, now))
             .collect();
         Ok(Response::new(v1::ValidateTokensResponse {
             results,

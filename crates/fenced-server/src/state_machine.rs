@@ -104,16 +104,27 @@ impl Shared {
         self.read().table.validate(resource, token, now)
     }
 
-    /// Validates every pair under one read of the table.
+    /// Validates every check under one read of the table. With an owner id,
+    /// also whether the token's lease was granted to it (its newest grant,
+    /// which a live lease always is).
     pub fn validate_all(
         &self,
-        checks: &[(fenced_core::ResourceName, Token)],
+        checks: &[fenced_proto::TokenCheck],
         now: ClusterTime,
-    ) -> Vec<Validation> {
+    ) -> Vec<(Validation, Option<bool>)> {
         let data = self.read();
         checks
             .iter()
-            .map(|(r, t)| data.table.validate(r.as_str(), *t, now))
+            .map(|(r, t, owner)| {
+                let v = data.table.validate(r.as_str(), *t, now);
+                let matches = owner.map(|o| {
+                    data.table
+                        .history(r.as_str(), 1)
+                        .first()
+                        .is_some_and(|h| h.token == *t && h.owner_id == o)
+                });
+                (v, matches)
+            })
             .collect()
     }
 
