@@ -337,9 +337,13 @@ impl StateMachine {
             Outcome::KvPut(KvPutOutcome::BoundReached { bound, .. }) => match bound {
                 KvBound::Keys => &c.limits.kv_keys,
                 KvBound::TotalBytes => &c.limits.kv_bytes,
+                // 2^64 writes: no setting to count it under.
+                KvBound::Revisions => &c.kv_refused,
             },
             Outcome::KvPut(KvPutOutcome::Refused(_))
-            | Outcome::KvDelete(KvDeleteOutcome::Refused(_)) => &c.kv_refused,
+            | Outcome::KvDelete(
+                KvDeleteOutcome::Refused(_) | KvDeleteOutcome::BoundReached { .. },
+            ) => &c.kv_refused,
             Outcome::RenewMany(each) => {
                 for o in each {
                     self.renew_counter(o).fetch_add(1, Ordering::Relaxed);
