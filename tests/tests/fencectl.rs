@@ -165,3 +165,40 @@ async fn fencectl_usage_and_bad_input_exit_with_2_and_unreachable_with_6() {
     // 6: no node answered within --timeout, worth retrying later.
     assert_eq!(out.status.code(), Some(6));
 }
+
+/// A bearer token is never sent in plaintext to a remote address: fencectl
+/// refuses before connecting, naming the endpoint and saying to use TLS;
+/// on loopback it goes (and the call proceeds: here, to a closed port).
+#[test]
+fn fencectl_refuses_a_token_over_plaintext_to_a_remote_endpoint() {
+    let fencectl = |endpoint: &str, how: &[&str], env: Option<&str>| {
+        let mut cmd = std::process::Command::new(fenced_tests::bin("fencectl"));
+        cmd.env_remove("FENCED_TOKEN")
+            .env_remove("FENCED_TOKEN_FILE")
+            .args(["--endpoints", endpoint, "--timeout", "1s"])
+            .args(how)
+            .args(["describe", "x"]);
+        if let Some(token) = env {
+            cmd.env("FENCED_TOKEN", token);
+        }
+        cmd.output().unwrap()
+    };
+    for (how, env) in [
+        (&["--token", "secret"][..], None),
+        (&[][..], Some("secret")),
+    ] {
+        let out = fencectl("192.0.2.7:7101", how, env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("192.0.2.7:7101")
+                && stderr.contains("plaintext")
+                && stderr.contains("https://"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("secret"), "{stderr}");
+    }
+    let closed = format!("127.0.0.1:{}", fenced_tests::free_port());
+    let out = fencectl(&closed, &["--token", "secret"], None);
+    assert_eq!(out.status.code(), Some(6), "{:?}", out.stderr);
+}

@@ -443,3 +443,179 @@ async fn a_put_needs_lock_on_resource_and_key_and_a_get_needs_read() {
     let read = alice.kv_get("orders/1/state").await.unwrap().unwrap();
     assert_eq!(read.value, b"paid", "refused writes changed nothing");
 }
+
+fn refused_write(w: Result<KvWrite, ClientError>, what: &str) {
+    match w {
+        Ok(KvWrite::Refused(_)) => {}
+        other => panic!("{what}: expected a refusal, got {other:?}"),
+    }
+}
+
+/// The attack against a real cluster: the holder of another resource, with
+/// a newer token, writes and deletes a key that A's lease wrote; by the
+/// client and by fencectl. The key stays A's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_of_another_resource_cannot_write_a_key_even_with_a_newer_token() {
+    let cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let (a, b) = (OwnerId::random(), OwnerId::random());
+    let ttl = Duration::from_secs(30);
+    let ta = grant(&client, "ledger/a", a, ttl).await;
+    applied(
+        client
+            .kv_put("balance", b"100", "ledger/a", a, ta)
+            .await
+            .unwrap(),
+    );
+    let tb = grant(&client, "other/b", b, ttl).await;
+    assert!(tb > ta);
+    refused_write(
+        client.kv_put("balance", b"0", "other/b", b, tb).await,
+        "B's put",
+    );
+    refused_write(
+        client.kv_delete("balance", "other/b", b, tb).await,
+        "B's delete",
+    );
+    let (b_s, tb_s) = (b.to_string(), tb.to_string());
+    let by_b = [
+        "--resource",
+        "other/b",
+        "--owner-id",
+        &b_s,
+        "--token",
+        &tb_s,
+    ];
+    let (code, v) = fencectl_json(
+        &cluster,
+        &[&["kv", "put", "balance", "0"][..], &by_b[..]].concat(),
+        None,
+    );
+    assert_eq!((code, v["status"].as_str()), (3, Some("refused")), "{v}");
+    assert_eq!(
+        (v["reason"].as_str(), v["key_resource"].as_str()),
+        (Some("key_of_another_resource"), Some("ledger/a")),
+        "{v}"
+    );
+    let (code, v) = fencectl_json(
+        &cluster,
+        &[&["kv", "delete", "balance"][..], &by_b[..]].concat(),
+        None,
+    );
+    assert_eq!((code, v["status"].as_str()), (3, Some("refused")), "{v}");
+    for id in 1..=3 {
+        let read = cluster.client_of(id).kv_get("balance").await.unwrap();
+        let read = read.expect("A's value");
+        assert_eq!(
+            (read.value.as_slice(), read.resource.as_str(), read.token),
+            (&b"100"[..], "ledger/a", ta),
+            "node {id}"
+        );
+    }
+}
+
+/// The attack against a real cluster: after the newer holder deletes a
+/// key, an older token (a live lease on another resource, the released
+/// holder of the key's own) must not land, and the key's token must not go
+/// back; after snapshots and a restart of the whole cluster too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_delete_an_older_holders_put_is_refused_across_a_restart() {
+    let mut cluster = Cluster::start_with(3, &[("FENCED_SNAPSHOT_LOGS", "10")]).await;
+    let client = cluster.client();
+    let (a, b, c) = (OwnerId::random(), OwnerId::random(), OwnerId::random());
+    let long = Duration::from_secs(3600);
+    let told = grant(&client, "r-old", a, long).await;
+    let t1 = grant(&client, "job", b, long).await;
+    applied(client.kv_put("k", b"one", "job", b, t1).await.unwrap());
+    client.release("job", b, t1).await.unwrap();
+    let t2 = grant(&client, "job", c, long).await;
+    assert!(t2 > told);
+    applied(client.kv_put("k", b"two", "job", c, t2).await.unwrap());
+    assert!(matches!(
+        client.kv_delete("k", "job", c, t2).await.unwrap(),
+        KvWrite::Applied { existed: true, .. }
+    ));
+    assert_eq!(client.kv_get("k").await.unwrap(), None);
+    let attacks = |client: Client| async move {
+        refused_write(
+            client.kv_put("k", b"stale", "r-old", a, told).await,
+            "an older live lease of another resource",
+        );
+        refused_write(
+            client.kv_put("k", b"stale", "job", b, t1).await,
+            "the released holder",
+        );
+        // The refusals say why: the key's resource, the key's token.
+        assert_eq!(
+            client
+                .kv_put("k", b"stale", "r-old", a, told)
+                .await
+                .unwrap(),
+            KvWrite::Refused(KvRefusal::KeyOfAnotherResource {
+                key_resource: fenced_core::ResourceName::new("job").unwrap()
+            })
+        );
+        assert_eq!(
+            client.kv_put("k", b"stale", "job", b, t1).await.unwrap(),
+            KvWrite::Refused(KvRefusal::KeyHasNewerToken { key_token: t2 })
+        );
+        assert_eq!(client.kv_get("k").await.unwrap(), None);
+    };
+    attacks(client.clone()).await;
+    // Enough entries for snapshots (and log purges) on every node.
+    for i in 0..30u32 {
+        applied(
+            client
+                .kv_put(&format!("job/{}", i % 3), &i.to_be_bytes(), "job", c, t2)
+                .await
+                .unwrap(),
+        );
+    }
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    cluster.start_all().await;
+    let client = cluster.client();
+    attacks(client.clone()).await;
+    // The key's holder writes it again.
+    applied(client.kv_put("k", b"three", "job", c, t2).await.unwrap());
+    assert_eq!(client.kv_get("k").await.unwrap().unwrap().token, t2);
+}
+
+/// fencectl names the key, the presented token and the key's token when a
+/// put is stale against a tombstone, and exits with the refusal code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencectl_says_a_put_below_a_tombstone_is_stale() {
+    let cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let (a, b) = (OwnerId::random(), OwnerId::random());
+    let ta = grant(&client, "tomb", a, Duration::from_secs(30)).await;
+    client.release("tomb", a, ta).await.unwrap();
+    let tb = grant(&client, "tomb", b, Duration::from_secs(30)).await;
+    applied(client.kv_put("tomb/k", b"v", "tomb", b, tb).await.unwrap());
+    client.kv_delete("tomb/k", "tomb", b, tb).await.unwrap();
+    let (a_s, ta_s) = (a.to_string(), ta.to_string());
+    let out = cluster.fencectl(&[
+        "kv",
+        "put",
+        "tomb/k",
+        "late",
+        "--resource",
+        "tomb",
+        "--owner-id",
+        &a_s,
+        "--token",
+        &ta_s,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("tomb/k")
+            && text.contains(&format!("token {ta}"))
+            && text.contains(&format!("token {tb}"))
+            && text.contains("stale"),
+        "{text}"
+    );
+    let (code, v) = fencectl_json(&cluster, &["kv", "get", "tomb/k"], None);
+    assert_eq!((code, v["status"].as_str()), (3, Some("not_found")), "{v}");
+}

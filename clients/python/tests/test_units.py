@@ -84,3 +84,30 @@ def test_bearer_token_from_env(monkeypatch, tmp_path):
     with pytest.raises(InvalidArgument) as e:
         Client(["127.0.0.1:7101"], env=False, token="bad token\n\x01")
     assert str(e.value).startswith("token:")
+
+
+def test_a_token_is_not_sent_in_plaintext_to_a_remote_address(monkeypatch):
+    monkeypatch.delenv("FENCED_TOKEN", raising=False)
+    monkeypatch.delenv("FENCED_TOKEN_FILE", raising=False)
+    for remote in [
+        "10.0.0.5:7101",
+        "http://10.0.0.5:7101",
+        "lock.example.com:7101",
+        "[2001:db8::1]:7101",
+        "128.0.0.1:7101",
+        "localhost.example.com:7101",
+    ]:
+        with pytest.raises(EndpointError) as e:
+            Client(["127.0.0.1:7101", remote], env=False, token="secret")
+        text = str(e.value)
+        assert remote in text and "plaintext" in text and "https://" in text, text
+        assert "secret" not in text
+    # From the environment too.
+    monkeypatch.setenv("FENCED_TOKEN", "secret")
+    with pytest.raises(EndpointError):
+        Client(["10.0.0.5:7101"])
+    monkeypatch.delenv("FENCED_TOKEN")
+    # Loopback is allowed, and any address without a token.
+    for local in ["127.0.0.1:7101", "127.8.9.10:7101", "localhost:7101", "LOCALHOST:7101", "[::1]:7101", "http://[::1]:7101"]:
+        Client([local], env=False, token="secret").close()
+    Client(["10.0.0.5:7101"], env=False).close()

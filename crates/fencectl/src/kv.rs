@@ -100,14 +100,22 @@ fn write_report(op: &str, key: &str, resource: &str, token: Token, outcome: KvWr
             let mut value = json!({"status": "refused", "key": key, "resource": resource,
                 "token": token, "reason": reason.as_str()});
             let mut text = format!("{op} {key}: refused, token {token} {}", reason.as_str());
-            match reason {
+            match &reason {
                 KvRefusal::Lease(LostReason::Superseded { current_token }) => {
                     value["current_token"] = json!(current_token);
                     text.push_str(&format!(" (current token {current_token})"));
                 }
                 KvRefusal::KeyHasNewerToken { key_token } => {
                     value["key_token"] = json!(key_token);
-                    text.push_str(&format!(" (key written with token {key_token})"));
+                    text.push_str(&format!(
+                        " (stale: the key was last written or deleted with token {key_token})"
+                    ));
+                }
+                KvRefusal::KeyOfAnotherResource { key_resource } => {
+                    value["key_resource"] = json!(key_resource.as_str());
+                    text.push_str(&format!(
+                        " (the key belongs to resource {key_resource}; only its holder writes it)"
+                    ));
                 }
                 _ => {}
             }

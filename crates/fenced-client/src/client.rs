@@ -293,6 +293,9 @@ struct Inner {
     lease_options: LeaseOptions,
     /// `Bearer <token>`, sent as `authorization` on every call.
     bearer: Option<MetadataValue<Ascii>>,
+    /// Whether the endpoints are `https://`: a token goes to a plaintext
+    /// one only on loopback.
+    tls: bool,
     /// Renews every lease granted through this client, together.
     keeper: Keeper,
 }
@@ -368,6 +371,7 @@ impl Client {
                 call_timeout: Duration::from_secs(10),
                 lease_options: LeaseOptions::default(),
                 bearer: None,
+                tls: tls.is_some(),
                 keeper: Keeper::default(),
             }),
         })
@@ -382,6 +386,7 @@ impl Client {
                 call_timeout: timeout,
                 lease_options: self.inner.lease_options,
                 bearer: self.inner.bearer.clone(),
+                tls: self.inner.tls,
                 keeper: Keeper::default(),
             }),
         }
@@ -396,14 +401,26 @@ impl Client {
                 call_timeout: self.inner.call_timeout,
                 lease_options,
                 bearer: self.inner.bearer.clone(),
+                tls: self.inner.tls,
                 keeper: Keeper::default(),
             }),
         }
     }
 
     /// Sends `authorization: Bearer <token>` on every call. Fails when the
-    /// token cannot travel in metadata (it is not visible ASCII).
+    /// token cannot travel in metadata (it is not visible ASCII), or would
+    /// travel in plaintext to an endpoint that is not loopback (naming it).
     pub fn with_token(self, token: &str) -> Result<Self, ClientError> {
+        if !self.inner.tls {
+            for e in self.inner.endpoints.iter() {
+                if let Some(reason) = tls::plaintext_token_refusal(&e.name) {
+                    return Err(ClientError::Endpoint {
+                        endpoint: e.name.clone(),
+                        reason,
+                    });
+                }
+            }
+        }
         let bearer = MetadataValue::try_from(format!("Bearer {}", token.trim()))
             .map_err(|_| ClientError::InvalidArgument("token: must be printable ASCII".into()))?;
         Ok(Self {
@@ -413,6 +430,7 @@ impl Client {
                 call_timeout: self.inner.call_timeout,
                 lease_options: self.inner.lease_options,
                 bearer: Some(bearer),
+                tls: self.inner.tls,
                 keeper: Keeper::default(),
             }),
         })

@@ -14,7 +14,7 @@ use crate::{
 };
 
 /// The result of a fenced put or delete.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvWrite {
     /// Committed on a majority. `revision` is the store's revision after
     /// it; `existed` says whether the key had a value before.

@@ -21,6 +21,37 @@ use tokio::{
 };
 use tokio_rustls::{client::TlsStream, TlsConnector};
 
+/// Whether `endpoint` (`host:port`, `http://host:port`, `[v6]:port`) names
+/// a loopback host: 127.0.0.0/8, ::1 or `localhost`. Names are not looked
+/// up: only these spellings count, so a name that merely resolves to
+/// loopback is treated as remote.
+pub(crate) fn is_loopback(endpoint: &str) -> bool {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or_default();
+    if let Ok(ip) = authority.parse::<std::net::IpAddr>() {
+        return ip.is_loopback();
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Why a bearer token must not go to `endpoint` without TLS, if it must
+/// not: anyone on the path could read it and act as its identity.
+pub(crate) fn plaintext_token_refusal(endpoint: &str) -> Option<String> {
+    (!is_loopback(endpoint)).then(|| {
+        "refusing to send a bearer token in plaintext to an address that is not \
+         loopback: use https:// endpoints with TLS (TlsOptions; fencectl --cacert), \
+         or a loopback address (127.0.0.1, ::1, localhost)"
+            .to_string()
+    })
+}
+
 /// What a client trusts and, for mutual TLS, shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsOptions {

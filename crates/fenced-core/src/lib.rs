@@ -29,8 +29,8 @@ pub use command::{Batch, Command, RenewLease, RenewLeases};
 pub use error::InvalidArgument;
 pub use ids::{OwnerId, SessionId, Token};
 pub use kv::{
-    KvBound, KvBounds, KvEntry, KvKey, KvRefusal, KvSnapshot, KvStore, KvValue, KV_KEY_MAX_BYTES,
-    KV_SNAPSHOT_FORMAT_VERSION, KV_VALUE_MAX_BYTES,
+    KvBound, KvBounds, KvEntry, KvKey, KvRefusal, KvSnapshot, KvStore, KvTombstone, KvValue,
+    KV_KEY_MAX_BYTES, KV_SNAPSHOT_FORMAT_VERSION, KV_VALUE_MAX_BYTES,
 };
 pub use limits::{
     Capacity, CapacityBound, Limits, SessionBounds, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS,

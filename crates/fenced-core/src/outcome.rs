@@ -104,7 +104,7 @@ pub enum ReleaseOutcome {
 }
 
 /// What a fenced put ([`crate::Command::KvPut`]) produced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvPutOutcome {
     /// Applied. `revision` is the store's revision after it; `existed`
     /// says whether the key had a value.
@@ -116,13 +116,15 @@ pub enum KvPutOutcome {
 }
 
 /// What a fenced delete ([`crate::Command::KvDelete`]) produced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvDeleteOutcome {
     /// Applied. `revision` is the store's revision after it; `existed`
     /// says whether the key had a value.
     Applied { revision: u64, existed: bool },
     /// Not applied by the fencing rule; nothing changed.
     Refused(KvRefusal),
+    /// The store's revision counter is at its end; nothing changed.
+    BoundReached { bound: KvBound, limit: u64 },
 }
 
 /// What opening a session ([`crate::Command::OpenSession`]) or keeping it

@@ -932,7 +932,7 @@ impl LeaseTable {
                     token,
                 } => {
                     let holder = self.check_holder(resource.as_str(), *owner, *token, now);
-                    Outcome::KvDelete(self.kv.delete(holder, key, *token))
+                    Outcome::KvDelete(self.kv.delete(holder, key, resource, *token))
                 }
                 Command::RenewMany { leases } => Outcome::RenewMany(
                     leases

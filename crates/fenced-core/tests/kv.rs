@@ -227,17 +227,19 @@ fn puts_are_ordered_with_grants_inside_one_entry() {
 }
 
 #[test]
-fn a_keys_tokens_never_go_backwards_across_resources() {
+fn a_key_belongs_to_the_resource_that_first_wrote_it() {
     let mut table = LeaseTable::new();
     let (a, b) = (OwnerId::random(), OwnerId::random());
     let ta = grant(&mut table, 0, "r1", a);
     let tb = grant(&mut table, 0, "r2", b);
     assert!(tb > ta);
     apply_one(&mut table, 1, put("shared", b"b", "r2", b, tb));
-    // A still holds r1, but its token is older than the key's.
+    // A still holds r1, but the key is r2's.
     assert_eq!(
         refused(apply_one(&mut table, 2, put("shared", b"a", "r1", a, ta))),
-        KvRefusal::KeyHasNewerToken { key_token: tb }
+        KvRefusal::KeyOfAnotherResource {
+            key_resource: name("r2")
+        }
     );
     assert_eq!(
         refused(apply_one(
@@ -250,9 +252,20 @@ fn a_keys_tokens_never_go_backwards_across_resources() {
                 token: ta,
             }
         )),
-        KvRefusal::KeyHasNewerToken { key_token: tb }
+        KvRefusal::KeyOfAnotherResource {
+            key_resource: name("r2")
+        }
     );
     assert_eq!(table.kv().get("shared").unwrap().value.as_bytes(), b"b");
+    // A newer token of another resource does not take it either.
+    let a2 = OwnerId::random();
+    let t3 = grant(&mut table, 3, "r3", a2);
+    assert_eq!(
+        refused(apply_one(&mut table, 4, put("shared", b"c", "r3", a2, t3))),
+        KvRefusal::KeyOfAnotherResource {
+            key_resource: name("r2")
+        }
+    );
 }
 
 #[test]
@@ -287,7 +300,21 @@ fn a_delete_is_fenced_like_a_put() {
         })
     );
     assert!(table.kv().is_empty());
-    assert_eq!(table.kv().total_bytes(), 0);
+    // The tombstone keeps the key (its bytes count), its resource and token.
+    assert_eq!(table.kv().total_bytes(), 1);
+    let tomb = table.kv().tombstone("k").unwrap();
+    assert_eq!(
+        (tomb.resource.as_str(), tomb.token, tomb.revision),
+        ("job", tb, 2)
+    );
+    assert_eq!(
+        refused(apply_one(
+            &mut table,
+            TTL + 5,
+            put("k", b"late", "job", a, ta)
+        )),
+        KvRefusal::KeyHasNewerToken { key_token: tb }
+    );
 }
 
 #[test]
@@ -465,12 +492,143 @@ struct Model {
     holders: BTreeMap<usize, (usize, Token, ClusterTime)>,
 }
 
+fn delete(key: &str, res: &str, owner: OwnerId, token: Token) -> Command {
+    Command::KvDelete {
+        key: KvKey::new(key).unwrap(),
+        resource: name(res),
+        owner_id: owner,
+        token,
+    }
+}
+
+fn is_refused(outcome: &Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::KvPut(KvPutOutcome::Refused(_)) | Outcome::KvDelete(KvDeleteOutcome::Refused(_))
+    )
+}
+
+/// The attack: B holds its own resource with a newer token than A's and
+/// writes (or deletes) a key A's lease wrote. The key is A's.
+#[test]
+fn a_holder_of_another_resource_cannot_write_a_key_even_with_a_newer_token() {
+    let mut table = LeaseTable::new();
+    let (a, b) = (OwnerId::random(), OwnerId::random());
+    let ta = grant(&mut table, 0, "ledger/a", a);
+    apply_one(&mut table, 1, put("balance", b"100", "ledger/a", a, ta));
+    let tb = grant(&mut table, 2, "other/b", b);
+    assert!(tb > ta);
+    let out = apply_one(&mut table, 3, put("balance", b"0", "other/b", b, tb));
+    assert!(is_refused(&out), "B overwrote A's key: {out:?}");
+    let out = apply_one(&mut table, 3, delete("balance", "other/b", b, tb));
+    assert!(is_refused(&out), "B deleted A's key: {out:?}");
+    let entry = table.kv().get("balance").unwrap();
+    assert_eq!(
+        (entry.value.as_bytes(), entry.resource.as_str(), entry.token),
+        (&b"100"[..], "ledger/a", ta)
+    );
+    // A itself still writes it.
+    assert!(matches!(
+        apply_one(&mut table, 4, put("balance", b"90", "ledger/a", a, ta)),
+        Outcome::KvPut(KvPutOutcome::Applied { .. })
+    ));
+}
+
+/// The attack: after a delete by the newer holder, an older holder's put
+/// must not land, and the key's token must not go back. The older holder
+/// here holds another resource (live), and then the same resource
+/// (superseded).
+#[test]
+fn after_a_delete_an_older_holders_put_is_refused_and_the_token_never_goes_back() {
+    let mut table = LeaseTable::new();
+    let (a, b, c) = (OwnerId::random(), OwnerId::random(), OwnerId::random());
+    let told = grant(&mut table, 0, "r-old", a);
+    let t1 = grant(&mut table, 0, "job", b);
+    apply_one(&mut table, 1, put("k", b"one", "job", b, t1));
+    apply_one(
+        &mut table,
+        2,
+        Command::Release {
+            resource: name("job"),
+            owner_id: b,
+            token: t1,
+        },
+    );
+    let t2 = grant(&mut table, 3, "job", c);
+    assert!(t2 > told);
+    apply_one(&mut table, 4, put("k", b"two", "job", c, t2));
+    assert!(matches!(
+        apply_one(&mut table, 5, delete("k", "job", c, t2)),
+        Outcome::KvDelete(KvDeleteOutcome::Applied { existed: true, .. })
+    ));
+    assert!(
+        table.kv().get("k").is_none(),
+        "a deleted key reads as absent"
+    );
+    // A live lease on another resource, older token.
+    let out = apply_one(&mut table, 6, put("k", b"stale", "r-old", a, told));
+    assert!(
+        is_refused(&out),
+        "an older token landed after a delete: {out:?}"
+    );
+    // The released holder of the key's own resource.
+    let out = apply_one(&mut table, 6, put("k", b"stale", "job", b, t1));
+    assert!(
+        is_refused(&out),
+        "a released token landed after a delete: {out:?}"
+    );
+    assert!(table.kv().get("k").is_none());
+    // The key's holder writes it again, with its token.
+    assert!(matches!(
+        apply_one(&mut table, 7, put("k", b"three", "job", c, t2)),
+        Outcome::KvPut(KvPutOutcome::Applied { .. })
+    ));
+    assert_eq!(table.kv().get("k").unwrap().token, t2);
+}
+
+/// The same attacks against a store that went through its snapshot (and
+/// its JSON form): what a delete leaves, and whose key it is, survive.
+#[test]
+fn a_keys_resource_and_deleted_token_survive_a_snapshot_round_trip() {
+    let mut table = LeaseTable::new();
+    let (a, b, c) = (OwnerId::random(), OwnerId::random(), OwnerId::random());
+    let t1 = grant(&mut table, 0, "job", a);
+    apply_one(&mut table, 1, put("gone", b"x", "job", a, t1));
+    apply_one(&mut table, 1, put("kept", b"y", "job", a, t1));
+    let t2 = grant(&mut table, TTL + 1, "job", b);
+    apply_one(&mut table, TTL + 2, put("gone", b"x2", "job", b, t2));
+    apply_one(&mut table, TTL + 2, delete("gone", "job", b, t2));
+    let t3 = grant(&mut table, TTL + 2, "other", c);
+    let kv = serde_json::to_string(&table.kv_snapshot()).unwrap();
+    let mut restored = LeaseTable::from_snapshot(table.snapshot()).unwrap();
+    restored
+        .restore_kv(serde_json::from_str(&kv).unwrap())
+        .unwrap();
+    restored.check_invariants().unwrap();
+    assert_eq!(restored.kv(), table.kv());
+    assert!(restored.kv().get("gone").is_none());
+    let out = apply_one(&mut restored, TTL + 3, put("gone", b"stale", "job", a, t1));
+    assert!(is_refused(&out), "{out:?}");
+    let out = apply_one(&mut restored, TTL + 3, put("kept", b"z", "other", c, t3));
+    assert!(is_refused(&out), "{out:?}");
+    let out = apply_one(&mut restored, TTL + 3, put("gone", b"z", "other", c, t3));
+    assert!(is_refused(&out), "{out:?}");
+    assert!(restored.kv().get("gone").is_none());
+    assert_eq!(restored.kv().get("kept").unwrap().token, t1);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
+    /// Random histories of grants, renewals, releases, puts and deletes on
+    /// three resources and three keys, checked against a model: a key
+    /// belongs to the resource that first wrote it, only that resource's
+    /// current holder writes or deletes it, and its token never goes back,
+    /// deletes included; across snapshot round trips too.
     #[test]
-    fn no_put_with_a_non_current_token_is_ever_applied(
-        steps in proptest::collection::vec(proptest::collection::vec(step(), 1..4), 1..60)
+    fn a_key_is_written_only_by_its_resources_holder_and_its_token_never_goes_back(
+        steps in proptest::collection::vec(
+            (proptest::collection::vec(step(), 1..4), any::<bool>()), 1..60)
     ) {
         let owners: Vec<OwnerId> = (0..4).map(|_| OwnerId::random()).collect();
         let res_name = |r: usize| name(&format!("r{r}"));
@@ -478,11 +636,18 @@ proptest! {
         let owner_index = |o: OwnerId| owners.iter().position(|x| *x == o).unwrap();
         let mut table = LeaseTable::new();
         let mut model = Model::default();
-        // The token each (resource, owner) was last granted: what it writes with.
         let mut granted: BTreeMap<(usize, usize), Token> = BTreeMap::new();
-        let mut key_tokens: BTreeMap<usize, Token> = BTreeMap::new();
+        // key → (its resource, its token, live)
+        let mut keys: BTreeMap<usize, (usize, Token, bool)> = BTreeMap::new();
         let mut now = 0u64;
-        for batch_steps in steps {
+        for (batch_steps, round_trip) in steps {
+            if round_trip {
+                let kv = serde_json::to_string(&table.kv_snapshot()).unwrap();
+                let mut restored = LeaseTable::from_snapshot(table.snapshot()).unwrap();
+                restored.restore_kv(serde_json::from_str(&kv).unwrap()).unwrap();
+                prop_assert_eq!(restored.kv(), table.kv());
+                table = restored;
+            }
             let mut commands = Vec::new();
             for s in &batch_steps {
                 let token_of = |res, owner| granted.get(&(res, owner)).copied().unwrap_or(Token::new(1).unwrap());
@@ -496,15 +661,12 @@ proptest! {
                         resource: res_name(res), owner_id: owners[owner], token: token_of(res, owner),
                     },
                     Step::Put { res, owner, key } => put(&format!("k{key}"), &[key as u8; 3], &format!("r{res}"), owners[owner], token_of(res, owner)),
-                    Step::Delete { res, owner, key } => Command::KvDelete {
-                        key: key_name(key), resource: res_name(res), owner_id: owners[owner], token: token_of(res, owner),
-                    },
+                    Step::Delete { res, owner, key } => delete(&format!("k{key}"), &format!("r{res}"), owners[owner], token_of(res, owner)),
                 });
             }
             let stamp = at(now);
             let applied = table.apply(&Batch { stamp, commands: commands.clone() });
             table.check_invariants().map_err(TestCaseError::fail)?;
-            // Expiries and hand-offs happen at the start of the entry.
             for event in &applied.events {
                 if let Event::Expired { resource, .. } = event {
                     let r: usize = resource.as_str()[1..].parse().unwrap();
@@ -532,48 +694,153 @@ proptest! {
                     (Command::KvPut { key, token, .. } | Command::KvDelete { key, token, .. }, outcome) => {
                         let current = model.holders.get(&r).is_some_and(|&(ho, ht, exp)| ho == o && ht == *token && exp > stamp);
                         let k: usize = key.as_str()[1..].parse().unwrap();
-                        prop_assert_eq!(
-                            matches!(command, Command::KvPut { .. }),
-                            matches!(outcome, Outcome::KvPut(_)),
-                            "{:?} answered with {:?}", command, outcome
-                        );
-                        match outcome {
-                            Outcome::KvPut(KvPutOutcome::Applied { existed, .. })
-                            | Outcome::KvDelete(KvDeleteOutcome::Applied { existed, .. }) => {
-                                prop_assert!(current, "{:?} applied with a non-current token at {:?}: holders {:?}", command, stamp, model.holders);
-                                if let Some(prev) = key_tokens.get(&k) {
-                                    prop_assert!(*token >= *prev, "key k{} went from token {:?} back to {:?}", k, prev, token);
-                                }
-                                if matches!(command, Command::KvPut { .. }) {
-                                    key_tokens.insert(k, *token);
-                                } else if *existed {
-                                    key_tokens.remove(&k);
-                                }
-                            }
-                            Outcome::KvPut(KvPutOutcome::Refused(KvRefusal::Lease(_)))
-                            | Outcome::KvDelete(KvDeleteOutcome::Refused(KvRefusal::Lease(_))) => {
-                                prop_assert!(!current, "the current holder's {:?} was refused", command);
-                            }
-                            Outcome::KvPut(KvPutOutcome::Refused(KvRefusal::KeyHasNewerToken { key_token }))
-                            | Outcome::KvDelete(KvDeleteOutcome::Refused(KvRefusal::KeyHasNewerToken { key_token })) => {
+                        let owned = keys.get(&k).is_none_or(|&(kr, _, _)| kr == r);
+                        let is_put = matches!(command, Command::KvPut { .. });
+                        let applied = matches!(outcome,
+                            Outcome::KvPut(KvPutOutcome::Applied { .. })
+                            | Outcome::KvDelete(KvDeleteOutcome::Applied { .. }));
+                        prop_assert_eq!(applied, current && owned,
+                            "{:?} answered {:?}: holders {:?}, keys {:?}", command, outcome, model.holders, keys);
+                        prop_assert_eq!(is_put, matches!(outcome, Outcome::KvPut(_)));
+                        let refusal = match outcome {
+                            Outcome::KvPut(KvPutOutcome::Refused(r)) | Outcome::KvDelete(KvDeleteOutcome::Refused(r)) => Some(r),
+                            _ => None,
+                        };
+                        // Each refusal is for what it says.
+                        match refusal {
+                            Some(KvRefusal::Lease(_)) => prop_assert!(!current, "the current holder's {:?} was refused", command),
+                            Some(KvRefusal::KeyHasNewerToken { key_token }) => {
+                                prop_assert_eq!(keys.get(&k).map(|e| e.1), Some(*key_token));
                                 prop_assert!(key_token > token);
                             }
-                            other => prop_assert!(false, "unexpected {:?}", other),
+                            Some(KvRefusal::KeyOfAnotherResource { key_resource }) => {
+                                prop_assert_eq!(keys.get(&k).map(|e| res_name(e.0)), Some(key_resource.clone()));
+                                prop_assert!(!owned);
+                            }
+                            None => prop_assert!(applied, "unexpected {:?}", outcome),
+                        }
+                        if applied {
+                            if let Some(&(_, kt, _)) = keys.get(&k) {
+                                prop_assert!(*token >= kt, "key k{} went from token {:?} back to {:?}", k, kt, token);
+                            }
+                            match keys.get_mut(&k) {
+                                Some(e) if is_put || e.2 => *e = (r, *token, is_put),
+                                Some(_) => {}
+                                None if is_put => { keys.insert(k, (r, *token, true)); }
+                                None => {}
+                            }
                         }
                     }
                     _ => {}
                 }
             }
-            // The store holds exactly what the applied writes left.
             for k in 0..3 {
-                let stored = table.kv().get(key_name(k).as_str()).map(|e| e.token);
-                prop_assert_eq!(stored, key_tokens.get(&k).copied());
-            }
-            for event in &applied.events {
-                if let Event::WaiterGranted { .. } = event {
-                    prop_assert!(false, "no waits in this history");
-                }
+                let stored = table.kv().get(key_name(k).as_str()).map(|e| (e.resource.as_str()[1..].parse::<usize>().unwrap(), e.token));
+                let want = keys.get(&k).filter(|e| e.2).map(|e| (e.0, e.1));
+                prop_assert_eq!(stored, want);
             }
         }
     }
+}
+
+#[test]
+fn tombstones_count_toward_the_key_and_byte_bounds() {
+    let mut table = LeaseTable::new();
+    let a = OwnerId::random();
+    let t = grant(&mut table, 0, "job", a);
+    let bounds = KvBounds {
+        max_keys: 2,
+        max_total_bytes: 12,
+    };
+    apply_one(
+        &mut table,
+        1,
+        put_within("k1", b"12345", "job", a, t, bounds),
+    );
+    apply_one(&mut table, 1, delete("k1", "job", a, t));
+    apply_one(&mut table, 1, put_within("k2", b"1", "job", a, t, bounds));
+    assert_eq!(table.kv().key_count(), 2);
+    assert_eq!(table.kv().total_bytes(), 2 + 2 + 1);
+    // A third key would pass max_keys: the tombstone holds its place.
+    assert_eq!(
+        apply_one(&mut table, 2, put_within("k3", b"", "job", a, t, bounds)),
+        Outcome::KvPut(KvPutOutcome::BoundReached {
+            bound: KvBound::Keys,
+            limit: 2
+        })
+    );
+    // Writing the deleted key again takes its place back, counted once.
+    assert!(matches!(
+        apply_one(
+            &mut table,
+            2,
+            put_within("k1", b"1234567", "job", a, t, bounds)
+        ),
+        Outcome::KvPut(KvPutOutcome::Applied { existed: false, .. })
+    ));
+    assert_eq!(table.kv().total_bytes(), 2 + 7 + 2 + 1);
+    assert_eq!(table.kv().tombstones(), 0);
+}
+
+#[test]
+fn a_format_1_kv_snapshot_loads_without_tombstones() {
+    let json = serde_json::json!({
+        "format_version": 1,
+        "revision": 3,
+        "entries": [["k", {"value": [118], "resource": "job", "token": 2, "revision": 3}]],
+    });
+    let store = KvStore::from_snapshot(serde_json::from_value(json).unwrap()).unwrap();
+    assert_eq!(store.get("k").unwrap().resource.as_str(), "job");
+    assert_eq!(store.tombstones(), 0);
+    // A store without tombstones is still written as format 1, which the
+    // release before them reads; with one it is format 2.
+    assert_eq!(store.snapshot().format_version(), 1);
+    let mut table = LeaseTable::new();
+    let a = OwnerId::random();
+    let t = grant(&mut table, 0, "job", a);
+    apply_one(&mut table, 1, put("k", b"v", "job", a, t));
+    apply_one(&mut table, 1, delete("k", "job", a, t));
+    assert_eq!(
+        table.kv_snapshot().format_version(),
+        KV_SNAPSHOT_FORMAT_VERSION
+    );
+    // A format 1 snapshot claiming tombstones is refused.
+    let mut json = serde_json::to_value(table.kv_snapshot()).unwrap();
+    json["format_version"] = 1.into();
+    assert!(matches!(
+        KvStore::from_snapshot(serde_json::from_value(json).unwrap()),
+        Err(SnapshotError::Invariant(_))
+    ));
+}
+
+#[test]
+fn the_revision_counter_refuses_at_its_end_without_wrapping() {
+    let mut table = LeaseTable::new();
+    let a = OwnerId::random();
+    let t = grant(&mut table, 0, "job", a);
+    let json = serde_json::json!({
+        "format_version": 1,
+        "revision": u64::MAX,
+        "entries": [["k", {"value": [118], "resource": "job", "token": t.get(), "revision": u64::MAX}]],
+    });
+    table
+        .restore_kv(serde_json::from_value(json).unwrap())
+        .unwrap();
+    let full = KvBound::Revisions;
+    assert_eq!(
+        apply_one(&mut table, 1, put("k", b"w", "job", a, t)),
+        Outcome::KvPut(KvPutOutcome::BoundReached {
+            bound: full,
+            limit: u64::MAX
+        })
+    );
+    assert_eq!(
+        apply_one(&mut table, 1, delete("k", "job", a, t)),
+        Outcome::KvDelete(KvDeleteOutcome::BoundReached {
+            bound: full,
+            limit: u64::MAX
+        })
+    );
+    assert_eq!(table.kv().get("k").unwrap().value.as_bytes(), b"v");
+    assert_eq!(table.kv().revision(), u64::MAX);
 }

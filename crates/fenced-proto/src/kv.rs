@@ -54,8 +54,14 @@ pub fn kv_get_key(req: &v1::KvGetRequest) -> Result<KvKey, InvalidArgument> {
 /// RESOURCE_EXHAUSTED naming the store bound that refused a put.
 pub fn kv_bound_reached(bound: KvBound, limit: u64) -> Status {
     let what = match bound {
-        KvBound::Keys => "keys",
-        KvBound::TotalBytes => "bytes of keys and values",
+        KvBound::Keys => "keys (tombstones of deleted keys included)",
+        KvBound::TotalBytes => "bytes of keys and values (tombstoned keys included)",
+        KvBound::Revisions => {
+            return Status::resource_exhausted(format!(
+                "kv revision: the store's revision counter is at its end ({limit}); \
+                 nothing was written"
+            ))
+        }
     };
     Status::resource_exhausted(format!(
         "{}={limit}: the fenced store would hold more than {limit} {what}; \
@@ -64,8 +70,9 @@ pub fn kv_bound_reached(bound: KvBound, limit: u64) -> Status {
     ))
 }
 
-fn refused(refusal: KvRefusal) -> v1::KvRefused {
+fn refused(refusal: &KvRefusal) -> v1::KvRefused {
     use v1::KvRefusalReason as R;
+    let mut key_resource = String::new();
     let (reason, current_token) = match refusal {
         KvRefusal::Lease(LostReason::Expired) => (R::Expired, 0),
         KvRefusal::Lease(LostReason::Released) => (R::Released, 0),
@@ -74,15 +81,21 @@ fn refused(refusal: KvRefusal) -> v1::KvRefused {
         }
         KvRefusal::Lease(LostReason::Unknown) => (R::Unknown, 0),
         KvRefusal::KeyHasNewerToken { key_token } => (R::KeyHasNewerToken, key_token.get()),
+        KvRefusal::KeyOfAnotherResource { key_resource: r } => {
+            key_resource = r.as_str().to_owned();
+            (R::KeyOfAnotherResource, 0)
+        }
     };
     v1::KvRefused {
         reason: reason as i32,
         current_token,
+        key_resource,
     }
 }
 
 /// A refusal from the wire. A code this build does not know, or a token
-/// of 0 where one is due (tokens start at 1), reads as an unknown lease.
+/// of 0 (or a resource name that is not one) where one is due, reads as an
+/// unknown lease.
 pub fn kv_refusal_from_wire(refused: &v1::KvRefused) -> KvRefusal {
     use v1::KvRefusalReason as R;
     let token = Token::new(refused.current_token);
@@ -93,6 +106,10 @@ pub fn kv_refusal_from_wire(refused: &v1::KvRefused) -> KvRefusal {
             KvRefusal::Lease(LostReason::Superseded { current_token })
         }
         (Ok(R::KeyHasNewerToken), Ok(key_token)) => KvRefusal::KeyHasNewerToken { key_token },
+        (Ok(R::KeyOfAnotherResource), _) => match ResourceName::new(&refused.key_resource) {
+            Ok(key_resource) => KvRefusal::KeyOfAnotherResource { key_resource },
+            Err(_) => KvRefusal::Lease(LostReason::Unknown),
+        },
         _ => KvRefusal::Lease(LostReason::Unknown),
     }
 }
@@ -104,10 +121,12 @@ fn applied(revision: u64, existed: bool) -> v1::KvApplied {
 /// The reply to a put; a full store is RESOURCE_EXHAUSTED naming its setting.
 pub fn kv_put_reply(outcome: &KvPutOutcome, now: ClusterTime) -> Result<v1::KvPutResponse, Status> {
     use v1::kv_put_response::Outcome as O;
-    let outcome = match *outcome {
-        KvPutOutcome::Applied { revision, existed } => O::Applied(applied(revision, existed)),
+    let outcome = match outcome {
+        KvPutOutcome::Applied { revision, existed } => O::Applied(applied(*revision, *existed)),
         KvPutOutcome::Refused(r) => O::Refused(refused(r)),
-        KvPutOutcome::BoundReached { bound, limit } => return Err(kv_bound_reached(bound, limit)),
+        KvPutOutcome::BoundReached { bound, limit } => {
+            return Err(kv_bound_reached(*bound, *limit))
+        }
     };
     Ok(v1::KvPutResponse {
         outcome: Some(outcome),
@@ -115,17 +134,24 @@ pub fn kv_put_reply(outcome: &KvPutOutcome, now: ClusterTime) -> Result<v1::KvPu
     })
 }
 
-/// The reply to a delete.
-pub fn kv_delete_reply(outcome: &KvDeleteOutcome, now: ClusterTime) -> v1::KvDeleteResponse {
+/// The reply to a delete; a revision counter at its end is
+/// RESOURCE_EXHAUSTED.
+pub fn kv_delete_reply(
+    outcome: &KvDeleteOutcome,
+    now: ClusterTime,
+) -> Result<v1::KvDeleteResponse, Status> {
     use v1::kv_delete_response::Outcome as O;
-    let outcome = match *outcome {
-        KvDeleteOutcome::Applied { revision, existed } => O::Applied(applied(revision, existed)),
+    let outcome = match outcome {
+        KvDeleteOutcome::Applied { revision, existed } => O::Applied(applied(*revision, *existed)),
         KvDeleteOutcome::Refused(r) => O::Refused(refused(r)),
+        KvDeleteOutcome::BoundReached { bound, limit } => {
+            return Err(kv_bound_reached(*bound, *limit))
+        }
     };
-    v1::KvDeleteResponse {
+    Ok(v1::KvDeleteResponse {
         outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
-    }
+    })
 }
 
 /// The reply to a get: the value and the write that put it there.

@@ -283,7 +283,24 @@ fn a_kv_refusal_reads_back_as_it_was_sent() {
         let wire = v1::KvRefused {
             reason: reason as i32,
             current_token,
+            key_resource: String::new(),
         };
         assert_eq!(kv_refusal_from_wire(&wire), refusal, "{reason:?}");
     }
+    // The key's resource, named; without a valid name, unknown.
+    let owned = |key_resource: &str| v1::KvRefused {
+        reason: v1::KvRefusalReason::KeyOfAnotherResource as i32,
+        current_token: 0,
+        key_resource: key_resource.into(),
+    };
+    assert_eq!(
+        kv_refusal_from_wire(&owned("ledger/a")),
+        KvRefusal::KeyOfAnotherResource {
+            key_resource: fenced_core::ResourceName::new("ledger/a").unwrap()
+        }
+    );
+    assert_eq!(
+        kv_refusal_from_wire(&owned("")),
+        KvRefusal::Lease(LostReason::Unknown)
+    );
 }

@@ -90,7 +90,7 @@ impl KvService {
             .propose(command, deadline)
             .await
             .map_err(|e| self.ctx.propose_status(e))?;
-        Ok(Response::new(kv_delete_reply(&outcome, now)))
+        kv_delete_reply(&outcome, now).map(Response::new)
     }
 
     async fn answer_get(

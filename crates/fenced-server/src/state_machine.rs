@@ -350,9 +350,13 @@ impl StateMachine {
             Outcome::KvPut(KvPutOutcome::BoundReached { bound, .. }) => match bound {
                 KvBound::Keys => &c.limits.kv_keys,
                 KvBound::TotalBytes => &c.limits.kv_bytes,
+                // 2^64 writes: no setting to count it under.
+                KvBound::Revisions => &c.kv_refused,
             },
             Outcome::KvPut(KvPutOutcome::Refused(_))
-            | Outcome::KvDelete(KvDeleteOutcome::Refused(_)) => &c.kv_refused,
+            | Outcome::KvDelete(
+                KvDeleteOutcome::Refused(_) | KvDeleteOutcome::BoundReached { .. },
+            ) => &c.kv_refused,
             Outcome::RenewMany(each) => {
                 for o in each {
                     self.renew_counter(o).fetch_add(1, Ordering::Relaxed);
@@ -434,6 +438,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             .fetch_add(batch.commands.len() as u64, Ordering::Relaxed);
                         for (command, outcome) in batch.commands.iter().zip(&applied.outcomes) {
                             self.count(outcome);
+                            log_kv_refusal(command, outcome, term);
                             if let (
                                 Outcome::Acquire(AcquireOutcome::Granted(g))
                                 | Outcome::AcquireInSession(AcquireInSessionOutcome::Acquire(
@@ -554,5 +559,57 @@ impl Shared {
             live_leases: u64::try_from(live).unwrap_or(u64::MAX),
             body: body.encode()?,
         })
+    }
+}
+
+/// A refused Kv write, logged where every replica decides it. A write to
+/// another resource's key is at info (a misconfigured writer, or an
+/// attempt on another lock's state); the lease refusals are routine.
+fn log_kv_refusal(command: &fenced_core::Command, outcome: &Outcome, term: u64) {
+    let refusal = match outcome {
+        Outcome::KvPut(KvPutOutcome::Refused(r))
+        | Outcome::KvDelete(KvDeleteOutcome::Refused(r)) => r,
+        _ => return,
+    };
+    let (fenced_core::Command::KvPut {
+        key,
+        resource,
+        token,
+        ..
+    }
+    | fenced_core::Command::KvDelete {
+        key,
+        resource,
+        token,
+        ..
+    }) = command
+    else {
+        return;
+    };
+    match refusal {
+        fenced_core::KvRefusal::KeyOfAnotherResource { key_resource } => tracing::info!(
+            %key,
+            %resource,
+            %key_resource,
+            token = token.get(),
+            term,
+            "kv write refused: the key belongs to another resource"
+        ),
+        fenced_core::KvRefusal::KeyHasNewerToken { key_token } => tracing::debug!(
+            %key,
+            %resource,
+            token = token.get(),
+            key_token = key_token.get(),
+            term,
+            "kv write refused: the key has a newer token"
+        ),
+        fenced_core::KvRefusal::Lease(reason) => tracing::debug!(
+            %key,
+            %resource,
+            token = token.get(),
+            reason = reason.as_str(),
+            term,
+            "kv write refused: not the current lease"
+        ),
     }
 }

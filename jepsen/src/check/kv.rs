@@ -89,8 +89,11 @@ impl Ends<'_> {
                 (F::Release, Some(Answer::Released)) if same => {
                     Some(format!("release op {} released it", x.id))
                 }
+                // The key's own refusals say nothing about the lease.
                 (F::KvPut, Some(Answer::KvRefused { reason, .. }))
-                    if same && reason != "key_has_newer_token" =>
+                    if same
+                        && reason != "key_has_newer_token"
+                        && reason != "key_of_another_resource" =>
                 {
                     Some(format!("kv put op {} was refused ({reason})", x.id))
                 }
@@ -478,13 +481,16 @@ mod tests {
             ];
             assert_eq!(violations(&ops), [1, 0, 0], "{:?}", ops[1]);
         }
-        // A refusal for the key's newer token says nothing about the lease.
-        let ops = vec![
-            grant(1, "a", 1, (0, 10)),
-            put(2, "a", 1, (100, 110), refused("key_has_newer_token")),
-            put(3, "a", 1, (200, 210), applied(3)),
-        ];
-        assert_eq!(violations(&ops), [0, 0, 0]);
+        // A refusal for the key's newer token, or for a key of another
+        // resource, says nothing about the lease.
+        for reason in ["key_has_newer_token", "key_of_another_resource"] {
+            let ops = vec![
+                grant(1, "a", 1, (0, 10)),
+                put(2, "a", 1, (100, 110), refused(reason)),
+                put(3, "a", 1, (200, 210), applied(3)),
+            ];
+            assert_eq!(violations(&ops), [0, 0, 0], "{reason}");
+        }
     }
 
     #[test]

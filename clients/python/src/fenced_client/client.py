@@ -1,5 +1,6 @@
 """A connection to a fenced cluster: every endpoint, retries on the next one."""
 
+import ipaddress
 import logging
 import math
 import os
@@ -113,6 +114,22 @@ def _read(path_or_bytes: Union[str, bytes, os.PathLike, None], what: str) -> Opt
         raise TlsError(f"{what} {path_or_bytes}: {e.strerror}") from e
 
 
+def is_loopback(target: str) -> bool:
+    """Whether ``target`` (``host:port``, ``[v6]:port``) names a loopback
+    host: 127.0.0.0/8, ::1 or ``localhost``. Names are not looked up: one
+    that merely resolves to loopback counts as remote."""
+    if target.startswith("["):
+        host = target[1:].split("]", 1)[0]
+    else:
+        host = target.rsplit(":", 1)[0]
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def bearer_token_from_env() -> Optional[str]:
     """The bearer token from FENCED_TOKEN, else the first line of the file
     named by FENCED_TOKEN_FILE (as fencectl reads them)."""
@@ -223,6 +240,13 @@ class Client:
             target = target.rstrip("/")
             if not target or ":" not in target:
                 raise EndpointError(f"endpoint {e}: expected host:port")
+            if self._metadata and not tls and not is_loopback(target):
+                # Anyone on the path could read the token and act as its identity.
+                raise EndpointError(
+                    f"endpoint {e}: refusing to send a bearer token in plaintext to an "
+                    "address that is not loopback: use https:// endpoints with TLS (ca), "
+                    "or a loopback address (127.0.0.1, ::1, localhost)"
+                )
             if creds is not None:
                 channel = grpc.secure_channel(target, creds, options=_CHANNEL_OPTIONS)
             else:

@@ -862,6 +862,11 @@ mod tests {
 
     /// A table with a lease on `job` and, when `put`, a fenced value under it.
     fn table_with(put: bool) -> LeaseTable {
+        table_and_owner(put).0
+    }
+
+    /// [`table_with`], and the owner id of the lease on `job`.
+    fn table_and_owner(put: bool) -> (LeaseTable, fenced_core::OwnerId) {
         use fenced_core::{Batch, Command, KvBounds, KvKey, KvValue, OwnerId, ResourceName};
         let mut table = LeaseTable::new();
         let owner = OwnerId::random();
@@ -894,7 +899,7 @@ mod tests {
             Outcome::Acquire(AcquireOutcome::Granted(_))
                 | Outcome::KvPut(KvPutOutcome::Applied { .. })
         )));
-        table
+        (table, owner)
     }
 
     #[test]
@@ -1000,6 +1005,72 @@ mod tests {
         );
         // Cut short inside the store, or with bytes after it: refused, not
         // misread as the older layout.
+        for bad in [&bytes[..bytes.len() - 1], &[&bytes[..], &[0]].concat()[..]] {
+            assert!(decode_body(bad, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).is_err());
+        }
+    }
+
+    /// The store as the release before tombstones wrote it: format 1,
+    /// three fields.
+    #[derive(Serialize)]
+    struct KvSnapshotV1 {
+        format_version: u32,
+        revision: u64,
+        entries: Vec<(fenced_core::KvKey, fenced_core::KvEntry)>,
+    }
+
+    #[test]
+    fn a_store_without_tombstones_is_written_and_read_in_format_1() {
+        let table = table_with(true);
+        let entry = table.kv().get("job/state").unwrap().clone();
+        #[derive(Serialize)]
+        struct BodyWithV1Kv {
+            last_applied: Option<LogId>,
+            membership: StoredMembership,
+            table: TableSnapshot,
+            kv: KvSnapshotV1,
+        }
+        let old = BodyWithV1Kv {
+            last_applied: Some(log_id(9)),
+            membership: membership(),
+            table: table.snapshot(),
+            kv: KvSnapshotV1 {
+                format_version: 1,
+                revision: 1,
+                entries: vec![(fenced_core::KvKey::new("job/state").unwrap(), entry)],
+            },
+        };
+        let old_bytes = codec::encode("snapshot", &old).unwrap();
+        // Byte for byte what a node of the release before writes and reads.
+        assert_eq!(encoded_body(&table, 9), old_bytes);
+        let data = decode_body(&old_bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
+        assert_eq!(data.table.kv(), table.kv());
+    }
+
+    #[test]
+    fn a_tombstone_and_its_key_resource_survive_a_snapshot_body() {
+        use fenced_core::{Batch, Command, KvKey, ResourceName, Token};
+        let (mut table, owner) = table_and_owner(true);
+        let applied = table.apply(&Batch {
+            stamp: ClusterTime::from_millis(6),
+            commands: vec![Command::KvDelete {
+                key: KvKey::new("job/state").unwrap(),
+                resource: ResourceName::new("job").unwrap(),
+                owner_id: owner,
+                token: Token::new(1).unwrap(),
+            }],
+        });
+        assert!(matches!(
+            applied.outcomes[0],
+            Outcome::KvDelete(fenced_core::KvDeleteOutcome::Applied { existed: true, .. })
+        ));
+        assert_eq!(table.kv_snapshot().format_version(), 2);
+        let bytes = encoded_body(&table, 10);
+        let data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
+        assert_eq!(data.table.kv(), table.kv());
+        let tomb = data.table.kv().tombstone("job/state").unwrap();
+        assert_eq!((tomb.resource.as_str(), tomb.token.get()), ("job", 1));
+        assert!(data.table.kv().get("job/state").is_none());
         for bad in [&bytes[..bytes.len() - 1], &[&bytes[..], &[0]].concat()[..]] {
             assert!(decode_body(bad, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).is_err());
         }
