@@ -264,6 +264,13 @@ pub enum Event {
     /// A session lapsed without a keep-alive; `leases` of its leases ended
     /// with it, each also reported as [`Event::Expired`].
     SessionExpired { session: SessionId, leases: u64 },
+    /// `identity` presented the owner id and token of a lease that another
+    /// identity holds, and was refused as a wrong owner id is.
+    OtherIdentity {
+        resource: ResourceName,
+        token: Token,
+        identity: String,
+    },
 }
 
 /// Everything one applied batch produced.

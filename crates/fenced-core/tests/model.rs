@@ -293,7 +293,8 @@ impl Model {
                 | Command::OpenSession { .. }
                 | Command::KeepAlive { .. }
                 | Command::CloseSession { .. }
-                | Command::AcquireInSession { .. } => {
+                | Command::AcquireInSession { .. }
+                | Command::AsIdentity { .. } => {
                     unreachable!(
                         "the model sends no bounded acquire, fenced write, batch renewal or \
                          session command"
@@ -477,6 +478,9 @@ proptest! {
                         Event::WaitElapsed { .. } => {}
                         Event::SessionExpired { .. } => {
                             prop_assert!(false, "the model opens no session")
+                        }
+                        Event::OtherIdentity { .. } => {
+                            prop_assert!(false, "the model's commands are all one identity's")
                         }
                     }
                 }

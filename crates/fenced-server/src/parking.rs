@@ -113,7 +113,9 @@ impl Parking {
                         remaining_ms: *remaining_ms,
                     },
                 ),
-                Event::Expired { .. } | Event::SessionExpired { .. } => continue,
+                Event::Expired { .. }
+                | Event::SessionExpired { .. }
+                | Event::OtherIdentity { .. } => continue,
             };
             if let Some((_, tx)) = slots.remove(&key) {
                 let _ = tx.send(end);
