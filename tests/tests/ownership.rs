@@ -1,8 +1,8 @@
 //! A lease belongs to the identity that acquired it, against three real
-//! nodes with a tokens file and a policy: another identity with the owner
-//! id and token can neither renew nor release the lease, and the
-//! per-identity lease limit still holds once the leader is killed and
-//! another takes over.
+//! nodes with a tokens file and a policy: a reader sees no owner id in
+//! watch or history, another identity with the owner id and token can
+//! neither renew nor release the lease, and the per-identity lease limit
+//! still holds once the leader is killed and another takes over.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use fenced_client::{AcquireOutcome, Client, ClientError, ReleaseOutcome, RenewOutcome};
 use fenced_core::{OwnerId, Token};
+use fenced_proto::v1::{self, watch_response::Body};
 use fenced_tests::{write_auth_files, Cluster};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -62,6 +63,67 @@ async fn grant(client: &Client, resource: &str) -> (OwnerId, Token) {
         AcquireOutcome::Granted { token, .. } => (owner, token),
         other => panic!("expected a grant on {resource}, got {other:?}"),
     }
+}
+
+/// The next event of a watch stream (skipping its start).
+async fn next_event(stream: &mut tonic::Streaming<v1::WatchResponse>) -> v1::WatchEvent {
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("no watch message in time")
+            .unwrap()
+            .expect("the stream ended");
+        match msg.body {
+            Some(Body::Event(e)) => return e,
+            Some(Body::Started(_)) => continue,
+            other => panic!("unexpected watch message {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_sees_no_owner_id_in_watch_or_history() {
+    let (_files, cluster) = secured(&[]).await;
+    let alice = as_user(cluster.client(), "alice-token");
+    let rita = as_user(cluster.client(), "rita-token");
+    let root = as_user(cluster.client(), "root-token");
+    let mut reader_watch = rita.watch("billing/", 0).await.unwrap();
+    let mut admin_watch = root.watch("billing/", 0).await.unwrap();
+    // Both streams are started before the grant: each sends its start.
+    for s in [&mut reader_watch, &mut admin_watch] {
+        let first = tokio::time::timeout(Duration::from_secs(10), s.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(matches!(first.body, Some(Body::Started(_))), "{first:?}");
+    }
+    let (owner, token) = grant(&alice, "billing/run-7").await;
+
+    let seen = next_event(&mut reader_watch).await;
+    assert_eq!(seen.token, token.get());
+    assert_eq!(seen.resource, b"billing/run-7");
+    assert!(
+        seen.owner_id.is_empty(),
+        "the reader saw {:?}",
+        seen.owner_id
+    );
+    let admin_seen = next_event(&mut admin_watch).await;
+    assert_eq!(admin_seen.owner_id, owner.as_bytes().to_vec());
+
+    let history = rita.history("billing/run-7", 0).await.unwrap();
+    assert_eq!(history.entries.len(), 1);
+    assert_eq!(history.entries[0].token, token.get());
+    assert!(history.entries[0].owner_id.is_empty(), "{history:?}");
+    let history = root.history("billing/run-7", 0).await.unwrap();
+    assert_eq!(history.entries[0].owner_id, owner.as_bytes().to_vec());
+    // Nor does the lock role alone show another's owner id.
+    let bob = as_user(cluster.client(), "bob-token");
+    let history = bob.history("billing/run-7", 0).await.unwrap();
+    assert!(history.entries[0].owner_id.is_empty(), "{history:?}");
+    // The log at info and above never names the owner id.
+    let logs = cluster.logs();
+    assert!(!logs.contains(&owner.to_string()), "an owner id was logged");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

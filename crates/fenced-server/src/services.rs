@@ -884,7 +884,11 @@ impl LockService {
         )?;
         // Served from this node's applied state: revisions are the same on
         // every node, so the stream may move between nodes.
-        let slot = self.ctx.watchers.admit(identity.as_deref())?;
+        let slot = self
+            .ctx
+            .watchers
+            .admit(identity.as_deref())?
+            .showing_owners(self.ctx.auth.shows_owner_ids(identity.as_deref()));
         tracing::debug!(
             prefix,
             from_revision = req.get_ref().from_revision,
@@ -918,7 +922,15 @@ impl LockService {
         );
         let now = self.ctx.linearizable_read("history").await?;
         let entries = self.ctx.shared.history(resource.as_str(), limit);
-        Ok(Response::new(history_reply(&entries, now)))
+        let mut reply = history_reply(&entries, now);
+        // Owner ids only to an admin (docs/DECISIONS.md, "Owner ids are
+        // shown to admins only").
+        if !self.ctx.auth.shows_owner_ids(identity.as_deref()) {
+            for e in &mut reply.entries {
+                e.owner_id.clear();
+            }
+        }
+        Ok(Response::new(reply))
     }
 }
 
