@@ -182,16 +182,17 @@ async fn the_per_identity_lease_limit_holds_after_the_leader_is_killed() {
     let alice = as_user(cluster.client(), "alice-token");
     grant(&alice, "billing/a").await;
     grant(&alice, "billing/b").await;
-    let refused = |r: Result<AcquireOutcome, ClientError>| match r {
+    let refused = |r: Result<AcquireOutcome, ClientError>, when: &str| match r {
         Err(ClientError::ResourceExhausted(msg)) => {
             assert!(msg.contains("max_leases_per_identity (2)"), "{msg}")
         }
-        other => panic!("expected the limit, got {other:?}"),
+        other => panic!("{when}: expected the limit, got {other:?}"),
     };
     refused(
         alice
             .acquire_once("billing/c", OwnerId::random(), TTL, Duration::ZERO)
             .await,
+        "before the leader change",
     );
     cluster.kill(leader);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -208,6 +209,7 @@ async fn the_per_identity_lease_limit_holds_after_the_leader_is_killed() {
         alice
             .acquire_once("billing/c", OwnerId::random(), TTL, Duration::ZERO)
             .await,
+        "under the new leader",
     );
     // Another identity is not affected.
     let bob = as_user(cluster.client_of(next), "bob-token");
