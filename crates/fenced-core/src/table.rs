@@ -1213,18 +1213,20 @@ impl LeaseTable {
                 let Ask::Own { ttl_ms, .. } = ask else {
                     return held;
                 };
-                if wait_ms == 0 {
+                // The holder's owner id from another identity never waits:
+                // granted after the holder, it would be granted twice.
+                if wait_ms == 0 || lease.owner == owner {
                     return held;
                 }
-                if let Some(pos) = rec.waiters.iter().position(|w| w.owner == owner) {
+                let queued = rec
+                    .waiters
+                    .iter()
+                    .enumerate()
+                    .find(|(_, w)| w.owner == owner);
+                if let Some((pos, w)) = queued {
                     // Another identity's wait, with its owner id: refused
                     // as a holder's owner id is, above.
-                    if !rec
-                        .waiters
-                        .iter()
-                        .nth(pos)
-                        .is_some_and(|w| owns(w.identity))
-                    {
+                    if !owns(w.identity) {
                         return held;
                     }
                     return AcquireOutcome::Waiting {

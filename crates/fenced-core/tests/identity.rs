@@ -241,6 +241,19 @@ fn the_lease_stays_its_identitys_through_a_snapshot_and_a_new_leader() {
     assert_eq!(table.snapshot().format_version(), SNAPSHOT_FORMAT_VERSION);
     let mut new_leader = reloaded(&table);
     b_is_refused_everything(&mut new_leader, 10, owner, g.token);
+    // A's wait with B's waiting owner id is no retry of B's wait.
+    let a_waits_as = |t: &mut LeaseTable, ms, owner| {
+        one(
+            t,
+            ms,
+            acquire_as(A, "billing/run", owner, TTL, IdentityBounds::UNBOUNDED),
+        )
+    };
+    assert!(matches!(
+        a_waits_as(&mut new_leader, 15, waiter),
+        Outcome::Acquire(AcquireOutcome::Held { .. })
+    ));
+    assert_eq!(new_leader.waiters(), 1);
     assert_eq!(
         one(
             &mut new_leader,
@@ -249,9 +262,15 @@ fn the_lease_stays_its_identitys_through_a_snapshot_and_a_new_leader() {
         ),
         Outcome::Release(ReleaseOutcome::Released)
     );
-    // B's waiter holds now, as B: A cannot release it.
+    // B's waiter holds now, as B: A cannot release it, nor wait with its
+    // owner id (it would be granted that owner id a second time).
     let (holder, next) = new_leader.holder("billing/run").unwrap();
     assert_eq!(holder, waiter);
+    assert!(matches!(
+        a_waits_as(&mut new_leader, 25, waiter),
+        Outcome::Acquire(AcquireOutcome::Held { .. })
+    ));
+    assert_eq!(new_leader.waiters(), 0);
     let mut again = reloaded(&new_leader);
     assert!(matches!(
         one(
