@@ -151,7 +151,8 @@ impl Shared {
             }
         });
         if first && reason != LeaseLoss::Released {
-            tracing::warn!(resource = %self.resource, owner_id = %self.owner, token = self.token.get(), %reason, "lease lost");
+            tracing::warn!(resource = %self.resource, token = self.token.get(), %reason, "lease lost");
+            tracing::debug!(resource = %self.resource, owner_id = %self.owner, "lost lease's owner id");
         }
     }
 

@@ -1,8 +1,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    Capacity, ClusterTime, InvalidArgument, KvBounds, KvKey, KvValue, Limits, OwnerId,
-    ResourceName, SessionBounds, SessionId, Token, MAX_RENEW_BATCH, MAX_RENEW_BATCH_BYTES,
+    Capacity, ClusterTime, IdentityBounds, InvalidArgument, KvBounds, KvKey, KvValue, Limits,
+    OwnerId, ResourceName, SessionBounds, SessionId, Token, MAX_RENEW_BATCH, MAX_RENEW_BATCH_BYTES,
     SESSION_IDENTITY_MAX_BYTES,
 };
 
@@ -98,6 +98,18 @@ pub enum Command {
         session: SessionId,
         identity: String,
         capacity: Capacity,
+    },
+    /// `command`, a lease command, made by `identity` (the caller as the
+    /// server authenticated it; empty without auth) within `bounds`: the
+    /// lease it grants belongs to that identity, and only the same identity
+    /// renews, releases or writes with it, whoever knows its owner id and
+    /// token. A command logged before this variant existed is its own
+    /// command made by the empty identity, without bounds. Last in the enum
+    /// so that older logs still decode.
+    AsIdentity {
+        identity: String,
+        bounds: IdentityBounds,
+        command: Box<Command>,
     },
 }
 
@@ -261,6 +273,30 @@ impl Command {
             Command::KeepAlive { identity, .. }
             | Command::CloseSession { identity, .. }
             | Command::AcquireInSession { identity, .. } => check_identity(identity)?,
+            Command::AsIdentity {
+                identity, command, ..
+            } => {
+                check_identity(identity)?;
+                match &**command {
+                    Command::AcquireInSession { identity: of, .. } if of != identity => {
+                        return Err(InvalidArgument::new(
+                            "command",
+                            "an acquire in a session must be made by the identity it names",
+                        ))
+                    }
+                    Command::AsIdentity { .. }
+                    | Command::OpenSession { .. }
+                    | Command::KeepAlive { .. }
+                    | Command::CloseSession { .. } => {
+                        return Err(InvalidArgument::new(
+                            "command",
+                            "must be a lease or fenced-store command (sessions carry their \
+                             own identity)",
+                        ))
+                    }
+                    inner => inner.validate(limits)?,
+                }
+            }
             // Keys and values are bounded by their types.
             Command::Release { .. } | Command::KvPut { .. } | Command::KvDelete { .. } => {}
         }
@@ -272,6 +308,7 @@ impl Command {
     /// open, keep-alive or close.
     pub fn resource(&self) -> Option<&ResourceName> {
         match self {
+            Command::AsIdentity { command, .. } => command.resource(),
             Command::RenewMany { leases } => Some(&leases.first().resource),
             Command::Acquire { resource, .. }
             | Command::AcquireBounded { resource, .. }
@@ -290,6 +327,7 @@ impl Command {
     /// lease's; none for a session's open, keep-alive or close.
     pub fn owner_id(&self) -> Option<OwnerId> {
         match self {
+            Command::AsIdentity { command, .. } => command.owner_id(),
             Command::RenewMany { leases } => Some(leases.first().owner_id),
             Command::Acquire { owner_id, .. }
             | Command::AcquireBounded { owner_id, .. }
@@ -308,6 +346,7 @@ impl Command {
     pub fn resources(&self) -> Box<dyn Iterator<Item = &ResourceName> + '_> {
         match self {
             Command::RenewMany { leases } => Box::new(leases.iter().map(|l| &l.resource)),
+            Command::AsIdentity { command, .. } => command.resources(),
             other => Box::new(other.resource().into_iter()),
         }
     }
@@ -320,7 +359,28 @@ impl Command {
             Command::KvPut { key, value, .. } => key.as_str().len() + value.len(),
             Command::KvDelete { key, .. } => key.as_str().len(),
             Command::RenewMany { leases } => leases.weight(),
+            Command::AsIdentity { command, .. } => command.kv_bytes(),
             _ => 0,
+        }
+    }
+}
+
+impl Command {
+    /// The command itself, made by `identity` within `bounds` (see
+    /// [`Command::AsIdentity`]).
+    pub fn as_identity(self, identity: &str, bounds: IdentityBounds) -> Command {
+        Command::AsIdentity {
+            identity: identity.to_string(),
+            bounds,
+            command: Box::new(self),
+        }
+    }
+
+    /// The command an [`Command::AsIdentity`] wraps, or the command itself.
+    pub fn inner(&self) -> &Command {
+        match self {
+            Command::AsIdentity { command, .. } => command.inner(),
+            other => other,
         }
     }
 }

@@ -8,7 +8,8 @@
 //! Guarantees proven here (docs/DESIGN.md §2): tokens strictly increase per
 //! resource across grants; a grant and its token are one step; at most one
 //! unexpired lease per resource; renewal keeps the token and never revives an
-//! ended lease; only owner id AND token renew or release; acquire is
+//! ended lease; only owner id AND token, from the lease's own identity
+//! ([`Command::AsIdentity`]), renew or release; acquire is
 //! idempotent per owner id; expiry follows the stamped cluster time only.
 //! A fenced put ([`Command::KvPut`]) is applied only with the current
 //! holder's owner id and token, decided in the same log order ([`KvStore`]).
@@ -33,9 +34,9 @@ pub use kv::{
     KV_KEY_MAX_BYTES, KV_SNAPSHOT_FORMAT_VERSION, KV_VALUE_MAX_BYTES,
 };
 pub use limits::{
-    Capacity, CapacityBound, Limits, SessionBounds, MAX_BATCH_COMMANDS, MAX_IDLE_RECORDS,
-    MAX_LOADED_REVISION, MAX_RENEW_BATCH, MAX_RENEW_BATCH_BYTES, MAX_TOKEN, MAX_TOKEN_FLOOR,
-    MAX_WAITERS_PER_RESOURCE, SESSION_IDENTITY_MAX_BYTES,
+    Capacity, CapacityBound, IdentityBounds, Limits, SessionBounds, MAX_BATCH_COMMANDS,
+    MAX_IDLE_RECORDS, MAX_LOADED_REVISION, MAX_RENEW_BATCH, MAX_RENEW_BATCH_BYTES, MAX_TOKEN,
+    MAX_TOKEN_FLOOR, MAX_WAITERS_PER_RESOURCE, SESSION_IDENTITY_MAX_BYTES,
 };
 pub use name::{ResourceName, RESOURCE_NAME_MAX_BYTES};
 pub use observe::{

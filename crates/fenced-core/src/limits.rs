@@ -67,7 +67,25 @@ pub struct SessionBounds {
     pub max_sessions_per_identity: u64,
 }
 
-/// The longest identity a session records as its owner, in bytes.
+/// How many live leases, and how many waiters, one identity may have: the
+/// leader's settings, carried in each command made on an identity's behalf
+/// ([`crate::Command::AsIdentity`]) and decided by the table, so a new
+/// leader counts exactly what the old one did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentityBounds {
+    pub max_leases_per_identity: u64,
+    pub max_waiters_per_identity: u64,
+}
+
+impl IdentityBounds {
+    /// No bound: what a command from before the bounds applies under.
+    pub const UNBOUNDED: IdentityBounds = IdentityBounds {
+        max_leases_per_identity: u64::MAX,
+        max_waiters_per_identity: u64::MAX,
+    };
+}
+
+/// The longest identity a session or a lease records as its owner, in bytes.
 pub const SESSION_IDENTITY_MAX_BYTES: usize = 256;
 
 /// Which [`Capacity`] bound refused an acquire.
@@ -75,6 +93,11 @@ pub const SESSION_IDENTITY_MAX_BYTES: usize = 256;
 pub enum CapacityBound {
     LiveLeases,
     Waiters,
+    /// [`IdentityBounds::max_leases_per_identity`] (last: outcomes of older
+    /// builds still decode).
+    LeasesPerIdentity,
+    /// [`IdentityBounds::max_waiters_per_identity`].
+    WaitersPerIdentity,
 }
 
 impl CapacityBound {
@@ -83,6 +106,8 @@ impl CapacityBound {
         match self {
             CapacityBound::LiveLeases => "max_live_leases",
             CapacityBound::Waiters => "max_waiters",
+            CapacityBound::LeasesPerIdentity => "max_leases_per_identity",
+            CapacityBound::WaitersPerIdentity => "max_waiters_per_identity",
         }
     }
 }

@@ -280,6 +280,13 @@ pub enum Event {
         owner_id: OwnerId,
         limit: u64,
     },
+    /// `identity` presented the owner id and token of a lease that another
+    /// identity holds, and was refused as a wrong owner id is.
+    OtherIdentity {
+        resource: ResourceName,
+        token: Token,
+        identity: String,
+    },
 }
 
 /// Everything one applied batch produced.

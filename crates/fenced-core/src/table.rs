@@ -10,23 +10,28 @@ use crate::{
     session::{Ends, Session, Term},
     AcquireInSessionOutcome, AcquireOutcome, Applied, Batch, Capacity, CapacityBound, Change,
     ChangeKind, ChangesAfter, CloseSessionOutcome, ClusterTime, Command, Compacted, Description,
-    Event, Grant, HistoryEntry, KvSnapshot, KvStore, LeaseEnd, LeaseList, LeaseView, LostReason,
-    Outcome, OwnerId, ReleaseOutcome, RenewOutcome, ResourceName, SessionId, SessionRefusal, Token,
-    TokenState, Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE,
-    MAX_IDLE_RECORDS, MAX_TOKEN, MAX_TOKEN_FLOOR, MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
+    Event, Grant, HistoryEntry, IdentityBounds, KvSnapshot, KvStore, LeaseEnd, LeaseList,
+    LeaseView, LostReason, Outcome, OwnerId, ReleaseOutcome, RenewOutcome, ResourceName, SessionId,
+    SessionRefusal, Token, TokenState, Validation, DEFAULT_HISTORY_PER_RESOURCE,
+    MAX_HISTORY_PER_RESOURCE, MAX_IDLE_RECORDS, MAX_TOKEN, MAX_TOKEN_FLOOR,
+    MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
 };
 
 #[cfg(test)]
 mod counter_tests;
+mod identity;
 mod load;
 
+pub(crate) use identity::IdentityId;
+use identity::{Held, Identities};
 pub use load::TableSeed;
 
 /// The version of [`TableSnapshot`]'s layout. Bump it when the layout changes.
 /// Version 2 added the change window and the grant history; version 3 the
-/// sessions. Older snapshots still load (version 1 with no history and no
-/// changes kept, both with no sessions).
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
+/// sessions; version 4 the identity of each lease and waiter. Older
+/// snapshots still load (version 1 with no history and no changes kept,
+/// 1 and 2 with no sessions, 1 to 3 with every lease the empty identity's).
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
 
 /// A held lease. Its token is its record's newest (an invariant), so it is
 /// not kept twice.
@@ -99,6 +104,10 @@ struct Waiter {
     owner: OwnerId,
     ttl_ms: u64,
     deadline: ClusterTime,
+    /// Not in the record's layout: a snapshot stores it after the sessions
+    /// ([`StoredIdentities`]).
+    #[serde(skip)]
+    identity: IdentityId,
 }
 
 /// One resource's state. Its size is the table's memory (a million live
@@ -473,6 +482,8 @@ pub struct LeaseTable {
     /// The two large indexes' sizes when they were last built whole (see
     /// [`LeaseTable::rebuild_grown_indexes`]).
     built_at: IndexSizes,
+    /// Who holds each lease and waits, and what each identity has.
+    identities: Identities,
 }
 
 /// How many entries the records map and the expiry index held when they
@@ -514,6 +525,7 @@ impl LeaseTable {
             window: Window::new(WATCH_WINDOW),
             history_len: DEFAULT_HISTORY_PER_RESOURCE,
             built_at: IndexSizes::default(),
+            identities: Identities::default(),
         }
     }
 
@@ -679,18 +691,43 @@ impl LeaseTable {
         token: Token,
         now: ClusterTime,
     ) -> Result<(), LostReason> {
+        self.check_holder_by(resource, owner, token, Who::UNCHECKED, now)
+    }
+
+    /// [`LeaseTable::check_holder`] for a lease held by `identity`: a lease
+    /// of another identity answers as a wrong owner id would.
+    pub fn check_holder_as(
+        &self,
+        resource: &str,
+        owner: OwnerId,
+        token: Token,
+        identity: &str,
+        now: ClusterTime,
+    ) -> Result<(), LostReason> {
+        let who = Who {
+            name: identity,
+            checked: true,
+        };
+        self.check_holder_by(resource, owner, token, who, now)
+    }
+
+    fn check_holder_by(
+        &self,
+        resource: &str,
+        owner: OwnerId,
+        token: Token,
+        who: Who<'_>,
+        now: ClusterTime,
+    ) -> Result<(), LostReason> {
         let Some(rec) = self.records.get(resource) else {
             return Err(LostReason::Unknown);
         };
+        let owns = who.owns(&self.identities);
+        let is_holder =
+            |l: &Lease| l.owner == owner && rec.last_token == token && owns(l.term.identity());
         match &rec.holder {
-            Some(l)
-                if l.owner == owner
-                    && rec.last_token == token
-                    && self.ends.end_of(&l.term).0 > now =>
-            {
-                Ok(())
-            }
-            Some(l) if l.owner == owner && rec.last_token == token => Err(LostReason::Expired),
+            Some(l) if is_holder(l) && self.ends.end_of(&l.term).0 > now => Ok(()),
+            Some(l) if is_holder(l) => Err(LostReason::Expired),
             _ if token < rec.last_token => Err(LostReason::Superseded {
                 current_token: rec.last_token,
             }),
@@ -816,131 +853,13 @@ impl LeaseTable {
         };
         self.sweep(now, &mut applied.events);
         for command in &batch.commands {
-            let outcome = match command {
-                Command::Acquire {
-                    resource,
-                    owner_id: owner,
-                    ttl_ms,
-                    wait_ms,
-                } => Outcome::Acquire(self.acquire(
-                    resource,
-                    *owner,
-                    Ask::Own {
-                        ttl_ms: *ttl_ms,
-                        wait_ms: *wait_ms,
-                    },
-                    Capacity::UNBOUNDED,
-                    now,
-                )),
-                Command::AcquireBounded {
-                    resource,
-                    owner_id: owner,
-                    ttl_ms,
-                    wait_ms,
-                    capacity,
-                } => Outcome::Acquire(self.acquire(
-                    resource,
-                    *owner,
-                    Ask::Own {
-                        ttl_ms: *ttl_ms,
-                        wait_ms: *wait_ms,
-                    },
-                    *capacity,
-                    now,
-                )),
-                Command::AcquireInSession {
-                    resource,
-                    owner_id: owner,
-                    session,
-                    identity,
-                    capacity,
-                } => Outcome::AcquireInSession(
-                    match self.ends.check_owner(*session, identity, now) {
-                        Err(refusal) => AcquireInSessionOutcome::SessionRefused(refusal),
-                        Ok(_) => AcquireInSessionOutcome::Acquire(self.acquire(
-                            resource,
-                            *owner,
-                            Ask::InSession { session: *session },
-                            *capacity,
-                            now,
-                        )),
-                    },
-                ),
-                Command::OpenSession {
-                    session,
-                    identity,
-                    ttl_ms,
-                    bounds,
-                } => Outcome::Session(self.ends.open(*session, identity, *ttl_ms, *bounds, now)),
-                Command::KeepAlive { session, identity } => {
-                    Outcome::Session(self.ends.keep_alive(*session, identity, now))
-                }
-                Command::CloseSession { session, identity } => {
-                    Outcome::CloseSession(match self.ends.check_owner(*session, identity, now) {
-                        Ok(_) => {
-                            let leases = self.end_session(
-                                *session,
-                                EndReason::Released,
-                                now,
-                                &mut applied.events,
-                            );
-                            CloseSessionOutcome::Closed { leases }
-                        }
-                        // Closing a session that is not open: a retried close.
-                        Err(SessionRefusal::Gone) => CloseSessionOutcome::Closed { leases: 0 },
-                        // `check_owner` refuses only a session that is gone
-                        // or another identity's.
-                        Err(_) => CloseSessionOutcome::NotOwner,
-                    })
-                }
-                Command::Renew {
-                    resource,
-                    owner_id: owner,
-                    token,
-                    ttl_ms,
-                } => Outcome::Renew(self.renew(resource, *owner, *token, *ttl_ms, now)),
-                Command::Release {
-                    resource,
-                    owner_id: owner,
-                    token,
-                } => Outcome::Release(self.release(
-                    resource,
-                    *owner,
-                    *token,
-                    now,
-                    &mut applied.events,
-                )),
-                Command::KvPut {
-                    key,
-                    value,
-                    resource,
-                    owner_id: owner,
-                    token,
-                    bounds,
-                } => {
-                    let holder = self.check_holder(resource.as_str(), *owner, *token, now);
-                    // CANARY (deliberately broken build for fenced-jepsen):
-                    // a put is applied whoever holds the resource.
-                    #[cfg(feature = "canary-kv-skip-holder-check")]
-                    let holder = holder.or(Ok(()));
-                    Outcome::KvPut(self.kv.put(holder, key, value, resource, *token, *bounds))
-                }
-                Command::KvDelete {
-                    key,
-                    resource,
-                    owner_id: owner,
-                    token,
-                } => {
-                    let holder = self.check_holder(resource.as_str(), *owner, *token, now);
-                    Outcome::KvDelete(self.kv.delete(holder, key, resource, *token))
-                }
-                Command::RenewMany { leases } => Outcome::RenewMany(
-                    leases
-                        .iter()
-                        .map(|l| self.renew(&l.resource, l.owner_id, l.token, l.ttl_ms, now))
-                        .collect(),
-                ),
-            };
+            let outcome = self.apply_command(
+                command,
+                Who::UNCHECKED,
+                IdentityBounds::UNBOUNDED,
+                now,
+                &mut applied.events,
+            );
             for resource in command.resources() {
                 self.update_idle(resource);
                 debug_assert!(self.check_record(resource).is_ok());
@@ -950,6 +869,156 @@ impl LeaseTable {
         self.forget_oldest_idle();
         self.rebuild_grown_indexes();
         applied
+    }
+
+    /// One command made by `who` within `bounds`.
+    fn apply_command(
+        &mut self,
+        command: &Command,
+        who: Who<'_>,
+        bounds: IdentityBounds,
+        now: ClusterTime,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        match command {
+            Command::AsIdentity {
+                identity,
+                bounds,
+                command,
+            } => self.apply_command(
+                command,
+                Who {
+                    name: identity,
+                    checked: true,
+                },
+                *bounds,
+                now,
+                events,
+            ),
+            Command::Acquire {
+                resource,
+                owner_id: owner,
+                ttl_ms,
+                wait_ms,
+            } => Outcome::Acquire(self.acquire(
+                resource,
+                *owner,
+                Ask::Own {
+                    ttl_ms: *ttl_ms,
+                    wait_ms: *wait_ms,
+                },
+                Capacity::UNBOUNDED,
+                (who, bounds),
+                now,
+            )),
+            Command::AcquireBounded {
+                resource,
+                owner_id: owner,
+                ttl_ms,
+                wait_ms,
+                capacity,
+            } => Outcome::Acquire(self.acquire(
+                resource,
+                *owner,
+                Ask::Own {
+                    ttl_ms: *ttl_ms,
+                    wait_ms: *wait_ms,
+                },
+                *capacity,
+                (who, bounds),
+                now,
+            )),
+            Command::AcquireInSession {
+                resource,
+                owner_id: owner,
+                session,
+                identity,
+                capacity,
+            } => Outcome::AcquireInSession(match self.ends.check_owner(*session, identity, now) {
+                Err(refusal) => AcquireInSessionOutcome::SessionRefused(refusal),
+                Ok(_) => AcquireInSessionOutcome::Acquire(self.acquire(
+                    resource,
+                    *owner,
+                    Ask::InSession { session: *session },
+                    *capacity,
+                    // The lease is the session's identity's (the one
+                    // just checked).
+                    (
+                        Who {
+                            name: identity,
+                            checked: who.checked,
+                        },
+                        bounds,
+                    ),
+                    now,
+                )),
+            }),
+            Command::OpenSession {
+                session,
+                identity,
+                ttl_ms,
+                bounds,
+            } => Outcome::Session(self.ends.open(*session, identity, *ttl_ms, *bounds, now)),
+            Command::KeepAlive { session, identity } => {
+                Outcome::Session(self.ends.keep_alive(*session, identity, now))
+            }
+            Command::CloseSession { session, identity } => {
+                Outcome::CloseSession(match self.ends.check_owner(*session, identity, now) {
+                    Ok(_) => {
+                        let leases = self.end_session(*session, EndReason::Released, now, events);
+                        CloseSessionOutcome::Closed { leases }
+                    }
+                    // Closing a session that is not open: a retried close.
+                    Err(SessionRefusal::Gone) => CloseSessionOutcome::Closed { leases: 0 },
+                    // `check_owner` refuses only a session that is gone
+                    // or another identity's.
+                    Err(_) => CloseSessionOutcome::NotOwner,
+                })
+            }
+            Command::Renew {
+                resource,
+                owner_id: owner,
+                token,
+                ttl_ms,
+            } => Outcome::Renew(self.renew(resource, *owner, *token, *ttl_ms, who, now, events)),
+            Command::Release {
+                resource,
+                owner_id: owner,
+                token,
+            } => Outcome::Release(self.release(resource, *owner, *token, who, now, events)),
+            Command::KvPut {
+                key,
+                value,
+                resource,
+                owner_id: owner,
+                token,
+                bounds,
+            } => {
+                let holder = self.check_kv_writer(resource, *owner, *token, who, now, events);
+                // CANARY (deliberately broken build for fenced-jepsen):
+                // a put is applied whoever holds the resource.
+                #[cfg(feature = "canary-kv-skip-holder-check")]
+                let holder = holder.or(Ok(()));
+                Outcome::KvPut(self.kv.put(holder, key, value, resource, *token, *bounds))
+            }
+            Command::KvDelete {
+                key,
+                resource,
+                owner_id: owner,
+                token,
+            } => {
+                let holder = self.check_kv_writer(resource, *owner, *token, who, now, events);
+                Outcome::KvDelete(self.kv.delete(holder, key, resource, *token))
+            }
+            Command::RenewMany { leases } => Outcome::RenewMany(
+                leases
+                    .iter()
+                    .map(|l| {
+                        self.renew(&l.resource, l.owner_id, l.token, l.ttl_ms, who, now, events)
+                    })
+                    .collect(),
+            ),
+        }
     }
 
     /// Rebuilds the records map and the expiry index from their own sorted
@@ -983,7 +1052,17 @@ impl LeaseTable {
             let Some(rec) = self.records.get_mut(&name) else {
                 continue;
             };
-            rec.waiters.retain(|w| w.owner != owner);
+            let mut identity = None;
+            rec.waiters.retain(|w| {
+                let elapsed = w.owner == owner;
+                if elapsed {
+                    identity = Some(w.identity);
+                }
+                !elapsed
+            });
+            if let Some(id) = identity {
+                self.identities.end_waiter(id);
+            }
             if let Some(lease) = &rec.holder {
                 events.push(Event::WaitElapsed {
                     resource: name.clone(),
@@ -1012,6 +1091,7 @@ impl LeaseTable {
             };
             if let Some(lease) = rec.holder.take() {
                 let (token, kind) = rec.end(&lease, EndReason::Expired, now, self.history_len);
+                self.identities.end_lease(lease.term.identity());
                 events.push(Event::Expired {
                     resource: name.clone(),
                     owner_id: lease.owner,
@@ -1030,27 +1110,58 @@ impl LeaseTable {
         owner: OwnerId,
         ask: Ask,
         capacity: Capacity,
+        (who, bounds): (Who<'_>, IdentityBounds),
         now: ClusterTime,
     ) -> AcquireOutcome {
-        let (term, wait_ms) = match ask {
-            Ask::Own { ttl_ms, wait_ms } => {
-                let ttl_ms = ttl_ms.max(1);
-                let expires_at = now.plus_millis(ttl_ms);
-                (Term::Own { expires_at, ttl_ms }, wait_ms)
-            }
-            // The session was checked by the caller.
-            Ask::InSession { session } => (Term::Session(session), 0),
-        };
+        let owns = who.owns(&self.identities);
         // Checked only where a lease or a waiter would be added: a holder
         // asking again, a renew, a release and a hand-off never are.
-        let leases_full = as_u64(self.ends.live_leases()) >= capacity.max_live_leases;
-        let waiters_full = as_u64(self.deadlines.len()) >= capacity.max_waiters;
-        let refuse = |bound, limit| AcquireOutcome::CapacityReached { bound, limit };
-        let Some(rec) = self.records.get_mut(name) else {
-            if leases_full {
-                return refuse(CapacityBound::LiveLeases, capacity.max_live_leases);
+        let has = self.identities.held_by(who.name);
+        let lease_refusal = first_reached([
+            (
+                as_u64(self.ends.live_leases()),
+                CapacityBound::LiveLeases,
+                capacity.max_live_leases,
+            ),
+            (
+                has.leases,
+                CapacityBound::LeasesPerIdentity,
+                bounds.max_leases_per_identity,
+            ),
+        ]);
+        let waiter_refusal = first_reached([
+            (
+                as_u64(self.deadlines.len()),
+                CapacityBound::Waiters,
+                capacity.max_waiters,
+            ),
+            (
+                has.waiters,
+                CapacityBound::WaitersPerIdentity,
+                bounds.max_waiters_per_identity,
+            ),
+        ]);
+        let term_of = |identity| match ask {
+            Ask::Own { ttl_ms, .. } => {
+                let ttl_ms = ttl_ms.max(1);
+                Term::Own {
+                    expires_at: now.plus_millis(ttl_ms),
+                    ttl_ms,
+                    identity,
+                }
             }
-            return self.grant_or_refuse(name, owner, term, now);
+            // The session was checked by the caller.
+            Ask::InSession { session } => Term::Session(session, identity),
+        };
+        let wait_ms = match ask {
+            Ask::Own { wait_ms, .. } => wait_ms,
+            Ask::InSession { .. } => 0,
+        };
+        let Some(rec) = self.records.get_mut(name) else {
+            if let Some(refusal) = lease_refusal {
+                return refusal;
+            }
+            return self.grant_new(name, owner, who, term_of, now);
         };
         if let Some(reason) = rec.ended_attempt(owner) {
             return AcquireOutcome::Ended(reason);
@@ -1060,24 +1171,34 @@ impl LeaseTable {
         #[cfg(feature = "canary-skip-lease-check")]
         if let Some(lease) = rec.holder.take_if(|l| l.owner != owner) {
             self.ends.detach(name, &lease.term);
-            return self.grant_or_refuse(name, owner, term, now);
+            self.identities.end_lease(lease.term.identity());
+            return self.grant_new(name, owner, who, term_of, now);
         }
         match &mut rec.holder {
             // The holder asking again (its reply was lost): the same grant, with
             // the lease running at least `ttl_ms` from now, so a client that
             // times its lease from the retry is still on the safe side. A
-            // lease of a session runs as its session does.
-            Some(lease) if lease.owner == owner => {
+            // lease of a session runs as its session does. Another identity
+            // with the holder's owner id is refused as any other owner is.
+            Some(lease) if lease.owner == owner && owns(lease.term.identity()) => {
                 if let (
                     Term::Own {
-                        expires_at: old, ..
+                        expires_at: old,
+                        identity,
+                        ..
                     },
-                    Term::Own { expires_at, ttl_ms },
-                ) = (lease.term, term)
+                    Term::Own {
+                        expires_at, ttl_ms, ..
+                    },
+                ) = (lease.term, term_of(lease.term.identity()))
                 {
                     if expires_at > old {
                         self.ends.reschedule(name, old, expires_at);
-                        lease.term = Term::Own { expires_at, ttl_ms };
+                        lease.term = Term::Own {
+                            expires_at,
+                            ttl_ms,
+                            identity,
+                        };
                     }
                 }
                 let (expires_at, ttl_ms) = self.ends.end_of(&lease.term);
@@ -1092,13 +1213,25 @@ impl LeaseTable {
                     current_token: rec.last_token,
                     remaining_ms: self.ends.end_of(&lease.term).0.millis_since(now),
                 };
-                let Term::Own { ttl_ms, .. } = term else {
+                let Ask::Own { ttl_ms, .. } = ask else {
                     return held;
                 };
-                if wait_ms == 0 {
+                // The holder's owner id from another identity never waits:
+                // granted after the holder, it would be granted twice.
+                if wait_ms == 0 || lease.owner == owner {
                     return held;
                 }
-                if let Some(pos) = rec.waiters.iter().position(|w| w.owner == owner) {
+                let queued = rec
+                    .waiters
+                    .iter()
+                    .enumerate()
+                    .find(|(_, w)| w.owner == owner);
+                if let Some((pos, w)) = queued {
+                    // Another identity's wait, with its owner id: refused
+                    // as a holder's owner id is, above.
+                    if !owns(w.identity) {
+                        return held;
+                    }
                     return AcquireOutcome::Waiting {
                         position: position_u32(pos + 1),
                     };
@@ -1112,14 +1245,23 @@ impl LeaseTable {
                         max_waiters: position_u32(MAX_WAITERS_PER_RESOURCE),
                     };
                 }
-                if waiters_full {
-                    return refuse(CapacityBound::Waiters, capacity.max_waiters);
+                if let Some(refusal) = waiter_refusal {
+                    return refusal;
                 }
+                // More identities than a `u32` counts: out of reach.
+                let Some(identity) = self.identities.intern(who.name) else {
+                    return AcquireOutcome::CapacityReached {
+                        bound: CapacityBound::WaitersPerIdentity,
+                        limit: 0,
+                    };
+                };
+                self.identities.add_waiter(identity);
                 let deadline = now.plus_millis(wait_ms);
                 rec.waiters.push_back(Waiter {
                     owner,
-                    ttl_ms,
+                    ttl_ms: ttl_ms.max(1),
                     deadline,
+                    identity,
                 });
                 self.deadlines.insert((deadline, name.clone(), owner));
                 AcquireOutcome::Waiting {
@@ -1128,8 +1270,37 @@ impl LeaseTable {
             }
             // Free: waiters are granted in the step that ends a lease, so a
             // free resource has none queued.
-            None if leases_full => refuse(CapacityBound::LiveLeases, capacity.max_live_leases),
-            None => self.grant_or_refuse(name, owner, term, now),
+            None => match lease_refusal {
+                Some(refusal) => refusal,
+                None => self.grant_new(name, owner, who, term_of, now),
+            },
+        }
+    }
+
+    /// Grants `name` to `owner` of identity `who`, on the term `term_of`
+    /// makes for its number.
+    fn grant_new(
+        &mut self,
+        name: &ResourceName,
+        owner: OwnerId,
+        who: Who<'_>,
+        term_of: impl FnOnce(IdentityId) -> Term,
+        now: ClusterTime,
+    ) -> AcquireOutcome {
+        // Checked before the identity is interned: a refused grant leaves
+        // no name behind.
+        if self.next_token().is_none() {
+            return AcquireOutcome::TokensExhausted { limit: MAX_TOKEN };
+        }
+        let Some(identity) = self.identities.intern(who.name) else {
+            return AcquireOutcome::CapacityReached {
+                bound: CapacityBound::LeasesPerIdentity,
+                limit: 0,
+            };
+        };
+        match self.grant(name, owner, term_of(identity), now) {
+            Some(grant) => AcquireOutcome::Granted(grant),
+            None => AcquireOutcome::TokensExhausted { limit: MAX_TOKEN },
         }
     }
 
@@ -1151,11 +1322,15 @@ impl LeaseTable {
             let Some(rec) = self.records.get_mut(name) else {
                 continue;
             };
-            let Some(lease) = rec.holder.take_if(|l| l.term == Term::Session(id)) else {
+            let Some(lease) = rec
+                .holder
+                .take_if(|l| matches!(l.term, Term::Session(s, _) if s == id))
+            else {
                 continue;
             };
             ended += 1;
             let (token, kind) = rec.end(&lease, how, now, self.history_len);
+            self.identities.end_lease(lease.term.identity());
             if how == EndReason::Expired {
                 events.push(Event::Expired {
                     resource: name.clone(),
@@ -1170,34 +1345,77 @@ impl LeaseTable {
         ended
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn renew(
         &mut self,
         name: &ResourceName,
         owner: OwnerId,
         token: Token,
         ttl_ms: u64,
+        who: Who<'_>,
         now: ClusterTime,
+        events: &mut Vec<Event>,
     ) -> RenewOutcome {
         let ttl_ms = ttl_ms.max(1);
+        let owns = who.owns(&self.identities);
         let Some(rec) = self.records.get_mut(name) else {
             return RenewOutcome::Lost(LostReason::Unknown);
         };
         let current = rec.last_token;
         match &mut rec.holder {
             Some(lease) if lease.owner == owner && current == token => {
+                if !owns(lease.term.identity()) {
+                    events.push(other_identity(name, token, who.name));
+                    return RenewOutcome::Lost(rec.lost_reason(owner, token));
+                }
                 let Term::Own {
-                    expires_at: old, ..
+                    expires_at: old,
+                    identity,
+                    ..
                 } = lease.term
                 else {
                     return RenewOutcome::KeptBySession;
                 };
                 let expires_at = now.plus_millis(ttl_ms);
                 self.ends.reschedule(name, old, expires_at);
-                lease.term = Term::Own { expires_at, ttl_ms };
+                lease.term = Term::Own {
+                    expires_at,
+                    ttl_ms,
+                    identity,
+                };
                 RenewOutcome::Renewed { expires_at, ttl_ms }
             }
             _ => RenewOutcome::Lost(rec.lost_reason(owner, token)),
         }
+    }
+
+    /// Whether `who` with `owner` and `token` holds `name` now, for a
+    /// fenced write: another identity's lease is refused as a wrong owner
+    /// id is.
+    fn check_kv_writer(
+        &self,
+        name: &ResourceName,
+        owner: OwnerId,
+        token: Token,
+        who: Who<'_>,
+        now: ClusterTime,
+        events: &mut Vec<Event>,
+    ) -> Result<(), LostReason> {
+        if !who.checked {
+            return self.check_holder(name.as_str(), owner, token, now);
+        }
+        let checked = self.check_holder_as(name.as_str(), owner, token, who.name, now);
+        if checked.is_err() && self.check_holder_any(name.as_str(), owner, token) {
+            events.push(other_identity(name, token, who.name));
+        }
+        checked
+    }
+
+    /// Whether `owner` and `token` are `name`'s holder's, whoever holds it.
+    fn check_holder_any(&self, name: &str, owner: OwnerId, token: Token) -> bool {
+        self.records.get(name).is_some_and(|rec| {
+            rec.last_token == token && rec.holder.as_ref().is_some_and(|l| l.owner == owner)
+        })
     }
 
     fn release(
@@ -1205,6 +1423,7 @@ impl LeaseTable {
         name: &ResourceName,
         owner: OwnerId,
         token: Token,
+        who: Who<'_>,
         now: ClusterTime,
         events: &mut Vec<Event>,
     ) -> ReleaseOutcome {
@@ -1214,16 +1433,25 @@ impl LeaseTable {
         // CANARY (deliberately broken build for fenced-jepsen): any owner id
         // and token release the current lease.
         #[cfg(feature = "canary-anyone-release")]
-        let (owner, token) = rec
-            .holder
-            .as_ref()
-            .map_or((owner, token), |l| (l.owner, rec.last_token));
+        let (owner, token, who) = rec.holder.as_ref().map_or((owner, token, who), |l| {
+            (l.owner, rec.last_token, Who::UNCHECKED)
+        });
+        let owns = who.owns(&self.identities);
         match &rec.holder {
+            Some(lease)
+                if lease.owner == owner
+                    && rec.last_token == token
+                    && !owns(lease.term.identity()) =>
+            {
+                events.push(other_identity(name, token, who.name));
+                ReleaseOutcome::NotHolder(rec.lost_reason(owner, token))
+            }
             Some(lease) if lease.owner == owner && rec.last_token == token => {
                 self.ends.detach(name, &lease.term);
                 let lease = lease.clone();
                 rec.holder = None;
                 let (token, kind) = rec.end(&lease, EndReason::Released, now, self.history_len);
+                self.identities.end_lease(lease.term.identity());
                 self.window.record(name, kind, token, owner, now);
                 self.hand_off(name, now, events);
                 ReleaseOutcome::Released
@@ -1244,20 +1472,6 @@ impl LeaseTable {
             .checked_add(1)
             .filter(|t| *t <= MAX_TOKEN)
             .map(Token::issued)
-    }
-
-    /// [`LeaseTable::grant`] as an acquire's answer.
-    fn grant_or_refuse(
-        &mut self,
-        name: &ResourceName,
-        owner: OwnerId,
-        term: Term,
-        now: ClusterTime,
-    ) -> AcquireOutcome {
-        match self.grant(name, owner, term, now) {
-            Some(grant) => AcquireOutcome::Granted(grant),
-            None => AcquireOutcome::TokensExhausted { limit: MAX_TOKEN },
-        }
     }
 
     /// Issues the next token to `owner` and makes it the holder of `name`;
@@ -1298,6 +1512,7 @@ impl LeaseTable {
             }
         }
         self.ends.attach(name, &term);
+        self.identities.add_lease(term.identity());
         self.window
             .record(name, ChangeKind::Granted, token, owner, now);
         let (expires_at, ttl_ms) = self.ends.end_of(&term);
@@ -1324,8 +1539,13 @@ impl LeaseTable {
         let term = Term::Own {
             expires_at: now.plus_millis(waiter.ttl_ms),
             ttl_ms: waiter.ttl_ms,
+            identity: waiter.identity,
         };
-        let Some(grant) = self.grant(name, waiter.owner, term, now) else {
+        // Counted as a lease before it stops counting as a waiter, so its
+        // identity keeps its number.
+        let grant = self.grant(name, waiter.owner, term, now);
+        self.identities.end_waiter(waiter.identity);
+        let Some(grant) = grant else {
             // No waiter can ever be granted: every wait ends now, so no
             // waiter stays queued on a free resource.
             self.end_waits_exhausted(name, waiter.owner, events);
@@ -1350,6 +1570,7 @@ impl LeaseTable {
         if let Some(rec) = self.records.get_mut(name) {
             while let Some(w) = rec.waiters.pop_front() {
                 self.deadlines.remove(&(w.deadline, name.clone(), w.owner));
+                self.identities.end_waiter(w.identity);
                 owners.push(w.owner);
             }
         }
@@ -1401,15 +1622,28 @@ impl LeaseTable {
         let mut session_leases: BTreeMap<SessionId, Vec<&ResourceName>> = BTreeMap::new();
         let mut deadlines = Vec::with_capacity(self.deadlines.len());
         let mut idle = Vec::with_capacity(self.idle.len());
+        let mut held: BTreeMap<IdentityId, Held> = BTreeMap::new();
         for (name, rec) in &self.records {
             self.check_one(name, rec)?;
             match rec.holder.as_ref().map(|l| l.term) {
                 Some(Term::Own { expires_at, .. }) => expiries.push((expires_at, name)),
-                Some(Term::Session(id)) => session_leases.entry(id).or_default().push(name),
+                Some(Term::Session(id, identity)) => {
+                    session_leases.entry(id).or_default().push(name);
+                    let of_session = self.ends.sessions.get(&id).map(|s| s.identity.as_str());
+                    if of_session != Some(self.identities.name(identity)) {
+                        return Err(format!(
+                            "resource {name}: its lease is not its session's identity's"
+                        ));
+                    }
+                }
                 None => {}
+            }
+            if let Some(l) = &rec.holder {
+                held.entry(l.term.identity()).or_default().leases += 1;
             }
             for w in rec.waiters.iter() {
                 deadlines.push((w.deadline, name, w.owner));
+                held.entry(w.identity).or_default().waiters += 1;
             }
             if let Some(seq) = rec.idle_seq.get() {
                 idle.push((seq, name));
@@ -1450,6 +1684,7 @@ impl LeaseTable {
         if !self.idle.iter().map(|(q, n)| (*q, n)).eq(idle) {
             return Err("idle index does not match the idle records".into());
         }
+        self.identities.check(&held)?;
         self.kv.check_invariants()?;
         if self.idle.len() > self.max_idle {
             return Err(format!(
@@ -1526,6 +1761,7 @@ impl LeaseTable {
                 .iter()
                 .map(|(id, s)| (*id, s.clone()))
                 .collect(),
+            identities: self.stored_identities(),
         }
     }
 }
@@ -1564,6 +1800,47 @@ fn as_u64(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }
 
+/// The refusal of the first bound that `(count, bound, limit)` has reached.
+fn first_reached(checks: [(u64, CapacityBound, u64); 2]) -> Option<AcquireOutcome> {
+    checks
+        .into_iter()
+        .find(|(count, _, limit)| count >= limit)
+        .map(|(_, bound, limit)| AcquireOutcome::CapacityReached { bound, limit })
+}
+
+/// Who a command is made by: an identity, checked against the lease it
+/// names, or (a command logged before leases had one) nobody checked, as
+/// such a command was applied when it was written.
+#[derive(Debug, Clone, Copy)]
+struct Who<'a> {
+    /// The identity a lease it grants or a wait it queues is recorded as.
+    name: &'a str,
+    checked: bool,
+}
+
+impl Who<'_> {
+    const UNCHECKED: Who<'static> = Who {
+        name: "",
+        checked: false,
+    };
+
+    /// Whether a lease or wait of identity `id` is this caller's.
+    fn owns(self, identities: &Identities) -> impl Fn(IdentityId) -> bool {
+        let id = identities.lookup(self.name);
+        move |of: IdentityId| !self.checked || id == Some(of)
+    }
+}
+
+/// The event that says `who` presented the holder's owner id and token of
+/// another identity's lease (logged by the server without the owner id).
+fn other_identity(name: &ResourceName, token: Token, who: &str) -> Event {
+    Event::OtherIdentity {
+        resource: name.clone(),
+        token,
+        identity: who.to_string(),
+    }
+}
+
 fn position_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
@@ -1588,6 +1865,62 @@ pub struct TableSnapshot {
     history: Vec<(ResourceName, Vec<HistoryEntry>)>,
     // Version 3:
     sessions: Vec<(SessionId, Session)>,
+    // Version 4:
+    identities: StoredIdentities,
+}
+
+/// Who holds each lease with its own expiry, and who waits, where that is
+/// not the empty identity (a session's leases are its identity's): names
+/// once, sorted, and each lease and waiter by its name's position. Stored
+/// after everything older versions had, so those still load (every lease
+/// and waiter then the empty identity's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct StoredIdentities {
+    names: Vec<String>,
+    holders: Vec<(ResourceName, u32)>,
+    waiters: Vec<(ResourceName, OwnerId, u32)>,
+}
+
+impl LeaseTable {
+    fn stored_identities(&self) -> StoredIdentities {
+        let mut names = BTreeSet::new();
+        let holder_of = |rec: &Record| match rec.holder.as_ref().map(|l| l.term) {
+            Some(Term::Own { identity, .. }) if identity != IdentityId::EMPTY => Some(identity),
+            _ => None,
+        };
+        for rec in self.records.values() {
+            names.extend(holder_of(rec).map(|id| self.identities.name(id)));
+            names.extend(
+                rec.waiters
+                    .iter()
+                    .filter(|w| w.identity != IdentityId::EMPTY)
+                    .map(|w| self.identities.name(w.identity)),
+            );
+        }
+        let names: Vec<String> = names.into_iter().map(str::to_string).collect();
+        let position = |id: IdentityId| {
+            let name = self.identities.name(id);
+            let i = names
+                .binary_search_by(|n| n.as_str().cmp(name))
+                .unwrap_or(0);
+            u32::try_from(i).unwrap_or(u32::MAX)
+        };
+        let mut stored = StoredIdentities::default();
+        for (name, rec) in &self.records {
+            if let Some(id) = holder_of(rec) {
+                stored.holders.push((name.clone(), position(id)));
+            }
+            for w in rec.waiters.iter() {
+                if w.identity != IdentityId::EMPTY {
+                    stored
+                        .waiters
+                        .push((name.clone(), w.owner, position(w.identity)));
+                }
+            }
+        }
+        stored.names = names;
+        stored
+    }
 }
 
 mod snapshot_format {
@@ -1598,7 +1931,7 @@ mod snapshot_format {
         Deserialize, Deserializer,
     };
 
-    use super::{Session, StoredRecord, TableSnapshot};
+    use super::{Session, StoredIdentities, StoredRecord, TableSnapshot};
     use crate::{Change, ClusterTime, HistoryEntry, ResourceName, SessionId};
 
     pub(super) const FIELDS: &[&str] = &[
@@ -1611,6 +1944,7 @@ mod snapshot_format {
         "changes",
         "history",
         "sessions",
+        "identities",
     ];
 
     /// A sequence that ends before the fields its format version has.
@@ -1661,6 +1995,7 @@ mod snapshot_format {
                 changes: Vec::new(),
                 history: Vec::new(),
                 sessions: Vec::new(),
+                identities: StoredIdentities::default(),
             };
             if format_version >= 2 {
                 snapshot.revision = seq.next_element()?.ok_or_else(|| missing(5))?;
@@ -1669,6 +2004,9 @@ mod snapshot_format {
             }
             if format_version >= 3 {
                 snapshot.sessions = seq.next_element()?.ok_or_else(|| missing(8))?;
+            }
+            if format_version >= 4 {
+                snapshot.identities = seq.next_element()?.ok_or_else(|| missing(9))?;
             }
             Ok(snapshot)
         }
@@ -1687,6 +2025,7 @@ mod snapshot_format {
                 changes: n.changes,
                 history: n.history,
                 sessions: n.sessions,
+                identities: n.identities,
             })
         }
     }
@@ -1706,6 +2045,8 @@ mod snapshot_format {
         history: Vec<(ResourceName, Vec<HistoryEntry>)>,
         #[serde(default)]
         sessions: Vec<(SessionId, Session)>,
+        #[serde(default)]
+        identities: StoredIdentities,
     }
 
     impl<'de> Deserialize<'de> for TableSnapshot {
@@ -1732,7 +2073,7 @@ impl Serialize for TableSnapshotRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let t = self.0;
-        let mut st = s.serialize_struct("TableSnapshot", 9)?;
+        let mut st = s.serialize_struct("TableSnapshot", 10)?;
         st.serialize_field("format_version", &SNAPSHOT_FORMAT_VERSION)?;
         st.serialize_field("now", &t.now)?;
         st.serialize_field("last_token", &t.last_token)?;
@@ -1742,6 +2083,7 @@ impl Serialize for TableSnapshotRef<'_> {
         st.serialize_field("changes", &t.window.changes)?;
         st.serialize_field("history", &HistoriesRef(t))?;
         st.serialize_field("sessions", &SessionsRef(t))?;
+        st.serialize_field("identities", &t.stored_identities())?;
         st.end()
     }
 }

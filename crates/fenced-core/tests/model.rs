@@ -293,7 +293,8 @@ impl Model {
                 | Command::OpenSession { .. }
                 | Command::KeepAlive { .. }
                 | Command::CloseSession { .. }
-                | Command::AcquireInSession { .. } => {
+                | Command::AcquireInSession { .. }
+                | Command::AsIdentity { .. } => {
                     unreachable!(
                         "the model sends no bounded acquire, fenced write, batch renewal or \
                          session command"
@@ -480,6 +481,9 @@ proptest! {
                         }
                         Event::TokensExhausted { .. } => {
                             prop_assert!(false, "the model's counter never nears its bound")
+                        }
+                        Event::OtherIdentity { .. } => {
+                            prop_assert!(false, "the model's commands are all one identity's")
                         }
                     }
                 }

@@ -257,6 +257,8 @@ fn answers(command: &Command, outcome: Outcome) -> bool {
         }
         Command::CloseSession { .. } => CloseSessionOutcome::from_outcome(outcome).is_ok(),
         Command::AcquireInSession { .. } => AcquireInSessionOutcome::from_outcome(outcome).is_ok(),
+        // Answered as the command it wraps.
+        Command::AsIdentity { command, .. } => answers(command, outcome),
     }
 }
 

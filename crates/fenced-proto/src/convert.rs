@@ -294,6 +294,19 @@ pub fn capacity_reached(bound: CapacityBound, limit: u64) -> Status {
     let what = match bound {
         CapacityBound::LiveLeases => "live leases",
         CapacityBound::Waiters => "waiters",
+        // The caller's own bound; its name is not repeated back.
+        CapacityBound::LeasesPerIdentity => {
+            return Status::resource_exhausted(format!(
+                "max_leases_per_identity ({limit}) reached: this identity holds that many live \
+                 leases; release one first"
+            ))
+        }
+        CapacityBound::WaitersPerIdentity => {
+            return Status::resource_exhausted(format!(
+                "max_waiters_per_identity ({limit}) reached: this identity has that many \
+                 blocking acquires waiting; retry later or with wait 0"
+            ))
+        }
     };
     Status::resource_exhausted(format!(
         "{}={limit}: the cluster already holds {limit} {what}; \

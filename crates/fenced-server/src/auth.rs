@@ -382,6 +382,17 @@ impl Auth {
         Ok(())
     }
 
+    /// Whether `identity`, as [`Auth::authorize`] returned it, is shown
+    /// the owner ids of leases (watch, history): an admin, or anyone with
+    /// auth off (every caller is then the one empty identity).
+    pub fn shows_owner_ids(&self, identity: Option<&str>) -> bool {
+        match (self.current(), identity) {
+            (Some(policy), Some(id)) => policy.grants(id).allows(Permission::Admin, ""),
+            (Some(_), None) => false,
+            (None, _) => true,
+        }
+    }
+
     /// Authenticates the caller and checks that it may do `operation` on
     /// `resource`; returns its identity (`None` with auth off).
     pub fn authorize<T>(

@@ -69,6 +69,7 @@ impl KvService {
             kv_put_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
         let identity = self.authorize_write(&req, "kv_put", &command)?;
         crate::forward_or!(self.ctx, req, deadline, identity, KvClient, put);
+        let command = self.ctx.as_caller(command, identity.as_deref());
         let (outcome, now) = self
             .ctx
             .propose(command, deadline)
@@ -85,6 +86,7 @@ impl KvService {
         let command = kv_delete_command(req.get_ref()).map_err(|e| invalid_argument(&e))?;
         let identity = self.authorize_write(&req, "kv_delete", &command)?;
         crate::forward_or!(self.ctx, req, deadline, identity, KvClient, delete);
+        let command = self.ctx.as_caller(command, identity.as_deref());
         let (outcome, now) = self
             .ctx
             .propose(command, deadline)

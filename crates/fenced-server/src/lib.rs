@@ -35,7 +35,6 @@ pub mod node;
 pub mod parking;
 pub mod peer_listener;
 pub mod proposer;
-pub mod quota;
 pub mod raft_noise;
 pub mod replication;
 pub mod revocation;

@@ -87,6 +87,11 @@ impl Port {
     }
 }
 
+/// Per-identity bounds' defaults: far above what one application needs,
+/// far below what exhausts a node's memory.
+pub const DEFAULT_MAX_LEASES_PER_IDENTITY: u64 = 10_000;
+pub const DEFAULT_MAX_WAITERS_PER_IDENTITY: u64 = 1_000;
+
 /// Refusals by the limit that refused them; rendered in `/metrics` as
 /// `fenced_limit_refusals_total{limit="..."}`.
 #[derive(Debug, Default)]
@@ -97,6 +102,9 @@ pub struct LimitCounters {
     pub idle_peer_connections: AtomicU64,
     pub live_leases: AtomicU64,
     pub waiters: AtomicU64,
+    /// Acquires refused by a per-identity bound (decided by the table).
+    pub leases_per_identity: AtomicU64,
+    pub waiters_per_identity: AtomicU64,
     pub kv_keys: AtomicU64,
     pub kv_bytes: AtomicU64,
     pub peer_frames: AtomicU64,

@@ -138,8 +138,8 @@ pub fn render(ctx: &NodeContext) -> String {
         "counter",
     );
     for (setting, counter) in [
-        ("max_leases_per_identity", &ctx.quota.lease_refusals),
-        ("max_waiters_per_identity", &ctx.quota.waiter_refusals),
+        ("max_leases_per_identity", &c.limits.leases_per_identity),
+        ("max_waiters_per_identity", &c.limits.waiters_per_identity),
     ] {
         let _ = writeln!(
             out,

@@ -36,7 +36,6 @@ use crate::{
     parking::Parking,
     peer_listener,
     proposer::{run_leader_watch, run_ticker, Proposer, ProposerConfig},
-    quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
     replication::{self, EarlyAnswers, EarlyReplication, Election, Network, RaftPeer},
     revocation::Revocations,
     services::{ClusterService, LockService, NodeContext},
@@ -134,8 +133,8 @@ impl NodeConfig {
             request_timeout: Duration::from_secs(10),
             metrics_listen: None,
             auth: AuthConfig::default(),
-            max_leases_per_identity: DEFAULT_MAX_LEASES_PER_IDENTITY,
-            max_waiters_per_identity: DEFAULT_MAX_WAITERS_PER_IDENTITY,
+            max_leases_per_identity: crate::limits::DEFAULT_MAX_LEASES_PER_IDENTITY,
+            max_waiters_per_identity: crate::limits::DEFAULT_MAX_WAITERS_PER_IDENTITY,
             history_per_resource: fenced_core::DEFAULT_HISTORY_PER_RESOURCE,
             max_watchers: crate::watch::DEFAULT_MAX_WATCHERS,
             max_watchers_per_identity: crate::watch::DEFAULT_MAX_WATCHERS_PER_IDENTITY,
@@ -435,7 +434,10 @@ impl NodeCore {
         )
         .with_auth(
             Arc::clone(&auth),
-            IdentityQuota::new(cfg.max_leases_per_identity, cfg.max_waiters_per_identity),
+            fenced_core::IdentityBounds {
+                max_leases_per_identity: cfg.max_leases_per_identity,
+                max_waiters_per_identity: cfg.max_waiters_per_identity,
+            },
         )
         .with_forward_tls(tls.clone())
         .with_early_answers(early_answers)

@@ -125,7 +125,9 @@ impl Parking {
                     (resource.clone(), *owner),
                     WaitEnd::TokensExhausted { limit: *limit },
                 ),
-                Event::Expired { .. } | Event::SessionExpired { .. } => continue,
+                Event::Expired { .. }
+                | Event::SessionExpired { .. }
+                | Event::OtherIdentity { .. } => continue,
             };
             if let Some((_, tx)) = slots.remove(&key) {
                 let _ = tx.send(end);

@@ -11,8 +11,8 @@ use std::{
 };
 
 use fenced_core::{
-    AcquireInSessionOutcome, AcquireOutcome, ClusterTime, Command, CommandOutcome, Limits, OwnerId,
-    ResourceName,
+    AcquireInSessionOutcome, AcquireOutcome, ClusterTime, Command, CommandOutcome, IdentityBounds,
+    Limits, OwnerId, ResourceName,
 };
 use fenced_proto::{
     acquire_command, acquire_in_session_command, acquire_in_session_reply, acquire_reply,
@@ -42,7 +42,6 @@ use crate::{
     network::Reachability,
     parking::{Parking, WaitEnd},
     proposer::{leader_of, ProposeError, Proposer},
-    quota::{IdentityQuota, DEFAULT_MAX_LEASES_PER_IDENTITY, DEFAULT_MAX_WAITERS_PER_IDENTITY},
     replication::EarlyAnswers,
     state_machine::{self, Shared},
     tls::{peer_channel, NodeTls},
@@ -73,8 +72,9 @@ pub struct NodeContext {
     pub request_timeout: Duration,
     /// Who may call what; off unless the node was given auth files.
     pub auth: Arc<Auth>,
-    /// Per-identity limits, checked where this node leads.
-    pub quota: Arc<IdentityQuota>,
+    /// Per-identity limits, carried in each command an identity makes and
+    /// decided by the table.
+    pub identity_bounds: IdentityBounds,
     /// Watch streams served by this node, and their bounds.
     pub watchers: Arc<Watchers>,
     forward: Arc<Mutex<HashMap<String, Channel>>>,
@@ -136,10 +136,10 @@ impl NodeContext {
             log,
             request_timeout,
             auth: Arc::new(Auth::disabled()),
-            quota: Arc::new(IdentityQuota::new(
-                DEFAULT_MAX_LEASES_PER_IDENTITY,
-                DEFAULT_MAX_WAITERS_PER_IDENTITY,
-            )),
+            identity_bounds: IdentityBounds {
+                max_leases_per_identity: crate::limits::DEFAULT_MAX_LEASES_PER_IDENTITY,
+                max_waiters_per_identity: crate::limits::DEFAULT_MAX_WAITERS_PER_IDENTITY,
+            },
             forward: Arc::default(),
             forwarded: Arc::default(),
             forward_tls: None,
@@ -209,11 +209,21 @@ impl NodeContext {
     }
 
     /// The same context with auth and per-identity limits.
-    pub fn with_auth(self, auth: Arc<Auth>, quota: IdentityQuota) -> Self {
+    pub fn with_auth(self, auth: Arc<Auth>, identity_bounds: IdentityBounds) -> Self {
         Self {
             auth,
-            quota: Arc::new(quota),
+            identity_bounds,
             ..self
+        }
+    }
+
+    /// `command` made by the caller as authenticated here (`None` with
+    /// auth off: the empty identity, without per-identity bounds): the
+    /// table records the lease as that identity's and refuses any other.
+    pub(crate) fn as_caller(&self, command: Command, identity: Option<&str>) -> Command {
+        match identity {
+            Some(id) => command.as_identity(id, self.identity_bounds),
+            None => command.as_identity("", IdentityBounds::UNBOUNDED),
         }
     }
 
@@ -618,16 +628,7 @@ impl LockService {
             acquire,
             Duration::from_millis(wait_ms)
         );
-        // Refused before anything is proposed: what the identity holds stays.
-        let _wait_slot = match &identity {
-            Some(id) if wait_ms > 0 => Some(self.ctx.quota.admit_waiter(id)?),
-            _ => None,
-        };
-        if let Some(id) = &identity {
-            self.ctx
-                .quota
-                .admit_lease(id, &resource, owner, &self.ctx.shared)?;
-        }
+        let command = self.ctx.as_caller(command, identity.as_deref());
         let parked = if wait_ms > 0 {
             Some(
                 self.ctx
@@ -659,12 +660,7 @@ impl LockService {
         };
         let now = self.ctx.cluster_now();
         let outcome = match end {
-            WaitEnd::Granted(grant) => {
-                if let Some(id) = &identity {
-                    self.ctx.quota.granted(id, &resource, owner);
-                }
-                AcquireOutcome::Granted(grant)
-            }
+            WaitEnd::Granted(grant) => AcquireOutcome::Granted(grant),
             WaitEnd::Elapsed {
                 current_token,
                 remaining_ms,
@@ -687,6 +683,7 @@ impl LockService {
         let (resource, _) = Self::acquire_parts(&command)?;
         let identity = self.authorize(&req, Permission::Lock, "renew", &resource)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, renew);
+        let command = self.ctx.as_caller(command, identity.as_deref());
         self.decide(command, deadline, renew_reply).await
     }
 
@@ -706,6 +703,7 @@ impl LockService {
             identity = self.authorize(&req, Permission::Lock, "renew", resource)?;
         }
         forward_or!(self.ctx, req, deadline, identity, LockClient, renew_many);
+        let command = self.ctx.as_caller(command, identity.as_deref());
         let (outcomes, now) = self
             .propose::<Vec<_>>(command, deadline)
             .await
@@ -722,6 +720,7 @@ impl LockService {
         let (resource, _) = Self::acquire_parts(&command)?;
         let identity = self.authorize(&req, Permission::Lock, "release", &resource)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, release);
+        let command = self.ctx.as_caller(command, identity.as_deref());
         let (outcome, now) = self
             .propose(command, deadline)
             .await
@@ -752,12 +751,7 @@ impl LockService {
             LockClient,
             acquire_in_session
         );
-        let (resource, owner) = Self::acquire_parts(&command)?;
-        if let Some(id) = &identity {
-            self.ctx
-                .quota
-                .admit_lease(id, &resource, owner, &self.ctx.shared)?;
-        }
+        let command = self.ctx.as_caller(command, identity.as_deref());
         let (outcome, now) = self
             .propose::<AcquireInSessionOutcome>(command, deadline)
             .await
@@ -900,7 +894,11 @@ impl LockService {
         )?;
         // Served from this node's applied state: revisions are the same on
         // every node, so the stream may move between nodes.
-        let slot = self.ctx.watchers.admit(identity.as_deref())?;
+        let slot = self
+            .ctx
+            .watchers
+            .admit(identity.as_deref())?
+            .showing_owners(self.ctx.auth.shows_owner_ids(identity.as_deref()));
         tracing::debug!(
             prefix,
             from_revision = req.get_ref().from_revision,
@@ -934,7 +932,15 @@ impl LockService {
         );
         let now = self.ctx.linearizable_read("history").await?;
         let entries = self.ctx.shared.history(resource.as_str(), limit);
-        Ok(Response::new(history_reply(&entries, now)))
+        let mut reply = history_reply(&entries, now);
+        // Owner ids only to an admin (docs/DECISIONS.md, "Owner ids are
+        // shown to admins only").
+        if !self.ctx.auth.shows_owner_ids(identity.as_deref()) {
+            for e in &mut reply.entries {
+                e.owner_id.clear();
+            }
+        }
+        Ok(Response::new(reply))
     }
 }
 

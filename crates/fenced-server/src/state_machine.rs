@@ -340,6 +340,8 @@ impl StateMachine {
                 AcquireOutcome::CapacityReached { bound, .. } => match bound {
                     CapacityBound::LiveLeases => &c.limits.live_leases,
                     CapacityBound::Waiters => &c.limits.waiters,
+                    CapacityBound::LeasesPerIdentity => &c.limits.leases_per_identity,
+                    CapacityBound::WaitersPerIdentity => &c.limits.waiters_per_identity,
                 },
             },
             Outcome::Renew(o) => self.renew_counter(o),
@@ -484,6 +486,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                                 Event::SessionExpired { session, leases } => {
                                     c.session_expiries.fetch_add(1, Ordering::Relaxed);
                                     tracing::info!(%session, leases, term, "session lapsed; its leases ended");
+                                }
+                                // No owner id: the caller presented another
+                                // identity's, which it should not know.
+                                Event::OtherIdentity {
+                                    resource,
+                                    token,
+                                    identity,
+                                } => {
+                                    tracing::info!(%resource, token = token.get(), term, identity, "refused: the lease is another identity's");
                                 }
                             }
                         }

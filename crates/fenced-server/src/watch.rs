@@ -58,6 +58,16 @@ struct Counts {
 pub struct WatchSlot {
     watchers: Arc<Watchers>,
     identity: Option<String>,
+    /// Whether this stream's events carry owner ids.
+    show_owners: bool,
+}
+
+impl WatchSlot {
+    /// The same slot, its events carrying owner ids only if `show`.
+    pub fn showing_owners(mut self, show: bool) -> Self {
+        self.show_owners = show;
+        self
+    }
 }
 
 impl Drop for WatchSlot {
@@ -132,18 +142,25 @@ impl Watchers {
         Ok(WatchSlot {
             watchers: Arc::clone(self),
             identity: identity.map(str::to_string),
+            show_owners: true,
         })
     }
 }
 
-fn event(c: &Change) -> v1::WatchResponse {
+/// One change as sent; its owner id only to a watcher shown owner ids
+/// (empty to the others).
+fn event(c: &Change, show_owners: bool) -> v1::WatchResponse {
     v1::WatchResponse {
         body: Some(Body::Event(v1::WatchEvent {
             revision: c.revision,
             resource: c.resource.as_str().as_bytes().to_vec(),
             kind: event_kind(c.kind) as i32,
             token: c.token.get(),
-            owner_id: c.owner_id.as_bytes().to_vec(),
+            owner_id: if show_owners {
+                c.owner_id.as_bytes().to_vec()
+            } else {
+                Vec::new()
+            },
             cluster_time_ms: c.at.as_millis(),
         })),
     }
@@ -210,7 +227,7 @@ async fn serve(shared: &Shared, slot: &WatchSlot, prefix: &str, from: u64, tx: &
                 Err(_) => return fell_behind(slot, tx, last_sent, "its buffer stayed full"),
             };
             if let Some(permit) = permits.into_iter().next() {
-                permit.send(Ok(event(change)));
+                permit.send(Ok(event(change, slot.show_owners)));
             }
             last_sent = change.revision;
         }

@@ -263,10 +263,13 @@ class Lease:
                 log.debug("released %s token %d: %s", self.resource, self.token, outcome)
             except FencedError as e:
                 # The work is done; the lease runs out at its TTL by itself.
+                # The owner id only at debug: logs reach people the lease's
+                # identity does not.
                 log.warning(
-                    "release of %s (owner %s, token %d) failed: %s; it expires by its TTL",
-                    self.resource, self.owner_id, self.token, e,
+                    "release of %s (token %d) failed: %s; it expires by its TTL",
+                    self.resource, self.token, e,
                 )
+                log.debug("owner id of %s: %s", self.resource, self.owner_id)
             return False
         # The keeper returns once it has told of the loss: after this, the
         # on_lost callbacks it runs have run (bounded, should one hang).
@@ -306,9 +309,9 @@ class Lease:
         if reason.kind == LossKind.RELEASED:
             return
         log.warning(
-            "lease lost: resource=%s owner=%s token=%d: %s",
-            self.resource, self.owner_id, self.token, reason,
+            "lease lost: resource=%s token=%d: %s", self.resource, self.token, reason,
         )
+        log.debug("lost lease's owner id: resource=%s owner=%s", self.resource, self.owner_id)
         self._interrupt_main()
         for cb in callbacks:
             self._run_callback(cb)

@@ -13,12 +13,12 @@ use serde::de::{
 
 use super::{
     snapshot_format::{missing, Header},
-    IdleSeq, LeaseTable, Record, SnapshotError, StoredRecord, TableSnapshot, Term, Waiters,
-    NOT_REMEMBERED, SNAPSHOT_FORMAT_VERSION,
+    IdentityId, IdleSeq, LeaseTable, Record, SnapshotError, StoredIdentities, StoredRecord,
+    TableSnapshot, Term, Waiters, NOT_REMEMBERED, SNAPSHOT_FORMAT_VERSION,
 };
 use crate::{
     Change, ClusterTime, HistoryEntry, ResourceName, SessionId, MAX_HISTORY_PER_RESOURCE,
-    MAX_LOADED_REVISION, MAX_TOKEN,
+    MAX_LOADED_REVISION, MAX_TOKEN, SESSION_IDENTITY_MAX_BYTES,
 };
 
 /// The most records room is made for ahead of decoding them: a corrupt
@@ -107,6 +107,8 @@ impl Builder {
             term: Term::Own {
                 expires_at: l.expires_at,
                 ttl_ms: l.ttl_ms,
+                // Its identity comes after the sessions, if not the empty one.
+                identity: IdentityId::EMPTY,
             },
             granted_at: NOT_REMEMBERED,
         });
@@ -215,6 +217,9 @@ impl Builder {
         expires_at: ClusterTime,
         leases: impl IntoIterator<Item = &'n str>,
     ) -> Result<(), SnapshotError> {
+        let owner = self.table.identities.intern(&identity).ok_or_else(|| {
+            invariant(format!("session {id}: more identities than a table holds"))
+        })?;
         let mut names = Vec::new();
         for name in leases {
             let i = self.find(name).ok_or_else(|| {
@@ -224,10 +229,10 @@ impl Builder {
             })?;
             let (record_name, rec) = &mut self.records[i];
             match rec.holder.as_mut().map(|l| &mut l.term) {
-                Some(term @ Term::Own { .. }) => *term = Term::Session(id),
+                Some(term @ Term::Own { .. }) => *term = Term::Session(id, owner),
                 // Named twice by this session: a set, as before.
-                Some(Term::Session(s)) if *s == id => continue,
-                Some(Term::Session(_)) => {
+                Some(Term::Session(s, _)) if *s == id => continue,
+                Some(Term::Session(..)) => {
                     return Err(invariant(format!(
                         "the lease of {name} is held by two sessions"
                     )))
@@ -250,6 +255,68 @@ impl Builder {
             .ends
             .restore(id, session)
             .map_err(SnapshotError::Invariant)
+    }
+
+    /// Who holds the leases with their own expiry, and who waits, where
+    /// that is not the empty identity: each entry names a held lease (not
+    /// a session's) or a queued waiter, once, and a name of the table.
+    pub(super) fn identities(&mut self, stored: StoredIdentities) -> Result<(), SnapshotError> {
+        let mut ids = Vec::with_capacity(stored.names.len());
+        for name in &stored.names {
+            if name.len() > SESSION_IDENTITY_MAX_BYTES {
+                return Err(invariant(format!(
+                    "an identity of {} bytes, more than {SESSION_IDENTITY_MAX_BYTES}",
+                    name.len()
+                )));
+            }
+            let id = self
+                .table
+                .identities
+                .intern(name)
+                .ok_or_else(|| invariant("more identities than a table holds".to_string()))?;
+            ids.push(id);
+        }
+        let id_at = |i: u32| {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| ids.get(i).copied())
+                .ok_or_else(|| invariant(format!("identity {i} is not in the names")))
+        };
+        self.cursor = 0;
+        for (name, i) in stored.holders {
+            let id = id_at(i)?;
+            let at = self.find(name.as_str()).ok_or_else(|| {
+                invariant(format!("identity kept for {name}, which is not remembered"))
+            })?;
+            match self.records[at].1.holder.as_mut().map(|l| &mut l.term) {
+                Some(Term::Own { identity, .. }) if *identity == IdentityId::EMPTY => {
+                    *identity = id;
+                }
+                _ => {
+                    return Err(invariant(format!(
+                        "{name}: an identity kept for no lease of its own, or twice"
+                    )))
+                }
+            }
+        }
+        self.cursor = 0;
+        for (name, owner, i) in stored.waiters {
+            let id = id_at(i)?;
+            let at = self.find(name.as_str()).ok_or_else(|| {
+                invariant(format!("identity kept for {name}, which is not remembered"))
+            })?;
+            let waiters = &mut self.records[at].1.waiters;
+            let waiter = waiters
+                .0
+                .as_mut()
+                .and_then(|q| q.iter_mut().find(|w| w.owner == owner))
+                .filter(|w| w.identity == IdentityId::EMPTY)
+                .ok_or_else(|| {
+                    invariant(format!("{name}: an identity kept for no waiter, or twice"))
+                })?;
+            waiter.identity = id;
+        }
+        Ok(())
     }
 
     /// Where `name` is among the records: the one after the last found
@@ -302,8 +369,16 @@ impl Builder {
         let mut expiries = Vec::with_capacity(records.len());
         let mut deadlines = Vec::new();
         let mut idle = Vec::new();
+        // Counted from the records: what each identity holds and waits for.
+        table.identities.clear_counts();
         for (name, rec) in &records {
             table.check_one(name, rec).map_err(invariant)?;
+            if let Some(l) = &rec.holder {
+                table.identities.add_lease(l.term.identity());
+            }
+            for w in rec.waiters.iter() {
+                table.identities.add_waiter(w.identity);
+            }
             if let Some(Term::Own { expires_at, .. }) = rec.holder.as_ref().map(|l| l.term) {
                 expiries.push((expires_at, name.clone()));
             }
@@ -314,6 +389,7 @@ impl Builder {
                 idle.push((seq, name.clone()));
             }
         }
+        table.identities.forget_unused();
         table.ends.check(table.now).map_err(invariant)?;
         if idle.len() > table.max_idle {
             return Err(invariant(format!(
@@ -384,6 +460,7 @@ impl LeaseTable {
                 s.leases.iter().map(ResourceName::as_str),
             )?;
         }
+        b.identities(snapshot.identities)?;
         b.finish()
     }
 }
@@ -431,6 +508,10 @@ impl<'de> Visitor<'de> for TableSeed {
         if format_version >= 3 {
             seq.next_element_seed(Sessions(&mut b))?
                 .ok_or_else(|| missing(8))?;
+        }
+        if format_version >= 4 {
+            let identities = seq.next_element()?.ok_or_else(|| missing(9))?;
+            b.identities(identities).map_err(A::Error::custom)?;
         }
         b.finish().map_err(A::Error::custom)
     }

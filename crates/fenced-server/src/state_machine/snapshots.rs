@@ -969,6 +969,78 @@ mod tests {
         );
     }
 
+    /// A lease and a waiter of named identities come back theirs from the
+    /// bincode body a node writes: another identity is still refused, and
+    /// the per-identity bound still counts them.
+    #[test]
+    fn identities_round_trip_through_a_snapshot_body() {
+        use fenced_core::{
+            Batch, Capacity, CapacityBound, Command, IdentityBounds, OwnerId, ReleaseOutcome,
+            ResourceName,
+        };
+        let bounds = IdentityBounds {
+            max_leases_per_identity: 1,
+            max_waiters_per_identity: 1,
+        };
+        let acquire = |who: &str, resource: &str, owner, wait_ms| {
+            Command::AcquireBounded {
+                resource: ResourceName::new(resource).unwrap(),
+                owner_id: owner,
+                ttl_ms: 60_000,
+                wait_ms,
+                capacity: Capacity::UNBOUNDED,
+            }
+            .as_identity(who, bounds)
+        };
+        let (a, b) = (OwnerId::random(), OwnerId::random());
+        let mut table = LeaseTable::new();
+        table.apply(&Batch {
+            stamp: ClusterTime::from_millis(5),
+            commands: vec![
+                acquire("alice", "job", a, 0),
+                acquire("bob", "job", b, 30_000),
+            ],
+        });
+        let token = table.holder("job").unwrap().1.token;
+        let bytes = encoded_body(&table, 3);
+        let mut data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
+        assert_eq!(data.table.snapshot(), table.snapshot());
+        let release = |who: &str| {
+            Command::Release {
+                resource: ResourceName::new("job").unwrap(),
+                owner_id: a,
+                token,
+            }
+            .as_identity(who, bounds)
+        };
+        let applied = data.table.apply(&Batch {
+            stamp: ClusterTime::from_millis(6),
+            commands: vec![
+                release("bob"),
+                acquire("alice", "other", OwnerId::random(), 0),
+                release("alice"),
+            ],
+        });
+        assert!(matches!(
+            applied.outcomes[0],
+            Outcome::Release(ReleaseOutcome::NotHolder(_))
+        ));
+        assert_eq!(
+            applied.outcomes[1],
+            Outcome::Acquire(AcquireOutcome::CapacityReached {
+                bound: CapacityBound::LeasesPerIdentity,
+                limit: 1
+            })
+        );
+        assert_eq!(
+            applied.outcomes[2],
+            Outcome::Release(ReleaseOutcome::Released)
+        );
+        // Bob's waiter was handed the lease, as bob's.
+        assert_eq!(data.table.holder("job").unwrap().0, b);
+        data.table.check_invariants().unwrap();
+    }
+
     /// A node remembering more grants than the default (32 here) loads
     /// its own snapshot with all of them; a load used to check them against
     /// the default 16 and refuse the file.
