@@ -1,6 +1,6 @@
 //! Membership changes as the nemesis makes them, through the Cluster
-//! service's admin calls with the run's token: a new node joins with
-//! `--join` as a learner and is promoted, a voter (the leader too) is
+//! service's admin calls with the run's token: a new node starts with
+//! `--join`, the run's admin adds it as a learner and promotes it, a voter (the leader too) is
 //! removed, a dead node is replaced by a new id.
 
 use std::{
@@ -116,6 +116,35 @@ pub async fn wait_joined(via: &[u64], id: u64, within: Duration) -> Result<Durat
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Adds node `id` (at its namespace's address) as a learner: a node
+/// certificate adds no node, so the run's admin does, as an operator
+/// would. A retry that finds it a learner already is a success.
+pub async fn add_learner(
+    via: &[u64],
+    id: u64,
+    within: Duration,
+    retried: &mut Vec<String>,
+) -> Result<()> {
+    let peer_addr = format!(
+        "{}:{}",
+        crate::net::node_addr(id),
+        crate::cluster::PEER_PORT
+    );
+    call(via, within, "AddLearner", retried, |mut c| {
+        let peer_addr = peer_addr.clone();
+        async move {
+            c.add_learner(req(v1::AddLearnerRequest {
+                node_id: id,
+                peer_addr,
+                client_addr: client_addr(id),
+            }))
+            .await
+        }
+    })
+    .await
+    .map(|_| ())
 }
 
 /// Promotes learner `id`, retrying while it catches up. A retry after a

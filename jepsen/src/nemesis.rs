@@ -326,6 +326,9 @@ impl<'a> Nemesis<'a> {
         self.next_id += 1;
         let t0 = self.rec.now_ns();
         self.cluster.lock().await.add_joining(id)?;
+        let mut added_retries = Vec::new();
+        membership::add_learner(&self.ids(), id, Duration::from_secs(30), &mut added_retries)
+            .await?;
         let joined = membership::wait_joined(&self.ids(), id, Duration::from_secs(30)).await;
         self.step("join", id, t0, joined.is_ok(), Vec::new());
         let joined = joined?;

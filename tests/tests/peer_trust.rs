@@ -1,7 +1,7 @@
 //! The peer trust boundary under attack, with real certificates: a node
 //! certificate speaks only as its own node, only voters send votes and
 //! appends or forward a caller's identity, and no node certificate adds a
-//! node (docs/SECURITY.md, "A node certificate").
+//! node (docs/SECURITY.md, "The peer port").
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
