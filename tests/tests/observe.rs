@@ -145,7 +145,14 @@ async fn validate_token_tells_current_superseded_expired_and_released() {
 /// owner was compared. A bad owner id is refused by field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn validate_token_compares_the_owner_id_when_given() {
-    let cluster = Cluster::start(3).await;
+    // Also on nodes that keep no grant history: the owner is read from the
+    // live lease, not the history.
+    for env in [&[][..], &[("FENCED_HISTORY_PER_RESOURCE", "0")][..]] {
+        owner_checks(&Cluster::start_with(3, env).await).await;
+    }
+}
+
+async fn owner_checks(cluster: &Cluster) {
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     let (a, ta) = grant(&cluster.client(), "jobs/o", TTL).await;

@@ -506,8 +506,9 @@ pub async fn vouch_for_refused(
                     .ok()
             })
             .collect();
+        let own_index = members.view_index();
         for r in &refused {
-            for (by, index, voter) in vouchers(*r, &answers) {
+            for (by, index, voter) in vouchers(*r, &answers, own_index) {
                 members.vouch(*r, &by, index, voter);
             }
         }
@@ -518,15 +519,22 @@ pub async fn vouch_for_refused(
     }
 }
 
-/// What the members' `answers` say of node `id`: the members whose newer
-/// membership names it, with the oldest of their membership indexes, once
-/// for those that name it at all and once for those that name it a voter
-/// (for [`crate::tls::Members::vouch`], which counts them).
-fn vouchers(id: NodeId, answers: &[v1::StatusResponse]) -> Vec<(BTreeSet<NodeId>, u64, bool)> {
+/// What the members' `answers` say of node `id`: the members whose
+/// membership, newer than this node's (at `own_index`), names it, with the
+/// oldest of those memberships' indexes; once for those that name it at all
+/// and once for those that name it a voter (for
+/// [`crate::tls::Members::vouch`], which counts them). An answer with an
+/// older membership is left out, so it cannot hold the others back.
+fn vouchers(
+    id: NodeId,
+    answers: &[v1::StatusResponse],
+    own_index: u64,
+) -> Vec<(BTreeSet<NodeId>, u64, bool)> {
     let mut out = Vec::new();
     for voter in [false, true] {
         let naming: Vec<&v1::StatusResponse> = answers
             .iter()
+            .filter(|s| s.membership_index > own_index)
             .filter(|s| s.members.iter().any(|m| m.id == id && (m.voter || !voter)))
             .collect();
         if let Some(index) = naming.iter().map(|s| s.membership_index).min() {
@@ -539,6 +547,37 @@ fn vouchers(id: NodeId, answers: &[v1::StatusResponse]) -> Vec<(BTreeSet<NodeId>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vouchers_are_the_answers_with_a_newer_membership_naming_the_id() {
+        let status =
+            |node_id: u64, membership_index: u64, members: &[(u64, bool)]| v1::StatusResponse {
+                node_id,
+                membership_index,
+                members: members
+                    .iter()
+                    .map(|(id, voter)| v1::Member {
+                        id: *id,
+                        voter: *voter,
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+        let answers = [
+            status(1, 20, &[(1, true), (2, true), (4, true)]),
+            status(2, 18, &[(1, true), (2, true), (4, false)]),
+            // As old as this node's view: left out, not the minimum.
+            status(5, 10, &[(4, false)]),
+        ];
+        let got = vouchers(4, &answers, 10);
+        assert_eq!(
+            got,
+            vec![([1, 2].into(), 18, false), ([1].into(), 20, true),]
+        );
+        assert!(vouchers(9, &answers, 10).is_empty());
+        assert!(vouchers(4, &answers, 20).is_empty());
+    }
 
     #[test]
     fn a_joining_node_is_a_member_only_once_the_membership_naming_it_is_applied() {

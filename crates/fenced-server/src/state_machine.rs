@@ -105,8 +105,9 @@ impl Shared {
     }
 
     /// Validates every check under one read of the table. With an owner id,
-    /// also whether the token's lease was granted to it (its newest grant,
-    /// which a live lease always is).
+    /// also whether the live lease is that owner's with that token (read
+    /// from the lease itself, not the history, which a node may keep none
+    /// of: `history_per_resource = 0`).
     pub fn validate_all(
         &self,
         checks: &[fenced_proto::TokenCheck],
@@ -119,9 +120,8 @@ impl Shared {
                 let v = data.table.validate(r.as_str(), *t, now);
                 let matches = owner.map(|o| {
                     data.table
-                        .history(r.as_str(), 1)
-                        .first()
-                        .is_some_and(|h| h.token == *t && h.owner_id == o)
+                        .holder(r.as_str())
+                        .is_some_and(|(holder, grant)| grant.token == *t && holder == o)
                 });
                 (v, matches)
             })

@@ -89,6 +89,8 @@ struct MembersInner {
 /// This node's membership view and the ids vouched for beyond it.
 #[derive(Debug, Default)]
 struct View {
+    /// This node's own id, once known.
+    me: Option<NodeId>,
     /// `None` while this node knows no membership yet.
     ids: Option<BTreeSet<NodeId>>,
     /// The voters among `ids`: the only nodes that may send votes, appends
@@ -164,6 +166,25 @@ impl Members {
             view.voters = voters.clone();
         }
         view.seeded = Some((ids, voters));
+    }
+
+    /// Tells the view this node's own id (it counts as one of the voters
+    /// behind a vouch when it is a voter itself).
+    pub fn set_own_id(&self, id: NodeId) {
+        self.0
+            .view
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .me = Some(id);
+    }
+
+    /// The log index of the membership this node's view comes from.
+    pub fn view_index(&self) -> u64 {
+        self.0
+            .view
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .index
     }
 
     /// Whether node `id` is a voter of this node's membership (or vouched
@@ -253,7 +274,12 @@ impl Members {
         } else {
             ids.contains(&id)
         };
-        let vouchers = by.intersection(&view.voters).count();
+        // This node counts with its vouchers when it votes itself: a
+        // majority of the voters then stands behind the claim, as in a
+        // commit, and a lagging node follows a promoted leader with one
+        // voter down, as Raft alone would.
+        let me_too = usize::from(view.me.is_some_and(|me| view.voters.contains(&me)));
+        let vouchers = by.intersection(&view.voters).count() + me_too;
         let majority = view.voters.len() / 2 + 1;
         let already = view.vouched.get(&id).is_some_and(|v| v.voter || !voter);
         if known || index <= view.index || vouchers < majority || already {
@@ -319,6 +345,7 @@ impl Members {
         let (mut ids, mut voters, index) = {
             let m = raft.metrics();
             let m = m.borrow();
+            self.set_own_id(m.id);
             let membership = m.membership_config.membership();
             let ids: BTreeSet<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
             let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
@@ -1096,6 +1123,23 @@ mod tests {
             !members.admits(5),
             "the vouch was dropped when the view named 5"
         );
+    }
+
+    #[test]
+    fn a_voter_counts_itself_with_its_vouchers() {
+        let members = Members::default();
+        let voters: BTreeSet<NodeId> = [1, 2, 3].into();
+        members.set_view(Some(voters.clone()), voters, 10);
+        // Node 3 itself, one voter down: node 2's word and its own are a
+        // majority of three.
+        members.set_own_id(3);
+        assert!(members.vouch(4, &[2].into(), 12, true));
+        assert!(members.is_voter(4));
+        // A learner's own count does not make one voter a majority.
+        let learner = Members::default();
+        learner.set_view(Some([1, 2, 3, 7].into()), [1, 2, 3].into(), 10);
+        learner.set_own_id(7);
+        assert!(!learner.vouch(4, &[2].into(), 12, true));
     }
 
     #[test]
