@@ -9,7 +9,7 @@
 
 use std::{
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
     },
     time::{Duration, Instant},
@@ -251,24 +251,29 @@ async fn ten_thousand_connections_are_refused_beyond_max_connections() {
     )
     .await;
     assert_eq!(refused, closed as u64, "each refusal is counted once");
-    // On the peer port, the followers' connections hold their slots: 1000
-    // of the flood are refused at once. An admitted one that never sends a
-    // whole preface is closed too once the routing timeout (5 s) passes,
-    // which this wait may outlast on a loaded machine.
-    let peer_closed = settle(&peer_flood, 1_000).await;
-    let peer_refused = metric(
-        &metrics[leader as usize - 1],
-        "fenced_limit_refusals_total{limit=\"max_connections\",port=\"peer\"}",
+    // On the peer port a connection takes no slot before its first bytes
+    // route it: 2000 silent ones from one address keep at most their
+    // source's share (64) pending, each newer one closing that source's
+    // oldest, and the rest close at the routing timeout (3 s); none is
+    // refused for max_connections, whose slots the followers keep.
+    let peer_closed = settle(&peer_flood, 2_000).await;
+    assert_eq!(peer_closed, 2_000, "silent peer connections still open");
+    let leader_metrics = &metrics[leader as usize - 1];
+    let evicted = metric(
+        leader_metrics,
+        "fenced_limit_refusals_total{limit=\"max_pending_handshakes_per_source\",port=\"peer\"}",
     )
     .await;
     assert!(
-        (1_000..=1_010).contains(&peer_refused),
-        "{peer_refused} of 2000 peer flood connections refused with 1000 allowed"
+        (1..=2_000).contains(&evicted),
+        "{evicted} of 2000 silent peer connections closed for their source's share"
     );
-    assert!(
-        peer_closed as u64 >= peer_refused,
-        "{peer_closed} closed, fewer than the {peer_refused} refused"
-    );
+    let peer_refused = metric(
+        leader_metrics,
+        "fenced_limit_refusals_total{limit=\"max_connections\",port=\"peer\"}",
+    )
+    .await;
+    assert_eq!(peer_refused, 0, "a silent peer connection took a slot");
     let rss = cluster.rss_kib(leader);
     eprintln!("leader RSS with 1000 connections held: {rss} KiB");
     assert!(rss < RSS_BUDGET_KIB, "leader RSS {rss} KiB over budget");
@@ -602,4 +607,92 @@ async fn a_silent_connection_is_closed_after_idle_timeout_and_an_idle_client_is_
     )
     .await;
     assert_eq!(after, before, "a live client was cut off as idle");
+}
+
+/// Opens silent connections (no byte, not even a ClientHello) to `addr`
+/// from the loopback addresses 127.0.0.2 to 127.0.0.201, `per_second` a
+/// second, until `stop`, keeping the newest 5,000 open (more than a
+/// port's whole connection budget); returns how many it opened. Each
+/// source stays under its share: the port's whole pending budget is what
+/// this floods.
+async fn silent_flood(addr: String, per_second: u64, stop: Arc<AtomicBool>) -> u64 {
+    let mut held = std::collections::VecDeque::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut opened = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        for _ in 0..per_second / 100 {
+            let source = std::net::Ipv4Addr::new(127, 0, 0, 2 + (opened % 200) as u8);
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind((source, 0).into()).unwrap();
+            if let Ok(c) = socket.connect(addr.parse().unwrap()).await {
+                held.push_back(c);
+                opened += 1;
+                if held.len() > 5_000 {
+                    held.pop_front();
+                }
+            }
+        }
+    }
+    opened
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_sockets_cannot_shut_nodes_or_clients_out() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    // The attack: thousands of TCP connections to the leader's peer and
+    // client ports that never send a ClientHello, from many addresses,
+    // more than the whole connection budget (4096 per port), and more
+    // arriving all the time. Without a pending budget of their own they
+    // held every slot and a follower's new connection to the leader failed.
+    let cluster = Cluster::start_tls(3, &[]).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    cluster.wait_for_convergence(Duration::from_secs(10)).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let peer_flood = tokio::spawn(silent_flood(cluster.peer_addr(leader), 1_500, stop.clone()));
+    let client_addr = cluster.nodes()[leader as usize - 1].client_addr();
+    let client_flood = tokio::spawn(silent_flood(client_addr, 1_500, stop.clone()));
+    // Let the floods pass the connection budget.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    // The follower has not talked to the leader over gRPC yet: its first
+    // forwarded describe opens a new peer connection during the flood.
+    // A new TLS client of the leader's client port: a new connection each.
+    let mut failures = Vec::new();
+    for i in 0..8 {
+        let resource = format!("flooded-{i}").into_bytes();
+        let via_follower = cluster
+            .lock_client(follower)
+            .describe(v1::DescribeRequest {
+                resource: resource.clone(),
+                allow_stale: false,
+            })
+            .await;
+        if let Err(e) = via_follower {
+            failures.push(format!("forwarded describe {i}: {e}"));
+        }
+        let direct = cluster
+            .lock_client(leader)
+            .describe(v1::DescribeRequest {
+                resource,
+                allow_stale: false,
+            })
+            .await;
+        if let Err(e) = direct {
+            failures.push(format!("new client's describe {i}: {e}"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let opened = (peer_flood.await.unwrap(), client_flood.await.unwrap());
+    eprintln!("silent connections opened (peer, client): {opened:?}");
+    assert!(
+        opened.0 > 4_096 && opened.1 > 4_096,
+        "the flood never passed the connection budget: {opened:?}"
+    );
+    assert!(
+        failures.is_empty(),
+        "calls failed under the flood: {failures:#?}"
+    );
 }

@@ -118,6 +118,14 @@ pub struct RunSettings {
     /// beyond it a new connection is closed at once.
     #[arg(long, env = "FENCED_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Most connections per listener still in their TLS handshake (or,
+    /// on the peer port, not yet routed); beyond it the oldest is closed.
+    #[arg(long, env = "FENCED_MAX_PENDING_HANDSHAKES")]
+    pub max_pending_handshakes: Option<usize>,
+    /// Of those, most from one address; beyond it that address's oldest
+    /// is closed.
+    #[arg(long, env = "FENCED_MAX_PENDING_HANDSHAKES_PER_SOURCE")]
+    pub max_pending_handshakes_per_source: Option<usize>,
     /// Most concurrent HTTP/2 streams (calls) per connection.
     #[arg(long, env = "FENCED_MAX_CONCURRENT_STREAMS")]
     pub max_concurrent_streams: Option<u32>,
@@ -378,6 +386,21 @@ impl RunSettings {
             s.max_connections as u64,
             16,
             1_000_000,
+        )? as usize;
+        s.max_pending_handshakes = bounded(
+            "max_pending_handshakes",
+            self.max_pending_handshakes.map(|v| v as u64),
+            s.max_pending_handshakes as u64,
+            16,
+            100_000,
+        )? as usize;
+        // One address's share is at most the whole budget.
+        s.max_pending_handshakes_per_source = bounded(
+            "max_pending_handshakes_per_source",
+            self.max_pending_handshakes_per_source.map(|v| v as u64),
+            (s.max_pending_handshakes_per_source as u64).min(s.max_pending_handshakes as u64),
+            1,
+            s.max_pending_handshakes as u64,
         )? as usize;
         s.max_concurrent_streams = bounded(
             "max_concurrent_streams",
@@ -1050,12 +1073,19 @@ max_batch = 8",
         };
         let file: RunSettings = toml::from_str(
             "max_connections = 100\nmax_concurrent_streams = 10\nmax_live_leases = 5000\n\
-             max_waiters = 600\nidle_timeout_ms = 60000\nmax_snapshot_bytes = 2097152",
+             max_waiters = 600\nidle_timeout_ms = 60000\nmax_snapshot_bytes = 2097152\n\
+             max_pending_handshakes = 32\nmax_pending_handshakes_per_source = 4",
         )
         .unwrap();
         let cfg = base().or_file(file).unwrap().into_node_config().unwrap();
         assert_eq!(cfg.server_limits.max_connections, 100);
         assert_eq!(cfg.server_limits.max_concurrent_streams, 10);
+        assert_eq!(cfg.server_limits.max_pending_handshakes, 32);
+        assert_eq!(cfg.server_limits.max_pending_handshakes_per_source, 4);
+        // A budget below the default share lowers the share with it.
+        let small: RunSettings = toml::from_str("max_pending_handshakes = 20").unwrap();
+        let small = base().or_file(small).unwrap().into_node_config().unwrap();
+        assert_eq!(small.server_limits.max_pending_handshakes_per_source, 20);
         assert_eq!(cfg.server_limits.idle_timeout, Duration::from_secs(60));
         assert_eq!(cfg.server_limits.max_snapshot_bytes, 2 << 20);
         assert_eq!(cfg.limits.max_live_leases, 5000);
@@ -1067,6 +1097,21 @@ max_batch = 8",
                     ..base()
                 },
                 "max_connections: must be between 16 and",
+            ),
+            (
+                RunSettings {
+                    max_pending_handshakes: Some(8),
+                    ..base()
+                },
+                "max_pending_handshakes: must be between 16 and 100000, got 8",
+            ),
+            (
+                RunSettings {
+                    max_pending_handshakes: Some(100),
+                    max_pending_handshakes_per_source: Some(101),
+                    ..base()
+                },
+                "max_pending_handshakes_per_source: must be between 1 and 100, got 101",
             ),
             (
                 RunSettings {

@@ -341,6 +341,7 @@ proptest! {
             "http2_keepalive_timeout_ms", "idle_timeout_ms", "max_live_leases", "max_waiters",
             "max_snapshot_bytes", "max_batch", "max_pending", "max_parked", "heartbeat_ms",
             "election_timeout_ms", "snapshot_logs", "request_timeout_ms", "ttl_min_ms",
+            "max_pending_handshakes", "max_pending_handshakes_per_source",
         ]),
         value in any::<i64>(),
     ) {

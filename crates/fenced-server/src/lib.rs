@@ -9,6 +9,7 @@
 // openraft's StorageError is large and its trait signatures impose it.
 #![allow(clippy::result_large_err)]
 
+pub mod admission;
 pub mod auth;
 pub mod backup;
 pub mod blocking;
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod parking;
+pub mod peer_channel;
 pub mod peer_listener;
 pub mod proposer;
 pub mod raft_noise;

@@ -34,8 +34,14 @@ use crate::histogram::label_value;
 /// (`fenced run --help` names each; docs/DECISIONS.md says why the defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerLimits {
-    /// Open connections per listener (client port, peer port).
+    /// Open connections per listener (client port, peer port), once their
+    /// TLS handshake is done.
     pub max_connections: usize,
+    /// Connections per listener whose TLS handshake is not done yet; the
+    /// oldest is closed to make room (see [`crate::admission`]).
+    pub max_pending_handshakes: usize,
+    /// Of those, how many may come from one address.
+    pub max_pending_handshakes_per_source: usize,
     /// Concurrent HTTP/2 streams per connection.
     pub max_concurrent_streams: u32,
     /// How often an HTTP/2 ping is sent on a connection.
@@ -52,6 +58,8 @@ impl Default for ServerLimits {
     fn default() -> Self {
         Self {
             max_connections: 4_096,
+            max_pending_handshakes: 512,
+            max_pending_handshakes_per_source: 64,
             max_concurrent_streams: 1_024,
             http2_keepalive_interval: Duration::from_secs(30),
             http2_keepalive_timeout: Duration::from_secs(10),
@@ -100,6 +108,12 @@ pub struct LimitCounters {
     pub peer_connections: AtomicU64,
     pub idle_client_connections: AtomicU64,
     pub idle_peer_connections: AtomicU64,
+    /// Unauthenticated connections closed to make room for a newer one:
+    /// the port's pending budget was full, or their source's share.
+    pub pending_client: AtomicU64,
+    pub pending_peer: AtomicU64,
+    pub pending_source_client: AtomicU64,
+    pub pending_source_peer: AtomicU64,
     pub live_leases: AtomicU64,
     pub waiters: AtomicU64,
     /// Acquires refused by a per-identity bound (decided by the table).
@@ -126,6 +140,18 @@ impl LimitCounters {
         for (limit, port, counter) in [
             ("max_connections", "client", &self.client_connections),
             ("max_connections", "peer", &self.peer_connections),
+            ("max_pending_handshakes", "client", &self.pending_client),
+            ("max_pending_handshakes", "peer", &self.pending_peer),
+            (
+                "max_pending_handshakes_per_source",
+                "client",
+                &self.pending_source_client,
+            ),
+            (
+                "max_pending_handshakes_per_source",
+                "peer",
+                &self.pending_source_peer,
+            ),
             ("idle_timeout_ms", "client", &self.idle_client_connections),
             ("idle_timeout_ms", "peer", &self.idle_peer_connections),
             ("max_live_leases", "client", &self.live_leases),

@@ -20,7 +20,7 @@ use tonic::{Code, Status};
 
 use crate::{
     headers::LEADER_HEADER,
-    tls::peer_channel,
+    peer_channel::peer_channel,
     tls::NodeTls,
     types::{Node, NodeId, Raft},
 };
@@ -310,7 +310,7 @@ pub async fn join(
         }
         let target = targets[i % targets.len()].clone();
         i += 1;
-        let answer = match peer_channel(&target, tls.as_deref()) {
+        let answer = match peer_channel(&target, tls.as_ref(), None) {
             Ok(ch) => {
                 if let Some(tls) = &tls {
                     seed_from(&tls.members, ch.clone(), &target).await;
@@ -473,7 +473,7 @@ pub async fn vouch_for_refused(
         for (m, addr) in asked {
             let tls = tls.clone();
             calls.spawn(async move {
-                let ch = peer_channel(&addr, tls.as_deref()).map_err(|e| e.to_string())?;
+                let ch = peer_channel(&addr, tls.as_ref(), Some(m)).map_err(|e| e.to_string())?;
                 let mut req = tonic::Request::new(v1::StatusRequest { with_digest: false });
                 req.set_timeout(crate::tls::PROBE_INTERVAL);
                 let status = ClusterClient::new(ch)

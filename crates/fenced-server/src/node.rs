@@ -598,6 +598,14 @@ impl RunningNode {
                 Arc::clone(&limit_counters),
             )
         };
+        let admission = |port| {
+            crate::admission::Admission::new(
+                port,
+                cfg.server_limits.max_pending_handshakes,
+                cfg.server_limits.max_pending_handshakes_per_source,
+                Arc::clone(&limit_counters),
+            )
+        };
         let rpc_metrics =
             |port| crate::rpc_metrics::RpcMetricsLayer::new(Arc::clone(&ctx.counters.rpc), port);
         let client_router = cfg
@@ -616,6 +624,7 @@ impl RunningNode {
                     tls::incoming(
                         client_listener,
                         t.client.clone(),
+                        admission(Port::Client),
                         connection_limit(Port::Client),
                         stop.clone(),
                     ),
@@ -640,6 +649,7 @@ impl RunningNode {
             peer_listener,
             peer,
             tls.clone(),
+            admission(Port::Peer),
             connection_limit(Port::Peer),
             peer_grpc_tx,
             stop.clone(),

@@ -4,18 +4,20 @@
 
 use std::{
     io,
+    net::SocketAddr,
     sync::{atomic::Ordering::Relaxed, Arc},
     time::Duration,
 };
 
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream},
-    net::TcpListener,
+    net::{TcpListener, TcpStream},
     sync::mpsc,
 };
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    admission::Admission,
     limits::ConnectionLimit,
     network::{
         invalid, read_frame, reply_header, write_frame, FrameTooLarge, MessageTime, PeerVersion,
@@ -26,25 +28,27 @@ use crate::{
     types::NodeId,
 };
 
-/// How long a new connection may take to send the bytes that route it.
-const ROUTE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a new connection may take to send the bytes that route it,
+/// once its handshake is done.
+const ROUTE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Accepts on `listener` until `stop`; gRPC connections go to `grpc`. With
 /// `tls`, each connection is a mutual-TLS handshake first (members only,
 /// see [`crate::tls::MemberVerifier`]) and is routed on the decrypted bytes.
+/// Until it is routed a connection holds only a pending slot of
+/// `admission` (the oldest is closed to make room for a newer one); a
+/// routed connection takes a slot of `limit`, or is closed at once.
 pub async fn accept(
     listener: TcpListener,
     peer: RaftPeer,
     tls: Option<Arc<NodeTls>>,
+    admission: Admission,
     limit: ConnectionLimit,
     grpc: mpsc::Sender<io::Result<Routed>>,
     stop: CancellationToken,
 ) {
     while let Some((stream, addr)) = tls::accept_one(&listener, &stop, "peer").await {
-        // Beyond the limit the connection is closed at once, counted. The
-        // slot is held from before the handshake to the connection's end.
-        let Some(permit) = limit.admit() else {
-            drop(stream);
+        let Some(pending) = admission.enter(addr.ip()) else {
             continue;
         };
         let limit = limit.clone();
@@ -53,19 +57,17 @@ pub async fn accept(
         let stop = stop.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let mut stream = match &tls {
-                None => PeerStream::Plain(stream),
-                Some(tls) => match tls::handshake(&tls.peer, stream, addr, "peer").await {
-                    Some(s) => PeerStream::Tls(Box::new(tokio_rustls::TlsStream::Server(s))),
-                    None => return,
-                },
+            let routed = tokio::select! {
+                _ = pending.evicted() => return,
+                r = handshake_and_route(stream, addr, tls.as_deref()) => r,
             };
-            // Both a Raft preface and HTTP/2's (24 bytes) are this long at least.
-            let mut head = [0u8; PREFACE.len()];
-            match tokio::time::timeout(ROUTE_TIMEOUT, stream.read_exact(&mut head)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(_)) | Err(_) => return,
-            }
+            drop(pending);
+            let Some((stream, head)) = routed else {
+                return;
+            };
+            let Some(permit) = limit.admit() else {
+                return;
+            };
             let version = PeerVersion::of_preface(&head);
             if version.is_none() && head[..PREFACE.len() - 1] == PREFACE[..PREFACE.len() - 1] {
                 // Another version of the Raft protocol: say so, and close.
@@ -121,6 +123,28 @@ pub async fn accept(
                 }
             }
         });
+    }
+}
+
+/// The handshake (with `tls`) and the first bytes, which route the
+/// connection; `None` when either fails or takes too long.
+async fn handshake_and_route(
+    stream: TcpStream,
+    addr: SocketAddr,
+    tls: Option<&NodeTls>,
+) -> Option<(PeerStream, [u8; PREFACE.len()])> {
+    let mut stream = match tls {
+        None => PeerStream::Plain(stream),
+        Some(tls) => {
+            let s = tls::handshake(&tls.peer, stream, addr, "peer").await?;
+            PeerStream::Tls(Box::new(tokio_rustls::TlsStream::Server(s)))
+        }
+    };
+    // Both a Raft preface and HTTP/2's (24 bytes) are this long at least.
+    let mut head = [0u8; PREFACE.len()];
+    match tokio::time::timeout(ROUTE_TIMEOUT, stream.read_exact(&mut head)).await {
+        Ok(Ok(_)) => Some((stream, head)),
+        Ok(Err(_)) | Err(_) => None,
     }
 }
 

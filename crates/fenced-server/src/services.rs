@@ -41,10 +41,11 @@ use crate::{
     membership,
     network::Reachability,
     parking::{Parking, WaitEnd},
+    peer_channel::peer_channel,
     proposer::{leader_of, ProposeError, Proposer},
     replication::EarlyAnswers,
     state_machine::{self, Shared},
-    tls::{peer_channel, NodeTls},
+    tls::NodeTls,
     types::{Node, NodeId, Raft},
     watch::Watchers,
 };
@@ -77,7 +78,7 @@ pub struct NodeContext {
     pub identity_bounds: IdentityBounds,
     /// Watch streams served by this node, and their bounds.
     pub watchers: Arc<Watchers>,
-    forward: Arc<Mutex<HashMap<String, Channel>>>,
+    forward: Arc<Mutex<HashMap<(NodeId, String), Channel>>>,
     /// Calls this node sent on to the leader.
     pub(crate) forwarded: Arc<AtomicU64>,
     /// Forwarded calls go over mutual TLS when set.
@@ -239,13 +240,16 @@ impl NodeContext {
 
     pub(crate) fn channel_to(&self, leader: &(NodeId, Node)) -> Result<Channel, Status> {
         let mut map = self.forward.lock().unwrap_or_else(PoisonError::into_inner);
-        let addr = &leader.1.peer_addr;
-        if let Some(ch) = map.get(addr) {
+        // By id and address: the answer must come from that node's
+        // certificate, and an id may move to another address.
+        let key = (leader.0, leader.1.peer_addr.clone());
+        if let Some(ch) = map.get(&key) {
             return Ok(ch.clone());
         }
-        let ch = peer_channel(addr, self.forward_tls.as_deref())
+        let addr = &key.1;
+        let ch = peer_channel(addr, self.forward_tls.as_ref(), Some(leader.0))
             .map_err(|e| Status::unavailable(format!("leader address {addr}: {e}")))?;
-        map.insert(addr.clone(), ch.clone());
+        map.insert(key, ch.clone());
         Ok(ch)
     }
 
@@ -905,11 +909,26 @@ impl LockService {
             identity = identity.as_deref().unwrap_or(""),
             "watch started"
         );
+        // The stream outlives this check: its caller is authorized again
+        // while it is open, from the same credentials.
+        let credentials = Request::from_parts(req.metadata().clone(), req.extensions().clone(), ());
+        let (auth, peer, watched) = (Arc::clone(&self.ctx.auth), self.peer, prefix.clone());
+        let recheck: crate::watch::Recheck = Box::new(move || {
+            auth.authorize(
+                &credentials,
+                peer,
+                Permission::Read,
+                "watch",
+                Some(&watched),
+            )
+            .map(|_| ())
+        });
         let rx = crate::watch::start(
             Arc::clone(&self.ctx.shared),
             slot,
             prefix,
             req.get_ref().from_revision,
+            recheck,
         );
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
             rx,

@@ -40,6 +40,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    admission::Admission,
     limits::{ConnectionLimit, Limited},
     revocation::Revocations,
     types::{NodeId, Raft},
@@ -51,8 +52,9 @@ pub const NODE_URI: &str = "fenced://node/";
 pub const CLIENT_URI: &str = "fenced://client/";
 /// The SAN URI prefix of another service's server certificate.
 pub const SERVER_URI: &str = "fenced://server/";
-/// How long a TLS handshake may take before the connection is dropped.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a TLS handshake may take before the connection is dropped: a
+/// real one takes a few round trips, a silent socket is cut off soon.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Where a node's TLS material lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -746,12 +748,14 @@ pub fn server_name(addr: &str) -> io::Result<ServerName<'static>> {
 }
 
 /// Accepts on `listener`, handshakes each connection on its own task, and
-/// hands the finished ones to tonic (for the client port).
-/// A connection beyond `limit` is closed at once; the slot is held from
-/// before the handshake to the connection's end.
+/// hands the finished ones to tonic (for the client port). Until its
+/// handshake is done a connection holds only a pending slot of `admission`
+/// (the oldest is closed to make room); then it takes a slot of `limit`,
+/// or is closed at once when all are taken.
 pub fn incoming(
     listener: TcpListener,
     acceptor: TlsAcceptor,
+    admission: Admission,
     limit: ConnectionLimit,
     stop: CancellationToken,
 ) -> tokio_stream::wrappers::ReceiverStream<
@@ -760,15 +764,19 @@ pub fn incoming(
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         while let Some((stream, addr)) = accept_one(&listener, &stop, "client").await {
-            let Some(permit) = limit.admit() else {
-                drop(stream);
+            let Some(pending) = admission.enter(addr.ip()) else {
                 continue;
             };
             let (acceptor, tx, limit) = (acceptor.clone(), tx.clone(), limit.clone());
             tokio::spawn(async move {
-                if let Some(tls) = handshake(&acceptor, stream, addr, "client").await {
-                    let _ = tx.send(Ok(limit.wrap(tls, permit))).await;
-                }
+                let tls = tokio::select! {
+                    _ = pending.evicted() => return,
+                    tls = handshake(&acceptor, stream, addr, "client") => tls,
+                };
+                drop(pending);
+                let Some(tls) = tls else { return };
+                let Some(permit) = limit.admit() else { return };
+                let _ = tx.send(Ok(limit.wrap(tls, permit))).await;
             });
         }
     });
@@ -971,14 +979,28 @@ pub async fn connect_peer(
     addr: &str,
     stream: TcpStream,
 ) -> io::Result<PeerStream> {
+    connect_node(tls, Some(target), addr, stream).await
+}
+
+/// Like [`connect_peer`]; with no `target` (a joining node asking the
+/// cluster it joins, whose ids it does not know yet) any node's
+/// certificate answers. Either way the certificate must chain to the CA,
+/// be valid for `addr`'s host, name a node and not be revoked.
+pub async fn connect_node(
+    tls: Option<&NodeTls>,
+    target: Option<NodeId>,
+    addr: &str,
+    stream: TcpStream,
+) -> io::Result<PeerStream> {
     let Some(tls) = tls else {
         return Ok(PeerStream::Plain(stream));
     };
+    let expected = || target.map_or_else(|| "a node".to_string(), |t| format!("node {t}"));
     let name = server_name(addr)?;
     let s = tls.connector.connect(name, stream).await.map_err(|e| {
         io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("TLS handshake with node {target} at {addr} failed: {e}"),
+            format!("TLS handshake with {} at {addr} failed: {e}", expected()),
         )
     })?;
     let s = PeerStream::Tls(Box::new(tokio_rustls::TlsStream::Client(s)));
@@ -992,38 +1014,17 @@ pub async fn connect_peer(
             format!("{addr} answered with a revoked certificate: {why}"),
         ));
     }
-    match s.peer_node() {
-        Some(id) if id == target => Ok(s),
-        other => Err(io::Error::new(
+    match (s.peer_node(), target) {
+        (Some(id), Some(t)) if id == t => Ok(s),
+        (Some(_), None) => Ok(s),
+        (other, _) => Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("{addr} answered with a certificate of node {other:?}, not node {target}"),
+            format!(
+                "{addr} answered with a certificate of node {other:?}, not {}",
+                expected()
+            ),
         )),
     }
-}
-
-/// A lazily connecting gRPC channel to a peer's port, for forwarded calls;
-/// with `tls`, this node's certificate opens it.
-pub(crate) fn peer_channel(
-    addr: &str,
-    tls: Option<&NodeTls>,
-) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    let endpoint = match tls {
-        None => tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?,
-        Some(t) => tonic::transport::Endpoint::from_shared(format!("https://{addr}"))?.tls_config(
-            tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(&t.ca_pem))
-                .identity(tonic::transport::Identity::from_pem(
-                    &t.cert_pem,
-                    &t.key_pem,
-                )),
-        )?,
-    };
-    Ok(endpoint
-        .connect_timeout(Duration::from_secs(1))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .connect_lazy())
 }
 
 #[cfg(test)]
