@@ -558,3 +558,25 @@ pub fn postgres_url() -> Option<String> {
         }
     }
 }
+
+/// The status a Watch stream ends with, reading past its events; panics
+/// when it streams on for `within` or ends without an error.
+pub async fn watch_refusal(
+    stream: &mut tonic::Streaming<fenced_proto::v1::WatchResponse>,
+    within: Duration,
+) -> tonic::Status {
+    let ended = tokio::time::timeout(within, async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                other => break other,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the watch still streams after {within:?}"));
+    match ended {
+        Err(status) => status,
+        Ok(_) => panic!("the watch ended without a refusal"),
+    }
+}

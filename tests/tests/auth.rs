@@ -195,6 +195,27 @@ async fn a_revoked_token_is_refused_after_sighup_and_a_bad_file_keeps_the_old_on
         cluster.log_of(1)
     );
     expect_granted(acquire(&alice, "orders/b").await);
+    // A watch alice opens before her token is revoked (no deadline: it
+    // would run until the client ends it).
+    let mut watch = tonic::Request::new(v1::WatchRequest {
+        prefix: b"orders/".to_vec(),
+        from_revision: 0,
+    });
+    watch.metadata_mut().insert(
+        "authorization",
+        MetadataValue::from_static("Bearer alice-token"),
+    );
+    let mut watching = cluster
+        .lock_client(1)
+        .watch(watch)
+        .await
+        .expect("alice's watch")
+        .into_inner();
+    assert!(watching
+        .message()
+        .await
+        .expect("the watch starts")
+        .is_some());
 
     // Alice's token revoked; Bob's stays.
     write_tokens(&files.tokens, &EVERYONE[1..]);
@@ -223,6 +244,9 @@ async fn a_revoked_token_is_refused_after_sighup_and_a_bad_file_keeps_the_old_on
         );
     }
     expect_granted(acquire(&bob, "orders/e").await);
+    // The watch she opened before ends too, within seconds.
+    let ended = fenced_tests::watch_refusal(&mut watching, Duration::from_secs(5)).await;
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
 }
 
 /// The refusal of an admin call on node `id`: PERMISSION_DENIED.

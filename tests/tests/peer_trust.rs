@@ -290,6 +290,16 @@ async fn a_revoked_certificate_is_refused_after_a_reload() {
         &cluster.status(leader).await.unwrap().leader_addr,
         Some("mallory"),
     );
+    let mut watching = LockClient::new(open.clone())
+        .watch(v1::WatchRequest {
+            prefix: b"revoked".to_vec(),
+            from_revision: 0,
+        })
+        .await
+        .expect("a watch before the revocation")
+        .into_inner();
+    let started = watching.message().await.expect("the watch starts");
+    assert!(started.is_some());
     let mut open = ClusterClient::new(open);
     open.list_members(v1::ListMembersRequest {})
         .await
@@ -323,6 +333,10 @@ async fn a_revoked_certificate_is_refused_after_a_reload() {
         .unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
     assert!(refused.message().contains("revoked"), "{refused:?}");
+    // The watch opened before the revocation ends with it, within seconds.
+    let ended = fenced_tests::watch_refusal(&mut watching, Duration::from_secs(5)).await;
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert!(ended.message().contains("revoked"), "{ended:?}");
     let fresh = fenced_client::Client::with_tls(
         cluster.endpoints(),
         Some(&pki.client_options(Some("mallory"))),

@@ -16,7 +16,7 @@ use std::{
 use fenced_client::{Acquired, Client, ClientError, Lease, Token};
 use fenced_tests::{bin, free_port, tls_connect, Cluster, Pki};
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
 };
 
@@ -676,6 +676,8 @@ async fn the_status_page_takes_a_client_certificate_as_its_identity() {
         ),
     )
     .unwrap();
+    let deny = files.path().join("deny.toml");
+    std::fs::write(&deny, "").unwrap();
     let listen = format!("127.0.0.1:{}", free_port());
     let cluster = Cluster::start_tls(
         1,
@@ -683,6 +685,7 @@ async fn the_status_page_takes_a_client_certificate_as_its_identity() {
             ("FENCED_METRICS_LISTEN", &listen),
             ("FENCED_METRICS_TLS", "true"),
             ("FENCED_AUTH_POLICY", policy.to_str().unwrap()),
+            ("FENCED_TLS_DENY", deny.to_str().unwrap()),
         ],
     )
     .await;
@@ -709,6 +712,54 @@ async fn the_status_page_takes_a_client_certificate_as_its_identity() {
     let alice = get_status("alice").await;
     assert!(alice.starts_with("HTTP/1.1 403"), "{alice}");
     assert!(!alice.contains("id=\"leases\""), "{alice}");
+
+    // A keep-alive connection opened before ops-laptop's certificate was
+    // revoked serves it nothing after the reload.
+    let (cert, key) = pki.client("ops-laptop");
+    let mut open = tls_connect(&listen, &pki.ca(), &cert, &key).await.unwrap();
+    let before = keep_alive_get(&mut open, "/status").await;
+    assert!(before.starts_with("HTTP/1.1 200"), "{before}");
+    std::fs::write(&deny, "clients = [\"ops-laptop\"]\n").unwrap();
+    cluster.signal(1, nix::sys::signal::Signal::SIGHUP);
+    wait_for_log(&cluster, 1, "deny list reloaded").await;
+    let after = keep_alive_get(&mut open, "/status").await;
+    assert!(after.starts_with("HTTP/1.1 401"), "{after}");
+    assert!(
+        after.contains("revoked") && !after.contains("id=\"leases\""),
+        "{after}"
+    );
+}
+
+/// One GET on an open HTTP/1.1 connection, which stays open: the answer's
+/// head and body (by its Content-Length).
+async fn keep_alive_get<S: AsyncRead + AsyncWrite + Unpin>(conn: &mut S, path: &str) -> String {
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some(head_end) = text.find("\r\n\r\n") {
+            let length = text[..head_end]
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if got.len() >= head_end + 4 + length {
+                return text;
+            }
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        assert!(n > 0, "connection closed after {text}");
+        got.extend_from_slice(&buf[..n]);
+    }
 }
 
 /// The leader the running nodes `ids` agree on, waiting up to `within`.

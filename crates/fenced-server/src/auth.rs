@@ -393,6 +393,19 @@ impl Auth {
         }
     }
 
+    /// UNAUTHENTICATED when the deny list (as reloaded) revokes the
+    /// certificate `der` a connection was opened with.
+    pub fn certificate_in_force(&self, der: &[u8]) -> Result<(), Status> {
+        self.revocations
+            .as_ref()
+            .map_or(Ok(()), |r| crate::tls::revoked(r, der))
+            .map_err(|why| {
+                Status::unauthenticated(format!(
+                    "authentication failed: the connection's certificate is revoked ({why})"
+                ))
+            })
+    }
+
     /// Authenticates the caller and checks that it may do `operation` on
     /// `resource`; returns its identity (`None` with auth off).
     pub fn authorize<T>(
@@ -404,25 +417,15 @@ impl Auth {
         resource: Option<&str>,
     ) -> Result<Option<String>, Status> {
         // A certificate revoked after its connection opened.
-        let revoked = |der: &[u8]| {
-            self.revocations
-                .as_ref()
-                .map_or(Ok(()), |r| crate::tls::revoked(r, der))
-                .map_err(|why| {
-                    Status::unauthenticated(format!(
-                        "authentication failed: the connection's certificate is revoked ({why})"
-                    ))
-                })
-        };
         if let Some(cert) = req.peer_certs().as_ref().and_then(|c| c.first().cloned()) {
-            revoked(&cert)?;
+            self.certificate_in_force(&cert)?;
         }
         if let Some(cert) = req
             .extensions()
             .get::<crate::tls::PeerConnectInfo>()
             .and_then(|info| info.certs.as_ref()?.first().cloned())
         {
-            revoked(&cert)?;
+            self.certificate_in_force(&cert)?;
         }
         let Some(policy) = self.current() else {
             return Ok(None);

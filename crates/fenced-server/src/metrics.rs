@@ -22,6 +22,7 @@ use hyper::{
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
 use openraft::ServerState;
+use rustls::pki_types::CertificateDer;
 use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -551,8 +552,10 @@ pub async fn serve(
                                 .1
                                 .peer_certificates()
                                 .and_then(|certs| certs.first())
-                                .and_then(|c| crate::tls::client_name(c))
-                                .map(Principal);
+                                .and_then(|c| {
+                                    let name = crate::tls::client_name(c)?;
+                                    Some((Principal(name), c.clone().into_owned()))
+                                });
                             serve_one(s, ctx, certificate, page).await;
                         }
                     }
@@ -568,7 +571,7 @@ pub async fn serve(
 async fn serve_one<S>(
     stream: S,
     ctx: NodeContext,
-    certificate: Option<Principal>,
+    certificate: Option<(Principal, CertificateDer<'static>)>,
     page: Arc<StatusPage>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -577,7 +580,16 @@ async fn serve_one<S>(
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let (ctx, certificate, page) = (ctx.clone(), Arc::clone(&certificate), Arc::clone(&page));
         async move {
-            let resp = handle(&ctx, &req, certificate.as_ref().as_ref(), &page).await;
+            // A certificate revoked after the connection opened serves no
+            // more requests on it (keep-alive would otherwise go on).
+            if let Some((_, der)) = certificate.as_ref() {
+                if let Err(refused) = ctx.auth.certificate_in_force(der) {
+                    let body = format!("{}\n", refused.message());
+                    return Ok::<_, Infallible>(response(StatusCode::UNAUTHORIZED, TEXT, body));
+                }
+            }
+            let principal = certificate.as_ref().as_ref().map(|(p, _)| p);
+            let resp = handle(&ctx, &req, principal, &page).await;
             Ok::<_, Infallible>(resp)
         }
     });

@@ -33,6 +33,14 @@ pub const DEFAULT_WATCH_BUFFER: usize = 256;
 pub const STALL: Duration = Duration::from_secs(5);
 /// Changes read from the window at a time.
 const PAGE: usize = 128;
+/// How often an open stream's caller is authorized again: a revoked
+/// certificate or token, or a grant a policy reload took away, ends the
+/// stream within this.
+pub const RECHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Authorizes the stream's caller again, as at its start; `Err` ends the
+/// stream with that status.
+pub type Recheck = Box<dyn Fn() -> Result<(), Status> + Send + Sync>;
 
 /// Who watches on this node, and the bounds.
 #[derive(Debug)]
@@ -178,6 +186,7 @@ pub fn start(
     slot: WatchSlot,
     prefix: String,
     from_revision: u64,
+    recheck: Recheck,
 ) -> mpsc::Receiver<Result<v1::WatchResponse, Status>> {
     // One place more than the buffer: an event is sent only while two are
     // free, so the last message always fits.
@@ -191,10 +200,24 @@ pub fn start(
                     "the node is shutting down; resume the watch on another node",
                 )));
             }
+            refused = refused(&recheck) => {
+                tracing::info!(prefix, code = ?refused.code(), "watch ended: its caller is no longer authorized");
+                let _ = tx.try_send(Err(refused));
+            }
         }
         drop(slot);
     });
     rx
+}
+
+/// Resolves with the refusal once `recheck` refuses.
+async fn refused(recheck: &Recheck) -> Status {
+    loop {
+        tokio::time::sleep(RECHECK_EVERY).await;
+        if let Err(refused) = recheck() {
+            return refused;
+        }
+    }
 }
 
 async fn serve(shared: &Shared, slot: &WatchSlot, prefix: &str, from: u64, tx: &Tx) {
