@@ -696,3 +696,33 @@ async fn silent_sockets_cannot_shut_nodes_or_clients_out() {
         "calls failed under the flood: {failures:#?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_sockets_cannot_keep_scrapes_out_of_metrics() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    // The metrics port served 16 connections and closed every other one:
+    // 16 silent sockets kept every scrape and the status page out.
+    let (cluster, metrics, leader) = flood_cluster(&[]).await;
+    let addr = metrics[leader as usize - 1].clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = tokio::spawn(silent_flood(addr.clone(), 500, Arc::clone(&stop)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for _ in 0..5 {
+        let (status, body) = http_get(&addr, "/metrics").await;
+        assert_eq!(status, 200, "a scrape under the flood: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let opened = flood.await.unwrap();
+    assert!(opened > 200, "the flood opened only {opened} connections");
+    let evicted = metric(
+        &addr,
+        "fenced_limit_refusals_total{limit=\"max_pending_handshakes\",port=\"metrics\"}",
+    )
+    .await;
+    assert!(
+        evicted > 0,
+        "no silent connection was closed for a newer one"
+    );
+    drop(cluster);
+}

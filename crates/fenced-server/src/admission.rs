@@ -141,14 +141,12 @@ impl Admission {
         };
         for (why, handle) in closed {
             handle.cancel();
-            let counter = match (self.port, why) {
-                (Port::Client, Eviction::PortFull) => &self.counters.pending_client,
-                (Port::Peer, Eviction::PortFull) => &self.counters.pending_peer,
-                (Port::Client, Eviction::SourceFull) => &self.counters.pending_source_client,
-                (Port::Peer, Eviction::SourceFull) => &self.counters.pending_source_peer,
+            let counter = match why {
+                Eviction::PortFull => self.counters.pending.of(self.port),
+                Eviction::SourceFull => self.counters.pending_per_source.of(self.port),
             };
             // Once per thousand: a flood would otherwise flood the log too.
-            if counter.fetch_add(1, Relaxed) % 1_000 == 0 {
+            if counter.fetch_add(1, Relaxed).is_multiple_of(1_000) {
                 tracing::warn!(
                     port = self.port.name(),
                     reason = ?why,

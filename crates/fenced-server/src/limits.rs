@@ -84,14 +84,37 @@ impl ServerLimits {
 pub enum Port {
     Client,
     Peer,
+    /// `/metrics` and the status page.
+    Metrics,
 }
 
 impl Port {
+    pub(crate) const ALL: [Port; 3] = [Port::Client, Port::Peer, Port::Metrics];
+
     pub(crate) fn name(self) -> &'static str {
         match self {
             Port::Client => "client",
             Port::Peer => "peer",
+            Port::Metrics => "metrics",
         }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Port::Client => 0,
+            Port::Peer => 1,
+            Port::Metrics => 2,
+        }
+    }
+}
+
+/// One counter per listener.
+#[derive(Debug, Default)]
+pub struct PerPort([AtomicU64; 3]);
+
+impl PerPort {
+    pub fn of(&self, port: Port) -> &AtomicU64 {
+        &self.0[port.index()]
     }
 }
 
@@ -104,16 +127,14 @@ pub const DEFAULT_MAX_WAITERS_PER_IDENTITY: u64 = 1_000;
 /// `fenced_limit_refusals_total{limit="..."}`.
 #[derive(Debug, Default)]
 pub struct LimitCounters {
-    pub client_connections: AtomicU64,
-    pub peer_connections: AtomicU64,
-    pub idle_client_connections: AtomicU64,
-    pub idle_peer_connections: AtomicU64,
+    /// Connections closed at once: `max_connections` reached.
+    pub connections: PerPort,
+    /// Connections closed for sending nothing for `idle_timeout_ms`.
+    pub idle_connections: PerPort,
     /// Unauthenticated connections closed to make room for a newer one:
     /// the port's pending budget was full, or their source's share.
-    pub pending_client: AtomicU64,
-    pub pending_peer: AtomicU64,
-    pub pending_source_client: AtomicU64,
-    pub pending_source_peer: AtomicU64,
+    pub pending: PerPort,
+    pub pending_per_source: PerPort,
     pub live_leases: AtomicU64,
     pub waiters: AtomicU64,
     /// Acquires refused by a per-identity bound (decided by the table).
@@ -137,30 +158,32 @@ impl LimitCounters {
             "# HELP fenced_limit_refusals_total Requests, connections and frames refused by a node-wide limit, by the setting that refused them.\n\
              # TYPE fenced_limit_refusals_total counter"
         );
-        for (limit, port, counter) in [
-            ("max_connections", "client", &self.client_connections),
-            ("max_connections", "peer", &self.peer_connections),
-            ("max_pending_handshakes", "client", &self.pending_client),
-            ("max_pending_handshakes", "peer", &self.pending_peer),
+        let per_port = [
+            ("max_connections", &self.connections),
+            ("max_pending_handshakes", &self.pending),
             (
                 "max_pending_handshakes_per_source",
-                "client",
-                &self.pending_source_client,
+                &self.pending_per_source,
             ),
-            (
-                "max_pending_handshakes_per_source",
-                "peer",
-                &self.pending_source_peer,
-            ),
-            ("idle_timeout_ms", "client", &self.idle_client_connections),
-            ("idle_timeout_ms", "peer", &self.idle_peer_connections),
+            ("idle_timeout_ms", &self.idle_connections),
+        ];
+        let mut rows = Vec::new();
+        for (limit, counters) in per_port {
+            for port in Port::ALL {
+                // The metrics port has no connection budget nor idle timeout.
+                if port != Port::Metrics || limit.starts_with("max_pending") {
+                    rows.push((limit, port.name(), counters.of(port)));
+                }
+            }
+        }
+        for (limit, port, counter) in rows.into_iter().chain([
             ("max_live_leases", "client", &self.live_leases),
             ("max_waiters", "client", &self.waiters),
             ("kv_max_keys", "client", &self.kv_keys),
             ("kv_max_total_bytes", "client", &self.kv_bytes),
             ("peer_frame_max_bytes", "peer", &self.peer_frames),
             ("max_snapshot_bytes", "peer", &self.snapshot_chunks),
-        ] {
+        ]) {
             let _ = writeln!(
                 out,
                 "fenced_limit_refusals_total{{limit=\"{}\",port=\"{}\"}} {}",
@@ -219,12 +242,9 @@ impl ConnectionLimit {
     pub fn admit(&self) -> Option<OwnedSemaphorePermit> {
         let permit = Arc::clone(&self.open).try_acquire_owned().ok();
         if permit.is_none() {
-            let counter = match self.port {
-                Port::Client => &self.counters.client_connections,
-                Port::Peer => &self.counters.peer_connections,
-            };
+            let counter = self.counters.connections.of(self.port);
             // Once per thousand: a flood would otherwise flood the log too.
-            if counter.fetch_add(1, Relaxed) % 1_000 == 0 {
+            if counter.fetch_add(1, Relaxed).is_multiple_of(1_000) {
                 tracing::warn!(
                     port = self.port.name(),
                     max_connections = self.max,
@@ -307,10 +327,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Limited<S> {
                     this.idle.as_mut().reset(deadline);
                     continue;
                 }
-                let counter = match this.port {
-                    Port::Client => &this.counters.idle_client_connections,
-                    Port::Peer => &this.counters.idle_peer_connections,
-                };
+                let counter = this.counters.idle_connections.of(this.port);
                 counter.fetch_add(1, Relaxed);
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -379,7 +396,7 @@ mod tests {
         let _b = l.admit().expect("second");
         assert!(l.admit().is_none());
         assert!(l.admit().is_none());
-        assert_eq!(l.counters.client_connections.load(Relaxed), 2);
+        assert_eq!(l.counters.connections.of(Port::Client).load(Relaxed), 2);
         drop(a);
         assert!(l.admit().is_some(), "a closed connection frees its slot");
         let mut out = String::new();
@@ -407,6 +424,9 @@ mod tests {
         assert!(silent_from.elapsed() >= Duration::from_millis(250));
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert!(err.to_string().contains("idle_timeout_ms=300"), "{err}");
-        assert_eq!(l.counters.idle_client_connections.load(Relaxed), 1);
+        assert_eq!(
+            l.counters.idle_connections.of(Port::Client).load(Relaxed),
+            1
+        );
     }
 }

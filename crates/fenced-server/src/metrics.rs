@@ -28,14 +28,20 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    admission::Admission,
     auth::{Permission, Principal},
     histogram::{header, label_value},
+    limits::Port,
     services::NodeContext,
     status_page,
 };
 
-/// Most scrapes served at once; further connections are closed at once.
-const MAX_CONNECTIONS: usize = 16;
+/// Most connections served at once; a new one beyond closes the oldest
+/// (see [`crate::admission`]: a flood of silent sockets evicts itself,
+/// not a scrape that takes milliseconds).
+const MAX_CONNECTIONS: usize = 64;
+/// Of those, most from one address (a browser opens several).
+const MAX_CONNECTIONS_PER_SOURCE: usize = 16;
 /// A scrape connection that has not sent its headers within this is closed.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest request head read (request line and headers: a bearer
@@ -510,16 +516,21 @@ pub async fn serve(
     status_page: Result<(), String>,
     stop: CancellationToken,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let admission = Admission::new(
+        Port::Metrics,
+        MAX_CONNECTIONS,
+        MAX_CONNECTIONS_PER_SOURCE,
+        Arc::clone(&ctx.counters.limits),
+    );
     let page = Arc::new(StatusPage {
         renders: Semaphore::new(1),
         off: status_page.err(),
     });
     loop {
-        let stream = tokio::select! {
+        let (stream, addr) = tokio::select! {
             _ = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!(error = %e, "metrics listener: accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -527,11 +538,7 @@ pub async fn serve(
                 }
             },
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            tracing::debug!(
-                max = MAX_CONNECTIONS,
-                "metrics listener: too many connections"
-            );
+        let Some(slot) = admission.enter(addr.ip()) else {
             continue;
         };
         let ctx = ctx.clone();
@@ -539,7 +546,8 @@ pub async fn serve(
         let page = Arc::clone(&page);
         tokio::spawn(async move {
             // The handshake counts against the connection's time too.
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, async move {
+            let evicted = slot.evicted();
+            let served = tokio::time::timeout(CONNECTION_TIMEOUT, async move {
                 match tls {
                     None => serve_one(stream, ctx, None, page).await,
                     Some(tls) => {
@@ -560,9 +568,11 @@ pub async fn serve(
                         }
                     }
                 }
-            })
-            .await;
-            drop(slot);
+            });
+            tokio::select! {
+                () = evicted => {}
+                _ = served => {}
+            }
         });
     }
 }
