@@ -1060,6 +1060,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_restored_state_keeps_the_retired_ids_its_new_cluster_does_not_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = body_with_retired(&table_with(false), &[2, 5]);
+        let new_cluster = StoredMembership::new(Some(log_id(100)), voters(&[1, 2, 3]));
+        write_restored_state(
+            &dir.path().join("state"),
+            &body,
+            log_id(100),
+            new_cluster,
+            1,
+        )
+        .unwrap();
+        let log = open_log(dir.path());
+        let sm = open(dir.path(), &log);
+        assert_eq!(sm.shared.retired_ids().ids(), &[5].into());
+    }
+
+    #[tokio::test]
     async fn removed_ids_are_retired_by_replay_and_carried_in_a_snapshot() {
         use openraft::EntryPayload;
         let dir = tempfile::tempdir().unwrap();
