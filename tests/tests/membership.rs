@@ -420,22 +420,7 @@ async fn a_lagging_learner_is_not_promoted_and_a_joined_node_rejoins_as_itself()
     // A new empty node that takes a voter's id is refused and stops: it
     // could otherwise vote twice in one term.
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(bin("fenced"))
-        .args([
-            "run",
-            "--id",
-            "2",
-            "--data-dir",
-            dir.path().join("d").to_str().unwrap(),
-            "--listen",
-            &format!("127.0.0.1:{}", fenced_tests::free_port()),
-            "--peer-listen",
-            &format!("127.0.0.1:{}", fenced_tests::free_port()),
-            "--join",
-            &cluster.endpoints().join(","),
-        ])
-        .output()
-        .unwrap();
+    let out = join_command(&cluster, 2, dir.path()).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
@@ -443,6 +428,26 @@ async fn a_lagging_learner_is_not_promoted_and_a_joined_node_rejoins_as_itself()
         "{err}"
     );
     assert!(leader_via(&cluster, 1).await != 0);
+}
+
+/// `fenced run` of a new node `id` with an empty data directory in `dir`
+/// that joins `cluster`, on fresh loopback ports.
+fn join_command(cluster: &Cluster, id: u64, dir: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(bin("fenced"));
+    cmd.args([
+        "run",
+        "--id",
+        &id.to_string(),
+        "--data-dir",
+        dir.join("d").to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{}", fenced_tests::free_port()),
+        "--peer-listen",
+        &format!("127.0.0.1:{}", fenced_tests::free_port()),
+        "--join",
+        &cluster.endpoints().join(","),
+    ]);
+    cmd
 }
 
 /// A removed node, wiped and started again under its old id with `--join`
@@ -457,20 +462,7 @@ async fn a_removed_node_wiped_and_joined_under_its_old_id_stops() {
     ctl(&cluster, &["member", "remove", &removed.to_string()]);
     cluster.forget(removed);
     let dir = tempfile::tempdir().unwrap();
-    let mut node = std::process::Command::new(bin("fenced"))
-        .args([
-            "run",
-            "--id",
-            &removed.to_string(),
-            "--data-dir",
-            dir.path().join("d").to_str().unwrap(),
-            "--listen",
-            &format!("127.0.0.1:{}", fenced_tests::free_port()),
-            "--peer-listen",
-            &format!("127.0.0.1:{}", fenced_tests::free_port()),
-            "--join",
-            &cluster.endpoints().join(","),
-        ])
+    let mut node = join_command(&cluster, removed, dir.path())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
