@@ -420,22 +420,7 @@ async fn a_lagging_learner_is_not_promoted_and_a_joined_node_rejoins_as_itself()
     // A new empty node that takes a voter's id is refused and stops: it
     // could otherwise vote twice in one term.
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(bin("fenced"))
-        .args([
-            "run",
-            "--id",
-            "2",
-            "--data-dir",
-            dir.path().join("d").to_str().unwrap(),
-            "--listen",
-            &format!("127.0.0.1:{}", fenced_tests::free_port()),
-            "--peer-listen",
-            &format!("127.0.0.1:{}", fenced_tests::free_port()),
-            "--join",
-            &cluster.endpoints().join(","),
-        ])
-        .output()
-        .unwrap();
+    let out = join_command(&cluster, 2, dir.path()).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
@@ -443,6 +428,67 @@ async fn a_lagging_learner_is_not_promoted_and_a_joined_node_rejoins_as_itself()
         "{err}"
     );
     assert!(leader_via(&cluster, 1).await != 0);
+}
+
+/// `fenced run` of a new node `id` with an empty data directory in `dir`
+/// that joins `cluster`, on fresh loopback ports.
+fn join_command(cluster: &Cluster, id: u64, dir: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(bin("fenced"));
+    cmd.args([
+        "run",
+        "--id",
+        &id.to_string(),
+        "--data-dir",
+        dir.join("d").to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{}", fenced_tests::free_port()),
+        "--peer-listen",
+        &format!("127.0.0.1:{}", fenced_tests::free_port()),
+        "--join",
+        &cluster.endpoints().join(","),
+    ]);
+    cmd
+}
+
+/// A removed node, wiped and started again under its old id with `--join`
+/// (on a cluster with auth off, where a node adds itself): the cluster
+/// refuses the id and the node stops with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_wiped_and_joined_under_its_old_id_stops() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    cluster.wait_for_convergence(Duration::from_secs(10)).await;
+    let removed = (1..=3).find(|id| *id != leader).unwrap();
+    ctl(&cluster, &["member", "remove", &removed.to_string()]);
+    cluster.forget(removed);
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = join_command(&cluster, removed, dir.path())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = node.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            node.kill().unwrap();
+            let out = node.wait_with_output().unwrap();
+            panic!(
+                "node {removed} joined under its old id: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let out = node.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("node {removed} was removed")) && err.contains("new id"),
+        "{err}"
+    );
+    assert!(!roles(&cluster, &[]).contains_key(&removed));
 }
 
 const POLICY: &str = r#"

@@ -371,3 +371,147 @@ async fn a_revoked_certificate_is_refused_after_a_reload() {
     );
     assert!(cluster.status(leader).await.unwrap().last_token > before);
 }
+
+/// What a removed node's id can still do: `member add` of it by an admin,
+/// and its own certificate on the remaining nodes' peer ports.
+async fn assert_retired(cluster: &Cluster, removed: u64, remaining: &[u64], when: &str) {
+    let out = cluster.fencectl(&[
+        "member",
+        "add",
+        &removed.to_string(),
+        "--peer",
+        "127.0.0.1:9",
+        "--client",
+        "127.0.0.1:10",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "{when}: node {removed} was added back"
+    );
+    assert!(
+        err.contains(&format!("node {removed} was removed")) && err.contains("new id"),
+        "{when}: {err}"
+    );
+    let listed = cluster.fencectl(&["--json", "member", "list"]);
+    let listed: serde_json::Value =
+        serde_json::from_slice(&listed.stdout).expect("member list --json");
+    assert_eq!(
+        listed["retired_ids"],
+        serde_json::json!([removed]),
+        "{when}: {listed}"
+    );
+    let term = cluster.status(remaining[0]).await.unwrap().term;
+    for id in remaining {
+        // Only what the node logs from now on (its log spans restarts).
+        let logged = cluster.log_of(*id).len();
+        let answered = send_raft(
+            cluster,
+            &cluster.peer_addr(*id),
+            removed,
+            &vote_from(removed, term + 3),
+        )
+        .await;
+        assert!(
+            answered.is_err(),
+            "{when}: node {id} answered the removed node: {answered:?}"
+        );
+        let log = cluster.log_of(*id).split_off(logged);
+        assert!(
+            log.contains(&format!("node {removed} is retired")),
+            "{when}: node {id} did not refuse node {removed} as retired:\n{log}"
+        );
+    }
+    let members = cluster.status(remaining[0]).await.unwrap().members;
+    assert!(
+        members.iter().all(|m| m.id != removed),
+        "{when}: {members:?}"
+    );
+}
+
+/// Kills `ids` and starts them again on their data (with `env`), waiting
+/// for a leader.
+async fn restart(cluster: &mut Cluster, ids: &[u64], env: &[(&str, &str)]) {
+    for id in ids {
+        cluster.kill(*id);
+    }
+    for id in ids {
+        cluster.spawn_with_env(*id, env);
+    }
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    cluster.wait_for_convergence(Duration::from_secs(20)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_id_never_returns_across_restarts_and_snapshots() {
+    let files = tempfile::tempdir().unwrap();
+    let mut cluster = auth_cluster(&files).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    cluster.wait_for_convergence(Duration::from_secs(10)).await;
+    let removed = (1..=3).find(|id| *id != leader).unwrap();
+    let remaining: Vec<u64> = (1..=3).filter(|id| *id != removed).collect();
+    let out = cluster.fencectl(&["member", "remove", &removed.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cluster.forget(removed);
+    let removal = cluster.status(leader).await.unwrap().membership_index;
+    cluster.wait_for_convergence(Duration::from_secs(10)).await;
+    assert_retired(&cluster, removed, &remaining, "after the removal").await;
+
+    // A restart replays the log: no snapshot covers the removal yet.
+    restart(&mut cluster, &remaining, &[]).await;
+    for id in &remaining {
+        let s = cluster.status(*id).await.unwrap();
+        assert!(s.snapshot_index < removal, "{s:?}");
+    }
+    assert_retired(&cluster, removed, &remaining, "after a restart").await;
+
+    // Snapshots past the removal, then a restart that loads them: the
+    // retired id comes from the snapshot alone.
+    restart(&mut cluster, &remaining, &[("FENCED_SNAPSHOT_LOGS", "10")]).await;
+    let client = cluster.client();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for i in 0.. {
+        let _ = client
+            .acquire_once(
+                &format!("retired-{i}"),
+                fenced_core::OwnerId::random(),
+                Duration::from_secs(5),
+                Duration::ZERO,
+            )
+            .await;
+        let mut covered = true;
+        for id in &remaining {
+            covered &= cluster.status(*id).await.unwrap().snapshot_index > removal;
+        }
+        if covered {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no snapshot past the removal: {}",
+            cluster.logs()
+        );
+    }
+    let logged: Vec<usize> = remaining
+        .iter()
+        .map(|id| cluster.log_of(*id).len())
+        .collect();
+    restart(&mut cluster, &remaining, &[]).await;
+    for (id, logged) in remaining.iter().zip(logged) {
+        assert!(
+            cluster.log_of(*id)[logged..].contains("loaded snapshot"),
+            "node {id} loaded no snapshot"
+        );
+    }
+    assert_retired(
+        &cluster,
+        removed,
+        &remaining,
+        "after a snapshot and a restart",
+    )
+    .await;
+}

@@ -76,6 +76,18 @@ fn change_report(what: &str, id: u64, r: &v1::MembershipResponse) -> Report {
     }
 }
 
+/// The line `member list` ends with when ids were retired.
+fn retired_line(ids: &[u64]) -> Option<String> {
+    if ids.is_empty() {
+        return None;
+    }
+    let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+    Some(format!(
+        "retired (removed, never added again): {}",
+        ids.join(", ")
+    ))
+}
+
 /// Whether a promotion was refused only because the learner is not caught
 /// up yet (worth asking again).
 fn still_catching_up(e: &ClientError) -> bool {
@@ -122,10 +134,13 @@ pub async fn execute(client: &Client, command: MemberCmd) -> Result<Report, Clie
                 "leader {} term {} last index {}; a learner is promoted within {} entries",
                 l.leader_id, l.term, l.last_log_index, l.promote_max_lag
             ));
+            if let Some(retired) = retired_line(&l.retired_ids) {
+                lines.push(retired);
+            }
             Report {
                 value: json!({"leader_id": l.leader_id, "term": l.term,
                     "last_log_index": l.last_log_index, "promote_max_lag": l.promote_max_lag,
-                    "members": members}),
+                    "members": members, "retired_ids": l.retired_ids}),
                 text: lines.join("\n"),
                 code: 0,
             }

@@ -39,6 +39,7 @@ pub mod peer_listener;
 pub mod proposer;
 pub mod raft_noise;
 pub mod replication;
+pub mod retired;
 pub mod revocation;
 pub mod rpc_metrics;
 pub mod services;

@@ -769,6 +769,23 @@ pub(crate) mod testing {
         (log, sm)
     }
 
+    /// A log in `dir` holding `payloads` as entries `0..` of term 1 (the
+    /// first at index 0, as openraft initialises a log), all committed.
+    pub async fn log_with_payloads(dir: &Path, payloads: &[EntryPayload<TypeConfig>]) -> LogStore {
+        let id = |i| WalLogId(LogId::new(CommittedLeaderId::new(1, 1), i));
+        let log = LogStore::open(dir).unwrap();
+        let items: Vec<_> = payloads
+            .iter()
+            .zip(0..)
+            .map(|(p, i)| (id(i), codec::encode("log entry", p).unwrap()))
+            .collect();
+        let last = items.last().map(|(i, _)| i.clone()).unwrap();
+        log.wal().append(items).unwrap();
+        log.wal().commit(last).unwrap();
+        log.sync().await.unwrap();
+        log
+    }
+
     /// A log in `dir` holding blank entries `1..=last` of term 1, committed
     /// up to `committed`.
     pub async fn log_with_blanks(dir: &Path, last: u64, committed: u64) -> LogStore {

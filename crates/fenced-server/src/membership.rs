@@ -21,6 +21,7 @@ use tonic::{Code, Status};
 use crate::{
     headers::LEADER_HEADER,
     peer_channel::peer_channel,
+    retired::{RetiredIds, MAX_RETIRED_IDS},
     tls::NodeTls,
     types::{Node, NodeId, Raft},
 };
@@ -153,6 +154,33 @@ pub fn check_add(members: &Members, id: NodeId, node: &Node) -> Result<AddPlan, 
         )));
     }
     Ok(AddPlan::Add)
+}
+
+/// Refuses to add (or promote, or make a voter of) node `id` once it was
+/// retired: a removed id never returns (docs/DECISIONS.md, "A removed node
+/// id never returns"). INVALID_ARGUMENT, like other ids that can never be
+/// added: a joining node stops on it with the reason.
+pub fn check_not_retired(retired: &RetiredIds, id: NodeId) -> Result<(), Status> {
+    if retired.contains(id) {
+        return Err(Status::invalid_argument(format!(
+            "node_id: node {id} was removed from this cluster and a removed id never returns \
+             (its certificate stays refused on the peer ports); add the node under a new id"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a change that would retire `leaving` more ids than the retired
+/// list has room for: a retired id is never dropped to make room.
+pub fn check_retire_room(retired: &RetiredIds, leaving: usize) -> Result<(), Status> {
+    if leaving > retired.room() {
+        return Err(Status::failed_precondition(format!(
+            "node_id: the cluster keeps at most {MAX_RETIRED_IDS} retired node ids and has {}; \
+             removing {leaving} more would pass the bound, and a retired id is never forgotten",
+            retired.len()
+        )));
+    }
+    Ok(())
 }
 
 /// What promoting a member would do.
@@ -673,6 +701,25 @@ mod tests {
             check_add(&full, 10, &node(7210)).err().map(|s| s.code()),
             Some(Code::ResourceExhausted)
         );
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_retired_id_is_refused_by_name_and_the_bound_holds() {
+        let retired = RetiredIds::from_ids([4]).unwrap();
+        assert!(check_not_retired(&retired, 5).is_ok());
+        let e = check_not_retired(&retired, 4).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().contains("node 4 was removed") && e.message().contains("a new id"),
+            "{e:?}"
+        );
+        assert!(check_retire_room(&retired, 1).is_ok());
+        let full = RetiredIds::from_ids(1..=MAX_RETIRED_IDS as u64).unwrap();
+        let e = check_retire_room(&full, 1).unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.message().contains("at most 4096"), "{e:?}");
+        assert!(check_retire_room(&full, 0).is_ok());
     }
 
     #[test]

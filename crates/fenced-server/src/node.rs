@@ -520,7 +520,13 @@ impl RunningNode {
         if tls.is_some() {
             // Set before either port accepts, then kept up to date.
             let initial = cfg.initial_cluster.keys().copied().collect();
+            members.set_retired(ctx.shared.retired_ids().ids());
             members.refresh(&raft, &initial);
+            tasks.push(tokio::spawn(follow_retired(
+                members.clone(),
+                ctx.shared.subscribe_retired(),
+                stop.clone(),
+            )));
             tasks.push(tokio::spawn(membership::vouch_for_refused(
                 members.clone(),
                 raft.clone(),
@@ -807,6 +813,22 @@ impl RunningNode {
             tracing::warn!(error = %e, "raft shutdown");
         }
         tracing::info!(node = self.ctx.id, "node stopped");
+    }
+}
+
+/// Tells the peer port's admission each retired id as the state machine
+/// applies (or installs) it, until `stop`.
+async fn follow_retired(
+    members: Members,
+    mut retired: tokio::sync::watch::Receiver<crate::retired::RetiredIds>,
+    stop: CancellationToken,
+) {
+    loop {
+        members.set_retired(retired.borrow_and_update().ids());
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            r = retired.changed() => if r.is_err() { return },
+        }
     }
 }
 

@@ -1226,6 +1226,9 @@ impl ClusterService {
             add_learner
         );
         self.confirmed_leader().await?;
+        // Against everything committed before the call, applied here (see
+        // confirmed_leader); the window left is in docs/DECISIONS.md.
+        membership::check_not_retired(&self.ctx.shared.retired_ids(), node_id)?;
         let members = membership::members_of(&self.ctx.raft);
         if membership::check_add(&members, node_id, &node)? == membership::AddPlan::AlreadyLearner {
             // A joining node stops asking at this answer: it must mean a
@@ -1276,6 +1279,16 @@ impl ClusterService {
             change_membership
         );
         let voters: BTreeSet<NodeId> = req.into_inner().voter_ids.into_iter().collect();
+        self.confirmed_leader().await?;
+        let retired = self.ctx.shared.retired_ids();
+        for id in &voters {
+            membership::check_not_retired(&retired, *id)?;
+        }
+        let leaving = membership::members_of(&self.ctx.raft)
+            .into_iter()
+            .filter(|(id, m)| m.voter && !voters.contains(id) && !retired.contains(*id))
+            .count();
+        membership::check_retire_room(&retired, leaving)?;
         let resp = self
             .ctx
             .raft
@@ -1308,6 +1321,8 @@ impl ClusterService {
             BTreeSet::new()
         };
         membership::check_remove(&members, id, &in_contact)?;
+        let retired = self.ctx.shared.retired_ids();
+        membership::check_retire_room(&retired, usize::from(!retired.contains(id)))?;
         tracing::info!(
             node = id,
             voter,
@@ -1356,6 +1371,7 @@ impl ClusterService {
             promote_learner
         );
         self.confirmed_leader().await?;
+        membership::check_not_retired(&self.ctx.shared.retired_ids(), id)?;
         let members = membership::members_of(&self.ctx.raft);
         let (matched, last) = self.progress_of(id);
         if membership::check_promote(&members, id, matched, last)?
@@ -1419,6 +1435,14 @@ impl ClusterService {
             last_log_index: last,
             members,
             promote_max_lag: membership::PROMOTE_MAX_LAG,
+            retired_ids: self
+                .ctx
+                .shared
+                .retired_ids()
+                .ids()
+                .iter()
+                .copied()
+                .collect(),
         }))
     }
 }

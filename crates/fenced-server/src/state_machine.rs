@@ -38,6 +38,7 @@ use crate::{
     counters::Counters,
     log_store::PurgeHorizon,
     parking::Parking,
+    retired::{RetiredIds, Retirement},
     types::{
         Entry, LogId, Outcomes, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
     },
@@ -48,6 +49,8 @@ struct Data {
     table: LeaseTable,
     last_applied: Option<LogId>,
     membership: StoredMembership,
+    /// Every node id a committed membership change removed.
+    retired: RetiredIds,
 }
 
 /// The state shared between the state machine and the services that read it.
@@ -65,6 +68,8 @@ pub struct Shared {
     history_len: usize,
     /// The table's latest revision, for watchers waiting for changes.
     revisions: tokio::sync::watch::Sender<u64>,
+    /// The retired node ids as applied, for the peer port's admission.
+    retired: tokio::sync::watch::Sender<RetiredIds>,
 }
 
 impl Shared {
@@ -168,6 +173,26 @@ impl Shared {
         self.read().last_applied
     }
 
+    /// The node ids retired so far (as applied here).
+    pub fn retired_ids(&self) -> RetiredIds {
+        self.read().retired.clone()
+    }
+
+    /// Told the retired ids each time they change (applied or installed).
+    pub fn subscribe_retired(&self) -> tokio::sync::watch::Receiver<RetiredIds> {
+        self.retired.subscribe()
+    }
+
+    fn announce_retired(&self, retired: &RetiredIds) {
+        self.retired.send_if_modified(|r| {
+            let changed = r != retired;
+            if changed {
+                r.clone_from(retired);
+            }
+            changed
+        });
+    }
+
     /// The last log id the snapshot file on disk covers (set once the file
     /// is renamed into place and its directory synced).
     pub fn snapshot_on_disk(&self) -> Option<LogId> {
@@ -218,8 +243,10 @@ impl Shared {
     /// Puts an installed snapshot's state in place of the one applied.
     fn replace(&self, data: Data) {
         let revision = data.table.revision();
+        let retired = data.retired.clone();
         *self.write() = data;
         self.announce_revision(revision);
+        self.announce_retired(&retired);
     }
 
     /// A copy of the whole lease table and fenced store (for [`digest`],
@@ -295,8 +322,10 @@ impl StateMachine {
             table: LeaseTable::new().with_history_len(history_len),
             last_applied: None,
             membership: StoredMembership::default(),
+            retired: RetiredIds::default(),
         });
         let (revisions, _) = tokio::sync::watch::channel(data.table.revision());
+        let (retired, _) = tokio::sync::watch::channel(data.retired.clone());
         Ok(Self {
             shared: Arc::new(Shared {
                 data: RwLock::new(data),
@@ -305,6 +334,7 @@ impl StateMachine {
                 snapshots,
                 history_len,
                 revisions,
+                retired,
             }),
         })
     }
@@ -420,6 +450,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut replies = Vec::new();
         let mut events: Vec<Event> = Vec::new();
         let revision;
+        let mut retired = None;
         {
             let mut data = self.shared.write();
             for entry in entries {
@@ -428,6 +459,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 match entry.payload {
                     EntryPayload::Blank => replies.push(Outcomes::default()),
                     EntryPayload::Membership(m) => {
+                        // Decided from the log alone: the same on every
+                        // replica, at every replay.
+                        let change = data.retired.decide(data.membership.membership(), &m);
+                        log_retirement(&change, entry.log_id.index, term);
+                        if data.retired.record(&change) {
+                            retired = Some(data.retired.clone());
+                        }
                         data.membership = StoredMembership::new(Some(entry.log_id), m);
                         replies.push(Outcomes::default());
                     }
@@ -507,6 +545,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             revision = data.table.revision();
         }
         self.shared.announce_revision(revision);
+        if let Some(retired) = retired {
+            self.shared.announce_retired(&retired);
+        }
         if !events.is_empty() {
             self.shared.parking.notify(&events);
         }
@@ -570,6 +611,38 @@ impl Shared {
             live_leases: u64::try_from(live).unwrap_or(u64::MAX),
             body: body.encode()?,
         })
+    }
+}
+
+/// What a membership change did to the retired ids, logged where every
+/// replica decides it.
+fn log_retirement(change: &Retirement, index: u64, term: u64) {
+    for id in &change.retired {
+        tracing::info!(
+            node = id,
+            index,
+            term,
+            "node {id} retired: removed from the membership, its id is never admitted again"
+        );
+    }
+    if !change.over_bound.is_empty() {
+        tracing::error!(
+            nodes = ?change.over_bound,
+            index,
+            term,
+            bound = crate::retired::MAX_RETIRED_IDS,
+            "removed node ids not retired: the retired id list is full; revoke them \
+             (--tls-deny nodes = [...])"
+        );
+    }
+    if !change.named_again.is_empty() {
+        tracing::error!(
+            nodes = ?change.named_again,
+            index,
+            term,
+            "a membership names retired node ids; they stay retired and their certificates \
+             refused: remove them and add the nodes under new ids"
+        );
     }
 }
 

@@ -108,6 +108,9 @@ struct View {
     /// log index of the membership they named them in, and whether it
     /// named them voters.
     vouched: BTreeMap<NodeId, Vouched>,
+    /// Node ids a committed membership change removed, as this node applied
+    /// them: refused whatever the view, vouches and seeds say.
+    retired: BTreeSet<NodeId>,
 }
 
 /// An id admitted beyond this node's view.
@@ -170,6 +173,29 @@ impl Members {
         view.seeded = Some((ids, voters));
     }
 
+    /// Takes the retired node ids this node applied (they only grow; a
+    /// smaller set, from an older snapshot, adds to what is known).
+    pub fn set_retired(&self, ids: &BTreeSet<NodeId>) {
+        let mut view = self.0.view.write().unwrap_or_else(PoisonError::into_inner);
+        let new: Vec<NodeId> = ids.difference(&view.retired).copied().collect();
+        if new.is_empty() {
+            return;
+        }
+        tracing::info!(nodes = ?new, "peer certificates of retired node ids refused from now on");
+        view.vouched.retain(|id, _| !ids.contains(id));
+        view.retired.extend(new);
+    }
+
+    /// Whether node `id` was retired: removed from the membership for good.
+    pub fn is_retired(&self, id: NodeId) -> bool {
+        self.0
+            .view
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retired
+            .contains(&id)
+    }
+
     /// Tells the view this node's own id (it counts as one of the voters
     /// behind a vouch when it is a voter itself).
     pub fn set_own_id(&self, id: NodeId) {
@@ -208,6 +234,9 @@ impl Members {
     /// them from any node it admits (see [`Members::admits`]).
     pub fn is_voter(&self, id: NodeId) -> bool {
         let view = self.0.view.read().unwrap_or_else(PoisonError::into_inner);
+        if view.retired.contains(&id) {
+            return false;
+        }
         match &view.ids {
             Some(_) => view.voters.contains(&id) || view.vouched.get(&id).is_some_and(|v| v.voter),
             None => true,
@@ -240,7 +269,7 @@ impl Members {
     /// Whether node `id` may connect. A node that has no membership yet (a
     /// learner that has never been contacted) admits any node certificate:
     /// it holds nothing, and the leader that adds it must be let in. A node
-    /// whose certificates are revoked never.
+    /// whose certificates are revoked, or whose id is retired, never.
     pub fn admits(&self, id: NodeId) -> bool {
         if self
             .0
@@ -251,6 +280,9 @@ impl Members {
             return false;
         }
         let view = self.0.view.read().unwrap_or_else(PoisonError::into_inner);
+        if view.retired.contains(&id) {
+            return false;
+        }
         match &view.ids {
             Some(ids) => ids.contains(&id) || view.vouched.contains_key(&id),
             None => true,
@@ -284,7 +316,8 @@ impl Members {
         let vouchers = by.intersection(&view.voters).count() + me_too;
         let majority = view.voters.len() / 2 + 1;
         let already = view.vouched.get(&id).is_some_and(|v| v.voter || !voter);
-        if known || index <= view.index || vouchers < majority || already {
+        let retired = view.retired.contains(&id);
+        if known || retired || index <= view.index || vouchers < majority || already {
             return false;
         }
         let own_index = view.index;
@@ -515,6 +548,15 @@ impl ClientCertVerifier for MemberVerifier {
             )));
         }
         match node_id_of(end_entity) {
+            Some(id) if self.members.is_retired(id) => {
+                tracing::warn!(
+                    peer_node = id,
+                    "peer certificate refused: node {id} is retired (removed from the membership)"
+                );
+                Err(rustls::Error::General(format!(
+                    "node {id} is retired: a removed node id never returns"
+                )))
+            }
             Some(id) if self.members.admits(id) => Ok(ClientCertVerified::assertion()),
             Some(id) => {
                 tracing::warn!(
@@ -1037,36 +1079,46 @@ mod tests {
         CertificateDer::from_pem_file(path).unwrap()
     }
 
+    /// A CA in `dir` and the peer port's verifier over it and `members`.
+    fn ca_and_verifier(dir: &Path, members: &Members) -> MemberVerifier {
+        certs::run(&CertsCommand::Ca {
+            dir: dir.to_path_buf(),
+        })
+        .unwrap();
+        let mut roots = RootCertStore::empty();
+        roots.add(der(&dir.join(certs::CA_CERT))).unwrap();
+        MemberVerifier {
+            chain: WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .unwrap(),
+            members: members.clone(),
+        }
+    }
+
+    /// Node `id`'s certificate chain, signed by the CA in `dir`.
+    fn node_cert(dir: &Path, id: NodeId) -> Vec<PathBuf> {
+        certs::run(&CertsCommand::Node {
+            dir: dir.to_path_buf(),
+            id,
+            hosts: vec![],
+            days: 1,
+        })
+        .unwrap()
+    }
+
     #[test]
     fn the_peer_verifier_admits_current_members_only() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
-        certs::run(&CertsCommand::Ca { dir: dir.clone() }).unwrap();
-        let node = |id| {
-            certs::run(&CertsCommand::Node {
-                dir: dir.clone(),
-                id,
-                hosts: vec![],
-                days: 1,
-            })
-            .unwrap()
-        };
-        let (n1, n4) = (node(1), node(4));
+        let members = Members::default();
+        let verifier = ca_and_verifier(&dir, &members);
+        let (n1, n4) = (node_cert(&dir, 1), node_cert(&dir, 4));
         let client = certs::run(&CertsCommand::Client {
             dir: dir.clone(),
             name: "c".into(),
             days: 1,
         })
         .unwrap();
-        let mut roots = RootCertStore::empty();
-        roots.add(der(&dir.join(certs::CA_CERT))).unwrap();
-        let members = Members::default();
-        let verifier = MemberVerifier {
-            chain: WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-                .build()
-                .unwrap(),
-            members: members.clone(),
-        };
         let verify = |p: &PathBuf| verifier.verify_client_cert(&der(p), &[], UnixTime::now());
         // No membership yet: any node of the CA, never a client.
         assert!(verify(&n4[0]).is_ok());
@@ -1080,6 +1132,30 @@ mod tests {
         members.set(Some([2, 3, 4].into()));
         assert!(verify(&n1[0]).is_err());
         assert!(verify(&n4[0]).is_ok());
+    }
+
+    #[test]
+    fn a_retired_id_is_refused_whatever_the_view_says() {
+        let tmp = tempfile::tempdir().unwrap();
+        let members = Members::default();
+        let verifier = ca_and_verifier(tmp.path(), &members);
+        let n4 = node_cert(tmp.path(), 4);
+        let verify = |p: &PathBuf| verifier.verify_client_cert(&der(p), &[], UnixTime::now());
+        members.set_retired(&[4].into());
+        // No membership yet: any node of the CA, but not a retired one.
+        let refused = verify(&n4[0]).unwrap_err().to_string();
+        assert!(refused.contains("node 4 is retired"), "{refused}");
+        // A view that names it (a stale one) changes nothing.
+        members.set(Some([1, 2, 3, 4].into()));
+        assert!(verify(&n4[0]).is_err());
+        assert!(!members.admits(4) && !members.is_voter(4));
+        // Nor does a seed, a vouch by every voter, or a smaller set later.
+        members.seed([4].into(), [4].into());
+        members.set_view(Some([1, 2, 3].into()), [1, 2, 3].into(), 10);
+        assert!(!members.vouch(4, &[1, 2, 3].into(), 20, true));
+        members.set_retired(&BTreeSet::new());
+        assert!(verify(&n4[0]).is_err());
+        assert!(members.admits(1));
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::{
     codec,
     counters::Counters,
     log_store::PurgeHorizon,
+    retired::RetiredIds,
     types::{LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership},
 };
 
@@ -35,10 +36,16 @@ pub(super) struct SnapshotBody {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     table: TableSnapshot,
-    /// The fenced store, with its own format version. Last, so that a body
-    /// written before it existed ([`SnapshotBodyV1`]) is exactly this one's
-    /// bytes without it, and is told apart by its length.
+    /// The fenced store, with its own format version. After the table, so
+    /// that a body written before it existed ([`SnapshotBodyV1`]) is
+    /// exactly this one's bytes without it, and is told apart by its
+    /// length.
     kv: KvSnapshot,
+    /// The retired node ids, with their own format version; written only
+    /// once an id was retired, so until then the body is byte for byte the
+    /// one of the release before (which refuses the trailing list).
+    #[serde(skip_serializing_if = "RetiredIds::is_empty")]
+    retired: RetiredIds,
 }
 
 impl SnapshotBody {
@@ -49,6 +56,7 @@ impl SnapshotBody {
             membership: data.membership.clone(),
             table: data.table.snapshot(),
             kv: data.table.kv_snapshot(),
+            retired: data.retired.clone(),
         }
     }
 
@@ -76,6 +84,8 @@ struct SnapshotBodyRef<'a> {
     membership: &'a StoredMembership,
     table: TableSnapshotRef<'a>,
     kv: KvSnapshot,
+    #[serde(skip_serializing_if = "RetiredIds::is_empty")]
+    retired: &'a RetiredIds,
 }
 
 /// The layout of the snapshot file: [`write_temporary`] writes these bytes
@@ -318,6 +328,7 @@ impl Snapshots {
             membership: &data.membership,
             table: data.table.snapshot_ref(),
             kv: data.table.kv_snapshot(),
+            retired: &data.retired,
         };
         let seq = self.snapshot_seq.fetch_add(1, Ordering::Relaxed);
         let last_applied = data.last_applied;
@@ -463,37 +474,63 @@ fn remove_temporaries(dir: &Path) -> Result<(), StorageError> {
     Ok(())
 }
 
-/// Reads a snapshot body of this build's layout or of the one before the
-/// fenced store: each is refused by the other's decoder (one lacks the
-/// store's bytes, the other has them trailing), so neither is misread.
-/// The table is built as it is decoded (see [`BodySeed`]).
+/// The layouts of a snapshot body, oldest first: each adds a field at the
+/// end of the one before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Layout {
+    /// Before the fenced store ([`SnapshotBodyV1`]).
+    Table,
+    /// With the fenced store.
+    Kv,
+    /// With the retired node ids (written once an id was retired).
+    Retired,
+}
+
+impl Layout {
+    fn fields(self) -> usize {
+        match self {
+            Self::Table => 3,
+            Self::Kv => 4,
+            Self::Retired => 5,
+        }
+    }
+}
+
+/// Reads a snapshot body of any layout this build knows, newest first: a
+/// body is refused by every other layout's decoder (it lacks a field one
+/// needs, or has bytes trailing behind the other's last), so none is
+/// misread. A body no layout reads is refused with the newest layout's
+/// reason. The table is built as it is decoded (see [`BodySeed`]).
 fn decode_body(bytes: &[u8], history_len: usize) -> Result<Data, StorageError> {
-    let seed = |with_kv| BodySeed {
+    let seed = |layout| BodySeed {
         history_len,
-        with_kv,
+        layout,
     };
-    codec::decode_seed("snapshot", bytes, seed(true))
-        .or_else(|current| codec::decode_seed("snapshot", bytes, seed(false)).map_err(|_| current))
+    codec::decode_seed("snapshot", bytes, seed(Layout::Retired))
+        .or_else(|newest| {
+            codec::decode_seed("snapshot", bytes, seed(Layout::Kv))
+                .or_else(|_| codec::decode_seed("snapshot", bytes, seed(Layout::Table)))
+                .map_err(|_| newest)
+        })
         .map_err(sm_read_err)
 }
 
-/// Decodes a [`SnapshotBody`] (or, without `with_kv`, a [`SnapshotBodyV1`])
-/// straight into the state it holds: the table is built record by record
-/// from the bytes ([`fenced_core::TableSeed`]), never held decoded beside
-/// them.
+/// Decodes a [`SnapshotBody`] of `layout` straight into the state it holds:
+/// the table is built record by record from the bytes
+/// ([`fenced_core::TableSeed`]), never held decoded beside them.
 struct BodySeed {
     history_len: usize,
-    with_kv: bool,
+    layout: Layout,
 }
 
-const BODY_FIELDS: &[&str] = &["last_applied", "membership", "table", "kv"];
+const BODY_FIELDS: &[&str] = &["last_applied", "membership", "table", "kv", "retired"];
 
 impl<'de> serde::de::DeserializeSeed<'de> for BodySeed {
     type Value = Data;
 
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Data, D::Error> {
-        let fields = if self.with_kv { 4 } else { 3 };
-        d.deserialize_struct("SnapshotBody", &BODY_FIELDS[..fields], self)
+        let fields = &BODY_FIELDS[..self.layout.fields()];
+        d.deserialize_struct("SnapshotBody", fields, self)
     }
 }
 
@@ -513,14 +550,20 @@ impl<'de> serde::de::Visitor<'de> for BodySeed {
             history_len: self.history_len,
         };
         let mut table = seq.next_element_seed(seed)?.ok_or_else(|| missing(2))?;
-        if self.with_kv {
+        if self.layout >= Layout::Kv {
             let kv: KvSnapshot = seq.next_element()?.ok_or_else(|| missing(3))?;
             table.restore_kv(kv).map_err(A::Error::custom)?;
         }
+        let retired = if self.layout >= Layout::Retired {
+            seq.next_element()?.ok_or_else(|| missing(4))?
+        } else {
+            RetiredIds::default()
+        };
         Ok(Data {
             table,
             last_applied,
             membership,
+            retired,
         })
     }
 }
@@ -636,11 +679,15 @@ pub fn write_restored_state(
         .raise_token_floor(token_floor)
         .map_err(snapshot_write_err)?;
     let restored = RestoredState::of(&data.table);
+    // The ids the operator names in the new cluster are its members again;
+    // every other retired id stays retired.
+    let retired = data.retired.without_members(membership.membership());
     let body = SnapshotBody {
         last_applied: Some(at),
         membership: membership.clone(),
         table: data.table.snapshot(),
         kv: data.table.kv_snapshot(),
+        retired,
     };
     let meta = SnapshotMeta {
         last_log_id: Some(at),
@@ -710,6 +757,7 @@ pub(crate) mod testing {
             membership: membership.clone(),
             table: LeaseTable::new().snapshot(),
             kv: KvSnapshot::default(),
+            retired: RetiredIds::default(),
         };
         let meta = SnapshotMeta {
             last_log_id: Some(last),
@@ -733,7 +781,7 @@ mod tests {
     use super::*;
     use crate::{
         log_store::{
-            testing::{log_with_blanks, open_state as open, restart},
+            testing::{log_with_blanks, log_with_payloads, open_state as open, restart},
             LogStore,
         },
         state_machine::StateMachine,
@@ -856,6 +904,7 @@ mod tests {
             membership: membership(),
             table: table.snapshot(),
             kv: table.kv_snapshot(),
+            retired: RetiredIds::default(),
         };
         codec::encode("snapshot", &body).unwrap()
     }
@@ -918,6 +967,148 @@ mod tests {
         assert_eq!(data.last_applied, Some(log_id(7)));
         assert_eq!(data.table.snapshot(), table.snapshot());
         assert!(data.table.kv().is_empty());
+        assert!(data.retired.is_empty());
+    }
+
+    /// A membership of voters `ids`.
+    fn voters(ids: &[u64]) -> openraft::Membership<u64, crate::types::Node> {
+        let nodes: std::collections::BTreeMap<u64, crate::types::Node> = ids
+            .iter()
+            .map(|i| (*i, crate::types::Node::default()))
+            .collect();
+        openraft::Membership::new(vec![ids.iter().copied().collect()], nodes)
+    }
+
+    /// [`encoded_body`] with `retired`.
+    fn body_with_retired(table: &LeaseTable, retired: &[u64]) -> Vec<u8> {
+        let body = SnapshotBody {
+            last_applied: Some(log_id(9)),
+            membership: membership(),
+            table: table.snapshot(),
+            kv: table.kv_snapshot(),
+            retired: RetiredIds::from_ids(retired.iter().copied()).unwrap(),
+        };
+        codec::encode("snapshot", &body).unwrap()
+    }
+
+    #[test]
+    fn retired_ids_round_trip_and_a_body_without_them_has_none() {
+        let table = table_with(true);
+        let bytes = body_with_retired(&table, &[5, 2]);
+        let data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
+        assert_eq!(data.retired.ids(), &[2, 5].into());
+        assert_eq!(data.table.kv(), table.kv());
+        // None retired: the body of the release before, byte for byte.
+        let none = body_with_retired(&table, &[]);
+        assert_eq!(none, encoded_body(&table, 9));
+        let data = decode_body(&none, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
+        assert!(data.retired.is_empty());
+        // Cut short or lengthened, it is refused.
+        for bad in [&bytes[..bytes.len() - 1], &[&bytes[..], &[0]].concat()[..]] {
+            assert!(decode_body(bad, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).is_err());
+        }
+    }
+
+    #[test]
+    fn a_damaged_or_oversized_retired_list_is_refused_by_name() {
+        #[derive(Serialize)]
+        struct RawRetired {
+            format_version: u32,
+            ids: Vec<u64>,
+        }
+        #[derive(Serialize)]
+        struct RawBody {
+            last_applied: Option<LogId>,
+            membership: StoredMembership,
+            table: TableSnapshot,
+            kv: KvSnapshot,
+            retired: RawRetired,
+        }
+        let table = table_with(false);
+        let refusal = |format_version, ids| {
+            let body = RawBody {
+                last_applied: Some(log_id(9)),
+                membership: membership(),
+                table: table.snapshot(),
+                kv: table.kv_snapshot(),
+                retired: RawRetired {
+                    format_version,
+                    ids,
+                },
+            };
+            let bytes = codec::encode("snapshot", &body).unwrap();
+            let e = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE);
+            e.err().expect("refused").to_string()
+        };
+        let max = crate::retired::MAX_RETIRED_IDS as u64;
+        let full: Vec<u64> = (1..=max).collect();
+        let bytes = body_with_retired(&table, &full);
+        let data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
+        assert_eq!(data.retired.len(), crate::retired::MAX_RETIRED_IDS);
+        let e = refusal(1, (1..=max + 1).collect());
+        assert!(
+            e.contains("retired node ids: 4097 ids, at most 4096"),
+            "{e}"
+        );
+        let e = refusal(1, vec![7, 3]);
+        assert!(
+            e.contains("retired node ids: not in increasing order"),
+            "{e}"
+        );
+        let e = refusal(2, vec![3]);
+        assert!(e.contains("retired node ids: format version 2"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_restored_state_keeps_the_retired_ids_its_new_cluster_does_not_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = body_with_retired(&table_with(false), &[2, 5]);
+        let new_cluster = StoredMembership::new(Some(log_id(100)), voters(&[1, 2, 3]));
+        write_restored_state(
+            &dir.path().join("state"),
+            &body,
+            log_id(100),
+            new_cluster,
+            1,
+        )
+        .unwrap();
+        let log = open_log(dir.path());
+        let sm = open(dir.path(), &log);
+        assert_eq!(sm.shared.retired_ids().ids(), &[5].into());
+    }
+
+    #[tokio::test]
+    async fn removed_ids_are_retired_by_replay_and_carried_in_a_snapshot() {
+        use openraft::EntryPayload;
+        let dir = tempfile::tempdir().unwrap();
+        let with_learner = |ids: &[u64]| {
+            let nodes: std::collections::BTreeMap<u64, crate::types::Node> = ids
+                .iter()
+                .chain(&[4])
+                .map(|i| (*i, crate::types::Node::default()))
+                .collect();
+            openraft::Membership::new(vec![ids.iter().copied().collect()], nodes)
+        };
+        // 1, 2, 3; 4 added as a learner; 2 removed; then 4.
+        let changes = [
+            voters(&[1, 2, 3]),
+            with_learner(&[1, 2, 3]),
+            with_learner(&[1, 3]),
+            voters(&[1, 3]),
+        ];
+        let payloads: Vec<_> = changes.into_iter().map(EntryPayload::Membership).collect();
+        drop(log_with_payloads(&dir.path().join("raft-log"), &payloads).await);
+        // Replayed from the log alone: no snapshot yet.
+        let (log, mut sm) = restart(dir.path()).await;
+        assert_eq!(sm.shared.retired_ids().ids(), &[2, 4].into());
+        assert_eq!(sm.shared.subscribe_retired().borrow().ids(), &[2, 4].into());
+        let mut builder = sm.get_snapshot_builder().await;
+        builder.build_snapshot().await.unwrap();
+        drop((log, sm, builder));
+        // Loaded from the snapshot alone (nothing replayed).
+        let log = open_log(dir.path());
+        let sm = open(dir.path(), &log);
+        assert_eq!(sm.shared.retired_ids().ids(), &[2, 4].into());
     }
 
     #[test]
@@ -1183,6 +1374,7 @@ mod tests {
                     membership: data.membership.clone(),
                     table: data.table.snapshot(),
                     kv: data.table.kv_snapshot(),
+                    retired: data.retired.clone(),
                 },
             )
             .unwrap()
@@ -1414,6 +1606,7 @@ mod load_timing {
                 1,
             )),
             membership: StoredMembership::default(),
+            retired: RetiredIds::default(),
         };
         let started = Instant::now();
         let written = snapshots.write(&data, started).unwrap();
