@@ -98,15 +98,15 @@ pub async fn guard(tx: &Transaction<'_>, fence: &Fence<'_>) -> Result<Verdict, G
         )
         .await?;
     let verdict: &str = row.try_get(0)?;
-    let highest: i64 = row.try_get(1)?;
-    match verdict {
-        "accepted" => Ok(Verdict::Accepted),
-        "duplicate" => Ok(Verdict::Duplicate),
-        "stale" => Ok(Verdict::Stale {
+    let highest: Option<i64> = row.try_get(1)?;
+    match (verdict, highest) {
+        ("accepted", _) => Ok(Verdict::Accepted),
+        ("duplicate", _) => Ok(Verdict::Duplicate),
+        ("stale", Some(highest)) => Ok(Verdict::Stale {
             highest: stored_token(fence.resource, highest)?,
         }),
-        other => Err(GuardError::Corrupt(format!(
-            "fenced_guard answered {other:?} for resource {:?}",
+        (other, highest) => Err(GuardError::Corrupt(format!(
+            "fenced_guard answered {other:?} (highest token {highest:?}) for resource {:?}",
             fence.resource
         ))),
     }

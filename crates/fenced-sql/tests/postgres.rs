@@ -294,3 +294,33 @@ async fn the_column_form_refuses_a_stale_owner() {
     }
     assert_eq!(statement(&c, &account).await.unwrap().0, "B");
 }
+
+/// A retry whose operation id was applied before the resource's fences row
+/// was deleted by hand is still a duplicate, and leaves no row behind.
+#[tokio::test]
+async fn an_applied_operation_stays_a_duplicate_after_its_row_is_deleted() {
+    let Some(url) = postgres_url() else { return };
+    let mut c = setup(&url).await;
+    let account = unique("orphan");
+    let r = format!("statement:{account}");
+    let f = Fence {
+        resource: &r,
+        token: 3,
+        owner_id: "owner-a",
+        operation_id: Some("op-3"),
+        contract: Contract::AtLeast,
+    };
+    assert_eq!(
+        save_statement(&mut c, &f, &account, "once").await,
+        Verdict::Accepted
+    );
+    c.execute("DELETE FROM fenced_fences WHERE resource = $1", &[&r])
+        .await
+        .unwrap();
+    assert_eq!(
+        save_statement(&mut c, &f, &account, "twice").await,
+        Verdict::Duplicate
+    );
+    assert_eq!(fences_row(&c, &r).await, None);
+    assert_eq!(statement(&c, &account).await, Some(("once".into(), 1)));
+}

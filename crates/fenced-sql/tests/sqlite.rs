@@ -242,3 +242,30 @@ fn the_column_form_refuses_a_stale_owner() {
     }
     assert_eq!(statement(&c, "col").unwrap().0, "B");
 }
+
+/// A retry whose operation id was applied before the resource's fences row
+/// was deleted by hand is still a duplicate, and leaves no row behind.
+#[test]
+fn an_applied_operation_stays_a_duplicate_after_its_row_is_deleted() {
+    let (_dir, mut c) = setup();
+    let r = "statement:orphan";
+    let f = Fence {
+        resource: r,
+        token: 3,
+        owner_id: "owner-a",
+        operation_id: Some("op-3"),
+        contract: Contract::AtLeast,
+    };
+    assert_eq!(
+        save_statement(&mut c, &f, "orphan", "once"),
+        Verdict::Accepted
+    );
+    c.execute("DELETE FROM fenced_fences WHERE resource = ?1", params![r])
+        .unwrap();
+    assert_eq!(
+        save_statement(&mut c, &f, "orphan", "twice"),
+        Verdict::Duplicate
+    );
+    assert_eq!(fences_row(&c, r), None);
+    assert_eq!(statement(&c, "orphan"), Some(("once".into(), 1)));
+}

@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS fenced_applied_operations (
 --   p_contract 'at_least': token >= highest passes (one owner, many writes);
 --              'greater':  token >  highest passes (one write per acquisition).
 -- verdict: 'accepted' (highest_token = p_token), 'duplicate' (p_operation_id
--- was already applied: skip the write) or 'stale' (highest_token is the
+-- was already applied: skip the write; highest_token is the resource's
+-- highest token, NULL if it has none) or 'stale' (highest_token is the
 -- newer token; final, do not retry with this token).
 CREATE OR REPLACE FUNCTION fenced_guard(
     p_resource     text,
@@ -80,6 +81,14 @@ BEGIN
             INSERT INTO fenced_applied_operations (resource, operation_id, token)
             VALUES (p_resource, p_operation_id, p_token)
             ON CONFLICT (resource, operation_id) DO NOTHING;
+            IF NOT FOUND THEN
+                -- Applied before the resource's row was deleted by hand:
+                -- a duplicate, and the row just inserted is taken back.
+                DELETE FROM fenced_fences WHERE resource = p_resource;
+                verdict := 'duplicate';
+                highest_token := NULL;
+                RETURN;
+            END IF;
         END IF;
         verdict := 'accepted';
         highest_token := p_token;
