@@ -726,3 +726,49 @@ async fn silent_sockets_cannot_keep_scrapes_out_of_metrics() {
     );
     drop(cluster);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshaken_silent_connections_take_no_connection_slot() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    // The attack: TLS handshakes finished (a client certificate is optional
+    // on the client port, so anyone can), then nothing sent. Until they
+    // speak HTTP/2 they hold only pending slots: with 16 connections
+    // allowed, 40 of them leave room for new clients.
+    let cluster = Cluster::start_tls(1, &[("FENCED_MAX_CONNECTIONS", "16")]).await;
+    let pki = cluster.pki.clone().unwrap();
+    let addr = cluster.nodes()[0].client_addr();
+    let (cert, key) = pki.client("silent");
+    let mut silent = Vec::new();
+    for _ in 0..40 {
+        silent.push(
+            fenced_tests::tls_connect(&addr, &pki.ca(), &cert, &key)
+                .await
+                .expect("a handshake"),
+        );
+    }
+    for i in 0..3 {
+        let reply = cluster
+            .lock_client(1)
+            .describe(v1::DescribeRequest {
+                resource: format!("silent-{i}").into_bytes(),
+                allow_stale: true,
+            })
+            .await;
+        assert!(
+            reply.is_ok(),
+            "a new client beside 40 silent ones: {reply:?}"
+        );
+    }
+    // They are closed once their time to speak has passed.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut buf = [0u8; 16];
+    for conn in &mut silent {
+        let read = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::io::AsyncReadExt::read(conn, &mut buf),
+        )
+        .await
+        .expect("a silent connection still open after its time to speak");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    }
+}

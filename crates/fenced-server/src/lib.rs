@@ -36,6 +36,7 @@ pub mod node;
 pub mod parking;
 pub mod peer_channel;
 pub mod peer_listener;
+pub mod prefixed;
 pub mod proposer;
 pub mod raft_noise;
 pub mod replication;

@@ -42,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     admission::Admission,
     limits::{ConnectionLimit, Limited},
+    prefixed::Prefixed,
     revocation::Revocations,
     types::{NodeId, Raft},
 };
@@ -791,9 +792,10 @@ pub fn server_name(addr: &str) -> io::Result<ServerName<'static>> {
 
 /// Accepts on `listener`, handshakes each connection on its own task, and
 /// hands the finished ones to tonic (for the client port). Until its
-/// handshake is done a connection holds only a pending slot of `admission`
-/// (the oldest is closed to make room); then it takes a slot of `limit`,
-/// or is closed at once when all are taken.
+/// handshake is done and it has sent the HTTP/2 preface (it speaks gRPC) a
+/// connection holds only a pending slot of `admission` (the oldest is
+/// closed to make room); then it takes a slot of `limit`, or is closed at
+/// once when all are taken.
 pub fn incoming(
     listener: TcpListener,
     acceptor: TlsAcceptor,
@@ -801,7 +803,7 @@ pub fn incoming(
     limit: ConnectionLimit,
     stop: CancellationToken,
 ) -> tokio_stream::wrappers::ReceiverStream<
-    io::Result<Limited<tokio_rustls::server::TlsStream<TcpStream>>>,
+    io::Result<Limited<Prefixed<tokio_rustls::server::TlsStream<TcpStream>>>>,
 > {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
@@ -811,18 +813,41 @@ pub fn incoming(
             };
             let (acceptor, tx, limit) = (acceptor.clone(), tx.clone(), limit.clone());
             tokio::spawn(async move {
-                let tls = tokio::select! {
+                let spoken = tokio::select! {
                     _ = pending.evicted() => return,
-                    tls = handshake(&acceptor, stream, addr, "client") => tls,
+                    s = handshake_and_preface(&acceptor, stream, addr) => s,
                 };
                 drop(pending);
-                let Some(tls) = tls else { return };
+                let Some(tls) = spoken else { return };
                 let Some(permit) = limit.admit() else { return };
                 let _ = tx.send(Ok(limit.wrap(tls, permit))).await;
             });
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// What every HTTP/2 client sends first.
+const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The handshake, then the HTTP/2 preface within [`HANDSHAKE_TIMEOUT`]
+/// more; `None` when either fails, takes too long or is something else.
+async fn handshake_and_preface(
+    acceptor: &TlsAcceptor,
+    stream: TcpStream,
+    addr: SocketAddr,
+) -> Option<Prefixed<tokio_rustls::server::TlsStream<TcpStream>>> {
+    use tokio::io::AsyncReadExt;
+    let mut tls = handshake(acceptor, stream, addr, "client").await?;
+    let mut head = [0u8; HTTP2_PREFACE.len()];
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.read_exact(&mut head)).await {
+        Ok(Ok(_)) if &head == HTTP2_PREFACE => Some(Prefixed::new(head.to_vec(), tls)),
+        Ok(Ok(_)) => {
+            tracing::debug!(remote = %addr, "not HTTP/2 after the handshake; connection closed");
+            None
+        }
+        Ok(Err(_)) | Err(_) => None,
+    }
 }
 
 /// The next connection on `listener`, Nagle off; `None` once `stop` is
