@@ -22,6 +22,8 @@ pub mod data_format;
 pub mod deadline;
 pub mod dev;
 pub mod exposition;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handoff;
 pub mod headers;
 pub mod health;

@@ -226,6 +226,23 @@ impl RaftCall {
     }
 }
 
+/// Splits a request frame (after its length) into its call, the sender's
+/// time and the message, refusing an empty frame, an unknown call byte or
+/// a frame shorter than its header.
+pub fn split_request(
+    version: PeerVersion,
+    frame: &[u8],
+) -> io::Result<(RaftCall, MessageTime, &[u8])> {
+    let Some((&kind, body)) = frame.split_first() else {
+        return Err(invalid("empty raft frame".into()));
+    };
+    let call =
+        RaftCall::from_byte(kind).ok_or_else(|| invalid(format!("unknown raft call {kind}")))?;
+    let (time, body) = MessageTime::split(version, body)
+        .ok_or_else(|| invalid(format!("{} frame shorter than its header", call.name())))?;
+    Ok((call, time, body))
+}
+
 /// A malformed Raft frame: the connection closes.
 pub(crate) fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)

@@ -20,8 +20,7 @@ use crate::{
     admission::Admission,
     limits::ConnectionLimit,
     network::{
-        invalid, read_frame, reply_header, write_frame, FrameTooLarge, MessageTime, PeerVersion,
-        RaftCall, PREFACE,
+        read_frame, reply_header, split_request, write_frame, FrameTooLarge, PeerVersion, PREFACE,
     },
     replication::RaftPeer,
     tls::{self, Members, NodeTls, PeerStream, Routed},
@@ -182,13 +181,7 @@ async fn serve_raft<S: AsyncRead + AsyncWrite + Unpin>(
                 ));
             }
         }
-        let Some((&kind, body)) = frame.split_first() else {
-            return Err(invalid("empty raft frame".into()));
-        };
-        let call = RaftCall::from_byte(kind)
-            .ok_or_else(|| invalid(format!("unknown raft call {kind}")))?;
-        let (time, body) = MessageTime::split(version, body)
-            .ok_or_else(|| invalid(format!("{} frame shorter than its header", call.name())))?;
+        let (call, time, body) = split_request(version, &frame)?;
         let sender = from.as_ref().map(|s| (s.id, &s.members));
         let reply = peer.answer(call, version, time, body, sender).await?;
         // Read after the call: a granted vote answers with every time this

@@ -27,6 +27,7 @@ use openraft::{
     StorageIOError,
 };
 
+pub(crate) use self::snapshots::file_table;
 #[cfg(test)]
 pub(crate) use self::snapshots::testing;
 pub use self::snapshots::{inspect_export, write_restored_state, RestoredState};

@@ -193,10 +193,8 @@ impl Snapshots {
             let started = Instant::now();
             let bytes = std::fs::read(&path).map_err(|e| unreadable(&e))?;
             let read_ms = started.elapsed().as_millis();
-            let file: SnapshotFileRef =
-                codec::decode_borrowed("snapshot file", &bytes).map_err(|e| unreadable(&e))?;
-            let data = decode_body(file.body, history_len).map_err(|e| unreadable(&e))?;
-            let (meta, len) = (file.meta, bytes.len());
+            let (meta, data) = decode_file(&bytes, history_len).map_err(|e| unreadable(&e))?;
+            let len = bytes.len();
             // Not held while the node runs: its pages go back now.
             drop(bytes);
             tracing::info!(
@@ -472,6 +470,24 @@ fn remove_temporaries(dir: &Path) -> Result<(), StorageError> {
         }
     }
     Ok(())
+}
+
+/// Decodes a snapshot file as a node loads it at open: its meta and the
+/// state its body holds. The error says what was wrong with the bytes.
+fn decode_file(bytes: &[u8], history_len: usize) -> Result<(SnapshotMeta, Data), String> {
+    let file: SnapshotFileRef =
+        codec::decode_borrowed("snapshot file", bytes).map_err(|e| e.to_string())?;
+    let data = decode_body(file.body, history_len).map_err(|e| e.to_string())?;
+    Ok((file.meta, data))
+}
+
+/// The meta and table of a snapshot file's bytes, decoded as a node loads
+/// them at open (for [`crate::fuzzing`]).
+pub(crate) fn file_table(
+    bytes: &[u8],
+    history_len: usize,
+) -> Result<(SnapshotMeta, LeaseTable), String> {
+    decode_file(bytes, history_len).map(|(meta, data)| (meta, data.table))
 }
 
 /// The layouts of a snapshot body, oldest first: each adds a field at the
@@ -766,6 +782,24 @@ pub(crate) mod testing {
         };
         let bytes = codec::encode("snapshot", &body).unwrap();
         (meta, Box::new(Cursor::new(bytes)))
+    }
+
+    /// A snapshot file holding `table` up to `last`, and its body (what an
+    /// export holds).
+    pub fn file_holding(table: &LeaseTable, last: LogId) -> (Vec<u8>, Vec<u8>) {
+        let (meta, _) = snapshot_at(last);
+        let body = SnapshotBody {
+            last_applied: Some(last),
+            membership: meta.last_membership.clone(),
+            table: table.snapshot(),
+            kv: table.kv_snapshot(),
+        };
+        let body = codec::encode("snapshot", &body).unwrap();
+        let file = SnapshotFile {
+            meta,
+            body: body.clone(),
+        };
+        (codec::encode("snapshot file", &file).unwrap(), body)
     }
 }
 
