@@ -793,6 +793,7 @@ pub(crate) mod testing {
             membership: meta.last_membership.clone(),
             table: table.snapshot(),
             kv: table.kv_snapshot(),
+            retired: RetiredIds::default(),
         };
         let body = codec::encode("snapshot", &body).unwrap();
         let file = SnapshotFile {
