@@ -973,21 +973,7 @@ impl AsyncWrite for PeerStream {
 
 /// A peer-port connection routed to gRPC, with the bytes read to route it
 /// given back first.
-pub struct Routed {
-    prefix: Vec<u8>,
-    at: usize,
-    inner: Limited<PeerStream>,
-}
-
-impl Routed {
-    pub fn new(prefix: Vec<u8>, inner: Limited<PeerStream>) -> Self {
-        Self {
-            prefix,
-            at: 0,
-            inner,
-        }
-    }
-}
+pub type Routed = Prefixed<Limited<PeerStream>>;
 
 /// What the gRPC services on the peer port learn of a connection.
 #[derive(Debug, Clone)]
@@ -997,43 +983,14 @@ pub struct PeerConnectInfo {
     pub certs: Option<Arc<Vec<CertificateDer<'static>>>>,
 }
 
-impl tonic::transport::server::Connected for Routed {
+impl tonic::transport::server::Connected for PeerStream {
     type ConnectInfo = PeerConnectInfo;
 
     fn connect_info(&self) -> PeerConnectInfo {
         PeerConnectInfo {
-            remote_addr: self.inner.get_ref().tcp().peer_addr().ok(),
-            certs: self.inner.get_ref().peer_certs(),
+            remote_addr: self.tcp().peer_addr().ok(),
+            certs: self.peer_certs(),
         }
-    }
-}
-
-impl AsyncRead for Routed {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.at < this.prefix.len() {
-            let n = buf.remaining().min(this.prefix.len() - this.at);
-            buf.put_slice(&this.prefix[this.at..this.at + n]);
-            this.at += n;
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Routed {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, b: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, b)
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
