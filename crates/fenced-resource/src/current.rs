@@ -67,6 +67,48 @@ impl Default for ClusterOptions {
     }
 }
 
+impl ClusterOptions {
+    /// Options for `endpoints` with the files of a command line read: the
+    /// cluster's CA, this service's certificate and key, a file whose first
+    /// line is a bearer token. Each error names the flag's field and path.
+    pub fn from_files(
+        endpoints: Vec<String>,
+        ca: Option<&std::path::Path>,
+        identity: Option<(&std::path::Path, &std::path::Path)>,
+        token_file: Option<&std::path::Path>,
+    ) -> Result<Self, String> {
+        let read = |field: &str, p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| format!("{field}: {}: {e}", p.display()))
+        };
+        let bearer = match token_file {
+            None => None,
+            Some(p) => {
+                let text = String::from_utf8(read("cluster_token_file", p)?)
+                    .map_err(|_| format!("cluster_token_file: {}: not UTF-8", p.display()))?;
+                Some(
+                    text.lines()
+                        .next()
+                        .map(str::trim)
+                        .filter(|t| !t.is_empty())
+                        .ok_or_else(|| format!("cluster_token_file: {}: empty", p.display()))?
+                        .to_string(),
+                )
+            }
+        };
+        let identity_pem = match identity {
+            Some((c, k)) => Some((read("cluster_cert", c)?, read("cluster_key", k)?)),
+            None => None,
+        };
+        Ok(ClusterOptions {
+            endpoints,
+            ca_pem: ca.map(|p| read("cluster_ca", p)).transpose()?,
+            identity_pem,
+            bearer,
+            ..ClusterOptions::default()
+        })
+    }
+}
+
 /// Why a write was refused by the cluster check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {

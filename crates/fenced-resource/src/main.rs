@@ -110,38 +110,25 @@ impl CurrentArgs {
         if self.standalone_no_cluster_check {
             return Ok(None);
         }
-        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
-        let bearer = match &self.cluster_token_file {
-            None => None,
-            Some(p) => {
-                let text = String::from_utf8(read(p)?)
-                    .map_err(|_| format!("{}: not UTF-8", p.display()))?;
-                Some(
-                    text.lines()
-                        .next()
-                        .map(str::trim)
-                        .filter(|t| !t.is_empty())
-                        .ok_or_else(|| format!("cluster_token_file {}: empty", p.display()))?
-                        .to_string(),
-                )
-            }
-        };
-        let identity_pem = match (&self.cluster_cert, &self.cluster_key) {
-            (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+        let identity = match (&self.cluster_cert, &self.cluster_key) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
             _ => None,
         };
+        let files = ClusterOptions::from_files(
+            self.cluster.clone(),
+            self.cluster_ca.as_deref(),
+            identity,
+            self.cluster_token_file.as_deref(),
+        )?;
         // Every bound was checked by clap; the conversions cannot fail.
         let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
         CurrentCheck::new(ClusterOptions {
-            endpoints: self.cluster.clone(),
-            ca_pem: self.cluster_ca.as_ref().map(read).transpose()?,
-            identity_pem,
-            bearer,
             timeout: Duration::from_millis(self.current_timeout_ms),
             max_in_flight: size(self.current_checks_in_flight),
             batch_max: size(self.current_batch_max),
             batch_wait: Duration::from_micros(self.current_batch_wait_us),
             calls_in_flight: size(self.current_calls_in_flight),
+            ..files
         })
         .map(Some)
     }

@@ -472,6 +472,19 @@ impl Auth {
         permission: Permission,
         operation: &str,
     ) -> Result<Option<String>, Status> {
+        self.authorize_http_on(headers, certificate, permission, operation, None)
+    }
+
+    /// [`Auth::authorize_http`] for `permission` on `resource` (a prefix
+    /// grant must cover it), as the write gateway asks.
+    pub fn authorize_http_on(
+        &self,
+        headers: &hyper::HeaderMap,
+        certificate: Option<&Principal>,
+        permission: Permission,
+        operation: &str,
+        resource: Option<&str>,
+    ) -> Result<Option<String>, Status> {
         let Some(policy) = self.current() else {
             return Ok(None);
         };
@@ -482,7 +495,7 @@ impl Auth {
         }
         let metadata = MetadataMap::from_headers(only_authorization);
         let identity = identify(&policy, &metadata, certificate, false)?;
-        Self::check_grant(&policy, identity, permission, operation, None)
+        Self::check_grant(&policy, identity, permission, operation, resource)
     }
 
     fn check_grant(

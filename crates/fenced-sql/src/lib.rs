@@ -235,6 +235,30 @@ impl Fence<'_> {
     }
 }
 
+/// The bounds of an operation id recorded on its own.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn check_operation(resource: &str, operation_id: &str) -> Result<(), GuardError> {
+    check_len("resource", resource, RESOURCE_MAX_BYTES)?;
+    check_len("operation_id", operation_id, OPERATION_ID_MAX_BYTES)
+}
+
+/// [`check_operation`] and the token as the `bigint` stored.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn check_operation_token(
+    resource: &str,
+    operation_id: &str,
+    token: u64,
+) -> Result<i64, GuardError> {
+    Fence {
+        resource,
+        token,
+        owner_id: "-",
+        operation_id: Some(operation_id),
+        contract: Contract::AtLeast,
+    }
+    .validate()
+}
+
 fn check_len(field: &'static str, value: &str, max: usize) -> Result<(), GuardError> {
     if value.is_empty() || value.len() > max {
         return Err(GuardError::invalid(

@@ -111,3 +111,52 @@ pub async fn guard(tx: &Transaction<'_>, fence: &Fence<'_>) -> Result<Verdict, G
         ))),
     }
 }
+
+/// Whether `operation_id` is recorded as applied for `resource`, inside
+/// `tx`. For a caller that records the operation only once its effect
+/// happened ([`record_operation`]) rather than in [`guard`].
+pub async fn operation_applied(
+    tx: &Transaction<'_>,
+    resource: &str,
+    operation_id: &str,
+) -> Result<bool, GuardError> {
+    crate::check_operation(resource, operation_id)?;
+    Ok(tx
+        .query_opt(
+            "SELECT 1 FROM fenced_applied_operations WHERE resource = $1 AND operation_id = $2",
+            &[&resource, &operation_id],
+        )
+        .await?
+        .is_some())
+}
+
+/// Records `operation_id` as applied for `resource` under `token`, inside
+/// `tx`; false when it already was (nothing changes then).
+pub async fn record_operation(
+    tx: &Transaction<'_>,
+    resource: &str,
+    operation_id: &str,
+    token: u64,
+) -> Result<bool, GuardError> {
+    let token = crate::check_operation_token(resource, operation_id, token)?;
+    let inserted = tx
+        .execute(
+            "INSERT INTO fenced_applied_operations (resource, operation_id, token)
+             VALUES ($1, $2, $3) ON CONFLICT (resource, operation_id) DO NOTHING",
+            &[&resource, &operation_id, &token],
+        )
+        .await?;
+    Ok(inserted == 1)
+}
+
+/// The highest token accepted for `resource` (`None`: never written).
+pub async fn highest(tx: &Transaction<'_>, resource: &str) -> Result<Option<u64>, GuardError> {
+    crate::check_len("resource", resource, crate::RESOURCE_MAX_BYTES)?;
+    tx.query_opt(
+        "SELECT last_accepted_token FROM fenced_fences WHERE resource = $1",
+        &[&resource],
+    )
+    .await?
+    .map(|row| stored_token(resource, row.try_get::<_, i64>(0)?))
+    .transpose()
+}

@@ -125,3 +125,64 @@ pub fn guard(tx: &Transaction<'_>, fence: &Fence<'_>) -> Result<Verdict, GuardEr
     }
     Ok(verdict)
 }
+
+/// Whether `operation_id` is recorded as applied for `resource`, inside
+/// `tx`. For a caller that records the operation only once its effect
+/// happened ([`record_operation`]) rather than in [`guard`].
+///
+/// ```
+/// # fn main() -> Result<(), fenced_sql::GuardError> {
+/// let mut conn = rusqlite::Connection::open_in_memory()?;
+/// fenced_sql::sqlite::migrate(&mut conn)?;
+/// let tx = conn.transaction()?;
+/// assert!(!fenced_sql::sqlite::operation_applied(&tx, "statement:7", "op-1")?);
+/// assert!(fenced_sql::sqlite::record_operation(&tx, "statement:7", "op-1", 4)?);
+/// assert!(fenced_sql::sqlite::operation_applied(&tx, "statement:7", "op-1")?);
+/// assert!(!fenced_sql::sqlite::record_operation(&tx, "statement:7", "op-1", 4)?);
+/// # Ok(()) }
+/// ```
+pub fn operation_applied(
+    tx: &Transaction<'_>,
+    resource: &str,
+    operation_id: &str,
+) -> Result<bool, GuardError> {
+    crate::check_operation(resource, operation_id)?;
+    Ok(tx
+        .query_row(
+            "SELECT 1 FROM fenced_applied_operations WHERE resource = ?1 AND operation_id = ?2",
+            params![resource, operation_id],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some())
+}
+
+/// Records `operation_id` as applied for `resource` under `token`, inside
+/// `tx`; false when it already was (nothing changes then).
+pub fn record_operation(
+    tx: &Transaction<'_>,
+    resource: &str,
+    operation_id: &str,
+    token: u64,
+) -> Result<bool, GuardError> {
+    let token = crate::check_operation_token(resource, operation_id, token)?;
+    let inserted = tx.execute(
+        "INSERT INTO fenced_applied_operations (resource, operation_id, token) VALUES (?1, ?2, ?3)
+         ON CONFLICT (resource, operation_id) DO NOTHING",
+        params![resource, operation_id, token],
+    )?;
+    Ok(inserted == 1)
+}
+
+/// The highest token accepted for `resource` (`None`: never written).
+pub fn highest(tx: &Transaction<'_>, resource: &str) -> Result<Option<u64>, GuardError> {
+    crate::check_len("resource", resource, crate::RESOURCE_MAX_BYTES)?;
+    tx.query_row(
+        "SELECT last_accepted_token FROM fenced_fences WHERE resource = ?1",
+        params![resource],
+        |r| r.get::<_, i64>(0),
+    )
+    .optional()?
+    .map(|v| stored_token(resource, v))
+    .transpose()
+}

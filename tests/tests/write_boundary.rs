@@ -1,0 +1,819 @@
+//! The write boundary outside fenced's own stores: the HTTP layer on a
+//! service of one's own (`fenced-http`) and the gateway in front of an
+//! upstream that cannot check a token (`fenced-gateway`), each against a
+//! real cluster and a real HTTP server, with a worker that pauses past its
+//! lease.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    net::SocketAddr,
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use axum::{extract::State, routing::post, Extension, Router};
+use bytes::Bytes;
+use fenced_client::{AcquireOutcome, Client, OwnerId, Token};
+use fenced_http::{Contract, FenceLayer, Fenced, SqliteLedger};
+use fenced_resource::current::{ClusterOptions, CurrentCheck};
+use fenced_tests::{bin, free_port, write_auth_files, Cluster, Pki};
+use http_body_util::{BodyExt, Full};
+use hyper::{HeaderMap, Request};
+use hyper_util::rt::TokioIo;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+/// A lease taken with no keeper: it ends at its TTL, as a paused worker's.
+struct Grant {
+    resource: String,
+    token: Token,
+    owner: OwnerId,
+}
+
+impl Grant {
+    async fn take(client: &Client, resource: &str, ttl: Duration) -> Grant {
+        let owner = OwnerId::random();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match client
+                .acquire_once(resource, owner, ttl, Duration::from_secs(5))
+                .await
+            {
+                Ok(AcquireOutcome::Granted { token, .. }) => {
+                    return Grant {
+                        resource: resource.to_string(),
+                        token,
+                        owner,
+                    }
+                }
+                other => assert!(
+                    Instant::now() < deadline,
+                    "no grant of {resource}: {other:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn headers(&self, op: Option<&str>) -> Vec<(&'static str, String)> {
+        let mut h = vec![
+            ("x-fencing-resource", self.resource.clone()),
+            ("x-fencing-token", self.token.get().to_string()),
+            ("x-fencing-owner", self.owner.as_uuid().to_string()),
+        ];
+        if let Some(op) = op {
+            h.push(("x-fencing-operation-id", op.to_string()));
+        }
+        h
+    }
+}
+
+/// An answer: status, headers, body.
+type Answer = (u16, HeaderMap, String);
+
+/// One HTTP/1.1 request over `stream`.
+async fn send_on<S>(stream: S, path: &str, headers: &[(&str, String)], body: &str) -> Answer
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = Request::post(path).header("host", "gateway");
+    for (k, v) in headers {
+        req = req.header(*k, v.as_str());
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let answer = tx.send_request(req).await.expect("answer");
+    let (head, body) = answer.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    (
+        head.status.as_u16(),
+        head.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+async fn send(addr: SocketAddr, path: &str, headers: &[(&str, String)], body: &str) -> Answer {
+    send_on(
+        TcpStream::connect(addr).await.expect("connect"),
+        path,
+        headers,
+        body,
+    )
+    .await
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// What an upstream (or a handler) received.
+#[derive(Debug, Clone)]
+struct Seen {
+    token: u64,
+    body: String,
+    idempotency_key: Option<String>,
+    authorization: Option<String>,
+    owner_header: bool,
+}
+
+/// A real HTTP server that applies whatever it is sent, after `delay`.
+#[derive(Clone)]
+struct Upstream {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    delay: Arc<Mutex<Duration>>,
+}
+
+impl Upstream {
+    async fn start() -> Upstream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let up = Upstream {
+            addr: listener.local_addr().expect("addr"),
+            seen: Arc::default(),
+            delay: Arc::default(),
+        };
+        let app = Router::new()
+            .fallback(upstream_apply)
+            .with_state(up.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        up
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("seen").clone()
+    }
+
+    fn set_delay(&self, d: Duration) {
+        *self.delay.lock().expect("delay") = d;
+    }
+}
+
+async fn upstream_apply(
+    State(up): State<Upstream>,
+    headers: HeaderMap,
+    body: String,
+) -> &'static str {
+    let delay = *up.delay.lock().expect("delay");
+    tokio::time::sleep(delay).await;
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    up.seen.lock().expect("seen").push(Seen {
+        token: text("x-fencing-token")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0),
+        body,
+        idempotency_key: text("idempotency-key"),
+        authorization: text("authorization"),
+        owner_header: headers.contains_key("x-fencing-owner"),
+    });
+    "applied"
+}
+
+// ---------------------------------------------------------------- the layer
+
+/// A service of one's own: POST /statement stores the body, behind the
+/// layer; its effects are what the handler ran.
+async fn own_service(
+    layer: FenceLayer,
+    handler_delay: Duration,
+) -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
+    let effects: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let app = Router::new()
+        .route(
+            "/statement",
+            post(
+                move |State(effects): State<Arc<Mutex<Vec<Seen>>>>,
+                      Extension(fenced): Extension<Fenced>,
+                      body: String| async move {
+                    tokio::time::sleep(handler_delay).await;
+                    effects.lock().expect("effects").push(Seen {
+                        token: fenced.token.get(),
+                        body,
+                        idempotency_key: fenced.operation_id.clone(),
+                        authorization: None,
+                        owner_header: true,
+                    });
+                    "stored"
+                },
+            ),
+        )
+        .layer(layer)
+        .with_state(Arc::clone(&effects));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, effects)
+}
+
+fn cluster_check(cluster: &Cluster) -> CurrentCheck {
+    CurrentCheck::new(ClusterOptions {
+        endpoints: cluster.endpoints(),
+        ..ClusterOptions::default()
+    })
+    .expect("cluster check")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_refuses_a_paused_owner_once_the_newer_owner_wrote() {
+    let cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = SqliteLedger::open(&dir.path().join("fences.db")).expect("ledger");
+    let (addr, effects) = own_service(FenceLayer::builder(ledger).build(), Duration::ZERO).await;
+    let r = "statement:account-1842:2026-07";
+
+    let a = Grant::take(&client, r, Duration::from_millis(1_000)).await;
+    let (status, _, body) = send(addr, "/statement", &a.headers(Some("a-1")), "A draft").await;
+    assert_eq!((status, body.as_str()), (200, "stored"));
+    // A pauses past its lease; B takes over and writes.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let b = Grant::take(&client, r, Duration::from_secs(30)).await;
+    assert!(b.token > a.token);
+    let (status, _, _) = send(addr, "/statement", &b.headers(Some("b-1")), "B final").await;
+    assert_eq!(status, 200);
+    // A wakes up and writes: refused, by name.
+    let (status, headers, body) = send(addr, "/statement", &a.headers(Some("a-2")), "A late").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(
+        headers.get("content-type").map(|v| v.as_bytes()),
+        Some(&b"application/json"[..])
+    );
+    let refusal = json(&body);
+    assert_eq!(refusal["resource"], r);
+    assert_eq!(refusal["presented_token"], a.token.get());
+    assert_eq!(refusal["highest_accepted"], b.token.get());
+    assert_eq!(refusal["stage"], "ledger");
+    assert_eq!(refusal["error"], "stale_token");
+    // A retry of B's applied operation does not run the handler again.
+    let (status, headers, body) =
+        send(addr, "/statement", &b.headers(Some("b-1")), "B final").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        headers.get("x-fencing-outcome").map(|v| v.as_bytes()),
+        Some(&b"already-applied"[..])
+    );
+    assert_eq!(json(&body)["outcome"], "already_applied");
+    let bodies: Vec<_> = effects
+        .lock()
+        .expect("effects")
+        .iter()
+        .map(|s| s.body.clone())
+        .collect();
+    assert_eq!(bodies, ["A draft", "B final"]);
+    // Bad headers: 400 naming the header, nothing run.
+    let mut bad = b.headers(None);
+    bad[1].1 = "0".into();
+    let (status, _, body) = send(addr, "/statement", &bad, "x").await;
+    assert_eq!(status, 400);
+    assert!(json(&body)["message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("x-fencing-token: ")));
+    let (status, _, body) = send(addr, "/statement", &[], "x").await;
+    assert_eq!(status, 400);
+    assert_eq!(json(&body)["stage"], "headers");
+    assert_eq!(effects.lock().expect("effects").len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_with_the_cluster_check_refuses_a_paused_owner_before_the_newer_one_writes() {
+    let cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = SqliteLedger::open(&dir.path().join("fences.db")).expect("ledger");
+    let layer = FenceLayer::builder(ledger)
+        .cluster_check(cluster_check(&cluster))
+        .build();
+    let (addr, effects) = own_service(layer, Duration::ZERO).await;
+    let r = "statement:account-7:2026-07";
+    let a = Grant::take(&client, r, Duration::from_millis(1_000)).await;
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let b = Grant::take(&client, r, Duration::from_secs(30)).await;
+    // B has not written: without the check, A's write would still pass.
+    let (status, _, body) = send(addr, "/statement", &a.headers(None), "A late").await;
+    assert_eq!(status, 409, "{body}");
+    let refusal = json(&body);
+    assert_eq!(refusal["stage"], "cluster");
+    assert_eq!(refusal["current_token"], b.token.get());
+    // A token the cluster never issued cannot raise the ledger's highest.
+    let forged = Grant {
+        resource: r.into(),
+        token: Token::new(9_000_000).expect("token"),
+        owner: b.owner,
+    };
+    let (status, _, body) = send(addr, "/statement", &forged.headers(None), "forged").await;
+    assert_eq!(
+        (status, json(&body)["stage"].clone()),
+        (409, "cluster".into())
+    );
+    let (status, _, _) = send(addr, "/statement", &b.headers(None), "B").await;
+    assert_eq!(status, 200);
+    let tokens: Vec<_> = effects
+        .lock()
+        .expect("effects")
+        .iter()
+        .map(|s| s.token)
+        .collect();
+    assert_eq!(tokens, [b.token.get()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_runs_one_handler_per_resource_and_follows_the_strict_contract() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ledger = SqliteLedger::open(&dir.path().join("fences.db")).expect("ledger");
+    let layer = FenceLayer::builder(ledger)
+        .contract(Contract::Greater)
+        .build();
+    let (addr, effects) = own_service(layer, Duration::from_millis(400)).await;
+    let grant = |token: u64| Grant {
+        resource: "import:batch-9".into(),
+        token: Token::new(token).expect("token"),
+        owner: OwnerId::random(),
+    };
+    let (old, new) = (grant(5), grant(6));
+    // The older token's handler is running when the newer arrives: the
+    // newer waits for it, so the effects land in token order.
+    let first =
+        tokio::spawn(async move { send(addr, "/statement", &old.headers(None), "old").await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let (status, _, _) = send(addr, "/statement", &new.headers(None), "new").await;
+    assert_eq!(status, 200);
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(first.await.expect("first").0, 200);
+    let bodies: Vec<_> = effects
+        .lock()
+        .expect("effects")
+        .iter()
+        .map(|s| s.body.clone())
+        .collect();
+    assert_eq!(bodies, ["old", "new"]);
+    // Strict: the same token again is stale, not a second write.
+    let (status, _, body) = send(addr, "/statement", &new.headers(None), "again").await;
+    assert_eq!(status, 409);
+    assert_eq!(json(&body)["highest_accepted"], 6);
+    assert_eq!(effects.lock().expect("effects").len(), 2);
+}
+
+// -------------------------------------------------------------- the gateway
+
+/// A `fenced-gateway` process.
+struct Gateway {
+    child: Child,
+    addr: SocketAddr,
+    metrics: SocketAddr,
+}
+
+impl Gateway {
+    fn start(data: &Path, upstream: &Upstream, extra: &[String]) -> Gateway {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let mut args = vec![
+            "--listen".to_string(),
+            addr.to_string(),
+            "--upstream".into(),
+            format!("http://{}/api", upstream.addr),
+            "--data-dir".into(),
+            data.display().to_string(),
+            "--metrics-listen".into(),
+            metrics.to_string(),
+        ];
+        args.extend(extra.iter().cloned());
+        let child = Command::new(bin("fenced-gateway"))
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn fenced-gateway");
+        let g = Gateway {
+            child,
+            addr,
+            metrics,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "fenced-gateway did not listen on {addr}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        g
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    async fn metric(&self, sample: &str) -> u64 {
+        let (_, _, text) = {
+            let stream = TcpStream::connect(self.metrics).await.expect("metrics");
+            let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .expect("handshake");
+            tokio::spawn(conn);
+            let req = Request::get("/metrics")
+                .header("host", "m")
+                .body(Full::new(Bytes::new()))
+                .expect("req");
+            let a = tx.send_request(req).await.expect("answer");
+            let body = a.into_body().collect().await.expect("body").to_bytes();
+            (0, (), String::from_utf8_lossy(&body).into_owned())
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{sample} not in {text}"))
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn cluster_args(cluster: &Cluster) -> Vec<String> {
+    vec!["--cluster".into(), cluster.endpoints().join(",")]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_stale_owner_sequence_survives_a_restart() {
+    let cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let upstream = Upstream::start().await;
+    let data = tempfile::tempdir().expect("dir");
+    let mut gw = Gateway::start(data.path(), &upstream, &cluster_args(&cluster));
+    let r = "payout:merchant-12:2026-07";
+
+    let a = Grant::take(&client, r, Duration::from_millis(1_000)).await;
+    let (status, _, body) = send(gw.addr, "/payouts", &a.headers(Some("payout-1")), "A").await;
+    assert_eq!((status, body.as_str()), (200, "applied"));
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let b = Grant::take(&client, r, Duration::from_secs(30)).await;
+    // An operation id names one operation on the resource whoever sends
+    // it: the one A completed is not sent again for B.
+    let (status, headers, _) = send(gw.addr, "/payouts", &b.headers(Some("payout-1")), "B").await;
+    assert_eq!(status, 200);
+    assert!(headers.contains_key("x-fencing-outcome"));
+    let (status, headers, _) = send(gw.addr, "/payouts", &b.headers(Some("payout-2")), "B").await;
+    assert_eq!(status, 200);
+    assert!(!headers.contains_key("x-fencing-outcome"));
+    let (status, _, body) = send(gw.addr, "/payouts", &a.headers(Some("payout-3")), "A late").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(json(&body)["stage"], "cluster");
+    // Missing operation id: 400 naming it.
+    let (status, _, body) = send(gw.addr, "/payouts", &b.headers(None), "B").await;
+    assert_eq!(status, 400);
+    assert!(json(&body)["message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("x-fencing-operation-id: required")));
+    // A retry of B's operation is answered, not sent again.
+    let (status, headers, _) = send(gw.addr, "/payouts", &b.headers(Some("payout-2")), "B").await;
+    assert_eq!(status, 200);
+    assert!(headers.contains_key("x-fencing-outcome"));
+
+    let seen = upstream.seen();
+    assert_eq!(
+        seen.iter().map(|s| s.body.as_str()).collect::<Vec<_>>(),
+        ["A", "B"]
+    );
+    // Each operation reaches the upstream with its own derived key and
+    // without the owner id or the caller's credentials.
+    assert_eq!(
+        seen[1].idempotency_key.as_deref(),
+        Some(fenced_gateway_key(r, b.token.get(), "payout-2").as_str())
+    );
+    assert_ne!(seen[0].idempotency_key, seen[1].idempotency_key);
+    assert!(seen
+        .iter()
+        .all(|s| !s.owner_header && s.authorization.is_none()));
+    assert_eq!(
+        gw.metric("fenced_gateway_requests_total{outcome=\"forwarded\"}")
+            .await,
+        2
+    );
+    assert_eq!(
+        gw.metric("fenced_gateway_requests_total{outcome=\"duplicate\"}")
+            .await,
+        2
+    );
+    assert_eq!(
+        gw.metric("fenced_gateway_requests_total{outcome=\"stale\"}")
+            .await,
+        1
+    );
+
+    // The gateway is killed; restarted without the cluster check, its
+    // ledger alone still refuses A: the highest token survived.
+    gw.kill();
+    let gw = Gateway::start(
+        data.path(),
+        &upstream,
+        &["--standalone-no-cluster-check".to_string()],
+    );
+    let (status, _, body) =
+        send(gw.addr, "/payouts", &a.headers(Some("payout-4")), "A again").await;
+    assert_eq!(status, 409, "{body}");
+    let refusal = json(&body);
+    assert_eq!(refusal["stage"], "ledger");
+    assert_eq!(refusal["highest_accepted"], b.token.get());
+    assert_eq!(upstream.seen().len(), 2);
+}
+
+/// The key the gateway derives, computed here independently of it.
+fn fenced_gateway_key(resource: &str, token: u64, op: &str) -> String {
+    use std::fmt::Write;
+    let mut input = Vec::new();
+    for f in [resource.as_bytes(), &token.to_be_bytes(), op.as_bytes()] {
+        input.extend_from_slice(&(f.len() as u64).to_be_bytes());
+        input.extend_from_slice(f);
+    }
+    let digest = ring_sha256(&input);
+    let mut out = "fenced-".to_string();
+    for b in digest {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+fn ring_sha256(input: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(input).to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_judges_a_worker_paused_mid_request_when_its_body_arrives() {
+    let cluster = Cluster::start(3).await;
+    let client = cluster.client();
+    let upstream = Upstream::start().await;
+    let data = tempfile::tempdir().expect("dir");
+    let gw = Gateway::start(data.path(), &upstream, &cluster_args(&cluster));
+    let r = "statement:account-99:2026-07";
+    let a = Grant::take(&client, r, Duration::from_millis(1_000)).await;
+
+    // A sends its head and half its body, then pauses past its lease.
+    let body = "A's statement, all of it";
+    let mut raw = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut head = format!(
+        "POST /statements HTTP/1.1\r\nhost: gw\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in a.headers(Some("stmt-1")) {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    raw.write_all(head.as_bytes()).await.expect("head");
+    raw.write_all(&body.as_bytes()[..10]).await.expect("half");
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let b = Grant::take(&client, r, Duration::from_secs(30)).await;
+    let (status, _, _) = send(gw.addr, "/statements", &b.headers(Some("stmt-1")), "B's").await;
+    assert_eq!(status, 200);
+    // A wakes up and finishes its upload.
+    raw.write_all(&body.as_bytes()[10..]).await.expect("rest");
+    let mut answer = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), raw.read(&mut answer))
+        .await
+        .expect("answer in time")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
+    assert!(answer.contains("\"stage\":\"cluster\""), "{answer}");
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].token, b.token.get());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_holds_a_stale_request_behind_a_slow_newer_one_then_refuses_it() {
+    let upstream = Upstream::start().await;
+    let data = tempfile::tempdir().expect("dir");
+    // The ledger alone: the cluster check would refuse the stale request
+    // anyway; this shows the turn and the record-before-forward.
+    let gw = Gateway::start(
+        data.path(),
+        &upstream,
+        &[
+            "--standalone-no-cluster-check".to_string(),
+            "--max-body-bytes".into(),
+            "64".into(),
+        ],
+    );
+    let grant = |token: u64| Grant {
+        resource: "invoice:77".into(),
+        token: Token::new(token).expect("token"),
+        owner: OwnerId::random(),
+    };
+    let (stale, newer) = (grant(3), grant(4));
+    upstream.set_delay(Duration::from_millis(800));
+    let addr = gw.addr;
+    let newer_call = tokio::spawn(async move {
+        send(addr, "/invoices", &newer.headers(Some("inv-1")), "newer").await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The newer request is in flight at the upstream; the stale one waits
+    // for its turn and is refused after it.
+    let started = Instant::now();
+    let (status, _, body) =
+        send(gw.addr, "/invoices", &stale.headers(Some("inv-0")), "stale").await;
+    let waited = started.elapsed();
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(json(&body)["highest_accepted"], 4);
+    assert!(
+        waited >= Duration::from_millis(400),
+        "refused after {waited:?}, before the newer finished"
+    );
+    assert_eq!(newer_call.await.expect("newer").0, 200);
+    let seen = upstream.seen();
+    assert_eq!(seen.iter().map(|s| s.token).collect::<Vec<_>>(), [4]);
+    // Bounds: an oversized body is a 413 naming the bound, not forwarded.
+    upstream.set_delay(Duration::ZERO);
+    let (status, _, body) = send(
+        gw.addr,
+        "/invoices",
+        &grant(5).headers(Some("inv-2")),
+        &"x".repeat(65),
+    )
+    .await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("max_body_bytes"), "{body}");
+    assert_eq!(upstream.seen().len(), 1);
+}
+
+/// A TLS connection to `addr` trusting `pki`'s CA, as client `name`.
+async fn tls_to(
+    addr: SocketAddr,
+    pki: &Pki,
+    name: Option<&str>,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+    use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(pki.ca()).expect("ca") {
+        roots.add(c.expect("ca cert")).expect("root");
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots);
+    let config = match name {
+        None => builder.with_no_client_auth(),
+        Some(n) => {
+            let (cert, key) = pki.client(n);
+            let chain = CertificateDer::pem_file_iter(&cert)
+                .expect("cert")
+                .collect::<Result<Vec<_>, _>>()
+                .expect("chain");
+            builder
+                .with_client_auth_cert(chain, PrivateKeyDer::from_pem_file(&key).expect("key"))
+                .expect("client auth")
+        }
+    };
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let server = ServerName::try_from("127.0.0.1").expect("name");
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(server, tcp)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_authenticates_callers_and_needs_lock_on_the_resource() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let pki = Pki::new(&dir.path().join("pki"));
+    let (cert, key) = pki.server("gateway");
+    let (_, policy) = write_auth_files(
+        dir.path(),
+        &[],
+        "[roles.payouts]\nlock = [\"payout:\"]\n[roles.reader]\nread = [\"payout:\"]\n\
+         [identities]\nbilling = [\"payouts\"]\nauditor = [\"reader\"]\nother = [\"payouts-elsewhere\"]\n\
+         [roles.payouts-elsewhere]\nlock = [\"invoice:\"]\n",
+    );
+    let data = dir.path().join("data");
+    let gw = Gateway::start(
+        &data,
+        &upstream,
+        &[
+            "--standalone-no-cluster-check".to_string(),
+            "--tls-cert".into(),
+            cert.display().to_string(),
+            "--tls-key".into(),
+            key.display().to_string(),
+            "--client-ca".into(),
+            pki.ca().display().to_string(),
+            "--auth-policy".into(),
+            policy,
+        ],
+    );
+    let grant = Grant {
+        resource: "payout:merchant-1".into(),
+        token: Token::new(8).expect("token"),
+        owner: OwnerId::random(),
+    };
+    let headers = grant.headers(Some("p-1"));
+    // Plaintext to a TLS port gets no answer.
+    let plain = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+        let _ = s
+            .write_all(b"POST / HTTP/1.1\r\nhost: g\r\ncontent-length: 0\r\n\r\n")
+            .await;
+        let mut buf = [0u8; 64];
+        s.read(&mut buf)
+            .await
+            .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+    })
+    .await
+    .expect("closed in time");
+    assert!(
+        !plain
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("HTTP/1.1 2"),
+        "{plain:?}"
+    );
+    // No certificate: unauthenticated. A read-only identity and one whose
+    // lock grant is for another prefix: forbidden.
+    for (name, want) in [(None, 401), (Some("auditor"), 403), (Some("other"), 403)] {
+        let s = tls_to(gw.addr, &pki, name).await.expect("tls");
+        let (status, _, body) = send_on(s, "/payouts", &headers, "x").await;
+        assert_eq!(status, want, "{name:?}: {body}");
+        assert_eq!(json(&body)["stage"], "permission");
+    }
+    assert!(upstream.seen().is_empty());
+    let s = tls_to(gw.addr, &pki, Some("billing")).await.expect("tls");
+    let (status, _, _) = send_on(s, "/payouts", &headers, "paid").await;
+    assert_eq!(status, 200);
+    assert_eq!(upstream.seen().len(), 1);
+    // The metrics port under TLS wants a client certificate too.
+    let refused = match tls_to(gw.metrics, &pki, None).await {
+        Err(_) => true,
+        Ok(mut s) => {
+            let _ = s
+                .write_all(b"GET /metrics HTTP/1.1\r\nhost: m\r\n\r\n")
+                .await;
+            let mut buf = [0u8; 64];
+            !matches!(s.read(&mut buf).await, Ok(n) if n > 0)
+        }
+    };
+    assert!(refused, "metrics served without a client certificate");
+    let s = tls_to(gw.metrics, &pki, Some("billing"))
+        .await
+        .expect("tls");
+    let (_, _, text) = send_on(s, "/metrics", &[], "").await;
+    assert!(
+        text.contains("fenced_gateway_requests_total{outcome=\"forwarded\"} 1"),
+        "{text}"
+    );
+
+    // Off loopback without TLS or without auth, it refuses to start.
+    for extra in [
+        vec![],
+        vec![
+            "--tls-cert".to_string(),
+            cert.display().to_string(),
+            "--tls-key".into(),
+            key.display().to_string(),
+        ],
+    ] {
+        let mut args = vec![
+            "--listen".to_string(),
+            "0.0.0.0:0".into(),
+            "--upstream".into(),
+            "http://127.0.0.1:1".into(),
+            "--data-dir".into(),
+            dir.path().join("x").display().to_string(),
+            "--standalone-no-cluster-check".into(),
+        ];
+        args.extend(extra);
+        let out = Command::new(bin("fenced-gateway"))
+            .args(&args)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("listen: "), "{err}");
+    }
+}
