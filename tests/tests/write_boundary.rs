@@ -817,3 +817,58 @@ async fn gateway_authenticates_callers_and_needs_lock_on_the_resource() {
         assert!(err.contains("listen: "), "{err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_guards_a_tonic_service_with_grpc_statuses() {
+    use fenced_proto::v1::{fenced_resource_client::FencedResourceClient, PutRequest};
+    use fenced_resource::{service::ResourceService, FenceStore};
+    let dir = tempfile::tempdir().expect("dir");
+    let store = Arc::new(FenceStore::open(dir.path().join("store")).expect("store"));
+    let ledger = SqliteLedger::open(&dir.path().join("fences.db")).expect("ledger");
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(FenceLayer::builder(ledger).build())
+            .add_service(ResourceService::new(store).into_server())
+            .serve(addr),
+    );
+    let mut client = loop {
+        if let Ok(c) = FencedResourceClient::connect(format!("http://{addr}")).await {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let grant = |token: u64, owner: OwnerId| Grant {
+        resource: "report:q3".into(),
+        token: Token::new(token).expect("token"),
+        owner,
+    };
+    let put = |g: &Grant, value: &str| {
+        let mut req = tonic::Request::new(PutRequest {
+            key: g.resource.as_bytes().to_vec(),
+            resource: g.resource.as_bytes().to_vec(),
+            token: Some(g.token.get()),
+            owner_id: g.owner.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
+            ..Default::default()
+        });
+        for (k, v) in g.headers(None) {
+            req.metadata_mut().insert(k, v.parse().expect("metadata"));
+        }
+        req
+    };
+    let newer = grant(7, OwnerId::random());
+    assert!(client.put(put(&newer, "v7")).await.is_ok());
+    // Through tonic, the refusal is a gRPC status carrying the same JSON.
+    let stale = grant(6, OwnerId::random());
+    let status = client.put(put(&stale, "v6")).await.expect_err("stale");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    let refusal = json(status.message());
+    assert_eq!(refusal["stage"], "ledger");
+    assert_eq!(refusal["highest_accepted"], 7);
+    let mut bare = put(&newer, "v");
+    bare.metadata_mut().remove("x-fencing-token");
+    let status = client.put(bare).await.expect_err("no token header");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("x-fencing-token: required"), "{}", status.message());
+}
