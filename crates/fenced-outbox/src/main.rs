@@ -35,8 +35,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct Database {
-    /// `sqlite:PATH` or `postgres://USER@HOST/DB` (PostgreSQL without TLS:
-    /// loopback or a Unix socket).
+    /// `sqlite:PATH`, `postgres://USER@HOST/DB` or `host=... dbname=...`
+    /// (PostgreSQL without TLS: loopback or a Unix socket).
     #[arg(long, env = "FENCED_OUTBOX_DATABASE", hide_env_values = true)]
     database: String,
 }

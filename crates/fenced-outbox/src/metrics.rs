@@ -337,3 +337,60 @@ async fn answer<B>(req: &Request<B>, store: &Store, metrics: &Metrics) -> Respon
     );
     response
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn flags(cert: bool, key: bool, client_ca: bool) -> TlsFlags {
+        TlsFlags {
+            cert,
+            key,
+            client_ca,
+        }
+    }
+
+    #[test]
+    fn off_loopback_needs_all_three_tls_flags() {
+        let public: SocketAddr = "0.0.0.0:9752".parse().unwrap();
+        let v6: SocketAddr = "[::]:9752".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:9752".parse().unwrap();
+        let local6: SocketAddr = "[::1]:9752".parse().unwrap();
+        for addr in [public, v6] {
+            for (given, named) in [
+                (flags(false, false, false), "--metrics-tls-cert"),
+                (flags(true, false, false), "--metrics-tls-key"),
+                (flags(true, true, false), "--metrics-client-ca"),
+                (flags(false, true, true), "--metrics-tls-cert"),
+            ] {
+                let e = tls_required(addr, given).unwrap_err();
+                assert!(e.starts_with(&format!("{named} is required")), "{e}");
+                assert!(e.contains("not loopback"), "{e}");
+            }
+            assert_eq!(tls_required(addr, flags(true, true, true)), Ok(true));
+        }
+        for addr in [local, local6] {
+            assert_eq!(tls_required(addr, flags(false, false, false)), Ok(false));
+            assert_eq!(tls_required(addr, flags(true, true, true)), Ok(true));
+            let e = tls_required(addr, flags(true, true, false)).unwrap_err();
+            assert!(e.starts_with("--metrics-client-ca is required"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_exposition_without_a_backlog() {
+        let text = render(
+            &Counts {
+                delivered: 2,
+                active: true,
+                ..Counts::default()
+            },
+            None,
+        );
+        assert!(text.contains("\nfenced_outbox_backlog_up 0\n"));
+        assert!(!text.contains("fenced_outbox_pending"));
+        assert!(text.contains("\nfenced_outbox_delivered_total 2\n"));
+        assert!(text.ends_with("fenced_outbox_dispatcher_active 1\n"));
+    }
+}

@@ -100,7 +100,7 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Store {
     /// Opens `sqlite:PATH` or connects to `postgres://...` (also
-    /// `postgresql://`; without TLS: reach the server over loopback or a
+    /// `postgresql://`, or libpq's `host=... dbname=...`; without TLS: reach the server over loopback or a
     /// Unix socket). The URL is never echoed in an error (it may carry a
     /// password).
     pub async fn open(database: &str) -> Result<Store, OutboxError> {
@@ -121,7 +121,9 @@ impl Store {
             .map_err(|e| OutboxError::Internal(format!("opening sqlite: {e}")))??;
             return Ok(Store::sqlite(conn));
         }
-        if database.starts_with("postgres://") || database.starts_with("postgresql://") {
+        let key_value = !database.contains("://") && database.contains('=');
+        if database.starts_with("postgres://") || database.starts_with("postgresql://") || key_value
+        {
             let (client, connection) =
                 tokio_postgres::connect(database, tokio_postgres::NoTls).await?;
             tokio::spawn(async move {
@@ -133,7 +135,7 @@ impl Store {
         }
         Err(OutboxError::invalid(
             "database",
-            "must be sqlite:PATH or postgres://USER@HOST/DB",
+            "must be sqlite:PATH, postgres://USER@HOST/DB or key=value (host=... dbname=...)",
         ))
     }
 
