@@ -761,3 +761,87 @@ async fn metrics_refuse_clients_without_a_certificate_and_show_the_backlog() {
     );
     shutdown.cancel();
 }
+
+/// The binary end to end: `fenced-outbox dispatch` delivers, shows itself
+/// active on `/metrics` (plaintext on loopback), and on SIGTERM stops with
+/// 0 and releases its lease at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_delivers_reports_and_releases_on_sigterm() {
+    let (dir, cluster, db, up) = setup().await;
+    db.record(
+        &fence("bin", 1, "w"),
+        &Operation::post(&up.url("/b"), b"b", "bin-1"),
+    )
+    .await
+    .unwrap();
+    let Db::Sqlite(path) = &db else {
+        unreachable!()
+    };
+    let metrics_addr = format!("127.0.0.1:{}", fenced_testkit::free_port().unwrap());
+    let log = std::fs::File::create(dir.path().join("dispatch.log")).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fenced-outbox"))
+        .arg("dispatch")
+        .env(
+            "FENCED_OUTBOX_DATABASE",
+            format!("sqlite:{}", path.display()),
+        )
+        .env("FENCED_OUTBOX_CLUSTER", cluster.endpoints().join(","))
+        .args([
+            "--name",
+            "binary",
+            "--lease-ttl",
+            "3s",
+            "--poll-interval",
+            "50ms",
+        ])
+        .args(["--metrics-listen", &metrics_addr])
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let store = db.store().await;
+    wait_for(&store, "bin", "the binary's delivery", |e| {
+        states(e) == [("bin-1", "delivered")]
+    })
+    .await;
+    let addr = metrics_addr.parse().unwrap();
+    let (status, body) = upstream::plain_get(addr, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    fenced_server::exposition::check(&body).unwrap();
+    assert!(
+        body.contains("\nfenced_outbox_dispatcher_active 1\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("\nfenced_outbox_delivered_total 1\n"),
+        "{body}"
+    );
+    assert!(body.contains("\nfenced_outbox_pending 0\n"), "{body}");
+
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no exit 10 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    let log = std::fs::read_to_string(dir.path().join("dispatch.log")).unwrap();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("token="), "the log names the token: {log}");
+    // Released: the lease is granted at once, well before its TTL.
+    let client = Client::new(cluster.endpoints()).unwrap();
+    let lease = client
+        .lock(
+            "outbox-dispatcher:binary",
+            Duration::from_secs(3),
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
+}
