@@ -195,10 +195,15 @@ impl<D: Deliver> Dispatcher<D> {
         match self.store.claim(&fence).await {
             Ok(verdict) => {
                 if let Some(highest) = stale_of(verdict) {
-                    warn!(
+                    // The database saw a newer token than the cluster just
+                    // granted (another cluster, or one restored from an old
+                    // backup, against this database): nothing may be marked.
+                    tracing::error!(
                         highest,
-                        "a dispatcher with a newer token marked already; standing down"
+                        "the database holds a newer dispatcher token than this grant; standing down"
                     );
+                    release(lease).await;
+                    pause(FAILURE_PAUSE, shutdown).await;
                     return Ok(());
                 }
             }

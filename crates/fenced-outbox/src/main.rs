@@ -75,9 +75,9 @@ struct Dispatch {
     #[arg(long, env = "FENCED_OUTBOX_POLL_INTERVAL", default_value = "200ms",
           value_parser = duration_in(Duration::from_millis(10), Duration::from_secs(60)))]
     poll_interval: Duration,
-    /// Most operations taken per look.
+    /// Most operations taken per look (each up to 1 MiB held in memory).
     #[arg(long, env = "FENCED_OUTBOX_BATCH", default_value_t = 32,
-          value_parser = clap::value_parser!(u32).range(1..=1000))]
+          value_parser = clap::value_parser!(u32).range(1..=256))]
     batch: u32,
     /// Every delivery attempt (connect, TLS, request, answer) within this.
     #[arg(long, env = "FENCED_OUTBOX_REQUEST_TIMEOUT", default_value = "10s",

@@ -685,6 +685,26 @@ async fn metrics_refuse_clients_without_a_certificate_and_show_the_backlog() {
         !out.status.success() && stderr.contains("--lease-ttl"),
         "{stderr}"
     );
+    for (flag, value) in [
+        ("--batch", "0"),
+        ("--batch", "257"),
+        ("--max-attempts", "0"),
+    ] {
+        let out = std::process::Command::new(exe)
+            .args([
+                "dispatch",
+                "--database",
+                "sqlite::memory:",
+                "--cluster",
+                "127.0.0.1:1",
+            ])
+            .args(["--name", "m", flag, value])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+    }
 
     // The binary's migrate, then two pending operations.
     let db_path = dir.path().join("app.db");
