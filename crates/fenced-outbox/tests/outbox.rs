@@ -651,58 +651,32 @@ async fn bad_input_is_refused_naming_the_field_and_nothing_is_recorded() {
 async fn metrics_refuse_clients_without_a_certificate_and_show_the_backlog() {
     let dir = tempfile::tempdir().unwrap();
     let exe = env!("CARGO_BIN_EXE_fenced-outbox");
-    let out = std::process::Command::new(exe)
-        .args([
-            "dispatch",
-            "--database",
-            "sqlite::memory:",
-            "--cluster",
-            "127.0.0.1:1",
-        ])
-        .args(["--name", "m", "--metrics-listen", "0.0.0.0:0"])
-        .env_remove("FENCED_OUTBOX_METRICS_TLS_CERT")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // `dispatch` with `flag value`: refused before anything is opened.
+    let refused = |flag: &str, value: &str| {
+        let out = std::process::Command::new(exe)
+            .args(["dispatch", "--database", "sqlite::memory:"])
+            .args(["--cluster", "127.0.0.1:1", "--name", "m", flag, value])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = refused("--metrics-listen", "0.0.0.0:0");
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("--metrics-tls-cert is required"),
         "{stderr}"
     );
-    let out = std::process::Command::new(exe)
-        .args([
-            "dispatch",
-            "--database",
-            "sqlite::memory:",
-            "--cluster",
-            "127.0.0.1:1",
-        ])
-        .args(["--name", "m", "--lease-ttl", "0s"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("--lease-ttl"),
-        "{stderr}"
-    );
     for (flag, value) in [
+        ("--lease-ttl", "0s"),
         ("--batch", "0"),
         ("--batch", "257"),
         ("--max-attempts", "0"),
     ] {
-        let out = std::process::Command::new(exe)
-            .args([
-                "dispatch",
-                "--database",
-                "sqlite::memory:",
-                "--cluster",
-                "127.0.0.1:1",
-            ])
-            .args(["--name", "m", flag, value])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        let (code, stderr) = refused(flag, value);
+        assert_eq!(code, Some(2), "{stderr}");
         assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
     }
 
