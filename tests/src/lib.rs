@@ -544,19 +544,7 @@ pub fn rss_kib(pid: i32) -> u64 {
 /// The PostgreSQL server `.ci/run` starts. In CI a missing server is a
 /// failure; elsewhere the PostgreSQL tests say so and skip.
 pub fn postgres_url() -> Option<String> {
-    match std::env::var("FENCED_TEST_POSTGRES_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "FENCED_TEST_POSTGRES_URL is not set: .ci/run starts PostgreSQL with .ci/postgres.sh"
-            );
-            eprintln!(
-                "NOTICE: skipping a PostgreSQL test: set FENCED_TEST_POSTGRES_URL (source .ci/postgres.sh)"
-            );
-            None
-        }
-    }
+    fenced_testkit::postgres_url()
 }
 
 /// The status a Watch stream ends with, reading past its events; panics

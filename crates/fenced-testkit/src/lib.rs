@@ -56,3 +56,37 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     let tail: Vec<&str> = text.lines().rev().take(lines).collect();
     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
+
+/// The PostgreSQL server of `FENCED_TEST_POSTGRES_URL` (`.ci/run` starts
+/// one with `.ci/postgres.sh`). Under CI (`CI=true`) a missing server
+/// panics; elsewhere the test says it skips, and `None` is returned.
+pub fn postgres_url() -> Option<String> {
+    match std::env::var("FENCED_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "FENCED_TEST_POSTGRES_URL is not set: .ci/run starts PostgreSQL with .ci/postgres.sh"
+            );
+            eprintln!(
+                "NOTICE: skipping a PostgreSQL test: set FENCED_TEST_POSTGRES_URL (source .ci/postgres.sh)"
+            );
+            None
+        }
+    }
+}
+
+/// `prefix` made unique to this process, this moment and this call: a name
+/// no other test (or earlier run against the same database) uses.
+pub fn unique_name(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
