@@ -94,6 +94,36 @@ write_as_a $r "$url" payout-a
 [[ $(wc -l <"$WORK/upstream.writes") == 1 ]] && grep -q "B's payout" "$WORK/upstream.writes" \
     || fail "the upstream applied: $(cat "$WORK/upstream.writes")"
 
+echo "== a fenced outbox with one dispatcher (fenced-outbox, examples/src/bin/outbox-record.rs)"
+db="sqlite:$WORK/outbox.db"
+fenced-outbox migrate --database "$db" >/dev/null 2>&1 || fail "fenced-outbox migrate"
+fenced-outbox dispatch --database "$db" --cluster "$FENCED_ENDPOINTS" --name examples \
+    --lease-ttl 2s --metrics-listen "127.0.0.1:$((BASE + 800))" >"$WORK/dispatcher.log" 2>&1 &
+pids+=($!)
+wait_port $((BASE + 800))
+r=invoice:1842
+charges="http://127.0.0.1:$((BASE + 500))/charges"
+take_paused $r
+fencectl run $r --ttl 30s --wait 10s -- outbox-record --database "$WORK/outbox.db" \
+    --destination "$charges" --key charge-b --payload "B's charge" >/dev/null \
+    || fail "B's record"
+rc=0
+FENCED_RESOURCE=$r FENCED_FENCING_TOKEN=$A_TOKEN FENCED_OWNER_ID=$A_OWNER outbox-record \
+    --database "$WORK/outbox.db" --destination "$charges" --key charge-a \
+    --payload "A's charge" 2>"$WORK/a.err" || rc=$?
+[[ $rc == 3 ]] || fail "A's stale record was not refused (exit $rc): $(cat "$WORK/a.err")"
+echo "  A (token $A_TOKEN) refused: $(cat "$WORK/a.err")"
+for _ in $(seq 1 100); do
+    grep -q "B's charge" "$WORK/upstream.writes" && break
+    sleep 0.1
+done
+grep -q "B's charge" "$WORK/upstream.writes" || fail "the dispatcher did not deliver B's charge"
+grep -q "A's charge" "$WORK/upstream.writes" && fail "A's charge was delivered"
+[[ $(grep -c "B's charge" "$WORK/upstream.writes") == 1 ]] || fail "B's charge was applied more than once"
+backlog=$(curl -sS "http://127.0.0.1:$((BASE + 800))/metrics" | awk '$1 == "fenced_outbox_pending" {print $2}')
+[[ $backlog == 0 ]] || fail "the backlog is $backlog after delivery"
+echo "  B's charge delivered once, backlog 0"
+
 echo "== fenced's own store (fenced-resource serve, fencectl resource put)"
 fenced-resource serve --listen "127.0.0.1:$((BASE + 700))" --data-dir "$WORK/resource" \
     --cluster "$FENCED_ENDPOINTS" >"$WORK/resource.log" 2>&1 &

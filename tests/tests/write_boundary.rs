@@ -870,5 +870,9 @@ async fn layer_guards_a_tonic_service_with_grpc_statuses() {
     bare.metadata_mut().remove("x-fencing-token");
     let status = client.put(bare).await.expect_err("no token header");
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(status.message().contains("x-fencing-token: required"), "{}", status.message());
+    assert!(
+        status.message().contains("x-fencing-token: required"),
+        "{}",
+        status.message()
+    );
 }

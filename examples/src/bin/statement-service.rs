@@ -52,7 +52,8 @@ async fn write(
     body: String,
 ) -> Result<String, (StatusCode, String)> {
     let db = db.lock().unwrap_or_else(PoisonError::into_inner);
-    let token = i64::try_from(fenced.token.get()).map_err(|_| (StatusCode::BAD_REQUEST, "token".into()))?;
+    let token =
+        i64::try_from(fenced.token.get()).map_err(|_| (StatusCode::BAD_REQUEST, "token".into()))?;
     db.execute(
         "INSERT INTO account_statements (account_id, content, written_with_token) VALUES (?1, ?2, ?3)
          ON CONFLICT (account_id) DO UPDATE SET content = ?2, written_with_token = ?3",
@@ -77,10 +78,14 @@ async fn read(State(db): State<Db>, Path(account): Path<String>) -> Result<Strin
 async fn main() -> Result<(), String> {
     let cli = Cli::parse();
     if !cli.listen.ip().is_loopback() {
-        return Err(format!("listen: {} is not loopback; this example has no TLS", cli.listen));
+        return Err(format!(
+            "listen: {} is not loopback; this example has no TLS",
+            cli.listen
+        ));
     }
     std::fs::create_dir_all(&cli.data_dir).map_err(|e| format!("data_dir: {e}"))?;
-    let conn = rusqlite::Connection::open(cli.data_dir.join("statements.db")).map_err(|e| e.to_string())?;
+    let conn = rusqlite::Connection::open(cli.data_dir.join("statements.db"))
+        .map_err(|e| e.to_string())?;
     conn.execute_batch(
         "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;
          CREATE TABLE IF NOT EXISTS account_statements (
