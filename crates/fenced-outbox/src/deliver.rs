@@ -30,15 +30,14 @@ pub trait Deliver: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct HttpDelivery {
     timeout: Duration,
-    tls: Option<TlsConnector>,
+    tls: TlsConnector,
 }
 
 impl HttpDelivery {
     /// Delivery trusting the CA certificates (PEM) in `ca` for `https://`
-    /// destinations; without one, an https destination fails its attempts
-    /// (transient: configure the CA and they go through).
+    /// destinations, or the system's roots without one (as the gateway).
     pub fn new(ca: Option<&Path>, timeout: Duration) -> Result<HttpDelivery, String> {
-        let tls = ca.map(connector).transpose()?;
+        let tls = connector(ca)?;
         Ok(HttpDelivery { timeout, tls })
     }
 
@@ -67,9 +66,7 @@ impl HttpDelivery {
             .body(Full::new(Bytes::from(op.payload.clone())))
             .map_err(|e| format!("building the request: {e}"))?;
         if https {
-            let tls = self.tls.as_ref().ok_or(
-                "an https:// destination needs the CA that signed its certificate (--destination-ca)",
-            )?;
+            let tls = &self.tls;
             let name = ServerName::try_from(host.to_string())
                 .map_err(|e| format!("server name {host:?}: {e}"))?;
             let stream = tls
@@ -123,14 +120,25 @@ where
     result
 }
 
-fn connector(ca: &Path) -> Result<TlsConnector, String> {
-    let bad = |e: &dyn std::fmt::Display| format!("--destination-ca {}: {e}", ca.display());
+fn connector(ca: Option<&Path>) -> Result<TlsConnector, String> {
     let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca).map_err(|e| bad(&e))? {
-        roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
-    }
-    if roots.is_empty() {
-        return Err(bad(&"no certificate in it"));
+    match ca {
+        Some(ca) => {
+            let bad = |e: &dyn std::fmt::Display| format!("--destination-ca {}: {e}", ca.display());
+            for cert in CertificateDer::pem_file_iter(ca).map_err(|e| bad(&e))? {
+                roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+            }
+            if roots.is_empty() {
+                return Err(bad(&"no certificate in it"));
+            }
+        }
+        None => {
+            // A system certificate rustls cannot parse is skipped, as every
+            // TLS client does.
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
     }
     let config =
         ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
