@@ -141,6 +141,20 @@ fencectl resource put $r --token "$A_TOKEN" --owner-id "$A_OWNER" --value "A's r
 [[ $rc == 3 ]] || fail "A's put was not rejected (exit $rc)"
 echo "  A (token $A_TOKEN) rejected by the store"
 
+echo "== versioned objects with a fenced pointer (examples/src/bin/publish-report.rs)"
+r=report:2026-q3
+store="$WORK/reports"
+take_paused $r
+fencectl run $r --ttl 30s --wait 10s -- publish-report --store "$store" --object $r \
+    --content "B's report" >/dev/null || fail "B's publish"
+rc=0
+FENCED_RESOURCE=$r FENCED_FENCING_TOKEN=$A_TOKEN FENCED_OWNER_ID=$A_OWNER publish-report \
+    --store "$store" --object $r --content "A's report" >/dev/null 2>"$WORK/a.err" || rc=$?
+[[ $rc == 3 ]] || fail "A's publish was not refused (exit $rc): $(cat "$WORK/a.err")"
+[[ $(publish-report --store "$store" --object $r --show) == "B's report" ]] \
+    || fail "the pointer moved to A's version"
+echo "  A (token $A_TOKEN) refused: $(cut -c1-120 "$WORK/a.err")"
+
 echo "== your own SQL table (fenced-sql, examples/sql/account-statements.sql)"
 if [[ -n "${FENCED_TEST_POSTGRES_URL:-}" ]]; then
     psql -q "$FENCED_TEST_POSTGRES_URL" -v ON_ERROR_STOP=1 \

@@ -661,6 +661,53 @@ async fn gateway_holds_a_stale_request_behind_a_slow_newer_one_then_refuses_it()
     assert_eq!(upstream.seen().len(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_bounds_a_stalled_body_and_a_silent_upstream_in_time() {
+    let upstream = Upstream::start().await;
+    let data = tempfile::tempdir().expect("dir");
+    let gw = Gateway::start(
+        data.path(),
+        &upstream,
+        &[
+            "--standalone-no-cluster-check".to_string(),
+            "--body-timeout-ms".into(),
+            "300".into(),
+            "--upstream-timeout-ms".into(),
+            "300".into(),
+        ],
+    );
+    let grant = |token: u64| Grant {
+        resource: "export:9".into(),
+        token: Token::new(token).expect("token"),
+        owner: OwnerId::random(),
+    };
+    // A body that stops half way: 408 once the body time is up.
+    let mut raw = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut head = "POST /exports HTTP/1.1\r\nhost: gw\r\ncontent-length: 100\r\n".to_string();
+    for (k, v) in grant(1).headers(Some("e-1")) {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n0123456789");
+    raw.write_all(head.as_bytes()).await.expect("head");
+    let mut answer = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), raw.read(&mut answer))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_timeout_ms"), "{answer}");
+    // An upstream slower than the bound: 504, and the token stays
+    // recorded (an older one is refused afterwards).
+    upstream.set_delay(Duration::from_millis(1_000));
+    let (status, _, body) = send(gw.addr, "/exports", &grant(5).headers(Some("e-5")), "x").await;
+    assert_eq!(status, 504, "{body}");
+    assert_eq!(json(&body)["stage"], "upstream");
+    let (status, _, body) = send(gw.addr, "/exports", &grant(4).headers(Some("e-4")), "x").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(json(&body)["highest_accepted"], 5);
+}
+
 /// A TLS connection to `addr` trusting `pki`'s CA, as client `name`.
 async fn tls_to(
     addr: SocketAddr,
