@@ -923,3 +923,179 @@ async fn layer_guards_a_tonic_service_with_grpc_statuses() {
         status.message()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_instances_sharing_a_postgres_ledger_refuse_a_stale_owner_between_them() {
+    let Some(url) = fenced_tests::postgres_url() else {
+        eprintln!("skipped: no PostgreSQL (FENCED_TEST_POSTGRES_URL)");
+        return;
+    };
+    // Two instances of one service behind a load balancer, one ledger.
+    let one = fenced_http::PostgresLedger::connect(&url, 2)
+        .await
+        .expect("ledger 1");
+    let two = fenced_http::PostgresLedger::connect(&url, 3)
+        .await
+        .expect("ledger 2");
+    let (addr_one, effects_one) =
+        own_service(FenceLayer::builder(one).build(), Duration::ZERO).await;
+    let (addr_two, effects_two) =
+        own_service(FenceLayer::builder(two).build(), Duration::ZERO).await;
+    let resource = format!("statement:pg-{}", OwnerId::random().as_uuid());
+    let grant = |token: u64| Grant {
+        resource: resource.clone(),
+        token: Token::new(token).expect("token"),
+        owner: OwnerId::random(),
+    };
+    let (a, b) = (grant(11), grant(12));
+    let (status, _, _) = send(addr_one, "/statement", &a.headers(Some("s-a")), "A").await;
+    assert_eq!(status, 200);
+    let (status, _, _) = send(addr_two, "/statement", &b.headers(Some("s-b")), "B").await;
+    assert_eq!(status, 200);
+    // A writes again through the first instance: the shared ledger refuses.
+    let (status, _, body) = send(addr_one, "/statement", &a.headers(Some("s-a2")), "A late").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(json(&body)["highest_accepted"], 12);
+    // B's operation retried through the other instance is a duplicate.
+    let (status, headers, _) = send(addr_one, "/statement", &b.headers(Some("s-b")), "B").await;
+    assert_eq!(status, 200);
+    assert!(headers.contains_key("x-fencing-outcome"));
+    assert_eq!(effects_one.lock().expect("one").len(), 1);
+    assert_eq!(effects_two.lock().expect("two").len(), 1);
+}
+
+/// An HTTPS upstream that requires a client certificate from `pki`'s CA
+/// and records what it applies, as `Upstream` does.
+async fn tls_upstream(pki: &Pki) -> Upstream {
+    use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let (cert, key) = pki.server("upstream");
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(pki.ca()).expect("ca") {
+        roots.add(c.expect("ca cert")).expect("root");
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::clone(&provider),
+    )
+    .build()
+    .expect("verifier");
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            CertificateDer::pem_file_iter(&cert)
+                .expect("cert")
+                .collect::<Result<Vec<_>, _>>()
+                .expect("chain"),
+            PrivateKeyDer::from_pem_file(&key).expect("key"),
+        )
+        .expect("config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let up = Upstream {
+        addr: listener.local_addr().expect("addr"),
+        seen: Arc::default(),
+        delay: Arc::default(),
+    };
+    let app = Router::new()
+        .fallback(upstream_apply)
+        .with_state(up.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service =
+                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let app = app.clone();
+                        async move {
+                            use tower::ServiceExt;
+                            app.oneshot(req.map(axum::body::Body::new)).await
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    up
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_speaks_tls_to_its_upstream_with_its_own_certificate() {
+    let dir = tempfile::tempdir().expect("dir");
+    let pki = Pki::new(&dir.path().join("pki"));
+    let upstream = tls_upstream(&pki).await;
+    let (gw_cert, gw_key) = pki.client("gateway");
+    let secret = dir.path().join("api-key");
+    std::fs::write(&secret, "Bearer gateway-secret\n").expect("secret");
+    let data = dir.path().join("data");
+    let mut args = vec![
+        "--listen".to_string(),
+        format!("127.0.0.1:{}", free_port()),
+        "--upstream".into(),
+        format!("https://127.0.0.1:{}/api", upstream.addr.port()),
+        "--data-dir".into(),
+        data.display().to_string(),
+        "--standalone-no-cluster-check".into(),
+        "--upstream-ca".into(),
+        pki.ca().display().to_string(),
+        "--upstream-authorization-file".into(),
+        secret.display().to_string(),
+    ];
+    let addr: SocketAddr = args[1].parse().expect("addr");
+    let spawn = |args: &[String]| {
+        let child = Command::new(bin("fenced-gateway"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "no gateway on {addr}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child
+    };
+    let grant = |token: u64| Grant {
+        resource: "charge:3".into(),
+        token: Token::new(token).expect("token"),
+        owner: OwnerId::random(),
+    };
+    // Without its client certificate the upstream refuses the gateway: a
+    // 502, nothing applied.
+    let mut child = spawn(&args);
+    let (status, _, body) = send(addr, "/charges", &grant(1).headers(Some("c-1")), "x").await;
+    assert_eq!(status, 502, "{body}");
+    assert!(upstream.seen().is_empty());
+    let _ = child.kill();
+    let _ = child.wait();
+    args.extend([
+        "--upstream-cert".to_string(),
+        gw_cert.display().to_string(),
+        "--upstream-key".into(),
+        gw_key.display().to_string(),
+    ]);
+    let mut child = spawn(&args);
+    let (status, _, body) = send(addr, "/charges", &grant(2).headers(Some("c-2")), "charge").await;
+    assert_eq!((status, body.as_str()), (200, "applied"));
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].authorization.as_deref(),
+        Some("Bearer gateway-secret")
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
