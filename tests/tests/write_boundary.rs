@@ -17,7 +17,7 @@ use std::{
 use axum::{extract::State, routing::post, Extension, Router};
 use bytes::Bytes;
 use fenced_client::{AcquireOutcome, Client, OwnerId, Token};
-use fenced_http::{Contract, FenceLayer, Fenced, SqliteLedger};
+use fenced_http::{FenceLayer, Fenced, SqliteLedger};
 use fenced_resource::current::{ClusterOptions, CurrentCheck};
 use fenced_tests::{bin, free_port, write_auth_files, Cluster, Pki};
 use http_body_util::{BodyExt, Full};
@@ -165,23 +165,33 @@ async fn upstream_apply(
     headers: HeaderMap,
     body: String,
 ) -> &'static str {
-    let delay = *up.delay.lock().expect("delay");
-    tokio::time::sleep(delay).await;
-    let text = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
+    // As most servers do, a request received is applied even if its
+    // client hangs up: the work runs in a task of its own. A body starting
+    // with "slow" takes the upstream's delay; others are applied at once.
+    let delay = if body.starts_with("slow") {
+        *up.delay.lock().expect("delay")
+    } else {
+        Duration::ZERO
     };
-    up.seen.lock().expect("seen").push(Seen {
-        token: text("x-fencing-token")
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(0),
-        body,
-        idempotency_key: text("idempotency-key"),
-        authorization: text("authorization"),
-        owner_header: headers.contains_key("x-fencing-owner"),
+    let work = tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        let text = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        up.seen.lock().expect("seen").push(Seen {
+            token: text("x-fencing-token")
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0),
+            body,
+            idempotency_key: text("idempotency-key"),
+            authorization: text("authorization"),
+            owner_header: headers.contains_key("x-fencing-owner"),
+        });
     });
+    let _ = work.await;
     "applied"
 }
 
@@ -202,6 +212,7 @@ async fn own_service(
                       Extension(fenced): Extension<Fenced>,
                       body: String| async move {
                     tokio::time::sleep(handler_delay).await;
+                    let fail = body == "fail";
                     effects.lock().expect("effects").push(Seen {
                         token: fenced.token.get(),
                         body,
@@ -209,7 +220,11 @@ async fn own_service(
                         authorization: None,
                         owner_header: true,
                     });
-                    "stored"
+                    if fail {
+                        (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "failed")
+                    } else {
+                        (axum::http::StatusCode::OK, "stored")
+                    }
                 },
             ),
         )
@@ -221,6 +236,13 @@ async fn own_service(
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, app).await });
     (addr, effects)
+}
+
+fn standalone(ledger: impl fenced_http::Ledger) -> FenceLayer {
+    FenceLayer::builder(ledger)
+        .standalone_no_cluster_check()
+        .build()
+        .expect("layer")
 }
 
 fn cluster_check(cluster: &Cluster) -> CurrentCheck {
@@ -237,7 +259,11 @@ async fn layer_refuses_a_paused_owner_once_the_newer_owner_wrote() {
     let client = cluster.client();
     let dir = tempfile::tempdir().expect("dir");
     let ledger = SqliteLedger::open(&dir.path().join("fences.db")).expect("ledger");
-    let (addr, effects) = own_service(FenceLayer::builder(ledger).build(), Duration::ZERO).await;
+    let layer = FenceLayer::builder(ledger)
+        .standalone_no_cluster_check()
+        .build()
+        .expect("layer");
+    let (addr, effects) = own_service(layer, Duration::ZERO).await;
     let r = "statement:account-1842:2026-07";
 
     let a = Grant::take(&client, r, Duration::from_millis(1_000)).await;
@@ -300,13 +326,21 @@ async fn layer_with_the_cluster_check_refuses_a_paused_owner_before_the_newer_on
     let ledger = SqliteLedger::open(&dir.path().join("fences.db")).expect("ledger");
     let layer = FenceLayer::builder(ledger)
         .cluster_check(cluster_check(&cluster))
-        .build();
+        .build()
+        .expect("layer");
     let (addr, effects) = own_service(layer, Duration::ZERO).await;
     let r = "statement:account-7:2026-07";
     let a = Grant::take(&client, r, Duration::from_millis(1_000)).await;
+    let (status, _, _) = send(addr, "/statement", &a.headers(Some("a-1")), "A first").await;
+    assert_eq!(status, 200);
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     let b = Grant::take(&client, r, Duration::from_secs(30)).await;
-    // B has not written: without the check, A's write would still pass.
+    // A lost the answer to its first write and retries it after B's grant:
+    // it learns the write happened, not that it was refused.
+    let (status, headers, _) = send(addr, "/statement", &a.headers(Some("a-1")), "A first").await;
+    assert_eq!(status, 200);
+    assert!(headers.contains_key("x-fencing-outcome"));
+    // B has not written: without the check, A's new write would still pass.
     let (status, _, body) = send(addr, "/statement", &a.headers(None), "A late").await;
     assert_eq!(status, 409, "{body}");
     let refusal = json(&body);
@@ -331,17 +365,19 @@ async fn layer_with_the_cluster_check_refuses_a_paused_owner_before_the_newer_on
         .iter()
         .map(|s| s.token)
         .collect();
-    assert_eq!(tokens, [b.token.get()]);
+    assert_eq!(tokens, [a.token.get(), b.token.get()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn layer_runs_one_handler_per_resource_and_follows_the_strict_contract() {
+async fn layer_runs_one_handler_per_resource_and_a_failed_one_can_be_retried() {
     let dir = tempfile::tempdir().expect("dir");
     let ledger = SqliteLedger::open(&dir.path().join("fences.db")).expect("ledger");
-    let layer = FenceLayer::builder(ledger)
-        .contract(Contract::Greater)
-        .build();
-    let (addr, effects) = own_service(layer, Duration::from_millis(400)).await;
+    // A layer must say whether tokens are checked with the cluster.
+    let unset =
+        FenceLayer::builder(SqliteLedger::open(&dir.path().join("other.db")).expect("ledger"))
+            .build();
+    assert!(unset.is_err_and(|e| e.starts_with("cluster_check: ")));
+    let (addr, effects) = own_service(standalone(ledger), Duration::from_millis(400)).await;
     let grant = |token: u64| Grant {
         resource: "import:batch-9".into(),
         token: Token::new(token).expect("token"),
@@ -362,18 +398,23 @@ async fn layer_runs_one_handler_per_resource_and_follows_the_strict_contract() {
         started.elapsed()
     );
     assert_eq!(first.await.expect("first").0, 200);
+    // A handler that fails records no operation: the retry runs.
+    let (status, _, _) = send(addr, "/statement", &new.headers(Some("n-1")), "fail").await;
+    assert_eq!(status, 500);
+    let (status, headers, _) = send(addr, "/statement", &new.headers(Some("n-1")), "retried").await;
+    assert_eq!(status, 200);
+    assert!(!headers.contains_key("x-fencing-outcome"));
     let bodies: Vec<_> = effects
         .lock()
         .expect("effects")
         .iter()
         .map(|s| s.body.clone())
         .collect();
-    assert_eq!(bodies, ["old", "new"]);
-    // Strict: the same token again is stale, not a second write.
-    let (status, _, body) = send(addr, "/statement", &new.headers(None), "again").await;
+    assert_eq!(bodies, ["old", "new", "fail", "retried"]);
+    // The older token stays refused.
+    let (status, _, body) = send(addr, "/statement", &grant(5).headers(None), "late").await;
     assert_eq!(status, 409);
     assert_eq!(json(&body)["highest_accepted"], 6);
-    assert_eq!(effects.lock().expect("effects").len(), 2);
 }
 
 // -------------------------------------------------------------- the gateway
@@ -503,7 +544,7 @@ async fn gateway_stale_owner_sequence_survives_a_restart() {
     // without the owner id or the caller's credentials.
     assert_eq!(
         seen[1].idempotency_key.as_deref(),
-        Some(fenced_gateway_key(r, b.token.get(), "payout-2").as_str())
+        Some(fenced_gateway_key(r, "payout-2").as_str())
     );
     assert_ne!(seen[0].idempotency_key, seen[1].idempotency_key);
     assert!(seen
@@ -543,10 +584,10 @@ async fn gateway_stale_owner_sequence_survives_a_restart() {
 }
 
 /// The key the gateway derives, computed here independently of it.
-fn fenced_gateway_key(resource: &str, token: u64, op: &str) -> String {
+fn fenced_gateway_key(resource: &str, op: &str) -> String {
     use std::fmt::Write;
     let mut input = Vec::new();
-    for f in [resource.as_bytes(), &token.to_be_bytes(), op.as_bytes()] {
+    for f in [resource.as_bytes(), op.as_bytes()] {
         input.extend_from_slice(&(f.len() as u64).to_be_bytes());
         input.extend_from_slice(f);
     }
@@ -588,7 +629,7 @@ async fn gateway_judges_a_worker_paused_mid_request_when_its_body_arrives() {
     raw.write_all(&body.as_bytes()[..10]).await.expect("half");
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     let b = Grant::take(&client, r, Duration::from_secs(30)).await;
-    let (status, _, _) = send(gw.addr, "/statements", &b.headers(Some("stmt-1")), "B's").await;
+    let (status, _, _) = send(gw.addr, "/statements", &b.headers(Some("stmt-2")), "B's").await;
     assert_eq!(status, 200);
     // A wakes up and finishes its upload.
     raw.write_all(&body.as_bytes()[10..]).await.expect("rest");
@@ -629,7 +670,13 @@ async fn gateway_holds_a_stale_request_behind_a_slow_newer_one_then_refuses_it()
     upstream.set_delay(Duration::from_millis(800));
     let addr = gw.addr;
     let newer_call = tokio::spawn(async move {
-        send(addr, "/invoices", &newer.headers(Some("inv-1")), "newer").await
+        send(
+            addr,
+            "/invoices",
+            &newer.headers(Some("inv-1")),
+            "slow newer",
+        )
+        .await
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     // The newer request is in flight at the upstream; the stale one waits
@@ -700,7 +747,13 @@ async fn gateway_bounds_a_stalled_body_and_a_silent_upstream_in_time() {
     // An upstream slower than the bound: 504, and the token stays
     // recorded (an older one is refused afterwards).
     upstream.set_delay(Duration::from_millis(1_000));
-    let (status, _, body) = send(gw.addr, "/exports", &grant(5).headers(Some("e-5")), "x").await;
+    let (status, _, body) = send(
+        gw.addr,
+        "/exports",
+        &grant(5).headers(Some("e-5")),
+        "slow export",
+    )
+    .await;
     assert_eq!(status, 504, "{body}");
     assert_eq!(json(&body)["stage"], "upstream");
     let (status, _, body) = send(gw.addr, "/exports", &grant(4).headers(Some("e-4")), "x").await;
@@ -752,14 +805,16 @@ async fn gateway_authenticates_callers_and_needs_lock_on_the_resource() {
     let dir = tempfile::tempdir().expect("dir");
     let pki = Pki::new(&dir.path().join("pki"));
     let (cert, key) = pki.server("gateway");
-    let (_, policy) = write_auth_files(
+    let (tokens, policy) = write_auth_files(
         dir.path(),
-        &[],
+        &[("billing-bot", "bot-secret", "payouts")],
         "[roles.payouts]\nlock = [\"payout:\"]\n[roles.reader]\nread = [\"payout:\"]\n\
          [identities]\nbilling = [\"payouts\"]\nauditor = [\"reader\"]\nother = [\"payouts-elsewhere\"]\n\
          [roles.payouts-elsewhere]\nlock = [\"invoice:\"]\n",
     );
     let data = dir.path().join("data");
+    let deny = dir.path().join("deny.toml");
+    std::fs::write(&deny, "").expect("deny list");
     let gw = Gateway::start(
         &data,
         &upstream,
@@ -773,6 +828,10 @@ async fn gateway_authenticates_callers_and_needs_lock_on_the_resource() {
             pki.ca().display().to_string(),
             "--auth-policy".into(),
             policy,
+            "--auth-tokens".into(),
+            tokens,
+            "--tls-deny".into(),
+            deny.display().to_string(),
         ],
     );
     let grant = Grant {
@@ -781,7 +840,7 @@ async fn gateway_authenticates_callers_and_needs_lock_on_the_resource() {
         owner: OwnerId::random(),
     };
     let headers = grant.headers(Some("p-1"));
-    // Plaintext to a TLS port gets no answer.
+    // Plaintext to a TLS port gets no HTTP answer at all.
     let plain = tokio::time::timeout(Duration::from_secs(5), async {
         let mut s = TcpStream::connect(gw.addr).await.expect("connect");
         let _ = s
@@ -795,10 +854,7 @@ async fn gateway_authenticates_callers_and_needs_lock_on_the_resource() {
     .await
     .expect("closed in time");
     assert!(
-        !plain
-            .as_deref()
-            .unwrap_or_default()
-            .starts_with("HTTP/1.1 2"),
+        !plain.as_deref().unwrap_or_default().contains("HTTP/"),
         "{plain:?}"
     );
     // No certificate: unauthenticated. A read-only identity and one whose
@@ -810,10 +866,67 @@ async fn gateway_authenticates_callers_and_needs_lock_on_the_resource() {
         assert_eq!(json(&body)["stage"], "permission");
     }
     assert!(upstream.seen().is_empty());
+    // A bearer token names an identity too; a wrong one is refused.
+    let mut with_token = headers.clone();
+    with_token.push(("authorization", "Bearer wrong".into()));
+    let s = tls_to(gw.addr, &pki, None).await.expect("tls");
+    assert_eq!(send_on(s, "/payouts", &with_token, "x").await.0, 401);
+    with_token.pop();
+    with_token.push(("authorization", "Bearer bot-secret".into()));
+    with_token[3].1 = "p-0".into();
+    let s = tls_to(gw.addr, &pki, None).await.expect("tls");
+    assert_eq!(send_on(s, "/payouts", &with_token, "by token").await.0, 200);
+    // The caller's credential never reaches the upstream.
+    assert!(upstream.seen().iter().all(|s| s.authorization.is_none()));
+    // A keep-alive connection whose certificate is revoked afterwards is
+    // refused at its next request.
     let s = tls_to(gw.addr, &pki, Some("billing")).await.expect("tls");
-    let (status, _, _) = send_on(s, "/payouts", &headers, "paid").await;
-    assert_eq!(status, 200);
-    assert_eq!(upstream.seen().len(), 1);
+    let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let post = |headers: &[(&'static str, String)], body: &'static str| {
+        let mut req = Request::post("/payouts").header("host", "gateway");
+        for (k, v) in headers {
+            req = req.header(*k, v.as_str());
+        }
+        req.body(Full::new(Bytes::from(body))).expect("request")
+    };
+    tx.ready().await.expect("ready");
+    let answer = tx
+        .send_request(post(&headers, "paid"))
+        .await
+        .expect("answer");
+    assert_eq!(answer.status(), 200);
+    let _ = answer.into_body().collect().await;
+    assert_eq!(upstream.seen().len(), 2);
+    std::fs::write(&deny, "clients = [\"billing\"]\n").expect("deny");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(gw.child.id()).expect("pid")),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .expect("SIGHUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut retry = headers.clone();
+    for attempt in 0.. {
+        retry[3].1 = format!("revoked-{attempt}");
+        tx.ready().await.expect("ready");
+        let answer = tx
+            .send_request(post(&retry, "after revocation"))
+            .await
+            .expect("answer");
+        let status = answer.status();
+        let _ = answer.into_body().collect().await;
+        if status == 401 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still served after the revocation: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     // The metrics port under TLS wants a client certificate too.
     let refused = match tls_to(gw.metrics, &pki, None).await {
         Err(_) => true,
@@ -826,24 +939,41 @@ async fn gateway_authenticates_callers_and_needs_lock_on_the_resource() {
         }
     };
     assert!(refused, "metrics served without a client certificate");
+    // A revoked certificate is refused there too; another is served.
     let s = tls_to(gw.metrics, &pki, Some("billing"))
         .await
         .expect("tls");
+    assert_eq!(send_on(s, "/metrics", &[], "").await.0, 401);
+    let s = tls_to(gw.metrics, &pki, Some("auditor"))
+        .await
+        .expect("tls");
     let (_, _, text) = send_on(s, "/metrics", &[], "").await;
-    assert!(
-        text.contains("fenced_gateway_requests_total{outcome=\"forwarded\"} 1"),
-        "{text}"
+    let forwarded = format!(
+        "fenced_gateway_requests_total{{outcome=\"forwarded\"}} {}",
+        upstream.seen().len()
     );
+    assert!(text.contains(&forwarded), "{forwarded} not in {text}");
 
-    // Off loopback without TLS or without auth, it refuses to start.
-    for extra in [
-        vec![],
-        vec![
-            "--tls-cert".to_string(),
-            cert.display().to_string(),
-            "--tls-key".into(),
-            key.display().to_string(),
-        ],
+    // Off loopback without TLS, without auth, or without the cluster
+    // check, it refuses to start, naming what is missing.
+    let tls_args = vec![
+        "--tls-cert".to_string(),
+        cert.display().to_string(),
+        "--tls-key".into(),
+        key.display().to_string(),
+    ];
+    let mut with_auth = tls_args.clone();
+    with_auth.extend([
+        "--auth-tokens".to_string(),
+        dir.path().join("tokens.toml").display().to_string(),
+    ]);
+    for (extra, want) in [
+        (vec![], "listen: refusing plaintext"),
+        (tls_args, "listen: "),
+        (
+            with_auth,
+            "standalone_no_cluster_check: refused off loopback",
+        ),
     ] {
         let mut args = vec![
             "--listen".to_string(),
@@ -861,7 +991,7 @@ async fn gateway_authenticates_callers_and_needs_lock_on_the_resource() {
             .expect("run");
         assert_eq!(out.status.code(), Some(2));
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("listen: "), "{err}");
+        assert!(err.contains(want), "{err}");
     }
 }
 
@@ -875,7 +1005,12 @@ async fn layer_guards_a_tonic_service_with_grpc_statuses() {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     tokio::spawn(
         tonic::transport::Server::builder()
-            .layer(FenceLayer::builder(ledger).build())
+            .layer(
+                FenceLayer::builder(ledger)
+                    .standalone_no_cluster_check()
+                    .build()
+                    .expect("layer"),
+            )
             .add_service(ResourceService::new(store).into_server())
             .serve(addr),
     );
@@ -890,20 +1025,25 @@ async fn layer_guards_a_tonic_service_with_grpc_statuses() {
         token: Token::new(token).expect("token"),
         owner,
     };
-    let put = |g: &Grant, value: &str| {
+    let put_op = |g: &Grant, value: &str, op: Option<&str>| {
         let mut req = tonic::Request::new(PutRequest {
-            key: g.resource.as_bytes().to_vec(),
+            key: if value.is_empty() {
+                Vec::new()
+            } else {
+                g.resource.as_bytes().to_vec()
+            },
             resource: g.resource.as_bytes().to_vec(),
             token: Some(g.token.get()),
             owner_id: g.owner.as_bytes().to_vec(),
             value: value.as_bytes().to_vec(),
             ..Default::default()
         });
-        for (k, v) in g.headers(None) {
+        for (k, v) in g.headers(op) {
             req.metadata_mut().insert(k, v.parse().expect("metadata"));
         }
         req
     };
+    let put = |g: &Grant, value: &str| put_op(g, value, None);
     let newer = grant(7, OwnerId::random());
     assert!(client.put(put(&newer, "v7")).await.is_ok());
     // Through tonic, the refusal is a gRPC status carrying the same JSON.
@@ -922,6 +1062,21 @@ async fn layer_guards_a_tonic_service_with_grpc_statuses() {
         "{}",
         status.message()
     );
+    // A call the service refuses (an empty key) answers HTTP 200 with an
+    // error status: its operation id is not recorded, and the retry runs.
+    let status = client
+        .put(put_op(&newer, "", Some("g-1")))
+        .await
+        .expect_err("empty key");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(client.put(put_op(&newer, "v7b", Some("g-1"))).await.is_ok());
+    // Once it succeeded, a retry is answered ALREADY_EXISTS, not run.
+    let status = client
+        .put(put_op(&newer, "v7c", Some("g-1")))
+        .await
+        .expect_err("duplicate");
+    assert_eq!(status.code(), tonic::Code::AlreadyExists, "{status:?}");
+    assert_eq!(json(status.message())["outcome"], "already_applied");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -937,10 +1092,8 @@ async fn layer_instances_sharing_a_postgres_ledger_refuse_a_stale_owner_between_
     let two = fenced_http::PostgresLedger::connect(&url, 3)
         .await
         .expect("ledger 2");
-    let (addr_one, effects_one) =
-        own_service(FenceLayer::builder(one).build(), Duration::ZERO).await;
-    let (addr_two, effects_two) =
-        own_service(FenceLayer::builder(two).build(), Duration::ZERO).await;
+    let (addr_one, effects_one) = own_service(standalone(one), Duration::ZERO).await;
+    let (addr_two, effects_two) = own_service(standalone(two), Duration::ZERO).await;
     let resource = format!("statement:pg-{}", OwnerId::random().as_uuid());
     let grant = |token: u64| Grant {
         resource: resource.clone(),
@@ -1098,4 +1251,104 @@ async fn gateway_speaks_tls_to_its_upstream_with_its_own_certificate() {
     );
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Sends a whole request over a raw connection and hangs up before the
+/// answer.
+async fn send_and_hang_up(addr: SocketAddr, headers: &[(&str, String)], body: &str) {
+    let mut raw = TcpStream::connect(addr).await.expect("connect");
+    let mut head = format!(
+        "POST /jobs HTTP/1.1\r\nhost: gw\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    head.push_str(body);
+    raw.write_all(head.as_bytes()).await.expect("request");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    drop(raw);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_keeps_the_turn_while_a_hung_up_callers_request_is_upstream() {
+    let upstream = Upstream::start().await;
+    let data = tempfile::tempdir().expect("dir");
+    let gw = Gateway::start(
+        data.path(),
+        &upstream,
+        &["--standalone-no-cluster-check".to_string()],
+    );
+    let grant = |token: u64| Grant {
+        resource: "job:nightly".into(),
+        token: Token::new(token).expect("token"),
+        owner: OwnerId::random(),
+    };
+    upstream.set_delay(Duration::from_millis(800));
+    // The older owner's request is forwarded, then its caller hangs up
+    // while the upstream is still applying it.
+    send_and_hang_up(gw.addr, &grant(3).headers(Some("j-3")), "slow old").await;
+    let started = Instant::now();
+    let (status, _, body) = send(gw.addr, "/jobs", &grant(4).headers(Some("j-4")), "new").await;
+    assert_eq!(status, 200, "{body}");
+    // The newer request waited for the older one's upstream answer, so it
+    // was applied after it.
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    let bodies: Vec<_> = upstream.seen().iter().map(|s| s.body.clone()).collect();
+    assert_eq!(bodies, ["slow old", "new"]);
+    assert_eq!(gw.metric("fenced_gateway_in_flight").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_sends_one_key_for_one_operation_whoever_retries_it() {
+    let upstream = Upstream::start().await;
+    let data = tempfile::tempdir().expect("dir");
+    let gw = Gateway::start(
+        data.path(),
+        &upstream,
+        &[
+            "--standalone-no-cluster-check".to_string(),
+            "--upstream-timeout-ms".into(),
+            "300".into(),
+        ],
+    );
+    let grant = |token: u64| Grant {
+        resource: "payout:merchant-40".into(),
+        token: Token::new(token).expect("token"),
+        owner: OwnerId::random(),
+    };
+    upstream.set_delay(Duration::from_millis(800));
+    // The first attempt times out at the gateway but lands upstream later.
+    let (status, _, _) = send(
+        gw.addr,
+        "/payouts",
+        &grant(5).headers(Some("pay-1")),
+        "slow first",
+    )
+    .await;
+    assert_eq!(status, 504);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    // The owner that took over repeats the operation: the same key, so the
+    // upstream can tell it is the same payout.
+    let (status, _, _) = send(
+        gw.addr,
+        "/payouts",
+        &grant(6).headers(Some("pay-1")),
+        "retry",
+    )
+    .await;
+    assert_eq!(status, 200);
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2);
+    let key = fenced_gateway_key("payout:merchant-40", "pay-1");
+    assert!(
+        seen.iter()
+            .all(|s| s.idempotency_key.as_deref() == Some(key.as_str())),
+        "{seen:?}"
+    );
 }

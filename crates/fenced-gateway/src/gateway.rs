@@ -1,14 +1,16 @@
 //! One request through the gateway: authenticate, read the body (bounded),
-//! take the resource's turn, check the token with the lock cluster, compare
-//! and record it in the ledger (durable), forward with the derived
+//! build what the upstream will get, then, in a task of its own that a
+//! caller's disconnect cannot cancel: take the resource's turn, answer an
+//! operation already applied, check the token with the lock cluster,
+//! compare and record it in the ledger (durable), forward with the derived
 //! idempotency key, record the operation once the upstream took it.
 
 use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use fenced_http::{
-    admit_in_ledger, busy_refusal, cluster_refusal, duplicate_response, parse_headers, Admitted,
-    Contract, Ledger, Refusal, Serializer, Stage,
+    admit_request, busy_refusal, duplicate_response, parse_headers, Admitted, Fenced, Ledger,
+    Refusal, Serializer, Stage,
 };
 use fenced_resource::current::CurrentCheck;
 use fenced_server::auth::{Auth, Permission, Principal};
@@ -17,8 +19,8 @@ use http_body_util::{BodyExt, Full, Limited};
 
 use crate::{
     key::idempotency_key,
-    metrics::{Metrics, Outcome},
-    upstream::{upstream_request, UpstreamClient},
+    metrics::{InFlight, Metrics, Outcome},
+    upstream::{answer_to_caller, upstream_request, UpstreamClient},
 };
 
 /// What every request shares.
@@ -30,7 +32,6 @@ pub struct State {
     pub cluster: Option<CurrentCheck>,
     pub ledger: Arc<dyn Ledger>,
     pub turns: Serializer,
-    pub contract: Contract,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
 }
@@ -57,11 +58,19 @@ fn refused(state: &State, r: &Refusal, outcome: Outcome) -> Answer {
     r.response(false)
 }
 
+/// The certificate a caller's connection was opened with: its name (the
+/// identity) and its DER (checked against the deny list at every request).
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub principal: Principal,
+    pub der: Vec<u8>,
+}
+
 /// Serves one request.
 pub async fn handle(
     state: Arc<State>,
     req: Request<hyper::body::Incoming>,
-    peer: Option<Principal>,
+    peer: Option<Peer>,
 ) -> Answer {
     let (parts, body) = req.into_parts();
     let fenced = match parse_headers(&parts.headers, true) {
@@ -70,28 +79,34 @@ pub async fn handle(
     };
     let resource = fenced.resource.as_str();
     let token = fenced.token.get();
+    let permission = |code: StatusCode, error: &'static str, message: String| {
+        Refusal::new(code, error, Stage::Permission, message).about(resource, token)
+    };
+    // A certificate revoked after its connection opened serves no more
+    // requests on it (keep-alive would otherwise go on).
+    if let Some(p) = &peer {
+        if let Err(status) = state.auth.certificate_in_force(&p.der) {
+            let r = permission(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                status.message().into(),
+            );
+            return refused(&state, &r, Outcome::Unauthorized);
+        }
+    }
     if let Err(status) = state.auth.authorize_http_on(
         &parts.headers,
-        peer.as_ref(),
+        peer.as_ref().map(|p| &p.principal),
         Permission::Lock,
         "gateway forward",
         Some(resource),
     ) {
-        let (code, error, stage) = if status.code() == tonic_unauthenticated() {
-            (
-                StatusCode::UNAUTHORIZED,
-                "unauthenticated",
-                Stage::Permission,
-            )
+        let (code, error) = if status.code() == tonic::Code::Unauthenticated {
+            (StatusCode::UNAUTHORIZED, "unauthenticated")
         } else {
-            (
-                StatusCode::FORBIDDEN,
-                "permission_denied",
-                Stage::Permission,
-            )
+            (StatusCode::FORBIDDEN, "permission_denied")
         };
-        let r =
-            Refusal::new(code, error, stage, status.message().to_string()).about(resource, token);
+        let r = permission(code, error, status.message().to_string());
         return refused(&state, &r, Outcome::Unauthorized);
     }
     // The whole body first: a caller that pauses mid-upload is checked
@@ -131,57 +146,15 @@ pub async fn handle(
             return refused(&state, &r, Outcome::BadRequest);
         }
     };
-    let turn = match state.turns.turn(resource, limits.turn_wait).await {
-        Ok(t) => t,
-        Err(no) => {
-            return refused(
-                &state,
-                &busy_refusal(&no, resource, token),
-                Outcome::Unavailable,
-            )
-        }
-    };
-    if let Some(check) = &state.cluster {
-        if let Err(r) = check
-            .require(&fenced.resource, fenced.token, fenced.owner)
-            .await
-        {
-            let r = cluster_refusal(r).about(resource, token);
-            let outcome = if r.status == StatusCode::CONFLICT {
-                Outcome::Stale
-            } else {
-                Outcome::Unavailable
-            };
-            return refused(&state, &r, outcome);
-        }
-    }
-    match admit_in_ledger(state.ledger.as_ref(), &fenced, state.contract).await {
-        Ok(Admitted::Run) => {}
-        Ok(Admitted::Duplicate) => {
-            state.metrics.count(Outcome::Duplicate);
-            return duplicate_response(&fenced);
-        }
-        Err(r) => {
-            let outcome = if r.status == StatusCode::CONFLICT {
-                Outcome::Stale
-            } else {
-                Outcome::Unavailable
-            };
-            return refused(&state, &r, outcome);
-        }
-    }
-    let fence = fenced.as_fence(state.contract);
+    // What the upstream gets, before anything is recorded: a request that
+    // cannot be forwarded raises no token.
     let op = fenced.operation_id.as_deref().unwrap_or_default();
-    let key = idempotency_key(resource, token, op);
-    let path = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
+    let key = idempotency_key(resource, op);
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let upstream_req = match upstream_request(
         &state.upstream,
         parts.method,
-        &path,
+        path,
         &parts.headers,
         body,
         &key,
@@ -194,54 +167,106 @@ pub async fn handle(
             return refused(&state, &r, Outcome::BadRequest);
         }
     };
-    state.metrics.in_flight(true);
+    // From the turn to the upstream's answer in a task of its own: a caller
+    // that hangs up must not end the turn while its request may still be
+    // applied upstream.
+    let task = tokio::spawn(forward(Arc::clone(&state), fenced, upstream_req));
+    match task.await {
+        Ok(answer) => answer,
+        Err(e) => {
+            let r = Refusal::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                Stage::Upstream,
+                format!("the forwarding task failed: {e}"),
+            );
+            refused(&state, &r, Outcome::UpstreamFailed)
+        }
+    }
+}
+
+/// The turn, the guard, the upstream call and the record of the operation.
+async fn forward(state: Arc<State>, fenced: Fenced, req: Request<Full<Bytes>>) -> Answer {
+    let resource = fenced.resource.as_str();
+    let token = fenced.token.get();
+    let limits = state.limits;
+    let turn = match state.turns.turn(resource, limits.turn_wait).await {
+        Ok(t) => t,
+        Err(no) => {
+            return refused(
+                &state,
+                &busy_refusal(&no, resource, token),
+                Outcome::Unavailable,
+            )
+        }
+    };
+    match admit_request(state.ledger.as_ref(), state.cluster.as_ref(), &fenced).await {
+        Ok(Admitted::Run) => {}
+        Ok(Admitted::Duplicate) => {
+            state.metrics.count(Outcome::Duplicate);
+            return duplicate_response(&fenced, false);
+        }
+        Err(r) => {
+            let outcome = if r.status == StatusCode::CONFLICT {
+                Outcome::Stale
+            } else {
+                Outcome::Unavailable
+            };
+            return refused(&state, &r, outcome);
+        }
+    }
+    let in_flight = InFlight::start(&state.metrics);
     let started = std::time::Instant::now();
     let sent = tokio::time::timeout(limits.upstream_timeout, async {
-        let answer = state
-            .client
-            .request(upstream_req)
-            .await
-            .map_err(|e| e.to_string())?;
+        let answer = state.client.request(req).await.map_err(|e| e.to_string())?;
         let (head, body) = answer.into_parts();
         let body = Limited::new(body, limits.max_response_bytes)
             .collect()
             .await
             .map_err(|e| format!("the answer's body failed or exceeded max_response_bytes: {e}"))?
             .to_bytes();
-        Ok::<_, String>(Response::from_parts(head, Full::new(body)))
+        Ok::<_, String>(answer_to_caller(head, body))
     })
     .await;
-    state.metrics.in_flight(false);
+    drop(in_flight);
     state.metrics.upstream(started.elapsed());
+    let in_doubt = |code: StatusCode, error: &'static str, what: String| {
+        tracing::warn!(resource, token, error = %what, "gateway: the upstream's answer is unknown");
+        Refusal::new(
+            code,
+            error,
+            Stage::Upstream,
+            format!(
+                "{resource}: {what}; the upstream may or may not have applied it: retry with \
+                 the same operation id (the same idempotency key)"
+            ),
+        )
+        .about(resource, token)
+    };
     let answer = match sent {
         Ok(Ok(a)) => a,
         Ok(Err(e)) => {
-            tracing::warn!(resource, token, error = %e, "gateway: the upstream failed");
-            let r = Refusal::new(
+            let r = in_doubt(
                 StatusCode::BAD_GATEWAY,
                 "upstream_failed",
-                Stage::Upstream,
-                format!("{resource}: the upstream failed ({e}); retry with the same operation id"),
-            )
-            .about(resource, token);
+                format!("the upstream failed ({e})"),
+            );
             return refused(&state, &r, Outcome::UpstreamFailed);
         }
         Err(_) => {
-            let r = Refusal::new(
+            let r = in_doubt(
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream_timeout",
-                Stage::Upstream,
                 format!(
-                    "{resource}: no upstream answer within {} ms (upstream_timeout_ms); retry \
-                     with the same operation id",
+                    "no upstream answer within {} ms (upstream_timeout_ms)",
                     limits.upstream_timeout.as_millis()
                 ),
-            )
-            .about(resource, token);
+            );
             return refused(&state, &r, Outcome::UpstreamFailed);
         }
     };
     if answer.status().is_success() {
+        let fence = fenced.as_fence(fenced_http::Contract::AtLeast);
         if let Err(e) = state.ledger.complete(&fence).await {
             tracing::warn!(resource, token, error = %e, "gateway: the operation id was not recorded");
         }
@@ -251,8 +276,4 @@ pub async fn handle(
     }
     drop(turn);
     answer
-}
-
-fn tonic_unauthenticated() -> tonic::Code {
-    tonic::Code::Unauthenticated
 }

@@ -14,7 +14,7 @@ use fenced_gateway::{
     metrics::Metrics,
     serve, upstream,
 };
-use fenced_http::{Contract, Serializer, SqliteLedger};
+use fenced_http::{Serializer, SqliteLedger};
 use fenced_resource::current::{ClusterOptions, CurrentCheck};
 use fenced_server::auth::{Auth, AuthConfig};
 use http::{HeaderValue, Uri};
@@ -40,10 +40,6 @@ struct Cli {
     /// Where the ledger (the highest token forwarded per resource) lives.
     #[arg(long, env = "FENCED_GATEWAY_DATA_DIR")]
     data_dir: PathBuf,
-    /// `at_least` (one owner may send many requests) or `greater` (one
-    /// request per acquisition).
-    #[arg(long, env = "FENCED_GATEWAY_CONTRACT", default_value = "at_least")]
-    contract: String,
     /// This gateway's certificate (PEM): TLS for callers.
     #[arg(long, env = "FENCED_GATEWAY_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -53,6 +49,10 @@ struct Cli {
     /// The CA (PEM) of callers' certificates; a verified one names the caller.
     #[arg(long, env = "FENCED_GATEWAY_CLIENT_CA", requires = "tls_cert")]
     client_ca: Option<PathBuf>,
+    /// A deny list of client certificates (the nodes' `tls_deny` format),
+    /// reread on SIGHUP; a listed certificate is refused at its next request.
+    #[arg(long, env = "FENCED_GATEWAY_TLS_DENY", requires = "client_ca")]
+    tls_deny: Option<PathBuf>,
     /// Require a client certificate from every caller.
     #[arg(
         long,
@@ -207,7 +207,13 @@ async fn run(cli: Cli) -> Result<(), String> {
             ));
         }
     }
-    let contract: Contract = cli.contract.parse().map_err(|e| format!("contract: {e}"))?;
+    if cli.standalone_no_cluster_check && !cli.listen.ip().is_loopback() {
+        return Err(format!(
+            "standalone_no_cluster_check: refused off loopback ({}): any caller's token would \
+             be believed; give --cluster",
+            cli.listen
+        ));
+    }
     let upstream_uri: Uri = cli
         .upstream
         .parse()
@@ -225,7 +231,10 @@ async fn run(cli: Cli) -> Result<(), String> {
             "upstream: must not carry a query; request paths and queries are appended".into(),
         );
     }
-    let auth = Arc::new(Auth::load(auth_config)?);
+    let revocations = Arc::new(fenced_server::revocation::Revocations::load(
+        cli.tls_deny.as_deref(),
+    )?);
+    let auth = Arc::new(Auth::load(auth_config)?.with_revocations(revocations));
     if !auth.enabled() {
         tracing::warn!(
             "no auth files: every caller on {} may use every resource",
@@ -298,7 +307,6 @@ async fn run(cli: Cli) -> Result<(), String> {
         cluster,
         ledger: Arc::new(ledger),
         turns: Serializer::new(size(cli.max_resources)),
-        contract,
         limits: Limits {
             max_body_bytes: size(cli.max_body_bytes),
             max_response_bytes: size(cli.max_response_bytes),
@@ -320,7 +328,13 @@ async fn run(cli: Cli) -> Result<(), String> {
             (Some(c), Some(k), Some(ca)) => Some(serve::server_tls(c, k, Some(ca), true)?),
             _ => None,
         };
-        tokio::spawn(serve::serve_metrics(l, metrics_tls, metrics, stop.clone()));
+        tokio::spawn(serve::serve_metrics(
+            l,
+            metrics_tls,
+            metrics,
+            Arc::clone(&auth),
+            stop.clone(),
+        ));
     }
     tokio::spawn(fenced_server::auth::reload_on_sighup(
         Arc::clone(&auth),
@@ -336,7 +350,8 @@ async fn run(cli: Cli) -> Result<(), String> {
     ));
     shutdown_signal().await;
     stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(5), served).await;
+    // Returns once the connections in progress have ended (or the grace).
+    let _ = served.await;
     Ok(())
 }
 

@@ -34,6 +34,28 @@ const OUTCOMES: [(Outcome, &str); 8] = [
     (Outcome::Unavailable, "unavailable"),
 ];
 
+/// One request forwarded and not yet answered: counted while it lives,
+/// whichever way it ends.
+pub struct InFlight<'a>(&'a Metrics);
+
+impl<'a> InFlight<'a> {
+    /// Counts one more request in flight.
+    pub fn start(metrics: &'a Metrics) -> Self {
+        metrics.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(metrics)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        // Never below zero, whatever the order of updates.
+        let _ = self
+            .0
+            .in_flight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+    }
+}
+
 /// Counters shared by every connection.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -51,18 +73,6 @@ impl Metrics {
             if let Some(c) = self.outcomes.get(i) {
                 c.fetch_add(1, Ordering::Relaxed);
             }
-        }
-    }
-
-    /// One more (`true`) or one less request forwarded and unanswered.
-    pub fn in_flight(&self, started: bool) {
-        if started {
-            self.in_flight.fetch_add(1, Ordering::Relaxed);
-        } else {
-            // Never below zero, whatever the order of updates.
-            let _ = self
-                .in_flight
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
         }
     }
 
@@ -150,8 +160,7 @@ mod tests {
         let m = Metrics::default();
         m.count(Outcome::Stale);
         m.count(Outcome::Stale);
-        m.in_flight(false);
-        m.in_flight(true);
+        let one = InFlight::start(&m);
         assert_eq!(m.get(Outcome::Stale), 2);
         let text = m.render();
         assert!(
@@ -159,5 +168,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("fenced_gateway_in_flight 1\n"), "{text}");
+        drop(one);
+        assert!(m.render().contains("fenced_gateway_in_flight 0\n"));
     }
 }

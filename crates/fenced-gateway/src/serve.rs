@@ -5,6 +5,8 @@ use std::{convert::Infallible, path::Path, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use fenced_server::auth::Principal;
+
+use crate::gateway::Peer;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -84,9 +86,15 @@ pub async fn serve_callers(
     stop: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(max_connections));
+    let connections = tokio_util::task::TaskTracker::new();
     loop {
         let (stream, _addr) = tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => {
+                // Every connection in progress ends within the grace.
+                connections.close();
+                let _ = tokio::time::timeout(SHUTDOWN_GRACE, connections.wait()).await;
+                return;
+            }
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -102,7 +110,7 @@ pub async fn serve_callers(
         };
         let _ = stream.set_nodelay(true);
         let (state, tls, stop) = (Arc::clone(&state), tls.clone(), stop.clone());
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _slot = slot;
             match tls {
                 None => serve_connection(stream, state, None, stop).await,
@@ -117,8 +125,12 @@ pub async fn serve_callers(
                         .1
                         .peer_certificates()
                         .and_then(|c| c.first())
-                        .and_then(|c| fenced_server::tls::client_name(c))
-                        .map(Principal);
+                        .and_then(|c| {
+                            Some(Peer {
+                                principal: Principal(fenced_server::tls::client_name(c)?),
+                                der: c.to_vec(),
+                            })
+                        });
                     serve_connection(s, state, peer, stop).await;
                 }
             }
@@ -129,7 +141,7 @@ pub async fn serve_callers(
 async fn serve_connection<S>(
     stream: S,
     state: Arc<State>,
-    peer: Option<Principal>,
+    peer: Option<Peer>,
     stop: CancellationToken,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -144,11 +156,29 @@ async fn serve_connection<S>(
         .max_buf_size(MAX_HEAD_BYTES)
         .serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
-    tokio::select! {
-        r = conn.as_mut() => if let Err(e) = r { tracing::debug!(error = %e, "gateway connection") },
-        () = stop.cancelled() => conn.as_mut().graceful_shutdown(),
+    let ended = tokio::select! {
+        r = conn.as_mut() => Some(r),
+        () = stop.cancelled() => None,
+    };
+    let ended = match ended {
+        Some(r) => r,
+        None => {
+            // Stop taking requests, and let the ones in progress end (their
+            // forwarding tasks go on regardless), within the shutdown bound.
+            conn.as_mut().graceful_shutdown();
+            match tokio::time::timeout(SHUTDOWN_GRACE, conn.as_mut()).await {
+                Ok(r) => r,
+                Err(_) => return,
+            }
+        }
+    };
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, "gateway connection");
     }
 }
+
+/// How long a connection in progress may take to end on SIGTERM.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// Serves `GET /metrics` on `listener` until `stop`: 16 connections at
 /// most, TLS with a required client certificate when `tls` is set.
@@ -156,6 +186,7 @@ pub async fn serve_metrics(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     metrics: Arc<Metrics>,
+    auth: Arc<fenced_server::auth::Auth>,
     stop: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(16));
@@ -170,13 +201,23 @@ pub async fn serve_metrics(
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             continue;
         };
-        let (metrics, tls) = (Arc::clone(&metrics), tls.clone());
+        let (metrics, tls, auth) = (Arc::clone(&metrics), tls.clone(), Arc::clone(&auth));
         tokio::spawn(async move {
             let _slot = slot;
+            // The connection's certificate, checked against the deny list
+            // at every request (set once the handshake is done).
+            let certificate: Arc<std::sync::OnceLock<Vec<u8>>> = Arc::default();
+            let seen = Arc::clone(&certificate);
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let metrics = Arc::clone(&metrics);
+                let (metrics, auth, seen) =
+                    (Arc::clone(&metrics), Arc::clone(&auth), Arc::clone(&seen));
                 async move {
-                    let (status, body) = if req.uri().path() == "/metrics" {
+                    let revoked = seen
+                        .get()
+                        .and_then(|der| auth.certificate_in_force(der).err());
+                    let (status, body) = if let Some(refused) = revoked {
+                        (StatusCode::UNAUTHORIZED, format!("{}\n", refused.message()))
+                    } else if req.uri().path() == "/metrics" {
                         (StatusCode::OK, metrics.render())
                     } else {
                         (
@@ -207,6 +248,11 @@ pub async fn serve_metrics(
                         if let Ok(Ok(s)) =
                             tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await
                         {
+                            if let Some(der) =
+                                s.get_ref().1.peer_certificates().and_then(|c| c.first())
+                            {
+                                let _ = certificate.set(der.to_vec());
+                            }
                             let _ = builder.serve_connection(TokioIo::new(s), service).await;
                         }
                     }

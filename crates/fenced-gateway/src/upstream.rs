@@ -41,6 +41,12 @@ pub fn upstream_request(
     idempotency_key: &str,
     authorization: Option<&HeaderValue>,
 ) -> Result<Request<Full<Bytes>>, String> {
+    if has_dot_segment(path_and_query) {
+        return Err(format!(
+            "path: must not hold a `.` or `..` segment (plain or percent-encoded), got {:?}",
+            path_and_query.chars().take(200).collect::<String>()
+        ));
+    }
     let base_path = base.path().trim_end_matches('/');
     let uri = format!(
         "{}://{}{}{}",
@@ -77,6 +83,50 @@ pub fn upstream_request(
         headers.insert(header::AUTHORIZATION, auth.clone());
     }
     Ok(req)
+}
+
+/// Whether the path (before its query) has a `.` or `..` segment, plain or
+/// percent-encoded: the upstream could resolve it out of `--upstream`'s
+/// base path.
+fn has_dot_segment(path_and_query: &str) -> bool {
+    let path = path_and_query.split('?').next().unwrap_or_default();
+    path.split('/').any(|segment| {
+        let decoded = segment.replace("%2e", ".").replace("%2E", ".");
+        decoded == "." || decoded == ".."
+    })
+}
+
+/// Hop-by-hop headers of an upstream answer, never passed back.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The upstream's answer as the caller gets it: its status, its headers
+/// less the hop-by-hop ones (and those `connection` names), its body.
+pub fn answer_to_caller(
+    mut head: http::response::Parts,
+    body: Bytes,
+) -> http::Response<Full<Bytes>> {
+    let named: Vec<String> = head
+        .headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|v| v.trim().to_ascii_lowercase())
+        .collect();
+    for name in HOP_BY_HOP.iter().map(|n| n.to_string()).chain(named) {
+        head.headers.remove(name.as_str());
+    }
+    head.headers.remove(header::CONTENT_LENGTH);
+    http::Response::from_parts(head, Full::new(body))
 }
 
 /// The client to the upstream: plain HTTP or HTTPS (rustls, ring), with
@@ -190,5 +240,41 @@ mod tests {
             Some(&b"7"[..])
         );
         assert_eq!(h.get_all("idempotency-key").iter().count(), 1);
+    }
+
+    #[test]
+    fn dot_segments_cannot_leave_the_base_path() {
+        let base: Uri = "http://api.example/v2".parse().unwrap_or_default();
+        let caller = HeaderMap::new();
+        for bad in ["/../admin", "/a/./b", "/%2e%2e/admin", "/a/%2E/b", "/.."] {
+            let r = upstream_request(&base, Method::POST, bad, &caller, Bytes::new(), "k", None);
+            assert!(r.as_ref().is_err_and(|e| e.starts_with("path: ")), "{bad}");
+        }
+        for good in ["/a..b/c", "/.well-known/x", "/a?q=..", "/"] {
+            let r = upstream_request(&base, Method::POST, good, &caller, Bytes::new(), "k", None);
+            assert!(r.is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_of_the_answer_stay_behind() {
+        let mut answer = http::Response::new(());
+        for (k, v) in [
+            ("connection", "x-secret"),
+            ("x-secret", "1"),
+            ("transfer-encoding", "chunked"),
+            ("keep-alive", "timeout=5"),
+            ("x-request-id", "abc"),
+        ] {
+            answer.headers_mut().append(k, HeaderValue::from_static(v));
+        }
+        let (head, ()) = answer.into_parts();
+        let out = answer_to_caller(head, Bytes::from_static(b"ok"));
+        let names: Vec<_> = out
+            .headers()
+            .keys()
+            .map(|k| k.as_str().to_string())
+            .collect();
+        assert_eq!(names, ["x-request-id"]);
     }
 }

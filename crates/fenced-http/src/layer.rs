@@ -1,8 +1,9 @@
 //! The tower layer: on every request it guards, the fencing headers are
-//! read, the resource's turn is taken, the token is checked against the
-//! lock cluster (when set) and compared with, then recorded in, the ledger
-//! before the handler runs; the turn is held until the handler answers, and
-//! a 2xx answer records the operation id.
+//! read and the resource's turn is taken; an operation id already applied
+//! is answered at once; the token is checked with the lock cluster, then
+//! compared with and recorded in the ledger before the handler runs; the
+//! turn is held until the answer's body has been sent, and a successful
+//! answer records the operation id.
 
 use std::{
     sync::Arc,
@@ -18,6 +19,7 @@ use http_body_util::{Either, Full};
 use tower::{Layer, Service};
 
 use crate::{
+    body::{grpc_ok, Completion, TurnBody},
     headers::{parse_headers, Fenced},
     ledger::Ledger,
     refusal::{is_grpc, Refusal, Stage},
@@ -34,8 +36,9 @@ pub const DEFAULT_TURN_WAIT: Duration = Duration::from_secs(10);
 /// The default bound on resources held or awaited at once.
 pub const DEFAULT_MAX_RESOURCES: usize = 65_536;
 
-/// Guards the routes it wraps. Cheap to clone; every clone shares one
-/// ledger and one table of turns.
+/// Guards the routes it wraps. Build it once and clone it onto every route
+/// of the service: the clones share one ledger and one table of turns
+/// (two `build()`s make two tables, which do not order each other).
 #[derive(Clone)]
 pub struct FenceLayer {
     shared: Arc<Shared>,
@@ -43,31 +46,36 @@ pub struct FenceLayer {
 
 struct Shared {
     ledger: Arc<dyn Ledger>,
-    contract: Contract,
     cluster: Option<CurrentCheck>,
     turns: Serializer,
     turn_wait: Duration,
     require_operation: bool,
 }
 
+/// Whether tokens are checked with the lock cluster: one must be chosen.
+enum ClusterMode {
+    Unset,
+    Check(CurrentCheck),
+    Standalone,
+}
+
 /// Settings of a [`FenceLayer`]; [`FenceLayer::builder`].
 pub struct FenceLayerBuilder {
     ledger: Arc<dyn Ledger>,
-    contract: Contract,
-    cluster: Option<CurrentCheck>,
+    cluster: ClusterMode,
     max_resources: usize,
     turn_wait: Duration,
     require_operation: bool,
 }
 
 impl FenceLayer {
-    /// A layer on `ledger`, `>=` contract, no cluster check: see the
-    /// builder's methods.
+    /// A layer on `ledger`; choose [`FenceLayerBuilder::cluster_check`] or
+    /// [`FenceLayerBuilder::standalone_no_cluster_check`] before
+    /// [`FenceLayerBuilder::build`].
     pub fn builder(ledger: impl Ledger) -> FenceLayerBuilder {
         FenceLayerBuilder {
             ledger: Arc::new(ledger),
-            contract: Contract::AtLeast,
-            cluster: None,
+            cluster: ClusterMode::Unset,
             max_resources: DEFAULT_MAX_RESOURCES,
             turn_wait: DEFAULT_TURN_WAIT,
             require_operation: false,
@@ -76,20 +84,22 @@ impl FenceLayer {
 }
 
 impl FenceLayerBuilder {
-    /// `>=` (one owner, many writes; the default) or `>` (one write per
-    /// acquisition).
-    pub fn contract(mut self, contract: Contract) -> Self {
-        self.contract = contract;
-        self
-    }
-
     /// Asks the lock cluster that each token is its owner's current lease
     /// before the ledger's compare: a paused owner is refused from the
     /// moment a newer lease is granted, not only once the newer owner has
     /// written, and a token the cluster never issued cannot raise the
     /// ledger's highest.
     pub fn cluster_check(mut self, check: CurrentCheck) -> Self {
-        self.cluster = Some(check);
+        self.cluster = ClusterMode::Check(check);
+        self
+    }
+
+    /// Believes every token a caller sends: anyone who reaches a guarded
+    /// route can then raise a resource's highest token for ever (a token
+    /// of 2^63-1 refuses every real one). Only for a service whose callers
+    /// are all trusted workers, or tests.
+    pub fn standalone_no_cluster_check(mut self) -> Self {
+        self.cluster = ClusterMode::Standalone;
         self
     }
 
@@ -122,18 +132,26 @@ impl FenceLayerBuilder {
         self
     }
 
-    /// The layer.
-    pub fn build(self) -> FenceLayer {
-        FenceLayer {
+    /// The layer, once the cluster mode is chosen.
+    pub fn build(self) -> Result<FenceLayer, String> {
+        let cluster = match self.cluster {
+            ClusterMode::Unset => {
+                return Err("cluster_check: choose .cluster_check(...) or \
+                            .standalone_no_cluster_check() (every caller's token believed)"
+                    .into())
+            }
+            ClusterMode::Check(c) => Some(c),
+            ClusterMode::Standalone => None,
+        };
+        Ok(FenceLayer {
             shared: Arc::new(Shared {
                 ledger: self.ledger,
-                contract: self.contract,
-                cluster: self.cluster,
+                cluster,
                 turns: Serializer::new(self.max_resources),
                 turn_wait: self.turn_wait,
                 require_operation: self.require_operation,
             }),
-        }
+        })
     }
 }
 
@@ -158,41 +176,50 @@ pub struct FenceService<S> {
 /// What the guard decided before the effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admitted {
-    /// Run the handler.
+    /// Run the effect.
     Run,
-    /// Already applied: answer without running it.
+    /// The operation id was applied before: answer without running it.
     Duplicate,
 }
 
-impl Shared {
-    /// Everything before the handler, with the turn held by the caller.
-    async fn admit(&self, fenced: &Fenced) -> Result<Admitted, Refusal> {
-        let resource = fenced.resource.as_str();
-        let token = fenced.token.get();
-        if let Some(check) = &self.cluster {
-            check
-                .require(&fenced.resource, fenced.token, fenced.owner)
-                .await
-                .map_err(|r| cluster_refusal(r).about(resource, token))?;
-        }
-        admit_in_ledger(self.ledger.as_ref(), fenced, self.contract).await
-    }
-}
-
-/// The ledger's compare-and-record as the layer and the gateway answer
-/// it: run, already applied, or a refusal (409 stale, 503 ledger failed).
-pub async fn admit_in_ledger(
+/// The guard, with the resource's turn held by the caller: an applied
+/// operation id first (so an owner whose lease ended still learns its
+/// operation happened), then the cluster check when given, then the
+/// ledger's compare-and-record (`>=`; a lower token is a 409, a failed
+/// ledger a 503).
+pub async fn admit_request(
     ledger: &dyn Ledger,
+    cluster: Option<&CurrentCheck>,
     fenced: &Fenced,
-    contract: Contract,
 ) -> Result<Admitted, Refusal> {
     let resource = fenced.resource.as_str();
     let token = fenced.token.get();
-    let fence = fenced.as_fence(contract);
-    match ledger.admit(&fence).await {
-        Ok(Verdict::Accepted) => Ok(Admitted::Run),
-        Ok(Verdict::Duplicate) => Ok(Admitted::Duplicate),
-        Ok(Verdict::Stale { highest }) => {
+    let unavailable = |e: fenced_sql::GuardError| {
+        tracing::warn!(resource, token, error = %e, "fenced request: the ledger failed");
+        Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ledger_unavailable",
+            Stage::LedgerUnavailable,
+            format!("{resource}: the ledger failed ({e}); nothing was done, retry"),
+        )
+        .about(resource, token)
+    };
+    if let Some(op) = &fenced.operation_id {
+        if ledger.applied(resource, op).await.map_err(unavailable)? {
+            return Ok(Admitted::Duplicate);
+        }
+    }
+    if let Some(check) = cluster {
+        check
+            .require(&fenced.resource, fenced.token, fenced.owner)
+            .await
+            .map_err(|r| cluster_refusal(r).about(resource, token))?;
+    }
+    let fence = fenced.as_fence(Contract::AtLeast);
+    match ledger.admit(&fence).await.map_err(unavailable)? {
+        Verdict::Accepted => Ok(Admitted::Run),
+        Verdict::Duplicate => Ok(Admitted::Duplicate),
+        Verdict::Stale { highest } => {
             tracing::info!(
                 resource,
                 token,
@@ -206,22 +233,12 @@ pub async fn admit_in_ledger(
                     "stale_token",
                     Stage::Ledger,
                     format!(
-                        "{resource}: token {token} is stale: token {highest} was accepted \
-                         (contract {contract}); final, do not retry with this token"
+                        "{resource}: token {token} is stale: token {highest} was accepted; \
+                         final, do not retry with this token"
                     ),
                 )
                 .about(resource, token)
             })
-        }
-        Err(e) => {
-            tracing::warn!(resource, token, error = %e, "fenced request: the ledger failed");
-            Err(Refusal::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ledger_unavailable",
-                Stage::LedgerUnavailable,
-                format!("{resource}: the ledger failed ({e}); nothing was done, retry"),
-            )
-            .about(resource, token))
         }
     }
 }
@@ -266,9 +283,11 @@ pub fn busy_refusal(no: &NoTurn, resource: &str, token: u64) -> Refusal {
     .about(resource, token)
 }
 
-/// The answer to an operation id already applied (200, `x-fencing-outcome:
-/// already-applied`, a JSON body naming resource, token and operation id).
-pub fn duplicate_response(fenced: &Fenced) -> Response<Full<Bytes>> {
+/// The answer to an operation id already applied: HTTP 200 with
+/// `x-fencing-outcome: already-applied` and a JSON body naming resource,
+/// token and operation id; for gRPC, ALREADY_EXISTS with that JSON as its
+/// message.
+pub fn duplicate_response(fenced: &Fenced, grpc: bool) -> Response<Full<Bytes>> {
     let body = serde_json::json!({
         "outcome": "already_applied",
         "resource": fenced.resource.as_str(),
@@ -276,11 +295,16 @@ pub fn duplicate_response(fenced: &Fenced) -> Response<Full<Bytes>> {
         "operation_id": fenced.operation_id,
     })
     .to_string();
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    let mut r = if grpc {
+        crate::refusal::grpc_answer(6, &body)
+    } else {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    };
     r.headers_mut()
         .insert(OUTCOME_HEADER, HeaderValue::from_static("already-applied"));
     r
@@ -296,7 +320,7 @@ where
     ReqBody: Send + 'static,
     ResBody: Send + 'static,
 {
-    type Response = Response<Either<ResBody, Full<Bytes>>>;
+    type Response = Response<Either<TurnBody<ResBody>, Full<Bytes>>>;
     type Error = S::Error;
     type Future = BoxFuture<Result<Self::Response, S::Error>>;
 
@@ -322,25 +346,41 @@ where
                 Ok(turn) => turn,
                 Err(no) => return refuse(busy_refusal(&no, resource, token)),
             };
-            match shared.admit(&fenced).await {
+            match admit_request(shared.ledger.as_ref(), shared.cluster.as_ref(), &fenced).await {
                 Err(r) => return refuse(r),
                 Ok(Admitted::Duplicate) => {
-                    return Ok(duplicate_response(&fenced).map(Either::Right))
+                    return Ok(duplicate_response(&fenced, grpc).map(Either::Right))
                 }
                 Ok(Admitted::Run) => {}
             }
             req.extensions_mut().insert(fenced.clone());
             let answer = inner.call(req).await?;
-            if answer.status().is_success() && fenced.operation_id.is_some() {
-                let fence = fenced.as_fence(shared.contract);
-                if let Err(e) = shared.ledger.complete(&fence).await {
-                    // The effect happened; a retry will run it again.
-                    tracing::warn!(resource, token, error = %e,
-                        "fenced request: the operation id was not recorded");
+            let completion = Completion {
+                ledger: Arc::clone(&shared.ledger),
+                fenced: fenced.clone(),
+            };
+            let has_op = fenced.operation_id.is_some();
+            // An HTTP answer's status says whether the effect happened; a
+            // gRPC call's says so in its trailers (or a trailers-only head).
+            let on_grpc_ok = if grpc && has_op && !grpc_ok(answer.headers()) {
+                Some(completion)
+            } else {
+                let done = if grpc {
+                    grpc_ok(answer.headers())
+                } else {
+                    answer.status().is_success()
+                };
+                if done && has_op {
+                    let fence = fenced.as_fence(Contract::AtLeast);
+                    if let Err(e) = shared.ledger.complete(&fence).await {
+                        // The effect happened; a retry will run it again.
+                        tracing::warn!(resource, token, error = %e,
+                            "fenced request: the operation id was not recorded");
+                    }
                 }
-            }
-            drop(turn);
-            Ok(answer.map(Either::Left))
+                None
+            };
+            Ok(answer.map(|b| Either::Left(TurnBody::new(b, turn, on_grpc_ok))))
         })
     }
 }

@@ -30,6 +30,11 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// The highest token recorded for `resource` (`None`: never written).
     fn highest<'a>(&'a self, resource: &'a str) -> LedgerFuture<'a, Option<u64>>;
+
+    /// Whether `operation_id` is recorded as applied for `resource` (read
+    /// only: asked before anything else, so an owner whose lease has ended
+    /// still learns that its operation happened).
+    fn applied<'a>(&'a self, resource: &'a str, operation_id: &'a str) -> LedgerFuture<'a, bool>;
 }
 
 /// A ledger in one SQLite file, written in WAL mode with
@@ -141,6 +146,11 @@ impl Ledger for SqliteLedger {
         let resource = resource.to_string();
         self.in_transaction(move |tx| fenced_sql::sqlite::highest(tx, &resource))
     }
+
+    fn applied<'a>(&'a self, resource: &'a str, operation_id: &'a str) -> LedgerFuture<'a, bool> {
+        let (resource, op) = (resource.to_string(), operation_id.to_string());
+        self.in_transaction(move |tx| fenced_sql::sqlite::operation_applied(tx, &resource, &op))
+    }
 }
 
 /// A ledger in PostgreSQL, on `connections` sessions; one resource always
@@ -241,6 +251,17 @@ impl Ledger for PostgresLedger {
             let highest = fenced_sql::postgres::highest(&tx, resource).await?;
             tx.commit().await?;
             Ok(highest)
+        })
+    }
+
+    fn applied<'a>(&'a self, resource: &'a str, operation_id: &'a str) -> LedgerFuture<'a, bool> {
+        Box::pin(async move {
+            let mut client = self.session(resource).lock().await;
+            let tx = client.transaction().await?;
+            let applied =
+                fenced_sql::postgres::operation_applied(&tx, resource, operation_id).await?;
+            tx.commit().await?;
+            Ok(applied)
         })
     }
 }

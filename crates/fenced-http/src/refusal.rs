@@ -115,17 +115,7 @@ impl Refusal {
     pub fn response(&self, grpc: bool) -> Response<Full<Bytes>> {
         let body = self.json();
         let mut response = if grpc {
-            let mut r = Response::new(Full::new(Bytes::new()));
-            let headers = r.headers_mut();
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/grpc"),
-            );
-            headers.insert("grpc-status", HeaderValue::from(grpc_code(self.status)));
-            if let Ok(v) = HeaderValue::from_str(&percent_encode(&body)) {
-                headers.insert("grpc-message", v);
-            }
-            r
+            grpc_answer(grpc_code(self.status), &body)
         } else {
             let mut r = Response::new(Full::new(Bytes::from(body)));
             *r.status_mut() = self.status;
@@ -148,6 +138,22 @@ impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
     }
+}
+
+/// A trailers-only gRPC answer: `status` and `message` (percent-encoded)
+/// in the head, no body.
+pub fn grpc_answer(status: u16, message: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::new()));
+    let headers = r.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("grpc-status", HeaderValue::from(status));
+    if let Ok(v) = HeaderValue::from_str(&percent_encode(message)) {
+        headers.insert("grpc-message", v);
+    }
+    r
 }
 
 /// Whether a request is gRPC, by its content type.

@@ -141,4 +141,20 @@ mod tests {
         assert_eq!(waiter.await.ok(), Some(true));
         assert_eq!(s.in_use(), 0);
     }
+
+    #[tokio::test]
+    async fn a_waiter_dropped_after_the_holder_leaves_no_entry() {
+        let s = Serializer::new(8);
+        let holder = s.turn("a", Duration::from_secs(1)).await;
+        let mut waiter = Box::pin(s.turn("a", Duration::from_secs(5)));
+        // Polled once: it waits in the queue.
+        tokio::select! {
+            biased;
+            _ = &mut waiter => panic!("the turn is held"),
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+        drop(holder);
+        drop(waiter);
+        assert_eq!(s.in_use(), 0);
+    }
 }

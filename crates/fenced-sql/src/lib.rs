@@ -269,6 +269,36 @@ fn check_len(field: &'static str, value: &str, max: usize) -> Result<(), GuardEr
     Ok(())
 }
 
+/// The idempotency key a destination that cannot check a token receives
+/// for one operation on one resource (the gateway's `Idempotency-Key`, the
+/// outbox's): `fenced-` and 64 hex digits of SHA-256 over the resource and
+/// the operation id, each length-prefixed. The same operation gets the same
+/// key whoever sends it; two resources' operations never share one, even
+/// with the same operation id.
+///
+/// ```
+/// let a = fenced_sql::idempotency_key("statement:7", "op-1");
+/// assert_eq!(a.len(), 7 + 64);
+/// assert!(a.starts_with("fenced-"));
+/// assert_eq!(a, fenced_sql::idempotency_key("statement:7", "op-1"));
+/// assert_ne!(a, fenced_sql::idempotency_key("statement:8", "op-1"));
+/// assert_ne!(fenced_sql::idempotency_key("ab", "c"), fenced_sql::idempotency_key("a", "bc"));
+/// ```
+pub fn idempotency_key(resource: &str, operation_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for field in [resource.as_bytes(), operation_id.as_bytes()] {
+        h.update((field.len() as u64).to_be_bytes());
+        h.update(field);
+    }
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("fenced-");
+    for b in h.finalize().iter() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
 /// The guard's answer.
 ///
 /// ```

@@ -97,7 +97,7 @@ async fn main() -> Result<(), String> {
         endpoints: cli.cluster,
         ..ClusterOptions::default()
     })?;
-    let layer = FenceLayer::builder(ledger).cluster_check(check).build();
+    let layer = FenceLayer::builder(ledger).cluster_check(check).build()?;
     let app = Router::new()
         .route("/statements/{account}", post(write).layer(layer).get(read))
         .with_state(Arc::new(Mutex::new(conn)));
