@@ -58,13 +58,7 @@ pub fn upstream_request(
     let uri: Uri = uri
         .parse()
         .map_err(|e| format!("the upstream address {uri:?} is not a URI: {e}"))?;
-    let named_by_connection: Vec<String> = caller
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|v| v.trim().to_ascii_lowercase())
-        .collect();
+    let named_by_connection = named_by_connection(caller);
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = method;
     *req.uri_mut() = uri;
@@ -96,6 +90,17 @@ fn has_dot_segment(path_and_query: &str) -> bool {
     })
 }
 
+/// The headers a `connection` header names: hop-by-hop for this hop only.
+fn named_by_connection(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|v| v.trim().to_ascii_lowercase())
+        .collect()
+}
+
 /// Hop-by-hop headers of an upstream answer, never passed back.
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -114,14 +119,7 @@ pub fn answer_to_caller(
     mut head: http::response::Parts,
     body: Bytes,
 ) -> http::Response<Full<Bytes>> {
-    let named: Vec<String> = head
-        .headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|v| v.trim().to_ascii_lowercase())
-        .collect();
+    let named = named_by_connection(&head.headers);
     for name in HOP_BY_HOP.iter().map(|n| n.to_string()).chain(named) {
         head.headers.remove(name.as_str());
     }
