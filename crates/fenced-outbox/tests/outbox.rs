@@ -839,3 +839,117 @@ async fn the_binary_delivers_reports_and_releases_on_sigterm() {
         .unwrap();
     lease.release().await.unwrap();
 }
+
+/// A dispatcher process, its metrics address and its log file.
+fn dispatcher_process(
+    dir: &std::path::Path,
+    cluster: &Cluster,
+    db_path: &std::path::Path,
+    tag: &str,
+) -> (std::process::Child, std::net::SocketAddr) {
+    let metrics_addr: std::net::SocketAddr =
+        format!("127.0.0.1:{}", fenced_testkit::free_port().unwrap())
+            .parse()
+            .unwrap();
+    let log = std::fs::File::create(dir.join(format!("{tag}.log"))).unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_fenced-outbox"))
+        .arg("dispatch")
+        .env(
+            "FENCED_OUTBOX_DATABASE",
+            format!("sqlite:{}", db_path.display()),
+        )
+        .env("FENCED_OUTBOX_CLUSTER", cluster.endpoints().join(","))
+        .args([
+            "--name",
+            "paused",
+            "--lease-ttl",
+            "2s",
+            "--poll-interval",
+            "50ms",
+        ])
+        .args(["--metrics-listen", &metrics_addr.to_string()])
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    (child, metrics_addr)
+}
+
+fn signal(child: &std::process::Child, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+/// A dispatcher process stopped (SIGSTOP) mid-delivery, past its lease: the
+/// other process takes over and delivers; when the first wakes up it marks
+/// nothing, and each key is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatcher_process_paused_past_its_lease_is_taken_over_and_marks_nothing() {
+    let (dir, cluster, db, up) = setup().await;
+    let Db::Sqlite(path) = &db else {
+        unreachable!()
+    };
+    up.hold("z-1");
+    db.record(
+        &fence("zz", 1, "w"),
+        &Operation::post(&up.url("/z"), b"z1", "z-1"),
+    )
+    .await
+    .unwrap();
+    let (mut first, first_metrics) = dispatcher_process(dir.path(), &cluster, path, "first");
+    eventually("the first delivery to arrive", || {
+        up.received_count("z-1") == 1
+    })
+    .await;
+    signal(&first, "-STOP");
+    let (mut second, _) = dispatcher_process(dir.path(), &cluster, path, "second");
+    // The second takes over once the first's lease has run out, and sends
+    // the operation again with the same key.
+    eventually("the second delivery to arrive", || {
+        up.received_count("z-1") == 2
+    })
+    .await;
+    up.release();
+    let store = db.store().await;
+    wait_for(&store, "zz", "the second's delivery", |e| {
+        states(e) == [("z-1", "delivered")]
+    })
+    .await;
+    db.record(
+        &fence("zz", 1, "w"),
+        &Operation::post(&up.url("/z"), b"z2", "z-2"),
+    )
+    .await
+    .unwrap();
+    wait_for(&store, "zz", "the next delivery", |e| {
+        states(e) == [("z-1", "delivered"), ("z-2", "delivered")]
+    })
+    .await;
+    // The first wakes up with its answer in hand and a lost lease.
+    signal(&first, "-CONT");
+    let mut body = String::new();
+    for _ in 0..100 {
+        if let Ok((200, text)) = upstream::plain_get(first_metrics, "/metrics").await {
+            if text.contains("\nfenced_outbox_dispatcher_active 0\n") {
+                body = text;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        body.contains("\nfenced_outbox_delivered_total 0\n"),
+        "the paused dispatcher marked a delivery: {body}"
+    );
+    assert_eq!(
+        up.applied_keys(),
+        vec!["z-1".to_string(), "z-2".to_string()]
+    );
+    assert_eq!(up.received_count("z-2"), 1, "z-2 sent by the second only");
+    for child in [&mut first, &mut second] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
