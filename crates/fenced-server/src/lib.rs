@@ -14,6 +14,7 @@ pub mod auth;
 pub mod backup;
 pub mod blocking;
 pub mod certs;
+pub mod checksum;
 pub mod clock;
 pub mod codec;
 pub mod config;
