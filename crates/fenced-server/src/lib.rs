@@ -22,6 +22,7 @@ pub mod counters;
 pub mod data_format;
 pub mod deadline;
 pub mod dev;
+pub mod disk_check;
 pub mod exposition;
 #[doc(hidden)]
 pub mod fuzzing;
