@@ -495,14 +495,15 @@ fn unframed_allowed(dir: &Path) -> Result<bool, StorageError> {
 }
 
 /// What the snapshot file `path` holds inside its frame, checked; a file of
-/// the layout before the frame (it starts with the codec's version byte)
-/// is its own content where `unframed` allows it.
+/// the layout before the frame (it starts with the codec's version byte,
+/// not the magic's first) is its own content where `unframed` allows it.
 fn file_content<'a>(path: &Path, bytes: &'a [u8], unframed: bool) -> Result<&'a [u8], Damaged> {
-    let legacy = bytes.first() == Some(&codec::FORMAT_VERSION);
-    if legacy && unframed {
+    // Left to the codec, which names a version it does not read.
+    let framed = bytes.first() == checksum::MAGIC.first();
+    if !framed && unframed {
         return Ok(bytes);
     }
-    if legacy {
+    if bytes.first() == Some(&codec::FORMAT_VERSION) {
         return Err(Damaged::new(
             path,
             0,
