@@ -498,8 +498,8 @@ fn unframed_allowed(dir: &Path) -> Result<bool, StorageError> {
 /// the layout before the frame (it starts with the codec's version byte,
 /// not the magic's first) is its own content where `unframed` allows it.
 fn file_content<'a>(path: &Path, bytes: &'a [u8], unframed: bool) -> Result<&'a [u8], Damaged> {
-    // Left to the codec, which names a version it does not read.
     let framed = bytes.first() == checksum::MAGIC.first();
+    // Left to the codec, which names a version it does not read.
     if !framed && unframed {
         return Ok(bytes);
     }
