@@ -495,10 +495,14 @@ fn unframed_allowed(dir: &Path) -> Result<bool, StorageError> {
 }
 
 /// What the snapshot file `path` holds inside its frame, checked; a file of
-/// the layout before the frame (it starts with the codec's version byte,
-/// not the magic's first) is its own content where `unframed` allows it.
+/// the layout before the frame is its own content where `unframed` allows
+/// it. A file is taken for framed when its first byte or the seven after
+/// it are the magic's (one flipped bit leaves one of them whole), or when
+/// it is shorter than the magic (no snapshot of either layout is).
 fn file_content<'a>(path: &Path, bytes: &'a [u8], unframed: bool) -> Result<&'a [u8], Damaged> {
-    let framed = bytes.first() == checksum::MAGIC.first();
+    let framed = bytes.len() < checksum::HEADER_LEN
+        || bytes.first() == checksum::MAGIC.first()
+        || bytes.get(1..checksum::HEADER_LEN) == checksum::MAGIC.get(1..);
     // Left to the codec, which names a version it does not read.
     if !framed && unframed {
         return Ok(bytes);
