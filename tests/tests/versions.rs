@@ -201,6 +201,11 @@ async fn a_backup_of_this_release_restores() {
 fn refusal(damage: impl FnOnce(&Path)) -> String {
     let mut cluster = from_fixture();
     damage(&cluster.nodes()[0].data_dir);
+    refused_start(&mut cluster)
+}
+
+/// Starts node 1 and returns what it said when it refused to start.
+fn refused_start(cluster: &mut Cluster) -> String {
     cluster.spawn(1);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -219,9 +224,10 @@ fn refusal(damage: impl FnOnce(&Path)) -> String {
 
 #[test]
 fn a_newer_version_of_any_file_is_refused_by_name() {
-    let log = refusal(|dir| std::fs::write(dir.join("format"), "fenced-data-format 2\n").unwrap());
+    // 2 is the current layout (files in a checksum frame): 3 is newer.
+    let log = refusal(|dir| std::fs::write(dir.join("format"), "fenced-data-format 3\n").unwrap());
     assert!(
-        log.contains("format: data format version 2 is newer"),
+        log.contains("format: data format version 3 is newer"),
         "{log}"
     );
 
@@ -250,6 +256,62 @@ fn a_newer_version_of_any_file_is_refused_by_name() {
     });
     assert!(
         log.contains("cluster-time format version 3 is not supported"),
+        "{log}"
+    );
+}
+
+/// `fenced check --data-dir DIR`.
+fn fenced_check(dir: &Path) -> std::process::Output {
+    std::process::Command::new(bin("fenced"))
+        .args(["check", "--data-dir"])
+        .arg(dir)
+        .output()
+        .unwrap()
+}
+
+/// The fixture's data dir (data format 1, no checksum frames) is upgraded
+/// at its node's first start: the format file and the snapshot are then in
+/// their frame, and `fenced check` finds every file whole (and refuses to
+/// run while the node holds the dir). One flipped byte in the snapshot is
+/// then reported by `fenced check` and refused by the node, both naming
+/// the file and the offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_data_dir_checks_whole_and_a_damaged_snapshot_is_refused_by_name() {
+    let mut cluster = from_fixture();
+    let dir = cluster.nodes()[0].data_dir.clone();
+    cluster.spawn(1);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let held = fenced_check(&dir);
+    let stderr = String::from_utf8_lossy(&held.stderr);
+    assert_eq!(held.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("stop the node first"), "{stderr}");
+    assert!(cluster.terminate(1, Duration::from_secs(10)).is_some());
+
+    let framed = |name: &str| {
+        std::fs::read(dir.join(name))
+            .unwrap()
+            .starts_with(b"fncdsum1")
+    };
+    assert!(framed("format") && framed("state/snapshot.bin"));
+    let whole = fenced_check(&dir);
+    let stdout = String::from_utf8_lossy(&whole.stdout);
+    assert_eq!(whole.status.code(), Some(0), "{stdout}");
+    assert_eq!(stdout.lines().count(), 4, "{stdout}");
+    assert!(stdout.lines().all(|l| l.starts_with("ok ")), "{stdout}");
+
+    let snapshot = dir.join("state/snapshot.bin");
+    let mut bytes = std::fs::read(&snapshot).unwrap();
+    bytes[30] ^= 0x01;
+    std::fs::write(&snapshot, bytes).unwrap();
+    let damaged = fenced_check(&dir);
+    let stdout = String::from_utf8_lossy(&damaged.stdout);
+    assert_eq!(damaged.status.code(), Some(1), "{stdout}");
+    let named = format!("DAMAGED  {}: damaged at offset", snapshot.display());
+    assert!(stdout.contains(&named), "{stdout}");
+    let log = refused_start(&mut cluster);
+    assert!(
+        log.contains(&format!("{}: damaged at offset", snapshot.display()))
+            && log.contains("A damaged node"),
         "{log}"
     );
 }

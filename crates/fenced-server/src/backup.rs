@@ -86,7 +86,10 @@ pub enum BackupError {
         found: u32,
         supported: u32,
     },
-    #[error("{path}: corrupt or truncated backup: {reason}")]
+    #[error(
+        "{path}: corrupt or truncated backup: {reason}; use another copy of it, or take a new \
+         one (fencectl snapshot save)"
+    )]
     Corrupt { path: PathBuf, reason: String },
     #[error("{0}")]
     Refused(String),
@@ -154,12 +157,15 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<BackupBody, BackupError> {
     let actual = (bytes.len() - HEADER_LEN - DIGEST_LEN) as u64;
     if declared != actual {
         return Err(corrupt(format!(
-            "the header declares {declared} body bytes, the file has {actual}"
+            "the header declares {declared} body bytes (at offset 12), the file has {actual}"
         )));
     }
     let (content, digest) = bytes.split_at(bytes.len() - DIGEST_LEN);
     if Sha256::digest(content).as_slice() != digest {
-        return Err(corrupt("the SHA-256 checksum does not match".into()));
+        return Err(corrupt(format!(
+            "the SHA-256 checksum does not match (the one at offset {0}, of bytes 0..{0})",
+            content.len()
+        )));
     }
     let body: BackupBody = codec::decode("backup", &content[HEADER_LEN..])
         .map_err(|e| corrupt(format!("body: {e}")))?;

@@ -5,13 +5,17 @@
 //! the whole directory. A directory without it was written before the file
 //! existed, in layout 1, and is accepted (the node then writes the file).
 //! A newer version is refused by name before anything in the directory is
-//! read.
+//! read. From layout 2 on, the file is in a checksum frame
+//! ([`crate::checksum`]), as is every file of the directory that has no
+//! check of its own.
 
 use std::{
     io::{self, Write},
     os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
+
+use crate::checksum::{self, Damaged};
 
 pub const FILE_NAME: &str = "format";
 
@@ -21,30 +25,24 @@ pub const LOG_DIR: &str = "raft-log";
 pub const STATE_DIR: &str = "state";
 /// The layout this build writes. 1: `raft-log/` (raft-log 0.4 chunks,
 /// entries in codec version 1), `state/snapshot.bin` (codec version 1,
-/// table snapshot version 1), `cluster-time` (slot version 1).
-pub const VERSION: u32 = 1;
+/// table snapshot version 1), `cluster-time` (slot version 1). 2: the same,
+/// with `format` and `state/snapshot.bin` in a checksum frame.
+pub const VERSION: u32 = 2;
+/// The first layout whose files carry a checksum frame.
+pub const FRAMED: u32 = 2;
 const PREFIX: &str = "fenced-data-format ";
 
 /// The version `dir` was written in: `None` for a directory without the
 /// file (layout 1, or nothing yet); an error for a version this build does
-/// not read, naming the file.
+/// not read, or a damaged file, naming the file.
 pub fn check(dir: &Path) -> io::Result<Option<u32>> {
     let path = dir.join(FILE_NAME);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
     };
-    let version = text
-        .trim()
-        .strip_prefix(PREFIX)
-        .and_then(|v| v.parse::<u32>().ok())
-        .ok_or_else(|| {
-            io::Error::other(format!(
-                "{}: not a fenced data format file (expected \"{PREFIX}N\")",
-                path.display()
-            ))
-        })?;
+    let version = parse(&path, &bytes)?;
     if version > VERSION {
         return Err(io::Error::other(format!(
             "{}: data format version {version} is newer than this build reads ({VERSION}); \
@@ -55,11 +53,44 @@ pub fn check(dir: &Path) -> io::Result<Option<u32>> {
     Ok(Some(version))
 }
 
+/// The version the bytes of the format file `path` hold. A file of layout
+/// 1 is plain text; one of a later layout must be in its frame, so a file
+/// that is neither is damaged.
+fn parse(path: &Path, bytes: &[u8]) -> Result<u32, Damaged> {
+    let framed = checksum::is_framed(bytes);
+    let text = if framed {
+        checksum::unframe(path, bytes)?
+    } else {
+        bytes
+    };
+    let version = std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.trim().strip_prefix(PREFIX))
+        .and_then(|v| v.parse::<u32>().ok());
+    let at = if framed { checksum::HEADER_LEN } else { 0 };
+    match version {
+        // A newer layout is refused as newer by the caller, framed or not.
+        Some(v) if framed || v < FRAMED || v > VERSION => Ok(v),
+        Some(v) => Err(Damaged::new(
+            path,
+            0,
+            format!(
+                "version {v} but no checksum frame, which every file of version {FRAMED} on has"
+            ),
+        )),
+        None => Err(Damaged::new(
+            path,
+            at,
+            format!("not a fenced data format file (expected \"{PREFIX}N\")"),
+        )),
+    }
+}
+
 /// Writes the file for the current version (atomically, synced).
 pub fn write(dir: &Path) -> io::Result<()> {
     write_atomically(
         &dir.join(FILE_NAME),
-        format!("{PREFIX}{VERSION}\n").as_bytes(),
+        &checksum::frame(format!("{PREFIX}{VERSION}\n").as_bytes()),
     )
 }
 
@@ -110,5 +141,46 @@ mod tests {
         assert!(e.contains("format") && e.contains("version 9"), "{e}");
         std::fs::write(dir.path().join(FILE_NAME), "junk").unwrap();
         assert!(check(dir.path()).is_err());
+    }
+
+    #[test]
+    fn a_format_file_of_layout_1_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FILE_NAME), "fenced-data-format 1\n").unwrap();
+        assert_eq!(check(dir.path()).unwrap(), Some(1));
+        // Layout 2 and on are framed: plain text saying 2 is refused.
+        std::fs::write(dir.path().join(FILE_NAME), "fenced-data-format 2\n").unwrap();
+        let e = check(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("damaged at offset 0"), "{e}");
+    }
+
+    /// Every bit of the file flipped, one at a time, and every cut: each is
+    /// refused, naming the file, the offset and the next step.
+    #[test]
+    fn a_damaged_format_file_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path()).unwrap();
+        let path = dir.path().join(FILE_NAME);
+        let good = std::fs::read(&path).unwrap();
+        let refused = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            let e = check(dir.path()).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("{}: ", path.display()))
+                    && e.contains("damaged at offset")
+                    && e.contains("A damaged node"),
+                "{e}"
+            );
+        };
+        for i in 0..good.len() {
+            for bit in 0..8 {
+                let mut bad = good.clone();
+                bad[i] ^= 1 << bit;
+                refused(&bad);
+            }
+        }
+        for cut in 0..good.len() {
+            refused(&good[..cut]);
+        }
     }
 }

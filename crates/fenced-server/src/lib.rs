@@ -14,6 +14,7 @@ pub mod auth;
 pub mod backup;
 pub mod blocking;
 pub mod certs;
+pub mod checksum;
 pub mod clock;
 pub mod codec;
 pub mod config;
@@ -21,6 +22,7 @@ pub mod counters;
 pub mod data_format;
 pub mod deadline;
 pub mod dev;
+pub mod disk_check;
 pub mod exposition;
 #[doc(hidden)]
 pub mod fuzzing;

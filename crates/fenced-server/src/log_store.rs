@@ -296,6 +296,62 @@ fn last_log_id(wal: &raft_log::RaftLog<WalTypes>) -> Option<LogId> {
     state.last().or(state.purged()).map(|x| x.0)
 }
 
+/// The error of opening the Raft log in `dir`, naming the directory and,
+/// for a record raft-log found damaged or cut (it names the chunk and the
+/// offset), the next step; a directory another process holds says so.
+pub fn unreadable_log(dir: &Path, e: io::Error) -> io::Error {
+    let kind = e.kind();
+    let text = match kind {
+        io::ErrorKind::WouldBlock => format!(
+            "{}: the Raft log is held by another process (a node running on this data \
+             dir?): {e}",
+            dir.display()
+        ),
+        io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof => format!(
+            "{}: the Raft log is damaged: {e}; {}",
+            dir.display(),
+            crate::checksum::NEXT_STEP
+        ),
+        _ => format!("{}: opening the Raft log: {e}", dir.display()),
+    };
+    io::Error::new(kind, text)
+}
+
+/// The Raft log in a directory, locked as a node locks it but not opened
+/// for writing: for `fenced check` on a stopped node.
+pub struct LockedLog {
+    dir: std::path::PathBuf,
+    dump: raft_log::Dump<WalTypes>,
+}
+
+impl LockedLog {
+    /// Takes raft-log's lock on `dir` (its `LOCK` file is created if
+    /// missing, nothing else is written); refused while a node holds it.
+    pub fn lock(dir: &Path) -> io::Result<Self> {
+        let config = raft_log::Config::new(dir.to_string_lossy().to_string());
+        let dump = raft_log::Dump::new(Arc::new(config)).map_err(|e| unreadable_log(dir, e))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            dump,
+        })
+    }
+
+    /// Reads every record of every chunk, each checked against its CRC;
+    /// how many there are, or the first damaged one.
+    pub fn verify(&self) -> io::Result<u64> {
+        use raft_log::DumpApi;
+        let mut records = 0u64;
+        self.dump
+            .write_with(|_chunk, _index, record| {
+                record?;
+                records = records.saturating_add(1);
+                Ok(())
+            })
+            .map_err(|e| unreadable_log(&self.dir, e))?;
+        Ok(records)
+    }
+}
+
 fn write_err(e: impl std::error::Error + 'static) -> StorageError {
     StorageIOError::write_logs(AnyError::new(&e)).into()
 }

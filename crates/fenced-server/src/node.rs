@@ -290,19 +290,13 @@ impl NodeCore {
         };
         private_dirs(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
         // A layout this build does not know is refused before it is read.
-        if crate::data_format::check(&cfg.data_dir)
-            .map_err(|e| storage(Box::new(e)))?
-            .is_none()
-        {
-            crate::data_format::write(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
-        }
+        let layout = crate::data_format::check(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
+        let log_dir = cfg.data_dir.join(LOG_DIR);
         let log = match &sim {
-            Some(sim) => {
-                LogStore::open_simulated(&cfg.data_dir.join(LOG_DIR), Arc::clone(&sim.fsync))
-            }
-            None => LogStore::open(&cfg.data_dir.join(LOG_DIR)),
+            Some(sim) => LogStore::open_simulated(&log_dir, Arc::clone(&sim.fsync)),
+            None => LogStore::open(&log_dir),
         }
-        .map_err(|e| storage(Box::new(e)))?;
+        .map_err(|e| storage(Box::new(crate::log_store::unreadable_log(&log_dir, e))))?;
         match replication::give_up_restored_leadership(&log, cfg.id).await {
             Ok(Some(term)) => tracing::info!(
                 term,
@@ -325,6 +319,12 @@ impl NodeCore {
         .map_err(|e| storage(e.to_string().into()))?;
         let shared = sm.shared();
         let floor = Arc::new(TimeFloor::open(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?);
+        // Written once every file of an older layout was read (and the
+        // snapshot rewritten in its checksum frame): a crash before this
+        // leaves the older layout, read again at the next start.
+        if layout.is_none_or(|v| v < crate::data_format::VERSION) {
+            crate::data_format::write(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
+        }
         let time = Arc::new(ClusterClock::new(
             cfg.proposer.clock_skew_ppm,
             Arc::clone(&floor),

@@ -27,9 +27,9 @@ use openraft::{
     StorageIOError,
 };
 
-pub(crate) use self::snapshots::file_table;
 #[cfg(test)]
 pub(crate) use self::snapshots::testing;
+pub(crate) use self::snapshots::{check_snapshot_file, file_table, SNAPSHOT_FILE};
 pub use self::snapshots::{inspect_export, write_restored_state, RestoredState};
 use self::snapshots::{SnapshotBody, Snapshots};
 use crate::{

@@ -31,10 +31,10 @@ pub(crate) const SLOT_LEN: usize = 24;
 /// version, the time, a CRC.
 const V1_SLOT_LEN: usize = 16;
 const MAGIC: [u8; 3] = *b"fct";
-const FORMAT_VERSION: u8 = 2;
+pub(crate) const FORMAT_VERSION: u8 = 2;
 /// The second slot sits in another sector, so a torn write of one slot
 /// leaves the other whole.
-const SLOT_OFFSETS: [u64; 2] = [0, 512];
+pub(crate) const SLOT_OFFSETS: [u64; 2] = [0, 512];
 
 /// A time a leader issued, with the term it led. Floors compare by term
 /// first: a leader keeps its clock running until it learns of a newer
@@ -267,7 +267,7 @@ fn checks(buf: &[u8], len: usize) -> bool {
 
 /// The version of a whole slot (magic and checksum right in either
 /// layout), any version.
-fn slot_version(buf: &[u8]) -> Option<u8> {
+pub(crate) fn slot_version(buf: &[u8]) -> Option<u8> {
     (checks(buf, V1_SLOT_LEN) || checks(buf, SLOT_LEN)).then(|| buf[3])
 }
 

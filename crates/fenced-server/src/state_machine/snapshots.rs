@@ -21,14 +21,16 @@ use serde::{Deserialize, Serialize};
 
 use super::Data;
 use crate::{
+    checksum::{self, Damaged, FramedWriter},
     codec,
     counters::Counters,
+    data_format,
     log_store::PurgeHorizon,
     retired::RetiredIds,
     types::{LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership},
 };
 
-const SNAPSHOT_FILE: &str = "snapshot.bin";
+pub(crate) const SNAPSHOT_FILE: &str = "snapshot.bin";
 
 /// The snapshot body: everything needed to resume applying after it.
 #[derive(Serialize, Deserialize)]
@@ -193,7 +195,15 @@ impl Snapshots {
             let started = Instant::now();
             let bytes = std::fs::read(&path).map_err(|e| unreadable(&e))?;
             let read_ms = started.elapsed().as_millis();
-            let (meta, data) = decode_file(&bytes, history_len).map_err(|e| unreadable(&e))?;
+            let content = file_content(&path, &bytes, unframed_allowed(dir)?)
+                .map_err(|e| sm_read_err(std::io::Error::from(e)))?;
+            let (meta, data) = decode_file(content, history_len).map_err(|e| unreadable(&e))?;
+            if !checksum::is_framed(&bytes) {
+                // Read once in the layout before the frame, checked by the
+                // whole load above; from now on it is framed.
+                rewrite_framed(dir, content)?;
+                tracing::info!(file = %path.display(), "snapshot rewritten with its checksum");
+            }
             let len = bytes.len();
             // Not held while the node runs: its pages go back now.
             drop(bytes);
@@ -263,8 +273,11 @@ impl Snapshots {
         }
         let path = self.dir.join(SNAPSHOT_FILE);
         let mut bytes = std::fs::read(&path).map_err(sm_read_err)?;
+        // Framed since the open: a file damaged since is not sent.
+        let content =
+            checksum::unframe(&path, &bytes).map_err(|e| sm_read_err(std::io::Error::from(e)))?;
         let file: SnapshotFileRef =
-            codec::decode_borrowed("snapshot file", &bytes).map_err(sm_read_err)?;
+            codec::decode_borrowed("snapshot file", content).map_err(sm_read_err)?;
         // The body is sent from the file's own buffer, not a copy: a copy
         // held twice the snapshot (about 200 MB with a million leases) for
         // as long as a follower took to receive it.
@@ -472,6 +485,83 @@ fn remove_temporaries(dir: &Path) -> Result<(), StorageError> {
     Ok(())
 }
 
+/// Whether the snapshot in the state dir `dir` may be a file written
+/// before the checksum frame: only in a data dir of a layout before
+/// [`data_format::FRAMED`] (the data dir is the state dir's parent).
+fn unframed_allowed(dir: &Path) -> Result<bool, StorageError> {
+    let data_dir = dir.parent().unwrap_or(dir);
+    let version = data_format::check(data_dir).map_err(sm_read_err)?;
+    Ok(version.is_none_or(|v| v < data_format::FRAMED))
+}
+
+/// What the snapshot file `path` holds inside its frame, checked; a file of
+/// the layout before the frame is its own content where `unframed` allows
+/// it. A file is taken for framed when its first byte or the seven after
+/// it are the magic's (one flipped bit leaves one of them whole), or when
+/// it is shorter than the magic (no snapshot of either layout is).
+fn file_content<'a>(path: &Path, bytes: &'a [u8], unframed: bool) -> Result<&'a [u8], Damaged> {
+    let framed = bytes.len() < checksum::HEADER_LEN
+        || bytes.first() == checksum::MAGIC.first()
+        || bytes.get(1..checksum::HEADER_LEN) == checksum::MAGIC.get(1..);
+    // Left to the codec, which names a version it does not read.
+    if !framed && unframed {
+        return Ok(bytes);
+    }
+    if bytes.first() == Some(&codec::FORMAT_VERSION) {
+        return Err(Damaged::new(
+            path,
+            0,
+            format!(
+                "no checksum frame, which every file of data format {} on has",
+                data_format::FRAMED
+            ),
+        ));
+    }
+    checksum::unframe(path, bytes)
+}
+
+/// `fenced check`'s verdict on the snapshot file `path` holding `bytes`:
+/// its frame, then everything a load checks; `unframed` as for a load.
+pub(crate) fn check_snapshot_file(
+    path: &Path,
+    bytes: &[u8],
+    unframed: bool,
+) -> Result<String, String> {
+    let content = file_content(path, bytes, unframed).map_err(|e| e.to_string())?;
+    let (meta, data) = decode_file(content, fenced_core::MAX_HISTORY_PER_RESOURCE)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let framed = if checksum::is_framed(bytes) {
+        "matches its CRC"
+    } else {
+        "written before the checksum frame (the node adds it at its next start)"
+    };
+    Ok(format!(
+        "{framed}; last log id {}, {} live leases",
+        meta.last_log_id
+            .map_or_else(|| "none".to_string(), |l| l.to_string()),
+        data.table.live_leases()
+    ))
+}
+
+/// Puts `content` (a snapshot file of the layout before the frame, just
+/// loaded) in its frame on disk, atomically.
+fn rewrite_framed(dir: &Path, content: &[u8]) -> Result<(), StorageError> {
+    // Temporaries of this open were removed; none is written yet.
+    let (path, file) = create_temporary(dir, u64::MAX)?;
+    let mut out = FramedWriter::new(std::io::BufWriter::with_capacity(1 << 20, file))
+        .map_err(snapshot_write_err)?;
+    out.write_all(content).map_err(snapshot_write_err)?;
+    let file = finish(out)?;
+    make_durable(
+        dir,
+        Temporary {
+            path,
+            file,
+            body_len: 0,
+        },
+    )
+}
+
 /// Decodes a snapshot file as a node loads it at open: its meta and the
 /// state its body holds. The error says what was wrong with the bytes.
 fn decode_file(bytes: &[u8], history_len: usize) -> Result<(SnapshotMeta, Data), String> {
@@ -600,16 +690,9 @@ fn write_temporary(
             1 + codec::encoded_part_len("snapshot", state).map_err(snapshot_write_err)?
         }
     };
-    let path = dir.join(format!("{SNAPSHOT_FILE}.{seq}.tmp"));
-    // 0600: the snapshot holds every live owner id.
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
+    let (path, file) = create_temporary(dir, seq)?;
+    let mut out = FramedWriter::new(std::io::BufWriter::with_capacity(1 << 20, file))
         .map_err(snapshot_write_err)?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     out.write_all(&[codec::FORMAT_VERSION])
         .map_err(snapshot_write_err)?;
     codec::encode_part("snapshot file", meta, &mut out).map_err(snapshot_write_err)?;
@@ -631,14 +714,36 @@ fn write_temporary(
             }
         }
     }
-    let file = out
-        .into_inner()
-        .map_err(|e| snapshot_write_err(e.into_error()))?;
+    let file = finish(out)?;
     Ok(Temporary {
         path,
         file,
         body_len: body_len as u64,
     })
+}
+
+/// Creates the temporary snapshot file number `seq` (0600: the snapshot
+/// holds every live owner id).
+fn create_temporary(dir: &Path, seq: u64) -> Result<(PathBuf, std::fs::File), StorageError> {
+    let path = dir.join(format!("{SNAPSHOT_FILE}.{seq}.tmp"));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(snapshot_write_err)?;
+    Ok((path, file))
+}
+
+/// Closes a framed snapshot file: its trailer, then what is buffered.
+fn finish(
+    out: FramedWriter<std::io::BufWriter<std::fs::File>>,
+) -> Result<std::fs::File, StorageError> {
+    out.finish()
+        .map_err(snapshot_write_err)?
+        .into_inner()
+        .map_err(|e| snapshot_write_err(e.into_error()))
 }
 
 /// Makes a temporary snapshot file the snapshot on disk, atomically:
@@ -819,6 +924,7 @@ mod tests {
             testing::{log_with_blanks, log_with_payloads, open_state as open, restart},
             LogStore,
         },
+        parking::Parking,
         state_machine::StateMachine,
     };
 
@@ -1423,7 +1529,8 @@ mod tests {
         )
         .unwrap();
         let on_disk = std::fs::read(dir.path().join("state").join(SNAPSHOT_FILE)).unwrap();
-        assert_eq!(on_disk, want);
+        // In its checksum frame since data format 2.
+        assert_eq!(on_disk, checksum::frame(&want));
         let sent = sm.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(sent.meta, built.meta);
         assert_eq!(sent.snapshot.into_inner(), body);
@@ -1439,8 +1546,10 @@ mod tests {
         sm.install_snapshot(&meta, body).await.unwrap();
         assert_eq!(current_last(&mut sm).await, Some(log_id(20)));
         assert_eq!(sm.shared.last_applied(), Some(log_id(20)));
-        let bytes = std::fs::read(dir.path().join("state").join(SNAPSHOT_FILE)).unwrap();
-        let file: SnapshotFile = codec::decode("snapshot file", &bytes).unwrap();
+        let path = dir.path().join("state").join(SNAPSHOT_FILE);
+        let bytes = std::fs::read(&path).unwrap();
+        let file: SnapshotFile =
+            codec::decode("snapshot file", checksum::unframe(&path, &bytes).unwrap()).unwrap();
         assert_eq!(file.meta.last_log_id, Some(log_id(20)));
     }
 
@@ -1520,12 +1629,14 @@ mod tests {
             // A reader sees a whole file whenever it looks.
             while writing.load(Ordering::SeqCst) > 0 {
                 if let Ok(bytes) = std::fs::read(&path) {
-                    check(&codec::decode("snapshot file", &bytes).expect("a whole file"));
+                    let content = checksum::unframe(&path, &bytes).expect("a whole file");
+                    check(&codec::decode("snapshot file", content).expect("a whole file"));
                 }
             }
         });
         let bytes = std::fs::read(&path).unwrap();
-        let file: SnapshotFile = codec::decode("snapshot file", &bytes).expect("a whole file");
+        let content = checksum::unframe(&path, &bytes).expect("a whole file");
+        let file: SnapshotFile = codec::decode("snapshot file", content).expect("a whole file");
         check(&file);
         assert_eq!(file.meta.last_log_id, Some(log_id(16)), "the newest wins");
         assert_eq!(shared.snapshots.durable_last(), Some(log_id(16)));
@@ -1534,6 +1645,80 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, [SNAPSHOT_FILE], "no temporary file is left");
+    }
+
+    /// The error a damaged snapshot file gives at open: it names the file,
+    /// an offset in it and the next step, and no state is loaded.
+    fn refused_at_open(dir: &Path, log: &LogStore, bytes: &[u8]) -> String {
+        let path = dir.join("state").join(SNAPSHOT_FILE);
+        std::fs::write(&path, bytes).unwrap();
+        let e = StateMachine::open(&dir.join("state"), Parking::new(4), log.purge_horizon(), 16)
+            .err()
+            .expect("a damaged snapshot is refused");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("{}: damaged at offset", path.display()))
+                && text.contains("A damaged node"),
+            "{text}"
+        );
+        text
+    }
+
+    /// One bit flipped in each byte of the file (every bit of the first 64,
+    /// which hold the header, the meta and the membership with the peers'
+    /// addresses), and the file cut at every length: each is refused by
+    /// name, none loaded.
+    #[tokio::test]
+    async fn a_damaged_snapshot_is_refused_by_name_and_nothing_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, mut sm) = node(dir.path()).await;
+        sm.shared.write().table = table_with(true);
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        drop(sm);
+        let path = dir.path().join("state").join(SNAPSHOT_FILE);
+        let good = std::fs::read(&path).unwrap();
+        assert!(good.len() > 200, "{} bytes", good.len());
+        for i in 0..good.len() {
+            let bits: Vec<u8> = if i < 64 {
+                (0..8).collect()
+            } else {
+                vec![(i % 8) as u8]
+            };
+            for bit in bits {
+                let mut bad = good.clone();
+                bad[i] ^= 1 << bit;
+                refused_at_open(dir.path(), &log, &bad);
+            }
+        }
+        for cut in 0..good.len() {
+            refused_at_open(dir.path(), &log, &good[..cut]);
+        }
+        // The good file still loads.
+        std::fs::write(&path, &good).unwrap();
+        let sm = open(dir.path(), &log);
+        assert_eq!(sm.shared.read().table.kv(), table_with(true).kv());
+    }
+
+    /// A snapshot damaged while the node runs is not sent to a follower.
+    #[tokio::test]
+    async fn a_snapshot_damaged_after_the_open_is_not_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, mut sm) = node(dir.path()).await;
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let path = dir.path().join("state").join(SNAPSHOT_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[20] ^= 4;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = sm.get_current_snapshot().await.expect_err("refused");
+        assert!(e.to_string().contains("damaged at offset"), "{e}");
     }
 }
 
@@ -1546,6 +1731,53 @@ mod old_formats {
 
     use super::*;
     use crate::{log_store::LogStore, parking::Parking, state_machine::StateMachine};
+
+    /// A snapshot of the layout before the checksum frame loads once, and
+    /// is rewritten in its frame with the same content.
+    #[tokio::test]
+    async fn an_unframed_snapshot_loads_and_is_rewritten_framed() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        let path = state.join(SNAPSHOT_FILE);
+        std::fs::write(&path, V1).unwrap();
+        let log = LogStore::open(&dir.path().join("raft-log")).unwrap();
+        let open = || StateMachine::open(&state, Parking::new(4), log.purge_horizon(), 16);
+        let mut sm = open().unwrap();
+        let framed = std::fs::read(&path).unwrap();
+        assert_eq!(checksum::unframe(&path, &framed).unwrap(), V1);
+        let names: Vec<_> = std::fs::read_dir(&state)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [SNAPSHOT_FILE], "no temporary file is left");
+        let (applied, _) = sm.applied_state().await.unwrap();
+        drop(sm);
+        let (again, _) = open().unwrap().applied_state().await.unwrap();
+        assert_eq!(applied, again);
+        assert_eq!(again.map(|l| l.index), Some(3));
+    }
+
+    /// In a data dir of format 2 every snapshot is framed: one without its
+    /// frame is refused by name.
+    #[tokio::test]
+    async fn an_unframed_snapshot_in_a_framed_data_dir_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::data_format::write(dir.path()).unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join(SNAPSHOT_FILE), V1).unwrap();
+        let log = LogStore::open(&dir.path().join("raft-log")).unwrap();
+        let e = StateMachine::open(&state, Parking::new(4), log.purge_horizon(), 16)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.contains("snapshot.bin: damaged at offset 0") && e.contains("no checksum frame"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(state.join(SNAPSHOT_FILE)).unwrap(), V1);
+    }
 
     /// The snapshot file of a build before format 2 (table format 1): a
     /// lease on jobs/a (owner 01..01, token 1, granted at 1000 ms for 60 s)
