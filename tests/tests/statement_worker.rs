@@ -9,7 +9,7 @@ use std::{
 };
 
 use fenced_proto::v1::{fenced_resource_client::FencedResourceClient, GetRequest};
-use fenced_tests::{bin, bin_dir, free_port, Cluster};
+use fenced_tests::{bin, free_port, Cluster};
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
@@ -52,7 +52,7 @@ async fn start_resource(dir: &std::path::Path) -> Resource {
 }
 
 fn worker(cluster: &Cluster, resource: &Resource, instance: &str, extra: &[&str]) -> Command {
-    let mut cmd = Command::new(bin_dir().join("examples/statement_worker"));
+    let mut cmd = Command::new(bin("statement-worker"));
     cmd.args([
         "--instance",
         instance,

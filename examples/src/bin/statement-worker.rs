@@ -9,7 +9,7 @@
 //! fenced dev &
 //! fenced-resource serve --listen 127.0.0.1:7301 --data-dir /tmp/statements \
 //!     --cluster 127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103 &
-//! cargo run -p fenced-client --example statement_worker -- --instance a --account 1842 --month 2026-07
+//! cargo run -p fenced-examples --bin statement-worker -- --instance a --account 1842 --month 2026-07
 //! ```
 //!
 //! Exit code: 0 written (or another instance holds the lease), 3 the write was
