@@ -1352,3 +1352,34 @@ async fn gateway_sends_one_key_for_one_operation_whoever_retries_it() {
         "{seen:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_bounds_forwards_that_outlive_their_callers() {
+    let upstream = Upstream::start().await;
+    let data = tempfile::tempdir().expect("dir");
+    let gw = Gateway::start(
+        data.path(),
+        &upstream,
+        &[
+            "--standalone-no-cluster-check".to_string(),
+            "--max-connections".into(),
+            "1".into(),
+        ],
+    );
+    let grant = |resource: &str| Grant {
+        resource: resource.into(),
+        token: Token::new(1).expect("token"),
+        owner: OwnerId::random(),
+    };
+    upstream.set_delay(Duration::from_millis(1_500));
+    // A caller hangs up while its request is upstream: its connection is
+    // free again, its forward is not.
+    send_and_hang_up(gw.addr, &grant("job:a").headers(Some("a")), "slow a").await;
+    let (status, _, body) = send(gw.addr, "/jobs", &grant("job:b").headers(Some("b")), "b").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(json(&body)["error"], "busy");
+    // Once the upstream answered, the next one goes through.
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let (status, _, body) = send(gw.addr, "/jobs", &grant("job:b").headers(Some("b")), "b").await;
+    assert_eq!(status, 200, "{body}");
+}

@@ -34,6 +34,10 @@ pub struct State {
     pub turns: Serializer,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
+    /// Requests between their body and their answer, callers gone or not:
+    /// a forward outlives a caller that hangs up, so connections alone do
+    /// not bound them (`--max-connections` permits).
+    pub forwards: Arc<tokio::sync::Semaphore>,
 }
 
 /// The bounds of one request.
@@ -170,7 +174,21 @@ pub async fn handle(
     // From the turn to the upstream's answer in a task of its own: a caller
     // that hangs up must not end the turn while its request may still be
     // applied upstream.
-    let task = tokio::spawn(forward(Arc::clone(&state), fenced, upstream_req));
+    let state_for_task = Arc::clone(&state);
+    let Ok(permit) = Arc::clone(&state.forwards).try_acquire_owned() else {
+        let r = Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            Stage::Busy,
+            "as many requests as max_connections are in progress; nothing was done, retry".into(),
+        )
+        .about(resource, token);
+        return refused(&state, &r, Outcome::Unavailable);
+    };
+    let task = tokio::spawn(async move {
+        let _permit = permit;
+        forward(state_for_task, fenced, upstream_req).await
+    });
     match task.await {
         Ok(answer) => answer,
         Err(e) => {

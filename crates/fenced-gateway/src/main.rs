@@ -315,6 +315,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             upstream_timeout: Duration::from_millis(cli.upstream_timeout_ms),
         },
         metrics: Arc::clone(&metrics),
+        forwards: Arc::new(tokio::sync::Semaphore::new(size(cli.max_connections))),
     });
     let listener = tokio::net::TcpListener::bind(cli.listen)
         .await
