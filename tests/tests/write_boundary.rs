@@ -132,6 +132,8 @@ struct Upstream {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     delay: Arc<Mutex<Duration>>,
+    /// Requests received, applied or not yet.
+    arrivals: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Upstream {
@@ -143,6 +145,7 @@ impl Upstream {
             addr: listener.local_addr().expect("addr"),
             seen: Arc::default(),
             delay: Arc::default(),
+            arrivals: Arc::default(),
         };
         let app = Router::new()
             .fallback(upstream_apply)
@@ -165,6 +168,8 @@ async fn upstream_apply(
     headers: HeaderMap,
     body: String,
 ) -> &'static str {
+    up.arrivals
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     // As most servers do, a request received is applied even if its
     // client hangs up: the work runs in a task of its own. A body starting
     // with "slow" takes the upstream's delay; others are applied at once.
@@ -1153,6 +1158,7 @@ async fn tls_upstream(pki: &Pki) -> Upstream {
         addr: listener.local_addr().expect("addr"),
         seen: Arc::default(),
         delay: Arc::default(),
+        arrivals: Arc::default(),
     };
     let app = Router::new()
         .fallback(upstream_apply)
@@ -1253,9 +1259,15 @@ async fn gateway_speaks_tls_to_its_upstream_with_its_own_certificate() {
     let _ = child.wait();
 }
 
-/// Sends a whole request over a raw connection and hangs up before the
-/// answer.
-async fn send_and_hang_up(addr: SocketAddr, headers: &[(&str, String)], body: &str) {
+/// Sends a whole request over a raw connection and hangs up once the
+/// upstream has it, before the answer.
+async fn send_and_hang_up(
+    addr: SocketAddr,
+    upstream: &Upstream,
+    headers: &[(&str, String)],
+    body: &str,
+) {
+    let before = upstream.arrivals.load(std::sync::atomic::Ordering::SeqCst);
     let mut raw = TcpStream::connect(addr).await.expect("connect");
     let mut head = format!(
         "POST /jobs HTTP/1.1\r\nhost: gw\r\ncontent-length: {}\r\n",
@@ -1267,7 +1279,14 @@ async fn send_and_hang_up(addr: SocketAddr, headers: &[(&str, String)], body: &s
     head.push_str("\r\n");
     head.push_str(body);
     raw.write_all(head.as_bytes()).await.expect("request");
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upstream.arrivals.load(std::sync::atomic::Ordering::SeqCst) == before {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     drop(raw);
 }
 
@@ -1288,7 +1307,13 @@ async fn gateway_keeps_the_turn_while_a_hung_up_callers_request_is_upstream() {
     upstream.set_delay(Duration::from_millis(800));
     // The older owner's request is forwarded, then its caller hangs up
     // while the upstream is still applying it.
-    send_and_hang_up(gw.addr, &grant(3).headers(Some("j-3")), "slow old").await;
+    send_and_hang_up(
+        gw.addr,
+        &upstream,
+        &grant(3).headers(Some("j-3")),
+        "slow old",
+    )
+    .await;
     let started = Instant::now();
     let (status, _, body) = send(gw.addr, "/jobs", &grant(4).headers(Some("j-4")), "new").await;
     assert_eq!(status, 200, "{body}");
@@ -1374,7 +1399,13 @@ async fn gateway_bounds_forwards_that_outlive_their_callers() {
     upstream.set_delay(Duration::from_millis(1_500));
     // A caller hangs up while its request is upstream: its connection is
     // free again, its forward is not.
-    send_and_hang_up(gw.addr, &grant("job:a").headers(Some("a")), "slow a").await;
+    send_and_hang_up(
+        gw.addr,
+        &upstream,
+        &grant("job:a").headers(Some("a")),
+        "slow a",
+    )
+    .await;
     let (status, _, body) = send(gw.addr, "/jobs", &grant("job:b").headers(Some("b")), "b").await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(json(&body)["error"], "busy");

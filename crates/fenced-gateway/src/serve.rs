@@ -22,6 +22,9 @@ use crate::{gateway::State, metrics::Metrics};
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long a request head may take to arrive.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new connection waits for a slot when every one is taken.
+pub const SLOT_WAIT: Duration = Duration::from_millis(500);
+
 /// The largest request head, in bytes.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 
@@ -104,7 +107,11 @@ pub async fn serve_callers(
                 }
             },
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+        // A connection that just closed may not have given its slot back
+        // yet: wait a moment for one before refusing.
+        let Ok(Ok(slot)) =
+            tokio::time::timeout(SLOT_WAIT, Arc::clone(&slots).acquire_owned()).await
+        else {
             state.metrics.connection_refused();
             continue;
         };
