@@ -172,7 +172,7 @@ if [[ -n "${FENCED_TEST_POSTGRES_URL:-}" ]]; then
     out=$(sql "$A_TOKEN" "$A_OWNER" "A's statement") || fail "A's guarded write"
     [[ $out == *"refused: stale"* ]] || fail "A's write was not refused: $out"
     echo "  A (token $A_TOKEN) refused by fenced_guard"
-    stored=$(psql -qtA "$FENCED_TEST_POSTGRES_URL" -c "SELECT content FROM account_statements WHERE account_id = $$")
+    stored=$(psql -qtA "$FENCED_TEST_POSTGRES_URL" -c "SELECT content FROM fenced_examples.account_statements WHERE account_id = $$")
     [[ $stored == "B's statement" ]] || fail "the row holds: $stored"
 elif [[ -n "${CI:-}" ]]; then
     fail "FENCED_TEST_POSTGRES_URL is not set (source .ci/postgres.sh)"

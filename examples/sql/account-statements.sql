@@ -7,6 +7,10 @@
 --        -v token=7 -v owner=5b2f0c7e-... -v content='July' -f account-statements.sql
 
 SET client_min_messages = warning;
+-- A schema of its own, so that an account_statements table already in the
+-- database is left alone; fenced_guard and its tables are found in public.
+CREATE SCHEMA IF NOT EXISTS fenced_examples;
+SET search_path = fenced_examples, public;
 
 CREATE TABLE IF NOT EXISTS account_statements (
     account_id  bigint PRIMARY KEY,
