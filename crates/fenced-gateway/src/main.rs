@@ -1,12 +1,6 @@
 //! `fenced-gateway`: the write gateway as a process.
 
-use std::{
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    process::ExitCode,
-    sync::Arc,
-    time::Duration,
-};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use fenced_gateway::{
@@ -15,7 +9,7 @@ use fenced_gateway::{
     serve, upstream,
 };
 use fenced_http::{Serializer, SqliteLedger};
-use fenced_resource::current::{ClusterOptions, CurrentCheck};
+use fenced_resource::current::{first_line_of, ClusterOptions, CurrentCheck};
 use fenced_server::auth::{Auth, AuthConfig};
 use http::{HeaderValue, Uri};
 use tokio_util::sync::CancellationToken;
@@ -166,16 +160,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn first_line(field: &str, p: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(p).map_err(|e| format!("{field}: {}: {e}", p.display()))?;
-    text.lines()
-        .next()
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(str::to_string)
-        .ok_or_else(|| format!("{field}: {}: empty", p.display()))
-}
-
 async fn run(cli: Cli) -> Result<(), String> {
     let tls_on = cli.tls_cert.is_some();
     let auth_config = AuthConfig {
@@ -279,7 +263,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         .upstream_authorization_file
         .as_deref()
         .map(|p| {
-            let line = first_line("upstream_authorization_file", p)?;
+            let line = first_line_of("upstream_authorization_file", p)?;
             HeaderValue::from_str(&line).map_err(|_| {
                 format!(
                     "upstream_authorization_file: {}: not a header value",
@@ -349,24 +333,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         size(cli.max_connections),
         stop.clone(),
     ));
-    shutdown_signal().await;
+    fenced_server::shutdown::signal().await;
     stop.cancel();
     // Returns once the connections in progress have ended (or the grace).
     let _ = served.await;
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
-    }
 }

@@ -80,21 +80,9 @@ impl ClusterOptions {
         let read = |field: &str, p: &std::path::Path| {
             std::fs::read(p).map_err(|e| format!("{field}: {}: {e}", p.display()))
         };
-        let bearer = match token_file {
-            None => None,
-            Some(p) => {
-                let text = String::from_utf8(read("cluster_token_file", p)?)
-                    .map_err(|_| format!("cluster_token_file: {}: not UTF-8", p.display()))?;
-                Some(
-                    text.lines()
-                        .next()
-                        .map(str::trim)
-                        .filter(|t| !t.is_empty())
-                        .ok_or_else(|| format!("cluster_token_file: {}: empty", p.display()))?
-                        .to_string(),
-                )
-            }
-        };
+        let bearer = token_file
+            .map(|p| first_line_of("cluster_token_file", p))
+            .transpose()?;
         let identity_pem = match identity {
             Some((c, k)) => Some((read("cluster_cert", c)?, read("cluster_key", k)?)),
             None => None,
@@ -107,6 +95,21 @@ impl ClusterOptions {
             ..ClusterOptions::default()
         })
     }
+}
+
+/// The first line of the file at `path`, trimmed: a secret (a bearer
+/// token, an Authorization value) kept out of flags. Each error names
+/// `field` and the path.
+pub fn first_line_of(field: &str, path: &std::path::Path) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{field}: {}: {e}", path.display()))?;
+    let text =
+        String::from_utf8(bytes).map_err(|_| format!("{field}: {}: not UTF-8", path.display()))?;
+    text.lines()
+        .next()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| format!("{field}: {}: empty", path.display()))
 }
 
 /// Why a write was refused by the cluster check.

@@ -180,21 +180,6 @@ impl TlsArgs {
     }
 }
 
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
-}
-
 /// Plaintext only on a loopback address: off it, a client's token, owner id
 /// and value would cross the network readable and forgeable.
 fn plaintext_allowed(listen: SocketAddr, tls: bool) -> Result<(), String> {
@@ -295,7 +280,7 @@ fn main() -> ExitCode {
         }
         server
             .add_service(service.into_server())
-            .serve_with_shutdown(listen, shutdown_signal())
+            .serve_with_shutdown(listen, fenced_server::shutdown::signal())
             .await
     });
     match result {

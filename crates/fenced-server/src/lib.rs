@@ -48,6 +48,7 @@ pub mod retired;
 pub mod revocation;
 pub mod rpc_metrics;
 pub mod services;
+pub mod shutdown;
 // After `services`: uses its forwarding macro.
 pub mod kv_service;
 pub mod state_machine;

@@ -322,27 +322,6 @@ where
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let term = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-}
-
 /// `fenced healthcheck`: 0 when serving, 1 otherwise.
 async fn healthcheck(
     endpoint: &str,
@@ -377,7 +356,8 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             let dir = dev_dir(data_dir);
             let layout = dev::layout(&dir, nodes, base_port);
             let default_ports = base_port == dev::DEFAULT_BASE_PORT;
-            return match dev::run(&layout, default_ports, shutdown_signal()).await? {
+            return match dev::run(&layout, default_ports, fenced_server::shutdown::signal()).await?
+            {
                 DevEnd::Stopped => {
                     println!(
                         "\nfenced dev: stopped {nodes} node{}; data kept in {} (--fresh starts empty)",
@@ -511,7 +491,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
     // A node whose storage failed is of no use until restarted: exit so
     // that systemd, compose or Kubernetes restart it.
     tokio::select! {
-        _ = shutdown_signal() => {}
+        _ = fenced_server::shutdown::signal() => {}
         reason = join_refused => {
             tracing::error!(node = id, "{reason}; stopping");
             node.shutdown().await;
