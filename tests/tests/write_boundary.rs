@@ -36,6 +36,16 @@ struct Grant {
 }
 
 impl Grant {
+    /// A grant made up by the test, for a boundary run without the cluster
+    /// check: any owner id, the token given.
+    fn unleased(resource: &str, token: u64) -> Grant {
+        Grant {
+            resource: resource.to_string(),
+            token: Token::new(token).expect("token"),
+            owner: OwnerId::random(),
+        }
+    }
+
     async fn take(client: &Client, resource: &str, ttl: Duration) -> Grant {
         let owner = OwnerId::random();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -383,11 +393,7 @@ async fn layer_runs_one_handler_per_resource_and_a_failed_one_can_be_retried() {
             .build();
     assert!(unset.is_err_and(|e| e.starts_with("cluster_check: ")));
     let (addr, effects) = own_service(standalone(ledger), Duration::from_millis(400)).await;
-    let grant = |token: u64| Grant {
-        resource: "import:batch-9".into(),
-        token: Token::new(token).expect("token"),
-        owner: OwnerId::random(),
-    };
+    let grant = |token: u64| Grant::unleased("import:batch-9", token);
     let (old, new) = (grant(5), grant(6));
     // The older token's handler is running when the newer arrives: the
     // newer waits for it, so the effects land in token order.
@@ -666,11 +672,7 @@ async fn gateway_holds_a_stale_request_behind_a_slow_newer_one_then_refuses_it()
             "64".into(),
         ],
     );
-    let grant = |token: u64| Grant {
-        resource: "invoice:77".into(),
-        token: Token::new(token).expect("token"),
-        owner: OwnerId::random(),
-    };
+    let grant = |token: u64| Grant::unleased("invoice:77", token);
     let (stale, newer) = (grant(3), grant(4));
     upstream.set_delay(Duration::from_millis(800));
     let addr = gw.addr;
@@ -728,11 +730,7 @@ async fn gateway_bounds_a_stalled_body_and_a_silent_upstream_in_time() {
             "300".into(),
         ],
     );
-    let grant = |token: u64| Grant {
-        resource: "export:9".into(),
-        token: Token::new(token).expect("token"),
-        owner: OwnerId::random(),
-    };
+    let grant = |token: u64| Grant::unleased("export:9", token);
     // A body that stops half way: 408 once the body time is up.
     let mut raw = TcpStream::connect(gw.addr).await.expect("connect");
     let mut head = "POST /exports HTTP/1.1\r\nhost: gw\r\ncontent-length: 100\r\n".to_string();
@@ -839,11 +837,7 @@ async fn gateway_authenticates_callers_and_needs_lock_on_the_resource() {
             deny.display().to_string(),
         ],
     );
-    let grant = Grant {
-        resource: "payout:merchant-1".into(),
-        token: Token::new(8).expect("token"),
-        owner: OwnerId::random(),
-    };
+    let grant = Grant::unleased("payout:merchant-1", 8);
     let headers = grant.headers(Some("p-1"));
     // Plaintext to a TLS port gets no HTTP answer at all.
     let plain = tokio::time::timeout(Duration::from_secs(5), async {
@@ -1100,11 +1094,7 @@ async fn layer_instances_sharing_a_postgres_ledger_refuse_a_stale_owner_between_
     let (addr_one, effects_one) = own_service(standalone(one), Duration::ZERO).await;
     let (addr_two, effects_two) = own_service(standalone(two), Duration::ZERO).await;
     let resource = format!("statement:pg-{}", OwnerId::random().as_uuid());
-    let grant = |token: u64| Grant {
-        resource: resource.clone(),
-        token: Token::new(token).expect("token"),
-        owner: OwnerId::random(),
-    };
+    let grant = |token: u64| Grant::unleased(&resource, token);
     let (a, b) = (grant(11), grant(12));
     let (status, _, _) = send(addr_one, "/statement", &a.headers(Some("s-a")), "A").await;
     assert_eq!(status, 200);
@@ -1227,11 +1217,7 @@ async fn gateway_speaks_tls_to_its_upstream_with_its_own_certificate() {
         }
         child
     };
-    let grant = |token: u64| Grant {
-        resource: "charge:3".into(),
-        token: Token::new(token).expect("token"),
-        owner: OwnerId::random(),
-    };
+    let grant = |token: u64| Grant::unleased("charge:3", token);
     // Without its client certificate the upstream refuses the gateway: a
     // 502, nothing applied.
     let mut child = spawn(&args);
@@ -1299,11 +1285,7 @@ async fn gateway_keeps_the_turn_while_a_hung_up_callers_request_is_upstream() {
         &upstream,
         &["--standalone-no-cluster-check".to_string()],
     );
-    let grant = |token: u64| Grant {
-        resource: "job:nightly".into(),
-        token: Token::new(token).expect("token"),
-        owner: OwnerId::random(),
-    };
+    let grant = |token: u64| Grant::unleased("job:nightly", token);
     upstream.set_delay(Duration::from_millis(800));
     // The older owner's request is forwarded, then its caller hangs up
     // while the upstream is still applying it.
@@ -1342,11 +1324,7 @@ async fn gateway_sends_one_key_for_one_operation_whoever_retries_it() {
             "300".into(),
         ],
     );
-    let grant = |token: u64| Grant {
-        resource: "payout:merchant-40".into(),
-        token: Token::new(token).expect("token"),
-        owner: OwnerId::random(),
-    };
+    let grant = |token: u64| Grant::unleased("payout:merchant-40", token);
     upstream.set_delay(Duration::from_millis(800));
     // The first attempt times out at the gateway but lands upstream later.
     let (status, _, _) = send(
@@ -1391,11 +1369,7 @@ async fn gateway_bounds_forwards_that_outlive_their_callers() {
             "1".into(),
         ],
     );
-    let grant = |resource: &str| Grant {
-        resource: resource.into(),
-        token: Token::new(1).expect("token"),
-        owner: OwnerId::random(),
-    };
+    let grant = |resource: &str| Grant::unleased(resource, 1);
     upstream.set_delay(Duration::from_millis(1_500));
     // A caller hangs up while its request is upstream: its connection is
     // free again, its forward is not.
