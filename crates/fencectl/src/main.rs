@@ -476,8 +476,18 @@ async fn execute(
                 match r {
                     Ok(s) => {
                         lines.push(format!(
-                            "{endpoint}: node {} {} term {} leader {} applied {} leases {}",
-                            s.node_id, s.role, s.term, s.leader_id, s.last_applied, s.live_leases
+                            "{endpoint}: node {} {} term {} leader {} applied {} leases {}{}",
+                            s.node_id,
+                            s.role,
+                            s.term,
+                            s.leader_id,
+                            s.last_applied,
+                            s.live_leases,
+                            if s.repairing {
+                                " repairing (no vote until caught up)"
+                            } else {
+                                ""
+                            }
                         ));
                         let members: Vec<Value> = s
                             .members
@@ -488,7 +498,7 @@ async fn execute(
                             "leader_id": s.leader_id, "term": s.term, "last_applied": s.last_applied,
                             "live_leases": s.live_leases, "last_token": s.last_token, "log_syncs": s.log_syncs,
                             "applied_entries": s.applied_entries, "applied_commands": s.applied_commands,
-                            "members": members});
+                            "repairing": s.repairing, "members": members});
                         if summary.is_none() || s.role == "leader" {
                             summary = Some(node.clone());
                         }

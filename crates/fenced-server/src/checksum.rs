@@ -28,8 +28,8 @@ pub const HEADER_LEN: usize = MAGIC.len();
 /// The content's length (u64) and the CRC (u32).
 pub const TRAILER_LEN: usize = 12;
 /// What an operator does about a damaged file.
-pub const NEXT_STEP: &str = "the node loads nothing from it; replace this node by a new id that \
-     catches up from its peers (docs/OPERATIONS.md, \"A damaged node\")";
+pub const NEXT_STEP: &str = "the node loads nothing from it; stop it and rebuild it from its peers \
+     with `fenced repair --data-dir DIR --node-id ID`, then start it (docs/OPERATIONS.md, \"A damaged node\")";
 
 /// A file that failed its check: nothing in it is used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -57,6 +57,19 @@ pub fn check_data_dir(dir: &Path) -> io::Result<Vec<FileReport>> {
         None
     };
     let mut reports = Vec::new();
+    let marker_path = dir.join(crate::repair::marker::FILE_NAME);
+    if marker_path.exists() {
+        reports.push(FileReport {
+            path: marker_path,
+            verdict: match crate::repair::marker::read(dir) {
+                Ok(Some(m)) => Ok(format!("node {} is being repaired ({:?})", m.node, m.step)),
+                Ok(None) => Ok("removed meanwhile".into()),
+                Err(e) => Err(format!(
+                    "{e}; run fenced repair again: the directory holds nothing that is not in the peers"
+                )),
+            },
+        });
+    }
     let format_path = dir.join(data_format::FILE_NAME);
     let layout = data_format::check(dir);
     reports.push(FileReport {

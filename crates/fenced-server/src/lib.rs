@@ -43,6 +43,7 @@ pub mod peer_listener;
 pub mod prefixed;
 pub mod proposer;
 pub mod raft_noise;
+pub mod repair;
 pub mod replication;
 pub mod retired;
 pub mod revocation;

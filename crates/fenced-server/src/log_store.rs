@@ -296,6 +296,10 @@ fn last_log_id(wal: &raft_log::RaftLog<WalTypes>) -> Option<LogId> {
     state.last().or(state.purged()).map(|x| x.0)
 }
 
+fn is_pristine(wal: &raft_log::RaftLog<WalTypes>) -> bool {
+    last_log_id(wal).is_none() && wal.log_state().vote().is_none()
+}
+
 /// The error of opening the Raft log in `dir`, naming the directory and,
 /// for a record raft-log found damaged or cut (it names the chunk and the
 /// offset), the next step; a directory another process holds says so.
@@ -471,6 +475,12 @@ impl LogStore {
         Ok(Some(new))
     }
 
+    /// Whether the log holds nothing at all: no entry and no vote (a new
+    /// node, or one whose log was lost).
+    pub fn is_pristine(&self) -> bool {
+        is_pristine(&self.wal())
+    }
+
     /// Writes the cluster's first membership as entry 0 of an empty log, the
     /// entry openraft's `initialize` writes, but without the election
     /// `initialize` starts at once: a node started before its peers listen
@@ -482,7 +492,7 @@ impl LogStore {
     pub async fn seed_membership(&self, members: &BTreeMap<NodeId, Node>) -> io::Result<bool> {
         {
             let mut wal = self.wal();
-            if last_log_id(&wal).is_some() || wal.log_state().vote().is_some() {
+            if !is_pristine(&wal) {
                 return Ok(false);
             }
             let voters = members.keys().copied().collect();

@@ -223,6 +223,20 @@ enum Command {
         #[arg(long)]
         data_dir: PathBuf,
     },
+    /// Ready a stopped node whose data is damaged or lost to be rebuilt
+    /// from its peers under the same id: moves the data directory aside
+    /// (kept, never deleted) and marks a new one. Start the node as usual
+    /// afterwards; it takes no part in votes until it has caught up
+    /// (docs/OPERATIONS.md, "A damaged node").
+    #[command(after_help = "Examples:
+  fenced repair --data-dir /var/lib/fenced --node-id 3")]
+    Repair {
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// This node's id, as in its configuration.
+        #[arg(long)]
+        node_id: u64,
+    },
     /// Run one node of a cluster.
     #[command(after_help = "Examples:
   fenced run --config /etc/fenced/fenced.toml
@@ -422,6 +436,23 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
                 ExitCode::from(1)
             });
         }
+        Command::Repair { data_dir, node_id } => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let done = fenced_server::repair::prepare::prepare(&data_dir, node_id, now)
+                .map_err(|e| e.to_string())?;
+            if let Some(aside) = &done.moved_to {
+                println!("moved the damaged data directory to {}", aside.display());
+            }
+            println!(
+                "{} is marked for the repair of node {node_id}; start the node as usual: \
+                 it waits for the other voters, takes the log from the leader and votes \
+                 again once caught up (fencectl status shows repairing until then)",
+                data_dir.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
         Command::Restore {
             from,
             data_dir,
@@ -483,9 +514,15 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         }
     };
     let (id, dir) = (cfg.id, cfg.data_dir.clone());
-    let mut node = RunningNode::start(cfg)
-        .await
-        .map_err(|e| format!("node {id}: {e}"))?;
+    // A node being repaired may wait in its start for the other voters:
+    // a stop signal ends that wait too.
+    let mut node = tokio::select! {
+        started = RunningNode::start(cfg) => started.map_err(|e| format!("node {id}: {e}"))?,
+        _ = fenced_server::shutdown::signal() => {
+            tracing::info!(node = id, "stopped before the node started");
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     // Resolves only if the cluster refused this node's --join for good.
     let join_refused = node.join_refused();
     // A node whose storage failed is of no use until restarted: exit so

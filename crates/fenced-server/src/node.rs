@@ -305,6 +305,18 @@ impl NodeCore {
             Ok(None) => {}
             Err(e) => return Err(storage(Box::new(e))),
         }
+        // A data directory marked by `fenced repair` (crate::repair).
+        let repair =
+            crate::repair::marker::read(&cfg.data_dir).map_err(|e| storage(Box::new(e)))?;
+        if let Some(marked) = repair.filter(|m| m.node != cfg.id) {
+            return Err(NodeError::Config(
+                crate::repair::run::RepairError::OtherNode {
+                    marked: marked.node,
+                    me: cfg.id,
+                }
+                .to_string(),
+            ));
+        }
         // Owned here: the state machine wakes the callers the services park.
         let parking = Parking::new(cfg.max_parked);
         // Owned here: the parts that count hold it, /metrics reads it.
@@ -356,6 +368,48 @@ impl NodeCore {
         let network = Network::new(Arc::clone(&early_answers), Arc::clone(&time))
             .with_tls(tls.clone())
             .with_wire(wire.clone());
+        let mut repair_step = repair.map(|m| m.step);
+        let directory = repair_directory(cfg);
+        if repair_step.is_none()
+            && sim.is_none()
+            && log.is_pristine()
+            && !cfg.initial_cluster.is_empty()
+            && crate::repair::run::cluster_formed(cfg.id, &directory, tls.as_ref()).await
+        {
+            tracing::warn!(
+                node = cfg.id,
+                "this node's Raft log is empty but its cluster has formed: its data was lost \
+                 (or it starts after the others formed the cluster); repairing from the peers \
+                 (docs/OPERATIONS.md, \"A damaged node\")"
+            );
+            crate::repair::marker::write(
+                &cfg.data_dir,
+                &crate::repair::marker::Marker {
+                    node: cfg.id,
+                    step: crate::repair::marker::Step::Fence,
+                },
+            )
+            .map_err(|e| storage(Box::new(e)))?;
+            repair_step = Some(crate::repair::marker::Step::Fence);
+        }
+        if repair_step == Some(crate::repair::marker::Step::Fence) {
+            tracing::info!(
+                node = cfg.id,
+                "repair: asking the other voters for their terms before taking part"
+            );
+            crate::repair::run::store_fence(
+                cfg.id,
+                &cfg.data_dir,
+                &log,
+                directory.clone(),
+                tls.as_ref(),
+                &members,
+            )
+            .await
+            .map_err(|e| NodeError::Config(e.to_string()))?;
+            repair_step = Some(crate::repair::marker::Step::CatchUp);
+        }
+        let repair_gate = Arc::new(crate::repair::RepairGate::new(repair_step));
         // On a pristine data dir: the first membership, written before Raft
         // starts so that it starts as a follower of a formed cluster and
         // stands only after a pre-vote (LogStore::seed_membership says why
@@ -393,6 +447,7 @@ impl NodeCore {
         )
         .with_tls(tls.clone())
         .with_reachability(Arc::clone(&reachability))
+        .with_repair(Arc::clone(&repair_gate))
         .with_wire(wire);
         let election = Arc::new(match &sim {
             Some(sim) => election.with_jitter_seed(sim.seed),
@@ -412,6 +467,8 @@ impl NodeCore {
                 );
                 None
             }
+            // A node being repaired is a member already: the fence checked.
+            (Some(_), false) if repair_gate.repairing() => None,
             (join, _) => join.clone(),
         };
         let proposer = Proposer::start(
@@ -446,7 +503,8 @@ impl NodeCore {
             cfg.max_watchers_per_identity,
             cfg.watch_buffer,
         ))
-        .with_reachability(reachability);
+        .with_reachability(reachability)
+        .with_repair(Arc::clone(&repair_gate));
 
         let stop = CancellationToken::new();
         let snapshot_by_bytes = tokio::spawn(snapshot_every_bytes(
@@ -472,12 +530,29 @@ impl NodeCore {
             }),
             snapshot_by_bytes,
         ];
+        let mut tasks = tasks;
+        if repair_gate.repairing() {
+            let repairing = crate::repair::run::Repairing {
+                me: cfg.id,
+                data_dir: cfg.data_dir.clone(),
+                dir: directory,
+                tls: tls.clone(),
+                gate: Arc::clone(&repair_gate),
+            };
+            tasks.push(tokio::spawn(crate::repair::run::finish(
+                repairing,
+                raft.clone(),
+                Arc::clone(&shared),
+                stop.clone(),
+            )));
+        }
         let peer = RaftPeer {
             raft: raft.clone(),
             election,
             floor,
             max_snapshot_bytes: cfg.server_limits.max_snapshot_bytes,
             counters: Arc::clone(&ctx.counters.limits),
+            repair: repair_gate,
         };
         Ok(NodeCore {
             ctx,
@@ -887,6 +962,24 @@ async fn snapshot_every_bytes(raft: Raft, log: LogStore, budget: u64, stop: Canc
 /// or fdatasync that failed with ENOSPC or EIO, a state machine or snapshot
 /// write), and on a panic inside it. The node then answers nothing useful
 /// until restarted. A clean shutdown never resolves it.
+/// Where a node being repaired finds the members: its initial cluster's
+/// client addresses, and its `--join` endpoints.
+fn repair_directory(cfg: &NodeConfig) -> crate::repair::run::Directory {
+    crate::repair::run::Directory {
+        by_id: cfg
+            .initial_cluster
+            .iter()
+            .filter(|(id, n)| **id != cfg.id && !n.client_addr.is_empty())
+            .map(|(id, n)| (*id, n.client_addr.clone()))
+            .collect(),
+        unnamed: cfg
+            .join
+            .as_ref()
+            .map(|j| j.endpoints.clone())
+            .unwrap_or_default(),
+    }
+}
+
 pub async fn raft_failure(raft: Raft) -> Fatal<NodeId> {
     let mut metrics = raft.metrics();
     loop {

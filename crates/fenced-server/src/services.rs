@@ -89,6 +89,8 @@ pub struct NodeContext {
     /// Early copies of this node's appends and the calls their answers
     /// stood in for (counted for /metrics).
     pub early: Arc<EarlyAnswers>,
+    /// Whether this node is being repaired (shown by Status).
+    pub repair: Arc<crate::repair::RepairGate>,
 }
 
 impl NodeContext {
@@ -151,6 +153,7 @@ impl NodeContext {
             )),
             reachability: Arc::default(),
             early: Arc::default(),
+            repair: Arc::default(),
         }
     }
 
@@ -165,6 +168,11 @@ impl NodeContext {
             watchers: Arc::new(watchers),
             ..self
         }
+    }
+
+    /// Reports the repair's progress from `repair`.
+    pub fn with_repair(self, repair: Arc<crate::repair::RepairGate>) -> Self {
+        Self { repair, ..self }
     }
 
     /// Reports peers' reachability from `reachability` in refusals.
@@ -1173,6 +1181,8 @@ impl ClusterService {
             purged_index: m.purged.map_or(0, |l| l.index),
             state_digest,
             membership_index: m.membership_config.log_id().map_or(0, |l| l.index),
+            last_applied_term: last_applied.map_or(0, |l| l.leader_id.term),
+            repairing: self.ctx.repair.repairing(),
         }))
     }
 

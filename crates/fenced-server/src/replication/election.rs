@@ -34,6 +34,7 @@ use crate::{
     codec,
     log_store::LogStore,
     network::{Peer, RaftCall, Reachability, Wire},
+    repair::RepairGate,
     tls::NodeTls,
     types::{NodeId, Raft},
 };
@@ -63,6 +64,8 @@ pub struct Election {
     reachability: Option<Arc<Reachability>>,
     /// Pre-votes go over this instead of TCP when set (simulation).
     wire: Option<Arc<dyn Wire>>,
+    /// A node being repaired neither stands nor grants a pre-vote.
+    repair: Arc<RepairGate>,
 }
 
 impl Election {
@@ -83,6 +86,7 @@ impl Election {
             tls: None,
             reachability: None,
             wire: None,
+            repair: Arc::default(),
         }
     }
 
@@ -105,6 +109,11 @@ impl Election {
             reachability: Some(reachability),
             ..self
         }
+    }
+
+    /// Neither stands nor grants pre-votes while `repair` is shut.
+    pub fn with_repair(self, repair: Arc<RepairGate>) -> Self {
+        Self { repair, ..self }
     }
 
     /// Asks for pre-votes over mutual TLS.
@@ -133,7 +142,10 @@ impl Election {
     /// The voter side of a pre-vote.
     pub fn answer(&self, raft: &Raft, req: &PreVoteRequest) -> PreVoteResponse {
         let state = raft.metrics().borrow().state;
-        let resp = pre_vote::answer(state, self.heard_lately(), req, self.log.last());
+        let mut resp = pre_vote::answer(state, self.heard_lately(), req, self.log.last());
+        if !self.repair.may_vote() {
+            resp.granted = false;
+        }
         tracing::debug!(
             candidate = req.candidate,
             granted = resp.granted,
@@ -171,7 +183,7 @@ impl Election {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(self.next_check(round)) => {}
             }
-            if self.heard_lately() {
+            if self.heard_lately() || !self.repair.may_vote() {
                 // The common case, without reading Raft's metrics.
                 continue;
             }

@@ -21,6 +21,7 @@ use crate::{
     handoff,
     limits::LimitCounters,
     network::{check_snapshot_chunk, decode_call, encode_call, MessageTime, PeerVersion, RaftCall},
+    repair::RepairGate,
     tls::Members,
     types::{NodeId, Raft, TypeConfig},
 };
@@ -41,6 +42,8 @@ pub struct RaftPeer {
     /// A snapshot chunk reaching past this many bytes is refused.
     pub max_snapshot_bytes: u64,
     pub counters: Arc<LimitCounters>,
+    /// While the node is being repaired, the calls it may not answer yet.
+    pub repair: Arc<RepairGate>,
 }
 
 impl RaftPeer {
@@ -92,6 +95,16 @@ impl RaftPeer {
         from: Sender<'_>,
     ) -> io::Result<Vec<u8>> {
         let (raft, floor) = (&self.raft, &self.floor);
+        if !self.repair.admits(call) {
+            // Like a node that is down: the caller retries later.
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!(
+                    "{} refused: this node is being repaired (docs/OPERATIONS.md, \"A damaged node\")",
+                    call.name()
+                ),
+            ));
+        }
         let reply = match call {
             RaftCall::AppendEntries => {
                 let req: openraft::raft::AppendEntriesRequest<TypeConfig> =

@@ -1,0 +1,286 @@
+//! The node's side of a repair: asks the members, stores the fence before
+//! Raft starts, and ends the repair once the node caught up. The decisions
+//! are [`super::fence`]'s.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    sync::Arc,
+    time::Duration,
+};
+
+use fenced_proto::v1::{self, cluster_client::ClusterClient};
+use openraft::Vote;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    fence::{self, Answer, Fence, Wait},
+    gate::RepairGate,
+    marker::{self, Marker, Step},
+};
+use crate::{
+    log_store::LogStore,
+    peer_channel::peer_channel,
+    state_machine::Shared,
+    tls::{Members, NodeTls},
+    types::{NodeId, Raft},
+};
+
+/// How long one member gets to answer.
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a member gets to answer whether the cluster formed, at every
+/// start on an empty log: a first start waits no longer than this.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// The longest pause between two rounds of questions.
+const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+/// Where the members are: client addresses by id (a channel checks that
+/// the answering certificate names that id), and addresses whose id is
+/// not known (`--join` endpoints), asked only to learn the members.
+#[derive(Debug, Clone, Default)]
+pub struct Directory {
+    pub by_id: BTreeMap<NodeId, String>,
+    pub unnamed: Vec<String>,
+}
+
+/// Why a repair cannot go on at all.
+#[derive(Debug, thiserror::Error)]
+pub enum RepairError {
+    #[error("node {node} cannot be repaired from its peers: {reason}")]
+    Refused { node: NodeId, reason: Wait },
+    #[error("the repair marker names node {marked}, but this node is {me}: this data directory is another node's")]
+    OtherNode { marked: NodeId, me: NodeId },
+    #[error("repair: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn answer_of(status: v1::StatusResponse) -> Answer {
+    Answer {
+        node: status.node_id,
+        term: status.term,
+        leads: status.leader_id == status.node_id,
+        last_applied: status.last_applied,
+        last_applied_term: status.last_applied_term,
+        membership_index: status.membership_index,
+        voters: status
+            .members
+            .iter()
+            .filter(|m| m.voter)
+            .map(|m| m.id)
+            .collect(),
+        members: status.members.iter().map(|m| m.id).collect(),
+    }
+}
+
+async fn status(
+    addr: &str,
+    tls: Option<&Arc<NodeTls>>,
+    expect: Option<NodeId>,
+    timeout: Duration,
+) -> Option<v1::StatusResponse> {
+    let ch = peer_channel(addr, tls, expect).ok()?;
+    let mut req = tonic::Request::new(v1::StatusRequest { with_digest: false });
+    req.set_timeout(timeout);
+    let answer = tokio::time::timeout(timeout, ClusterClient::new(ch).status(req))
+        .await
+        .ok()?
+        .ok()?
+        .into_inner();
+    Some(answer)
+}
+
+/// One round: every member of `dir` (and every member their answers name)
+/// is asked for its status, except `me`. Only an answer over a channel
+/// that checked the node's id counts, and only if it answers as that id:
+/// a spare certificate of the cluster's CA cannot speak for a voter.
+pub async fn ask(
+    me: NodeId,
+    dir: &mut Directory,
+    tls: Option<&Arc<NodeTls>>,
+    timeout: Duration,
+) -> Vec<Answer> {
+    for addr in dir.unnamed.clone() {
+        if let Some(s) = status(&addr, tls, None, timeout).await {
+            learn(me, dir, &s);
+        }
+    }
+    let mut answers = Vec::new();
+    let mut asked = BTreeSet::new();
+    // Answers may name members not asked yet: a second pass asks them.
+    for _ in 0..2 {
+        let round: Vec<(NodeId, String)> = dir
+            .by_id
+            .iter()
+            .filter(|(id, _)| **id != me && !asked.contains(*id))
+            .map(|(id, a)| (*id, a.clone()))
+            .collect();
+        let mut calls = tokio::task::JoinSet::new();
+        for (id, addr) in round {
+            asked.insert(id);
+            let tls = tls.cloned();
+            calls.spawn(async move { (id, status(&addr, tls.as_ref(), Some(id), timeout).await) });
+        }
+        while let Some(done) = calls.join_next().await {
+            let Ok((id, Some(s))) = done else { continue };
+            if s.node_id != id {
+                tracing::warn!(
+                    asked = id,
+                    answered_as = s.node_id,
+                    "repair: an answer for another node is ignored"
+                );
+                continue;
+            }
+            learn(me, dir, &s);
+            answers.push(answer_of(s));
+        }
+    }
+    answers
+}
+
+/// Adds the members `status` names to `dir`.
+fn learn(me: NodeId, dir: &mut Directory, status: &v1::StatusResponse) {
+    for m in &status.members {
+        if m.id != me && !m.client_addr.is_empty() {
+            dir.by_id
+                .entry(m.id)
+                .or_insert_with(|| m.client_addr.clone());
+        }
+    }
+}
+
+/// Whether the cluster `dir` points at already formed (a member answers
+/// with a term): a node that finds its log empty then lost its data (or
+/// starts after the others formed the cluster without it) and must be
+/// repaired, not seed a first membership and vote at term 0. One round of
+/// questions; no answer means a first start.
+pub async fn cluster_formed(me: NodeId, dir: &Directory, tls: Option<&Arc<NodeTls>>) -> bool {
+    let mut dir = dir.clone();
+    ask(me, &mut dir, tls, PROBE_TIMEOUT)
+        .await
+        .iter()
+        .any(|a| a.term > 0)
+}
+
+/// Before Raft starts on a data directory marked for repair at the fence:
+/// asks the members until a majority of the other voters answered, stores a
+/// vote at the fence, lets the peer port admit the members, and moves the
+/// marker on. Waits as long as it takes (the caller drops the future to
+/// stop).
+pub async fn store_fence(
+    me: NodeId,
+    data_dir: &Path,
+    log: &LogStore,
+    mut dir: Directory,
+    tls: Option<&Arc<NodeTls>>,
+    members: &Members,
+) -> Result<Fence, RepairError> {
+    let mut pause = Duration::from_millis(100);
+    let mut last_reason = String::new();
+    loop {
+        let answers = ask(me, &mut dir, tls, ASK_TIMEOUT).await;
+        match fence::fence(me, &answers) {
+            Ok(fence) => {
+                let vote = Vote::new(fence.term, fence.leader);
+                log.replace_vote(|stored| match stored {
+                    Some(s) if s.leader_id().get_term() >= fence.term => None,
+                    _ => Some(vote),
+                })
+                .await?;
+                if let Some(view) = answers.iter().max_by_key(|a| a.membership_index) {
+                    members.seed(view.members.clone(), view.voters.clone());
+                }
+                marker::write(
+                    data_dir,
+                    &Marker {
+                        node: me,
+                        step: Step::CatchUp,
+                    },
+                )?;
+                tracing::info!(
+                    node = me,
+                    term = fence.term,
+                    leader = fence.leader,
+                    "repair: fenced at the highest term of the other voters; taking the log"
+                );
+                return Ok(fence);
+            }
+            Err(reason @ (Wait::NoPeer | Wait::NotMember { .. })) => {
+                return Err(RepairError::Refused { node: me, reason })
+            }
+            Err(reason) => {
+                let text = reason.to_string();
+                if text != last_reason {
+                    tracing::info!(node = me, "repair: waiting: {text}");
+                    last_reason = text;
+                }
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
+}
+
+/// A node being repaired, as the end of its repair needs it.
+pub struct Repairing {
+    pub me: NodeId,
+    pub data_dir: std::path::PathBuf,
+    pub dir: Directory,
+    pub tls: Option<Arc<NodeTls>>,
+    pub gate: Arc<RepairGate>,
+}
+
+/// While Raft runs: asks the members until a leader gives the index to
+/// reach, waits until this node applied it, then removes the marker and
+/// opens the gate: the node votes and stands again. Until `stop`.
+pub async fn finish(node: Repairing, raft: Raft, shared: Arc<Shared>, stop: CancellationToken) {
+    let Repairing {
+        me,
+        data_dir,
+        mut dir,
+        tls,
+        gate,
+    } = node;
+    let mut pause = Duration::from_millis(200);
+    let target = loop {
+        // The members as this node's log now names them, too.
+        for (id, node) in raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+        {
+            if *id != me && !node.client_addr.is_empty() {
+                dir.by_id.insert(*id, node.client_addr.clone());
+            }
+        }
+        let answers = ask(me, &mut dir, tls.as_ref(), ASK_TIMEOUT).await;
+        if let Some(target) = fence::catch_up_target(&answers) {
+            break target;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(MAX_PAUSE);
+    };
+    tracing::info!(
+        node = me,
+        target,
+        "repair: catching up to the leader's applied index"
+    );
+    let mut metrics = raft.metrics();
+    while shared.last_applied().map_or(0, |l| l.index) < target {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            r = metrics.changed() => if r.is_err() { return },
+        }
+    }
+    if let Err(e) = marker::remove(&data_dir) {
+        // The gate stays shut: the next start tries again.
+        tracing::error!(node = me, error = %e, "repair: the marker could not be removed");
+        return;
+    }
+    gate.set(None);
+    tracing::info!(node = me, applied = target, "repaired: voting again");
+}
