@@ -13,7 +13,7 @@
 #                                 skip-lease-check anyone-release
 #                                 local-describe wall-clock-expiry reuse-token
 #                                 clock-from-last-stamp kv-skip-holder-check
-#                                 floor-by-time
+#                                 floor-by-time skip-checksum
 #
 # Needs root (ip netns, nft). Results: target/jepsen/<profile>-<seed>/
 # (summary.txt always; history, nemesis log, node logs and the first
@@ -43,9 +43,10 @@ case "$mode" in
 quick)
     "$JEPSEN" run --profiles partition,pause,kill,clock --duration-s 45 --seeds 1
     "$JEPSEN" run --profiles membership --duration-s 60 --seeds 1
+    "$JEPSEN" run --profiles disk --duration-s 40 --seeds 1
     ;;
 full)
-    "$JEPSEN" run --profiles partition,pause,kill,clock,snapshots,membership,all --duration-s 180 --seeds "${2:-1,2,3}"
+    "$JEPSEN" run --profiles partition,pause,kill,clock,snapshots,disk,membership,all --duration-s 180 --seeds "${2:-1,2,3}"
     ;;
 canary)
     shift
@@ -67,6 +68,9 @@ canary)
         floor-by-time) profile=pause ;;
         # Late kv puts (after the lease ran out, or superseded) applied.
         skip-lease-check | anyone-release | local-describe | kv-skip-holder-check) profile=partition ;;
+        # A damaged snapshot loaded as if whole: the disk profile's
+        # damage is then not refused, and its coverage gate fails.
+        skip-checksum) profile=disk ;;
         *) echo "unknown canary $name" >&2; exit 2 ;;
         esac
         # Built into the shared target dir (only fenced-core/-proto/-server

@@ -170,6 +170,11 @@ impl Cluster {
         self.kit.is_running(id)
     }
 
+    /// Everything node `id` has logged.
+    pub fn log_of(&self, id: u64) -> String {
+        self.kit.log_of(id)
+    }
+
     /// How many times node `id` has said in its log that it started from a
     /// snapshot (a restart that did not replay the whole log).
     pub fn snapshot_loads(&self, id: u64) -> usize {
@@ -213,6 +218,31 @@ impl Cluster {
     /// Kills every node (a paused one too).
     pub fn stop_all(&mut self) {
         self.kit.kill_all();
+    }
+
+    /// Node `id`'s exit status if it stopped by itself since it started.
+    pub fn exited(&mut self, id: u64) -> Result<Option<std::process::ExitStatus>> {
+        self.kit.exited(id)
+    }
+
+    /// Node `id`'s data directory.
+    pub fn data_dir(&self, id: u64) -> Result<PathBuf> {
+        Ok(self.kit.node(id)?.data_dir.clone())
+    }
+
+    /// `fenced repair` on stopped node `id`'s data directory.
+    pub fn repair(&self, id: u64) -> Result<()> {
+        let out = std::process::Command::new(&self.kit.spec().bin)
+            .args(["repair", "--node-id", &id.to_string(), "--data-dir"])
+            .arg(self.data_dir(id)?)
+            .output()
+            .context("running fenced repair")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "fenced repair of node {id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
     }
 
     pub fn data_dirs(&self) -> Vec<PathBuf> {

@@ -20,7 +20,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run one or more profiles (partition, pause, kill, clock, snapshots,
+    /// Run one or more profiles (partition, pause, kill, clock, snapshots, disk,
     /// membership, all, none).
     Run(RunArgs),
     /// Remove namespaces and interfaces left by an interrupted run.

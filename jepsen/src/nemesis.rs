@@ -3,11 +3,12 @@
 //! proof that each one took effect.
 
 use std::{
+    path::Path,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
@@ -71,6 +72,16 @@ pub enum Fault {
     /// A follower is killed, removed, and a new node with a new id joins
     /// and is promoted in its place.
     ReplaceNode,
+    /// The leader (one bit of its Raft log flipped) or any member (one bit
+    /// of its snapshot, or of its log before it has one) is killed, damaged
+    /// and started again: it must refuse, and `fenced repair` and a start
+    /// must bring it back.
+    Damage {
+        leader: bool,
+    },
+    /// A member is killed and its data directory deleted (a lost disk); it
+    /// is started again as it was and must repair itself.
+    Wipe,
 }
 
 impl Fault {
@@ -94,6 +105,9 @@ impl Fault {
             Fault::RemoveLeader => "remove-leader".into(),
             Fault::RemoveFollower => "remove-follower".into(),
             Fault::ReplaceNode => "replace-node".into(),
+            Fault::Damage { leader: true } => "damage-leader".into(),
+            Fault::Damage { leader: false } => "damage-random".into(),
+            Fault::Wipe => "wipe-random".into(),
         }
     }
 
@@ -116,7 +130,8 @@ impl Fault {
             | Fault::KillLeader
             | Fault::KillRandom
             | Fault::StaleLeaderWakes
-            | Fault::RemoveLeader => true,
+            | Fault::RemoveLeader
+            | Fault::Damage { leader: true } => true,
             Fault::PauseLeader { ms } => *ms >= 4500,
             _ => false,
         }
@@ -142,6 +157,10 @@ pub struct FaultRecord {
     /// from when the writers were held to when the fault let them go.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idle_ns: Option<(u64, u64)>,
+    /// A damaged file: whether the node refused it by its checksum, naming
+    /// the next step (checked by `invariants::damage_refused`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub damage_refused: Option<bool>,
 }
 
 /// Leader observations: (time, leader id, term), one per change seen.
@@ -543,6 +562,7 @@ impl<'a> Nemesis<'a> {
             skipped: None,
             released_ns: None,
             idle_ns: None,
+            damage_refused: None,
         };
         self.current = format!("{tag} {}", fault.name());
         if !self.idle.is_zero() && fault.moves_leader() {
@@ -656,23 +676,116 @@ impl<'a> Nemesis<'a> {
         None
     }
 
-    /// `kill -9` of node `id`, known down to the workload until it is
-    /// started again after `down`.
-    async fn kill_and_restart(&self, id: u64, down: Duration) -> Result<bool> {
-        let killed = self.cluster.lock().await.kill9(id)?;
+    /// Tells the workload node `id` is down (its calls are expected to fail).
+    fn mark_down(&self, id: u64) {
         self.ctx
             .down
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(id);
-        tokio::time::sleep(down).await;
-        self.cluster.lock().await.start(id)?;
+    }
+
+    /// Tells the workload node `id` is up again.
+    fn mark_up(&self, id: u64) {
         self.ctx
             .down
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|&n| n != id);
+    }
+
+    /// `kill -9` of node `id`, known down to the workload until it is
+    /// started again after `down`.
+    async fn kill_and_restart(&self, id: u64, down: Duration) -> Result<bool> {
+        let killed = self.cluster.lock().await.kill9(id)?;
+        self.mark_down(id);
+        tokio::time::sleep(down).await;
+        self.cluster.lock().await.start(id)?;
+        self.mark_up(id);
         Ok(killed)
+    }
+
+    /// A disk fault: kill, damage or delete the data, start; a damaged node
+    /// must refuse and is then repaired with `fenced repair`; a wiped one
+    /// repairs itself. Took effect when the damage was refused (or the
+    /// wipe noticed) and the node voted again within 30 s. Whether a damaged
+    /// file was refused by its checksum (with the next step) is recorded for
+    /// the checker, `invariants::damage_refused`.
+    async fn damage(&mut self, fault: Fault, r: &mut FaultRecord) -> Result<()> {
+        let (claim, _, _) = self
+            .claim_for_fault(fault == Fault::Damage { leader: true })
+            .await?;
+        let target = claim.id;
+        r.target = format!("n{target}");
+        let dir = self.cluster.lock().await.data_dir(target)?;
+        r.installed_ns = self.rec.now_ns();
+        let killed = self.cluster.lock().await.kill9(target)?;
+        self.end_idle(r);
+        self.mark_down(target);
+        let what = if fault == Fault::Wipe {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("deleting {}", dir.display()))?;
+            "data directory deleted".to_string()
+        } else {
+            // A member's snapshot, the leader's log: both kinds of file
+            // every round.
+            flip_a_bit(
+                &dir,
+                fault == Fault::Damage { leader: false },
+                &mut self.rng,
+            )?
+        };
+        // The refusal must be the checksum's (or raft-log's CRC's), with
+        // its next step: a decoder that happens to choke on the damage
+        // does not count.
+        let by_checksum = |log: &str| log.matches(REPAIR_STEP).count();
+        let before = by_checksum(&self.cluster.lock().await.log_of(target));
+        let started = tokio::time::Instant::now();
+        self.cluster.lock().await.start(target)?;
+        let mut refused = None;
+        if fault != Fault::Wipe {
+            for _ in 0..100 {
+                if let Some(status) = self.cluster.lock().await.exited(target)? {
+                    refused = Some(status);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            if refused.is_some() {
+                self.cluster.lock().await.repair(target)?;
+                self.cluster.lock().await.start(target)?;
+            }
+        }
+        self.mark_up(target);
+        let mut repaired = None;
+        for _ in 0..300 {
+            if let Some(s) = cluster::status(target, Duration::from_millis(300)).await {
+                if !s.repairing && s.last_applied > 0 {
+                    repaired = Some(started.elapsed());
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let noticed = match fault {
+            Fault::Wipe => self
+                .cluster
+                .lock()
+                .await
+                .log_of(target)
+                .contains("its data was lost"),
+            _ => {
+                let by_its_checksum = refused.is_some_and(|s| !s.success())
+                    && by_checksum(&self.cluster.lock().await.log_of(target)) > before;
+                r.damage_refused = Some(by_its_checksum);
+                true
+            }
+        };
+        r.evidence = format!(
+            "killed: {killed}; {what}; refused at start: {refused:?}; voting again after {repaired:?}"
+        );
+        r.took_effect = killed && noticed && repaired.is_some();
+        drop(claim);
+        Ok(())
     }
 
     /// Waits for the hold time; true if a newer term than `term` was observed.
@@ -894,19 +1007,11 @@ impl<'a> Nemesis<'a> {
                 r.installed_ns = self.rec.now_ns();
                 let killed = self.cluster.lock().await.kill9(target)?;
                 self.end_idle(r);
-                self.ctx
-                    .down
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(target);
+                self.mark_down(target);
                 let down = Duration::from_millis(self.rng.u64(1000..=3000));
                 let mut new_term = self.hold_and_watch(down, term).await;
                 self.cluster.lock().await.start(target)?;
-                self.ctx
-                    .down
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .retain(|&n| n != target);
+                self.mark_up(target);
                 let mut back = false;
                 for _ in 0..50 {
                     if cluster::status(target, Duration::from_millis(300))
@@ -951,6 +1056,7 @@ impl<'a> Nemesis<'a> {
                 r.took_effect = killed && back && (new_term || resumed || target != l);
                 drop(claim);
             }
+            Fault::Damage { .. } | Fault::Wipe => self.damage(fault, r).await?,
             Fault::WallJump { secs } => {
                 let (l, _) = self.require_leader().await?;
                 r.target = format!("n{l}");
@@ -1038,6 +1144,43 @@ pub fn membership_changes() -> Vec<Fault> {
     ]
 }
 
+/// What every refusal of a damaged file says to do next (the node's
+/// `checksum::NEXT_STEP`).
+const REPAIR_STEP: &str = "fenced repair --data-dir";
+
+/// Flips one bit of the snapshot's content (with `snapshot`, when there is
+/// one: between the frame's magic and its trailer, where only the CRC can
+/// tell) or of the largest file of the Raft log, at a random offset; says
+/// which.
+fn flip_a_bit(dir: &Path, snapshot: bool, rng: &mut fastrand::Rng) -> Result<String> {
+    let snapshot_file = dir.join("state/snapshot.bin");
+    let (file, margins) = if snapshot && snapshot_file.is_file() {
+        (snapshot_file, (8, 12))
+    } else {
+        (
+            std::fs::read_dir(dir.join("raft-log"))?
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .max_by_key(|e| e.metadata().map_or(0, |m| m.len()))
+                .map(|e| e.path())
+                .context("no file in raft-log")?,
+            (0, 0),
+        )
+    };
+    let mut bytes = std::fs::read(&file)?;
+    let end = bytes.len().saturating_sub(margins.1);
+    anyhow::ensure!(end > margins.0, "{} is too short to damage", file.display());
+    let at = rng.usize(margins.0..end);
+    if let Some(b) = bytes.get_mut(at) {
+        *b ^= 1 << rng.u8(0..8);
+    }
+    std::fs::write(&file, &bytes)?;
+    Ok(format!(
+        "flipped a bit of {} at offset {at}",
+        file.display()
+    ))
+}
+
 /// The faults of a profile, in order; the campaign cycles through them.
 pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
     let partition = vec![
@@ -1088,6 +1231,13 @@ pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
         "kill" => kill,
         "clock" => clock,
         "snapshots" => snapshots,
+        // Run with a snapshot every 50 entries, like "snapshots": a damaged
+        // byte falls in the snapshot or in the log.
+        "disk" => vec![
+            Fault::Damage { leader: false },
+            Fault::Damage { leader: true },
+            Fault::Wipe,
+        ],
         "all" => [partition, pause, kill, clock].concat(),
         _ => return None,
     })

@@ -238,7 +238,11 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
     let long_ttl_ms = (cfg.duration.as_millis() as u64 + 300_000).min(3_600_000);
     // The snapshots profile snapshots every 50 entries: several times a
     // second under the workload.
-    let snapshot_logs = if cfg.profile == "snapshots" { 50 } else { 200 };
+    let snapshot_logs = if matches!(cfg.profile.as_str(), "snapshots" | "disk") {
+        50
+    } else {
+        200
+    };
     // Authentication on: every call carries the run's token.
     let (auth_tokens, auth_policy) = crate::auth::write_files(&dir)?;
     let node_settings = RunSettings {
@@ -537,6 +541,10 @@ async fn run_in(
         kv::key_tokens_monotonic(&ops),
         phantom_finding,
     ];
+    let mut findings = findings;
+    if records.iter().any(|r| r.damage_refused.is_some()) {
+        findings.push(invariants::damage_refused(&records));
+    }
     let (lin, lin_resources) = linear::check_long_resources(&ops, cfg.lin_budget);
     let mut counterexample = None;
     let lin_text = match &lin {
@@ -859,7 +867,21 @@ mod tests {
             skipped: skipped.then(|| "no leader to target".into()),
             released_ns: None,
             idle_ns: None,
+            damage_refused: None,
         }
+    }
+
+    #[test]
+    fn a_damaged_file_that_was_not_refused_is_a_violation() {
+        let mut refused = fault("damage-random", 1, 2, false);
+        refused.damage_refused = Some(true);
+        let mut loaded = fault("damage-leader", 3, 4, false);
+        loaded.damage_refused = Some(false);
+        let kill = fault("kill-leader", 5, 6, false);
+        let found = invariants::damage_refused(&[refused, loaded, kill]);
+        assert_eq!(found.checked, 2);
+        assert_eq!(found.violations.len(), 1, "{:?}", found.violations);
+        assert!(found.violations[0].starts_with("damage-leader on n1"));
     }
 
     #[test]

@@ -211,6 +211,30 @@ pub fn digests_equal(finals: &[NodeFinal]) -> Finding {
     }
 }
 
+/// Every damaged file the nemesis left for a node to start on was refused by
+/// its checksum, naming the next step: a node never loads damaged state
+/// (docs/DESIGN.md, guarantee 10).
+pub fn damage_refused(records: &[crate::nemesis::FaultRecord]) -> Finding {
+    let damaged: Vec<_> = records
+        .iter()
+        .filter_map(|r| r.damage_refused.map(|refused| (r, refused)))
+        .collect();
+    Finding {
+        name: "a damaged file is never loaded",
+        checked: damaged.len(),
+        violations: damaged
+            .iter()
+            .filter(|(_, refused)| !refused)
+            .map(|(r, _)| {
+                format!(
+                    "{} on {}: not refused by its checksum ({})",
+                    r.fault, r.target, r.evidence
+                )
+            })
+            .collect(),
+    }
+}
+
 /// The protected resource accepted tokens in non-decreasing order (by the
 /// version it assigned), and never accepted a write whose token was below one
 /// it had accepted before the write was sent.
