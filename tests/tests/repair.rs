@@ -142,15 +142,16 @@ async fn a_damaged_leader_is_rebuilt_from_its_peers_and_votes_again() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("moved the damaged data directory"),
+        stdout.contains("moved what the data directory held"),
         "{stdout}"
     );
-    let aside: Vec<_> = std::fs::read_dir(dir.parent().unwrap())
+    let aside: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().contains(".damaged-"))
+        .filter(|e| e.file_name().to_string_lossy().starts_with("damaged-"))
         .collect();
-    assert_eq!(aside.len(), 1, "the damaged directory is kept aside");
+    assert_eq!(aside.len(), 1, "the damaged files are kept");
+    assert!(aside[0].path().join("raft-log").is_dir());
 
     cluster.spawn(damaged);
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;

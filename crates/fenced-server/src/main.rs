@@ -224,8 +224,9 @@ enum Command {
         data_dir: PathBuf,
     },
     /// Ready a stopped node whose data is damaged or lost to be rebuilt
-    /// from its peers under the same id: moves the data directory aside
-    /// (kept, never deleted) and marks a new one. Start the node as usual
+    /// from its peers under the same id: moves what the data directory
+    /// holds into DIR/damaged-<unix time>/ (kept, never deleted) and marks
+    /// the directory. Start the node as usual
     /// afterwards; it takes no part in votes until it has caught up
     /// (docs/OPERATIONS.md, "A damaged node").
     #[command(after_help = "Examples:
@@ -443,7 +444,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             let done = fenced_server::repair::prepare::prepare(&data_dir, node_id, now)
                 .map_err(|e| e.to_string())?;
             if let Some(aside) = &done.moved_to {
-                println!("moved the damaged data directory to {}", aside.display());
+                println!("moved what the data directory held to {}", aside.display());
             }
             println!(
                 "{} is marked for the repair of node {node_id}; start the node as usual: \

@@ -118,8 +118,10 @@ pub fn check_add(members: &Members, id: NodeId, node: &Node) -> Result<AddPlan, 
         if existing.voter {
             return Err(Status::already_exists(format!(
                 "node_id: node {id} is already a voter (peer {}); a node with an empty data \
-                 directory must never take a member's id (it could vote twice in one term): \
-                 remove node {id} first and add the new node under a new id",
+                 directory must never join under a member's id (it could vote twice in one \
+                 term): if it is node {id} whose data was lost, run fenced repair on it and \
+                 start it again; otherwise remove node {id} first and add the new \
+                 node under a new id",
                 existing.node.peer_addr
             )));
         }

@@ -373,6 +373,9 @@ impl NodeCore {
         if repair_step.is_none()
             && sim.is_none()
             && log.is_pristine()
+            // A state machine without a log is a restored or recovered
+            // node's: not one to fold into a running cluster.
+            && shared.last_applied().is_none()
             && !cfg.initial_cluster.is_empty()
             && crate::repair::run::cluster_formed(cfg.id, &directory, tls.as_ref()).await
         {
@@ -397,7 +400,7 @@ impl NodeCore {
                 node = cfg.id,
                 "repair: asking the other voters for their terms before taking part"
             );
-            crate::repair::run::store_fence(
+            let fence = crate::repair::run::store_fence(
                 cfg.id,
                 &cfg.data_dir,
                 &log,
@@ -407,7 +410,7 @@ impl NodeCore {
             )
             .await
             .map_err(|e| NodeError::Config(e.to_string()))?;
-            repair_step = Some(crate::repair::marker::Step::CatchUp);
+            repair_step = Some(crate::repair::marker::Step::CatchUp { term: fence.term });
         }
         let repair_gate = Arc::new(crate::repair::RepairGate::new(repair_step));
         // On a pristine data dir: the first membership, written before Raft
@@ -532,12 +535,18 @@ impl NodeCore {
         ];
         let mut tasks = tasks;
         if repair_gate.repairing() {
+            let fence_term = match repair_step {
+                Some(crate::repair::marker::Step::CatchUp { term }) => term,
+                _ => 0,
+            };
             let repairing = crate::repair::run::Repairing {
                 me: cfg.id,
+                fence_term,
                 data_dir: cfg.data_dir.clone(),
                 dir: directory,
                 tls: tls.clone(),
                 gate: Arc::clone(&repair_gate),
+                floor: Arc::clone(&floor),
             };
             tasks.push(tokio::spawn(crate::repair::run::finish(
                 repairing,

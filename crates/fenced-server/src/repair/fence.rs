@@ -14,10 +14,12 @@
 //!   such a majority reports is at least as high as every promise that
 //!   matters; the node stores a vote at that term before it answers any
 //!   Raft call.
-//! - **The catch-up.** It votes again only once it has applied as far as a
-//!   leader had applied, after the repair began, an entry of its own term:
-//!   such a leader has applied every entry ever committed, so the node then
-//!   holds them all, as the voters that may elect a leader must.
+//! - **The catch-up.** It votes again only once it has applied as far as
+//!   the last entry in the log of a leader of the newest term, asked after
+//!   the fence, that had applied an entry of its own term: such a leader
+//!   holds every entry ever committed (and only entries of its own term
+//!   could follow them), so the node then holds them all, as the voters
+//!   that may elect a leader must.
 
 use std::collections::BTreeSet;
 
@@ -33,6 +35,7 @@ pub struct Answer {
     pub leads: bool,
     pub last_applied: u64,
     pub last_applied_term: u64,
+    pub last_log_index: u64,
     /// Its membership's index, and the voters and members it names.
     pub membership_index: u64,
     pub voters: BTreeSet<NodeId>,
@@ -156,16 +159,45 @@ pub fn fence(me: NodeId, answers: &[Answer]) -> Result<Fence, Wait> {
     })
 }
 
-/// The applied index this node must reach before it votes: that of a
-/// leader which has applied an entry of its own term (every entry
-/// committed before is then applied there), from `answers` asked after the
-/// repair began; `None` while no such leader answered.
-pub fn catch_up_target(answers: &[Answer]) -> Option<u64> {
+/// What a node being repaired must apply before it votes again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    /// The term of the leader that set it.
+    pub term: u64,
+    pub index: u64,
+}
+
+/// The index this node must apply before it votes, from `answers` asked
+/// after a fence at `fence_term`: the last log index of a leader of the
+/// newest term heard (at least the fence's) that has applied an entry of
+/// its own term. Every entry ever committed is in its log, so at or below
+/// that index. A leader of an older term (one cut off, which openraft does
+/// not depose until it hears of the newer term) sets nothing: its log may
+/// lack entries the newer leader committed. `None` while no such leader
+/// answered.
+pub fn catch_up_target(answers: &[Answer], fence_term: u64) -> Option<Target> {
+    let newest = answers.iter().map(|a| a.term).max()?;
     answers
         .iter()
-        .filter(|a| a.leads && a.last_applied_term == a.term && a.term > 0)
-        .map(|a| a.last_applied)
-        .max()
+        .filter(|a| {
+            a.leads && a.term == newest && a.term >= fence_term && a.last_applied_term == a.term
+        })
+        .map(|a| Target {
+            term: a.term,
+            index: a.last_log_index.max(a.last_applied),
+        })
+        .max_by_key(|t| t.index)
+}
+
+/// The target to wait for after a round: a newer leader's replaces the one
+/// held (entries of an older leader's log beyond the commit may never
+/// commit); the same leader's does not, so a busy cluster is not chased.
+pub fn next_target(held: Option<Target>, heard: Option<Target>) -> Option<Target> {
+    match (held, heard) {
+        (Some(h), Some(n)) if n.term > h.term => Some(n),
+        (Some(h), _) => Some(h),
+        (None, n) => n,
+    }
 }
 
 #[cfg(test)]
@@ -183,6 +215,7 @@ mod tests {
             leads,
             last_applied: 40,
             last_applied_term: term,
+            last_log_index: 42,
             membership_index: 3,
             voters: ids(&[1, 2, 3]),
             members: ids(&[1, 2, 3]),
@@ -294,17 +327,47 @@ mod tests {
     }
 
     #[test]
-    fn only_a_leader_that_applied_in_its_own_term_sets_the_target() {
+    fn only_a_leader_of_the_newest_term_that_applied_in_it_sets_the_target() {
         let fresh_leader = Answer {
             last_applied_term: 6,
             ..answer(1, 7, true)
         };
-        assert_eq!(catch_up_target(std::slice::from_ref(&fresh_leader)), None);
-        assert_eq!(catch_up_target(&[answer(2, 7, false)]), None);
+        assert_eq!(
+            catch_up_target(std::slice::from_ref(&fresh_leader), 7),
+            None
+        );
+        assert_eq!(catch_up_target(&[answer(2, 7, false)], 7), None);
         let applied = Answer {
-            last_applied: 120,
+            last_log_index: 130,
             ..answer(1, 7, true)
         };
-        assert_eq!(catch_up_target(&[fresh_leader, applied]), Some(120));
+        assert_eq!(
+            catch_up_target(&[fresh_leader, applied.clone()], 7),
+            Some(Target {
+                term: 7,
+                index: 130
+            })
+        );
+        // A leader cut off in term 6 still says it leads: it sets nothing,
+        // whether it is the only leader heard or answers beside the newer.
+        let cut_off = Answer {
+            last_log_index: 20,
+            ..answer(2, 6, true)
+        };
+        assert_eq!(catch_up_target(std::slice::from_ref(&cut_off), 7), None);
+        let newer = Answer {
+            node: 3,
+            ..answer(3, 8, false)
+        };
+        assert_eq!(catch_up_target(&[cut_off, applied, newer], 7), None);
+    }
+
+    #[test]
+    fn a_newer_leaders_target_replaces_the_one_held_and_the_same_leaders_does_not() {
+        let t = |term, index| Some(Target { term, index });
+        assert_eq!(next_target(None, t(7, 10)), t(7, 10));
+        assert_eq!(next_target(t(7, 10), t(7, 90)), t(7, 10));
+        assert_eq!(next_target(t(7, 10), t(8, 12)), t(8, 12));
+        assert_eq!(next_target(t(7, 10), None), t(7, 10));
     }
 }

@@ -21,7 +21,7 @@ impl RepairGate {
         Self(AtomicU8::new(match step {
             None => REPAIRED,
             Some(Step::Fence) => FENCE,
-            Some(Step::CatchUp) => CATCH_UP,
+            Some(Step::CatchUp { .. }) => CATCH_UP,
         }))
     }
 
@@ -77,7 +77,7 @@ mod tests {
 
     #[test]
     fn while_catching_up_only_the_log_is_taken() {
-        let gate = RepairGate::new(Some(Step::CatchUp));
+        let gate = RepairGate::new(Some(Step::CatchUp { term: 3 }));
         let admitted: Vec<RaftCall> = CALLS.into_iter().filter(|c| gate.admits(*c)).collect();
         assert_eq!(
             admitted,

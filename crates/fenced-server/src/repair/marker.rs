@@ -22,10 +22,10 @@ pub enum Step {
     /// Nothing yet: the node answers no Raft call until it stored a vote
     /// at the fence ([`super::fence::fence`]).
     Fence,
-    /// The fence is stored: the node takes the log, votes for no one and
-    /// does not stand until it applied as far as a leader had
-    /// ([`super::fence::catch_up_target`]).
-    CatchUp,
+    /// The fence is stored at `term`: the node takes the log, votes for no
+    /// one and does not stand until it applied as far as a leader of that
+    /// term or a newer one had logged ([`super::fence::catch_up_target`]).
+    CatchUp { term: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,7 +90,7 @@ mod tests {
         assert_eq!(read(dir.path()).unwrap(), None);
         let marker = Marker {
             node: 3,
-            step: Step::CatchUp,
+            step: Step::CatchUp { term: 4 },
         };
         write(dir.path(), &marker).unwrap();
         assert_eq!(read(dir.path()).unwrap(), Some(marker));

@@ -1,9 +1,12 @@
 //! `fenced repair --data-dir DIR --node-id N`: readies a stopped node's
-//! data directory to be rebuilt from its peers. The damaged directory is
-//! moved aside, never deleted (it is the evidence, and the only copy if
-//! every node turns out damaged); a new one holds only the format file and
-//! the repair marker. The node then starts as usual and repairs itself
-//! ([`super::run`]).
+//! data directory to be rebuilt from its peers. What the directory held is
+//! moved into `DIR/damaged-<unix time>/`, never deleted (it is the
+//! evidence, and the only copy if every node turns out damaged): inside the
+//! directory, because it is often a mount point of its own (a volume, a
+//! disk) that cannot be renamed and whose siblings are on another file
+//! system. The marker is written first, so a crash midway leaves a marked
+//! directory and the command is run again; the format file last. The node
+//! then starts as usual and repairs itself ([`super::run`]).
 
 use std::{
     io,
@@ -12,30 +15,33 @@ use std::{
 
 use super::marker::{self, Marker, Step};
 use crate::{
-    data_format::{self, LOG_DIR},
+    data_format::{self, LOG_DIR, STATE_DIR},
     log_store::LockedLog,
     types::NodeId,
 };
 
+/// The entries of a data directory by which it is known for one.
+const DATA_ENTRIES: [&str; 5] = [
+    data_format::FILE_NAME,
+    LOG_DIR,
+    STATE_DIR,
+    marker::FILE_NAME,
+    "cluster-time",
+];
+/// Where the entries of an earlier repair went: left where they are.
+const ASIDE_PREFIX: &str = "damaged-";
+
 /// What `prepare` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prepared {
-    /// Where the old directory went, if there was one.
+    /// Where the old contents went, if there were any.
     pub moved_to: Option<PathBuf>,
 }
 
-/// The name the damaged directory is moved to: beside it, with the time.
-pub fn aside_name(dir: &Path, unix_seconds: u64) -> PathBuf {
-    let mut name = dir
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_default();
-    name.push(format!(".damaged-{unix_seconds}"));
-    dir.with_file_name(name)
-}
-
-/// Moves `dir` aside (when it holds anything) and makes a new one marked
-/// for the repair of node `node`. Refuses a directory a running node holds.
+/// Moves what `dir` holds into `dir/damaged-<unix_seconds>/` and marks it
+/// for the repair of node `node`. Refuses a directory a running node
+/// holds, and a non-empty one that holds no fenced data (a typo in
+/// `--data-dir` must not move someone else's files).
 pub fn prepare(dir: &Path, node: NodeId, unix_seconds: u64) -> io::Result<Prepared> {
     if node == 0 {
         return Err(io::Error::new(
@@ -43,18 +49,40 @@ pub fn prepare(dir: &Path, node: NodeId, unix_seconds: u64) -> io::Result<Prepar
             "node-id: must be at least 1",
         ));
     }
-    let holds_something = match std::fs::read_dir(dir) {
-        Ok(mut entries) => entries.next().is_some(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+    let entries: Vec<std::ffi::OsString> = match std::fs::read_dir(dir) {
+        Ok(read) => read
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<io::Result<_>>()?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
     };
-    let mut moved_to = None;
-    if holds_something {
-        let log_dir = dir.join(LOG_DIR);
-        // Held until the move is done, so a node started meanwhile waits.
-        // A log too damaged to open still moves aside: only a live node's
-        // lock stops the repair.
-        let _lock = match LockedLog::lock(&log_dir) {
+    let to_move: Vec<&std::ffi::OsString> = entries
+        .iter()
+        .filter(|n| {
+            let name = n.to_string_lossy();
+            name != marker::FILE_NAME && !name.starts_with(ASIDE_PREFIX)
+        })
+        .collect();
+    if !to_move.is_empty()
+        && !entries
+            .iter()
+            .any(|n| DATA_ENTRIES.iter().any(|d| n.to_string_lossy() == *d))
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "data-dir: {} holds files but no fenced data (no format file, raft-log/ or \
+                 state/): nothing was moved; check the path",
+                dir.display()
+            ),
+        ));
+    }
+    // Held until the move is done, so a node started meanwhile waits. A
+    // log too damaged to open still moves: only a live node's lock stops
+    // the repair.
+    let log_dir = dir.join(LOG_DIR);
+    let _lock = if log_dir.is_dir() {
+        match LockedLog::lock(&log_dir) {
             Ok(lock) => Some(lock),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 return Err(io::Error::new(
@@ -63,21 +91,11 @@ pub fn prepare(dir: &Path, node: NodeId, unix_seconds: u64) -> io::Result<Prepar
                 ))
             }
             Err(_) => None,
-        };
-        let aside = aside_name(dir, unix_seconds);
-        if aside.exists() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{}: already exists; try again in a second", aside.display()),
-            ));
         }
-        std::fs::rename(dir, &aside).map_err(|e| {
-            io::Error::new(e.kind(), format!("moving {} aside: {e}", dir.display()))
-        })?;
-        moved_to = Some(aside);
-    }
+    } else {
+        None
+    };
     create_private(dir)?;
-    data_format::write(dir)?;
     marker::write(
         dir,
         &Marker {
@@ -85,9 +103,29 @@ pub fn prepare(dir: &Path, node: NodeId, unix_seconds: u64) -> io::Result<Prepar
             step: Step::Fence,
         },
     )?;
-    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::File::open(parent)?.sync_all()?;
+    let mut moved_to = None;
+    if !to_move.is_empty() {
+        let aside = dir.join(format!("{ASIDE_PREFIX}{unix_seconds}"));
+        if aside.exists() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{}: already exists; try again in a second", aside.display()),
+            ));
+        }
+        create_private(&aside)?;
+        for name in to_move {
+            std::fs::rename(dir.join(name), aside.join(name)).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("moving {} aside: {e}", dir.join(name).display()),
+                )
+            })?;
+        }
+        std::fs::File::open(&aside)?.sync_all()?;
+        moved_to = Some(aside);
     }
+    data_format::write(dir)?;
+    std::fs::File::open(dir)?.sync_all()?;
     Ok(Prepared { moved_to })
 }
 
@@ -106,13 +144,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_damaged_directory_is_moved_aside_whole_and_a_marked_one_replaces_it() {
+    fn what_a_damaged_directory_held_is_kept_inside_it_and_the_directory_is_marked() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("data");
         std::fs::create_dir_all(dir.join("state")).unwrap();
         std::fs::write(dir.join("state/snapshot.bin"), b"damaged").unwrap();
         let done = prepare(&dir, 3, 1_700_000_000).unwrap();
-        let aside = root.path().join("data.damaged-1700000000");
+        let aside = dir.join("damaged-1700000000");
         assert_eq!(done.moved_to.as_deref(), Some(aside.as_path()));
         assert_eq!(
             std::fs::read(aside.join("state/snapshot.bin")).unwrap(),
@@ -130,10 +168,13 @@ mod tests {
             Some(data_format::VERSION)
         );
         assert!(!dir.join("state").exists());
-        // The same second again: the first copy is not overwritten.
-        std::fs::write(dir.join("x"), b"").unwrap();
-        let again = prepare(&dir, 3, 1_700_000_000).unwrap_err();
-        assert_eq!(again.kind(), io::ErrorKind::AlreadyExists);
+        // Run again (a crash midway, or twice by hand): the first copy
+        // stays, and what the first run made moves beside it.
+        let again = prepare(&dir, 3, 1_700_000_009).unwrap();
+        assert!(aside.join("state/snapshot.bin").exists());
+        let second = again.moved_to.unwrap();
+        assert!(second.join(data_format::FILE_NAME).exists());
+        assert!(!second.join("damaged-1700000000").exists());
     }
 
     #[test]
@@ -147,6 +188,16 @@ mod tests {
     }
 
     #[test]
+    fn a_directory_without_fenced_data_is_left_alone() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("notes.txt"), b"someone else's").unwrap();
+        let err = prepare(root.path(), 1, 9).unwrap_err();
+        assert!(err.to_string().starts_with("data-dir:"), "{err}");
+        assert!(root.path().join("notes.txt").exists());
+        assert_eq!(marker::read(root.path()).unwrap(), None);
+    }
+
+    #[test]
     fn a_running_nodes_directory_is_refused() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("live");
@@ -155,6 +206,7 @@ mod tests {
         let err = prepare(&dir, 1, 9).unwrap_err();
         assert!(err.to_string().contains("stop the node first"), "{err}");
         assert!(dir.join(LOG_DIR).is_dir());
+        assert_eq!(marker::read(&dir).unwrap(), None);
         drop(held);
     }
 }

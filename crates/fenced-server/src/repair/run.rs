@@ -19,6 +19,7 @@ use super::{
     marker::{self, Marker, Step},
 };
 use crate::{
+    clock::floor::TimeFloor,
     log_store::LogStore,
     peer_channel::peer_channel,
     state_machine::Shared,
@@ -61,6 +62,7 @@ fn answer_of(status: v1::StatusResponse) -> Answer {
         leads: status.leader_id == status.node_id,
         last_applied: status.last_applied,
         last_applied_term: status.last_applied_term,
+        last_log_index: status.last_log_index,
         membership_index: status.membership_index,
         voters: status
             .members
@@ -193,7 +195,7 @@ pub async fn store_fence(
                     data_dir,
                     &Marker {
                         node: me,
-                        step: Step::CatchUp,
+                        step: Step::CatchUp { term: fence.term },
                     },
                 )?;
                 tracing::info!(
@@ -223,10 +225,13 @@ pub async fn store_fence(
 /// A node being repaired, as the end of its repair needs it.
 pub struct Repairing {
     pub me: NodeId,
+    /// The term the fence was stored at.
+    pub fence_term: u64,
     pub data_dir: std::path::PathBuf,
     pub dir: Directory,
     pub tls: Option<Arc<NodeTls>>,
     pub gate: Arc<RepairGate>,
+    pub floor: Arc<TimeFloor>,
 }
 
 /// While Raft runs: asks the members until a leader gives the index to
@@ -235,52 +240,66 @@ pub struct Repairing {
 pub async fn finish(node: Repairing, raft: Raft, shared: Arc<Shared>, stop: CancellationToken) {
     let Repairing {
         me,
+        fence_term,
         data_dir,
         mut dir,
         tls,
         gate,
+        floor,
     } = node;
-    let mut pause = Duration::from_millis(200);
-    let target = loop {
+    let mut target = None;
+    let mut metrics = raft.metrics();
+    loop {
         // The members as this node's log now names them, too.
-        for (id, node) in raft
+        for (id, member) in raft
             .metrics()
             .borrow()
             .membership_config
             .membership()
             .nodes()
         {
-            if *id != me && !node.client_addr.is_empty() {
-                dir.by_id.insert(*id, node.client_addr.clone());
+            if *id != me && !member.client_addr.is_empty() {
+                dir.by_id.insert(*id, member.client_addr.clone());
             }
         }
         let answers = ask(me, &mut dir, tls.as_ref(), ASK_TIMEOUT).await;
-        if let Some(target) = fence::catch_up_target(&answers) {
-            break target;
+        let heard = fence::catch_up_target(&answers, fence_term);
+        if heard.is_some() && heard != target {
+            tracing::info!(node = me, target = ?heard, "repair: catching up to a leader's last log index");
         }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(pause) => {}
-        }
-        pause = (pause * 2).min(MAX_PAUSE);
-    };
-    tracing::info!(
-        node = me,
-        target,
-        "repair: catching up to the leader's applied index"
-    );
-    let mut metrics = raft.metrics();
-    while shared.last_applied().map_or(0, |l| l.index) < target {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            r = metrics.changed() => if r.is_err() { return },
+        target = fence::next_target(target, heard);
+        // Until the next round: as soon as the target is applied, or after
+        // the pause (a leader that failed leaves a target that may never
+        // be applied; the next round asks its successor).
+        let until = tokio::time::Instant::now() + MAX_PAUSE;
+        loop {
+            let applied = shared.last_applied().map_or(0, |l| l.index);
+            if let Some(t) = target.filter(|t| applied >= t.index) {
+                tracing::info!(node = me, applied, target = t.index, "repair: caught up");
+                return end_repair(me, &data_dir, &gate, &floor).await;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(until) => break,
+                r = metrics.changed() => if r.is_err() { return },
+            }
         }
     }
-    if let Err(e) = marker::remove(&data_dir) {
+}
+
+/// Ends the repair: the cluster time taken from the leaders is made
+/// durable (what a follower that confirmed reads before its data was lost
+/// had made durable is gone with it), the marker goes, then the gate opens.
+async fn end_repair(me: NodeId, data_dir: &Path, gate: &RepairGate, floor: &TimeFloor) {
+    if let Err(e) = floor.make_durable(floor.leader_time()).await {
+        tracing::error!(node = me, error = %e, "repair: the cluster time could not be made durable");
+        return;
+    }
+    if let Err(e) = marker::remove(data_dir) {
         // The gate stays shut: the next start tries again.
         tracing::error!(node = me, error = %e, "repair: the marker could not be removed");
         return;
     }
     gate.set(None);
-    tracing::info!(node = me, applied = target, "repaired: voting again");
+    tracing::info!(node = me, "repaired: voting again");
 }
