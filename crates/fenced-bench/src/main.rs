@@ -28,8 +28,8 @@ pub struct Args {
     /// Systems to measure, in order: fenced, etcd, postgres.
     #[arg(long, value_delimiter = ',', default_value = "fenced")]
     pub systems: Vec<String>,
-    /// Scenarios: s1 s2 s3 s4 s5 s6 rolling budgets validate million
-    /// (validate and million: fenced only, not run unless named).
+    /// Scenarios: s1 s2 s3 s4 s5 s6 rolling budgets validate million repair
+    /// (validate, million and repair: fenced only, not run unless named).
     #[arg(
         long,
         value_delimiter = ',',
@@ -83,6 +83,10 @@ pub struct Args {
     /// restarts it (docs/SCALING.md).
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub million_leases: u64,
+    /// Live leases in the cluster whose follower the repair scenario damages
+    /// and rebuilds (docs/BENCHMARKS.md, "A damaged node").
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub repair_leases: u64,
     /// Clients filling the cluster in the million scenario.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub million_clients: u64,

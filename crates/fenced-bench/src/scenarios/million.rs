@@ -274,7 +274,7 @@ async fn measure(
     })
 }
 
-async fn wait_for_grant(client: &Client, within: Duration) -> Result<()> {
+pub(super) async fn wait_for_grant(client: &Client, within: Duration) -> Result<()> {
     let started = Instant::now();
     loop {
         let name = format!("million-start-{}", scenarios::nonce());
@@ -296,7 +296,7 @@ async fn wait_for_grant(client: &Client, within: Duration) -> Result<()> {
     }
 }
 
-async fn fill(
+pub(super) async fn fill(
     eps: &[String],
     prefix: &str,
     n: usize,

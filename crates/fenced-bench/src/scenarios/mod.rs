@@ -5,6 +5,7 @@
 
 mod budgets;
 mod million;
+mod repair;
 mod rolling;
 mod s1;
 mod s2;
@@ -42,8 +43,8 @@ pub struct Ctx<'a> {
 }
 
 /// Every scenario, in the order a run takes them.
-pub const ALL: [&str; 10] = [
-    "s1", "validate", "s2", "s3", "s4", "s5", "s6", "rolling", "budgets", "million",
+pub const ALL: [&str; 11] = [
+    "s1", "validate", "s2", "s3", "s4", "s5", "s6", "rolling", "budgets", "million", "repair",
 ];
 
 /// Runs scenario `name`.
@@ -59,6 +60,7 @@ pub async fn run(name: &str, cx: &mut Ctx<'_>) -> Result<()> {
         "rolling" => rolling::run(cx).await,
         "budgets" => budgets::run(cx).await,
         "million" => million::run(cx).await,
+        "repair" => repair::run(cx).await,
         other => bail!("unknown scenario {other:?}: {}", ALL.join(", ")),
     }
 }
