@@ -29,7 +29,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "fenced")]
     pub systems: Vec<String>,
     /// Scenarios: s1 s2 s3 s4 s5 s6 rolling budgets validate million repair
-    /// (validate, million and repair: fenced only, not run unless named).
+    /// soak (validate, million, repair and soak: fenced only, not run
+    /// unless named).
     #[arg(
         long,
         value_delimiter = ',',
@@ -87,6 +88,13 @@ pub struct Args {
     /// and rebuilds (docs/BENCHMARKS.md, "A damaged node").
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub repair_leases: u64,
+    /// How long the soak runs (docs/BENCHMARKS.md, "Soak"): an hour by
+    /// hand, two minutes in .ci/run.
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(30..=604_800))]
+    pub soak_s: u64,
+    /// Clients of the soak's steady load.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub soak_clients: u64,
     /// Clients filling the cluster in the million scenario.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub million_clients: u64,

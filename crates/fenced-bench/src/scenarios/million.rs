@@ -153,10 +153,7 @@ async fn measure(
     n: usize,
     clients: usize,
 ) -> Result<Figures> {
-    let mdir = dir.join("million");
-    std::fs::create_dir_all(&mdir)?;
-    let mut c = procs::fenced_cluster(bin, &mdir, false)?;
-    c.spec_mut().settings.max_live_leases = Some(u64::try_from(n)? + 10_000);
+    let mut c = cluster_for(bin, dir, "million", n)?;
     // The start-up's own timings (snapshot loaded, log replayed) are info.
     c.spec_mut().set_env(
         "FENCED_LOG",
@@ -272,6 +269,21 @@ async fn measure(
         rss_after_restart_mb,
         rss_settled_mb,
     })
+}
+
+/// A three-node cluster of `bin` in `dir/name`, not started, whose table
+/// takes `n` live leases and room to spare.
+pub(super) fn cluster_for(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    name: &str,
+    n: usize,
+) -> Result<fenced_testkit::Cluster> {
+    let sub = dir.join(name);
+    std::fs::create_dir_all(&sub)?;
+    let mut c = procs::fenced_cluster(bin, &sub, false)?;
+    c.spec_mut().settings.max_live_leases = Some(u64::try_from(n)? + 10_000);
+    Ok(c)
 }
 
 pub(super) async fn wait_for_grant(client: &Client, within: Duration) -> Result<()> {

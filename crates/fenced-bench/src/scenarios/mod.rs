@@ -13,6 +13,7 @@ mod s3;
 mod s4;
 mod s5;
 mod s6;
+mod soak;
 mod validate;
 
 use std::{path::Path, sync::Arc, time::Duration};
@@ -43,8 +44,9 @@ pub struct Ctx<'a> {
 }
 
 /// Every scenario, in the order a run takes them.
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 12] = [
     "s1", "validate", "s2", "s3", "s4", "s5", "s6", "rolling", "budgets", "million", "repair",
+    "soak",
 ];
 
 /// Runs scenario `name`.
@@ -61,6 +63,7 @@ pub async fn run(name: &str, cx: &mut Ctx<'_>) -> Result<()> {
         "budgets" => budgets::run(cx).await,
         "million" => million::run(cx).await,
         "repair" => repair::run(cx).await,
+        "soak" => soak::run(cx).await,
         other => bail!("unknown scenario {other:?}: {}", ALL.join(", ")),
     }
 }

@@ -16,7 +16,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use super::{million, Ctx};
-use crate::{load as scenarios, procs, sut::fenced_bin, systems, systems::Kind};
+use crate::{load as scenarios, sut::fenced_bin, systems, systems::Kind};
+
+/// Clients filling the cluster.
+const CLIENTS: usize = 64;
 
 /// What the run measured.
 struct Figures {
@@ -35,31 +38,45 @@ pub async fn run(cx: &mut Ctx<'_>) -> Result<()> {
         c.kill_all();
     }
     let n = usize::try_from(cx.args.repair_leases)?;
-    let f = measure(&fenced_bin(cx.args)?, cx.dir, n, 64).await?;
+    let f = measure(&fenced_bin(cx.args)?, cx.dir, n).await?;
     let table = &mut *cx.table;
     table.put(
-        &format!("repair: damaged snapshot refused at start, {} leases (s)", f.leases),
+        &format!(
+            "repair: damaged snapshot refused at start, {} leases (s)",
+            f.leases
+        ),
         Kind::Fenced,
         f.detect_s,
         false,
     );
-    table.put("repair: fenced repair (s)", Kind::Fenced, f.prepare_s, false);
     table.put(
-        &format!("repair: start to voting again, caught up, {} leases (s)", f.leases),
+        "repair: fenced repair (s)",
+        Kind::Fenced,
+        f.prepare_s,
+        false,
+    );
+    table.put(
+        &format!(
+            "repair: start to voting again, caught up, {} leases (s)",
+            f.leases
+        ),
         Kind::Fenced,
         f.repair_s,
         false,
     );
-    table.put("repair: snapshot size (MB)", Kind::Fenced, f.snapshot_mb, false);
+    table.put(
+        "repair: snapshot size (MB)",
+        Kind::Fenced,
+        f.snapshot_mb,
+        false,
+    );
     Ok(())
 }
 
-async fn measure(bin: &std::path::Path, dir: &std::path::Path, n: usize, clients: usize) -> Result<Figures> {
-    let rdir = dir.join("repair");
-    std::fs::create_dir_all(&rdir)?;
-    let mut c = procs::fenced_cluster(bin, &rdir, false)?;
-    c.spec_mut().settings.max_live_leases = Some(u64::try_from(n)? + 10_000);
-    c.spec_mut().set_env("FENCED_LOG", "warn,fenced_server::repair=info");
+async fn measure(bin: &std::path::Path, dir: &std::path::Path, n: usize) -> Result<Figures> {
+    let mut c = million::cluster_for(bin, dir, "repair", n)?;
+    c.spec_mut()
+        .set_env("FENCED_LOG", "warn,fenced_server::repair=info");
     // A snapshot soon after the fill (the fill's entries carry many grants
     // each): the damage is to a snapshot that holds every lease.
     c.spec_mut().set_env("FENCED_SNAPSHOT_LOGS", "200");
@@ -70,7 +87,7 @@ async fn measure(bin: &std::path::Path, dir: &std::path::Path, n: usize, clients
     let samples: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
     let max_token = Arc::new(AtomicU64::new(0));
     let prefix = format!("repair-{}", scenarios::nonce());
-    million::fill(&eps, &prefix, n, clients, &samples, &max_token).await?;
+    million::fill(&eps, &prefix, n, CLIENTS, &samples, &max_token).await?;
     let leader = c.wait_for_leader(Duration::from_secs(10)).await?;
     let damaged = (1..=3).find(|id| *id != leader).context("no follower")?;
     // Until the follower's snapshot holds every lease: grants push the log
@@ -78,9 +95,14 @@ async fn measure(bin: &std::path::Path, dir: &std::path::Path, n: usize, clients
     let waited = Instant::now();
     loop {
         let s = c.status(damaged, false).await;
-        if s.as_ref().is_some_and(|s| s.snapshot_index > 0 && s.live_leases >= n as u64) {
+        if s.as_ref()
+            .is_some_and(|s| s.snapshot_index > 0 && s.live_leases >= n as u64)
+        {
             let applied = s.map_or(0, |s| s.last_applied);
-            let snapshot = c.status(damaged, false).await.map_or(0, |s| s.snapshot_index);
+            let snapshot = c
+                .status(damaged, false)
+                .await
+                .map_or(0, |s| s.snapshot_index);
             if snapshot + 200 >= applied {
                 break;
             }
@@ -125,7 +147,10 @@ async fn measure(bin: &std::path::Path, dir: &std::path::Path, n: usize, clients
     if refused.success() || !log.contains("damaged at offset") {
         bail!("node {damaged} did not refuse its damaged snapshot by its checksum ({refused}):\n{log}");
     }
-    println!("[repair] node {damaged} refused its damaged snapshot ({:.1} MB) after {detect_s:.3} s", snapshot_mb);
+    println!(
+        "[repair] node {damaged} refused its damaged snapshot ({:.1} MB) after {detect_s:.3} s",
+        snapshot_mb
+    );
 
     let prepared = Instant::now();
     let out = Command::new(bin)
@@ -165,17 +190,27 @@ async fn measure(bin: &std::path::Path, dir: &std::path::Path, n: usize, clients
 
     // Every replica holds the same table, then the repaired node votes.
     let converged = c.wait_for_convergence(Duration::from_secs(60)).await?;
-    if converged.windows(2).any(|w| w[0].state_digest != w[1].state_digest) {
+    if converged
+        .windows(2)
+        .any(|w| w[0].state_digest != w[1].state_digest)
+    {
         bail!("replicas differ after the repair: {converged:?}");
     }
     c.terminate(leader, Duration::from_secs(30))?;
     let next = c.wait_for_leader(Duration::from_secs(30)).await?;
     let client = systems::fenced_client(&eps)?;
-    let samples = samples.lock().map_err(|_| anyhow::anyhow!("samples"))?.clone();
+    let samples = samples
+        .lock()
+        .map_err(|_| anyhow::anyhow!("samples"))?
+        .clone();
     for (name, token) in &samples {
         let d = client.describe(name).await?;
         if !d.held || d.last_token != *token {
-            bail!("{name}: held {} token {} after the repair, expected token {token}", d.held, d.last_token);
+            bail!(
+                "{name}: held {} token {} after the repair, expected token {token}",
+                d.held,
+                d.last_token
+            );
         }
     }
     println!(
