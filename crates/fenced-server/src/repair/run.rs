@@ -103,7 +103,7 @@ pub async fn ask(
 ) -> Vec<Answer> {
     for addr in dir.unnamed.clone() {
         if let Some(s) = status(&addr, tls, None, timeout).await {
-            learn(me, dir, &s);
+            learn(me, dir, &s, false);
         }
     }
     let mut answers = Vec::new();
@@ -132,20 +132,27 @@ pub async fn ask(
                 );
                 continue;
             }
-            learn(me, dir, &s);
+            learn(me, dir, &s, true);
             answers.push(answer_of(s));
         }
     }
     answers
 }
 
-/// Adds the members `status` names to `dir`.
-fn learn(me: NodeId, dir: &mut Directory, status: &v1::StatusResponse) {
+/// Adds the members `status` names to `dir`. A member's own answer (over a
+/// channel that checked its id) is its cluster's membership: its addresses
+/// replace the configured ones, which may be stale. An answer from an
+/// address whose node is not known only adds members not known yet.
+fn learn(me: NodeId, dir: &mut Directory, status: &v1::StatusResponse, checked: bool) {
     for m in &status.members {
         if m.id != me && !m.client_addr.is_empty() {
-            dir.by_id
-                .entry(m.id)
-                .or_insert_with(|| m.client_addr.clone());
+            if checked {
+                dir.by_id.insert(m.id, m.client_addr.clone());
+            } else {
+                dir.by_id
+                    .entry(m.id)
+                    .or_insert_with(|| m.client_addr.clone());
+            }
         }
     }
 }
