@@ -196,7 +196,7 @@ async fn main() -> std::process::ExitCode {
     // started (they are killed when their handles drop).
     let outcome = tokio::select! {
         r = run(args) => r,
-        () = stop_signal() => Err(anyhow::anyhow!("interrupted; stopped what this run started")),
+        () = fenced_server::shutdown::signal() => Err(anyhow::anyhow!("interrupted; stopped what this run started")),
     };
     match outcome {
         Ok(true) => std::process::ExitCode::SUCCESS,
@@ -205,21 +205,6 @@ async fn main() -> std::process::ExitCode {
             eprintln!("fenced-bench: {e:#}");
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-async fn stop_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
     }
 }
 

@@ -16,7 +16,12 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use super::{million, Ctx};
-use crate::{load as scenarios, sut::fenced_bin, systems, systems::Kind};
+use crate::{
+    load as scenarios,
+    sut::{fenced_bin, wait_until},
+    systems,
+    systems::Kind,
+};
 
 /// Clients filling the cluster.
 const CLIENTS: usize = 64;
@@ -170,22 +175,20 @@ async fn measure(bin: &std::path::Path, dir: &std::path::Path, n: usize) -> Resu
         .map(|s| s.last_applied)
         .max()
         .unwrap_or(0);
-    let repairing = Instant::now();
     c.start(damaged)?;
     let damaged_ep = c.node(damaged)?.client_addr();
     let only_damaged = systems::fenced_client([damaged_ep.as_str()])?;
-    loop {
-        if let Ok(s) = only_damaged.status().await {
-            if !s.repairing && s.last_applied >= applied_then && s.live_leases >= n as u64 {
-                break;
-            }
-        }
-        if repairing.elapsed() > Duration::from_secs(300) {
-            bail!("node {damaged} not repaired within 300 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let repair_s = repairing.elapsed().as_secs_f64();
+    let repair_s = wait_until(
+        Duration::from_secs(300),
+        &format!("node {damaged} repaired"),
+        || async {
+            only_damaged.status().await.is_ok_and(|s| {
+                !s.repairing && s.last_applied >= applied_then && s.live_leases >= n as u64
+            })
+        },
+    )
+    .await?
+    .as_secs_f64();
     println!("[repair] node {damaged} voting again, caught up with {n} leases, {repair_s:.3} s after its start");
 
     // Every replica holds the same table, then the repaired node votes.
