@@ -2,7 +2,7 @@
 //! deterministic simulation (crate `fenced-sim`), where a blocking thread
 //! finishing at a moment of its own would make a run unrepeatable.
 
-use std::{cell::RefCell, io, sync::Arc, time::Duration};
+use std::{cell::RefCell, io, path::Path, sync::Arc, time::Duration};
 
 /// Which piece of blocking file work runs: the simulation's disk times
 /// each kind its own way (a snapshot is a large write, a cluster-time slot
@@ -22,8 +22,9 @@ pub enum DiskWork {
 }
 
 /// The simulation's disk: how long the next piece of blocking file work
-/// of the kind given takes, in simulated time.
-pub type SimDisk = Arc<dyn Fn(DiskWork) -> Duration + Send + Sync>;
+/// of the kind given, in the directory given, takes in simulated time, or
+/// the error it fails with (EIO, ENOSPC) without touching the disk.
+pub type SimDisk = Arc<dyn Fn(DiskWork, &Path) -> io::Result<Duration> + Send + Sync>;
 
 thread_local! {
     static SIM_DISK: RefCell<Option<SimDisk>> = const { RefCell::new(None) };
@@ -37,17 +38,18 @@ pub fn simulate_on_this_thread(disk: Option<SimDisk>) {
     SIM_DISK.with(|d| *d.borrow_mut() = disk);
 }
 
-/// Runs `f`, a piece of file work of kind `work`, on a blocking thread
-/// (inline under the simulation).
+/// Runs `f`, a piece of file work of kind `work` in `dir`, on a blocking
+/// thread (inline under the simulation).
 pub async fn run<T: Send + 'static>(
     work: DiskWork,
+    dir: &Path,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> io::Result<T> {
     if let Some(disk) = SIM_DISK.with(|d| d.borrow().clone()) {
         // The latency comes before the work: a crash meanwhile finds it not
         // begun (snapshot work then refuses to write, see
         // `Shared::halt_writes`).
-        tokio::time::sleep(disk(work)).await;
+        tokio::time::sleep(disk(work, dir)?).await;
         return Ok(f());
     }
     tokio::task::spawn_blocking(f)

@@ -32,6 +32,7 @@ pub mod health;
 pub mod histogram;
 pub mod limits;
 pub mod log_store;
+pub mod log_tail;
 pub mod maintenance;
 pub mod membership;
 pub mod metrics;

@@ -254,8 +254,29 @@ pub const LOG_CACHE_BYTES: usize = 16 << 20;
 /// decides what happens next, and the flush's answer reaches openraft after
 /// the simulated latency this returns, on tokio's paused clock. A node
 /// stopped in between has its entries on disk and never said so: a crash
-/// between an fsync and its answer.
-pub type SimFsync = Arc<dyn Fn() -> std::time::Duration + Send + Sync>;
+/// between an fsync and its answer. An error instead (EIO, ENOSPC) is what
+/// the flush fails with, and the bytes it wrote are taken back: a write the
+/// disk lost, and said so.
+pub type SimFsync = Arc<dyn Fn() -> io::Result<std::time::Duration> + Send + Sync>;
+
+/// Under the simulation: where the log's last chunk ends on disk, and how
+/// much of it openraft was told is durable. The bytes between are what a
+/// crash now may leave torn (their fsync, as the simulation draws it, has
+/// not finished).
+#[derive(Debug, Clone, Default)]
+struct SimTail {
+    chunk: std::path::PathBuf,
+    answered_to: u64,
+    written_to: u64,
+}
+
+/// A crash's view of the log's tail under the simulation: the last chunk,
+/// and the bytes of it whose flush openraft has not heard of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnansweredTail {
+    pub chunk: std::path::PathBuf,
+    pub bytes: std::ops::Range<u64>,
+}
 
 /// The durable Raft log and vote of one node.
 #[derive(Clone)]
@@ -264,6 +285,9 @@ pub struct LogStore {
     horizon: PurgeHorizon,
     /// Set under the simulation only.
     sim_fsync: Option<SimFsync>,
+    /// Under the simulation: the log's directory and its tail on disk.
+    sim_dir: std::path::PathBuf,
+    sim_tail: Arc<Mutex<SimTail>>,
     /// Told of every append once it is handed to the flush thread; set once
     /// Raft runs. The log store knows nothing of what it does with it (the
     /// replication adapter copies a leader's appends early).
@@ -311,6 +335,9 @@ pub fn unreadable_log(dir: &Path, e: io::Error) -> io::Error {
              dir?): {e}",
             dir.display()
         ),
+        io::ErrorKind::InvalidData if e.to_string().contains(crate::checksum::NEXT_STEP) => {
+            format!("{}: the Raft log is damaged: {e}", dir.display())
+        }
         io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof => format!(
             "{}: the Raft log is damaged: {e}; {}",
             dir.display(),
@@ -344,6 +371,7 @@ impl LockedLog {
     /// how many there are, or the first damaged one.
     pub fn verify(&self) -> io::Result<u64> {
         use raft_log::DumpApi;
+        crate::log_tail::refuse_damage_before_the_tail(&self.dir)?;
         let mut records = 0u64;
         self.dump
             .write_with(|_chunk, _index, record| {
@@ -368,6 +396,7 @@ impl LogStore {
     /// Opens (or creates) the log in `dir`; takes an exclusive lock on it.
     pub fn open(dir: &Path) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
+        crate::log_tail::refuse_damage_before_the_tail(dir)?;
         let mut config = raft_log::Config::new(dir.to_string_lossy().to_string());
         // The flush thread would linger this long for more writes before
         // each write+fdatasync (1 ms by default). Commands are coalesced
@@ -395,6 +424,8 @@ impl LogStore {
             wal,
             horizon,
             sim_fsync: None,
+            sim_dir: std::path::PathBuf::new(),
+            sim_tail: Arc::default(),
             sink: Arc::new(OnceLock::new()),
             appended: Arc::default(),
         })
@@ -409,20 +440,78 @@ impl LogStore {
     /// [`LogStore::open`] for the deterministic simulation: flushes end
     /// as [`SimFsync`] says.
     pub fn open_simulated(dir: &Path, fsync: SimFsync) -> io::Result<Self> {
-        Ok(Self {
+        let log = Self {
             sim_fsync: Some(fsync),
+            sim_dir: dir.to_path_buf(),
             ..Self::open(dir)?
-        })
+        };
+        let (chunk, len) = crate::log_tail::last_chunk(dir)?;
+        *log.sim_tail() = SimTail {
+            chunk,
+            answered_to: len,
+            written_to: len,
+        };
+        Ok(log)
+    }
+
+    fn sim_tail(&self) -> MutexGuard<'_, SimTail> {
+        self.sim_tail.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Under the simulation: flushes now, with this thread waiting, and
-    /// returns the latency to wait before saying so.
-    fn flush_simulated(&self, fsync: &SimFsync) -> io::Result<std::time::Duration> {
+    /// returns the latency to wait before saying so, and where the flush
+    /// ended (to pass to [`LogStore::answered`] once said). A flush the
+    /// simulation fails has what it wrote cut off the file again.
+    fn flush_simulated(&self, fsync: &SimFsync) -> io::Result<(std::time::Duration, u64)> {
+        let (before_chunk, before) = crate::log_tail::last_chunk(&self.sim_dir)?;
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.wal().flush(true, Some(FlushDone::Block(tx)))?;
         rx.recv()
             .map_err(|_| io::Error::other("log flush thread stopped"))??;
-        Ok(fsync())
+        let (chunk, after) = crate::log_tail::last_chunk(&self.sim_dir)?;
+        match fsync() {
+            Ok(latency) => {
+                let mut tail = self.sim_tail();
+                if chunk != tail.chunk {
+                    // A new chunk: its first record is not torn by a crash
+                    // (nothing of it is counted unanswered).
+                    *tail = SimTail {
+                        chunk,
+                        answered_to: after,
+                        written_to: after,
+                    };
+                } else {
+                    tail.written_to = after;
+                }
+                Ok((latency, after))
+            }
+            Err(e) => {
+                if chunk == before_chunk {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&chunk)?
+                        .set_len(before)?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Under the simulation: openraft heard that the flush ending at `to`
+    /// is durable.
+    fn answered(&self, to: u64) {
+        let mut tail = self.sim_tail();
+        tail.answered_to = tail.answered_to.max(to).min(tail.written_to);
+    }
+
+    /// Under the simulation: the bytes of the log's last chunk whose flush
+    /// openraft has not heard of, which a crash now may leave torn.
+    pub fn unanswered_tail(&self) -> Option<UnansweredTail> {
+        let tail = self.sim_tail();
+        (self.sim_fsync.is_some() && tail.written_to > tail.answered_to).then(|| UnansweredTail {
+            chunk: tail.chunk.clone(),
+            bytes: tail.answered_to..tail.written_to,
+        })
     }
 
     /// The handle through which the state machine allows purges.
@@ -510,8 +599,9 @@ impl LogStore {
     /// Flushes with fdatasync and waits for it.
     async fn sync(&self) -> io::Result<()> {
         if let Some(fsync) = &self.sim_fsync {
-            let latency = self.flush_simulated(fsync)?;
+            let (latency, to) = self.flush_simulated(fsync)?;
             tokio::time::sleep(latency).await;
+            self.answered(to);
             return Ok(());
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -626,9 +716,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         wal.append(items).map_err(write_err)?;
         if let Some(fsync) = &self.sim_fsync {
             drop(wal);
-            let latency = self.flush_simulated(fsync).map_err(write_err)?;
+            // CANARY (deliberately broken build for fenced-sim): a flush
+            // that failed is reported done, as if the error were passing.
+            let flushed = match self.flush_simulated(fsync) {
+                Err(e) if cfg!(feature = "canary-ack-failed-flush") => {
+                    tracing::warn!(error = %e, "canary: a failed log flush reported done");
+                    Ok((std::time::Duration::ZERO, 0))
+                }
+                flushed => flushed,
+            };
+            let (latency, to) = flushed.map_err(write_err)?;
+            let log = self.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(latency).await;
+                log.answered(to);
                 callback.log_io_completed(Ok(()));
             });
         } else {

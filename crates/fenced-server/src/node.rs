@@ -231,6 +231,8 @@ fn tokio_listener(l: std::net::TcpListener) -> Result<TcpListener, NodeError> {
 pub struct Simulated {
     pub wire: Arc<dyn Wire>,
     pub fsync: SimFsync,
+    /// How a node being repaired asks the members for their status.
+    pub status: Arc<dyn crate::repair::run::AskStatus>,
     pub seed: u64,
 }
 
@@ -370,14 +372,17 @@ impl NodeCore {
             .with_wire(wire.clone());
         let mut repair_step = repair.map(|m| m.step);
         let directory = repair_directory(cfg);
+        let peers: Arc<dyn crate::repair::run::AskStatus> = match &sim {
+            Some(sim) => Arc::clone(&sim.status),
+            None => Arc::new(crate::repair::run::GrpcStatus(tls.clone())),
+        };
         if repair_step.is_none()
-            && sim.is_none()
             && log.is_pristine()
             // A state machine without a log is a restored or recovered
             // node's: not one to fold into a running cluster.
             && shared.last_applied().is_none()
             && !cfg.initial_cluster.is_empty()
-            && crate::repair::run::cluster_formed(cfg.id, &directory, tls.as_ref()).await
+            && crate::repair::run::cluster_formed(cfg.id, &directory, &peers).await
         {
             tracing::warn!(
                 node = cfg.id,
@@ -405,7 +410,7 @@ impl NodeCore {
                 &cfg.data_dir,
                 &log,
                 directory.clone(),
-                tls.as_ref(),
+                &peers,
                 &members,
             )
             .await
@@ -544,7 +549,7 @@ impl NodeCore {
                 fence_term,
                 data_dir: cfg.data_dir.clone(),
                 dir: directory,
-                tls: tls.clone(),
+                peers,
                 gate: Arc::clone(&repair_gate),
                 floor: Arc::clone(&floor),
             };
@@ -860,16 +865,7 @@ impl RunningNode {
     /// [`raft_failure`].
     /// A failed write of the cluster-time file counts the same.
     pub fn failure(&self) -> impl std::future::Future<Output = Fatal<NodeId>> + Send + 'static {
-        let raft = raft_failure(self.ctx.raft.clone());
-        let floor = Arc::clone(self.ctx.time.floor());
-        async move {
-            tokio::select! {
-                e = raft => e,
-                e = floor.failed() => Fatal::StorageError(StorageError::from(
-                    StorageIOError::write(AnyError::new(&*e)),
-                )),
-            }
-        }
+        storage_failure(&self.ctx)
     }
 
     /// Stops serving, then stops Raft; storage is closed when this returns.
@@ -966,11 +962,6 @@ async fn snapshot_every_bytes(raft: Raft, log: LogStore, budget: u64, stop: Canc
     }
 }
 
-/// Resolves once `raft`'s core has stopped on an error, with that error:
-/// openraft 0.9 stops its core for good on any storage error (a log append
-/// or fdatasync that failed with ENOSPC or EIO, a state machine or snapshot
-/// write), and on a panic inside it. The node then answers nothing useful
-/// until restarted. A clean shutdown never resolves it.
 /// Where a node being repaired finds the members: its initial cluster's
 /// client addresses, and its `--join` endpoints.
 fn repair_directory(cfg: &NodeConfig) -> crate::repair::run::Directory {
@@ -989,6 +980,28 @@ fn repair_directory(cfg: &NodeConfig) -> crate::repair::run::Directory {
     }
 }
 
+/// Resolves once the node of `ctx` stopped on a storage error: its Raft
+/// core ([`raft_failure`]), or a failed write of its cluster-time file.
+pub fn storage_failure(
+    ctx: &NodeContext,
+) -> impl std::future::Future<Output = Fatal<NodeId>> + Send + 'static {
+    let raft = raft_failure(ctx.raft.clone());
+    let floor = Arc::clone(ctx.time.floor());
+    async move {
+        tokio::select! {
+            e = raft => e,
+            e = floor.failed() => Fatal::StorageError(StorageError::from(
+                StorageIOError::write(AnyError::new(&*e)),
+            )),
+        }
+    }
+}
+
+/// Resolves once `raft`'s core has stopped on an error, with that error:
+/// openraft 0.9 stops its core for good on any storage error (a log append
+/// or fdatasync that failed with ENOSPC or EIO, a state machine or snapshot
+/// write), and on a panic inside it. The node then answers nothing useful
+/// until restarted. A clean shutdown never resolves it.
 pub async fn raft_failure(raft: Raft) -> Fatal<NodeId> {
     let mut metrics = raft.metrics();
     loop {

@@ -288,9 +288,10 @@ pub struct StateMachine {
 /// Runs `f`, file work of kind `work`, on a blocking thread.
 async fn blocking<T: Send + 'static>(
     work: DiskWork,
+    dir: &Path,
     f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, StorageError> {
-    crate::blocking::run(work, f)
+    crate::blocking::run(work, dir, f)
         .await
         .map_err(|e| StorageError::from(StorageIOError::write_snapshot(None, AnyError::new(&e))))?
 }
@@ -349,11 +350,15 @@ impl StateMachine {
     async fn install(&self, meta: &SnapshotMeta, body: Vec<u8>) -> Result<(), StorageError> {
         let shared = Arc::clone(&self.shared);
         let meta = meta.clone();
-        blocking(DiskWork::SnapshotInstall, move || {
-            shared
-                .snapshots
-                .install(meta, body, |data| shared.replace(data))
-        })
+        blocking(
+            DiskWork::SnapshotInstall,
+            self.shared.snapshots.dir(),
+            move || {
+                shared
+                    .snapshots
+                    .install(meta, body, |data| shared.replace(data))
+            },
+        )
         .await
     }
 
@@ -421,16 +426,20 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let started = std::time::Instant::now();
         let shared = Arc::clone(&self.shared);
-        let written = blocking(DiskWork::SnapshotEncode, move || {
-            shared.snapshots.write(&shared.read(), started)
-        })
+        let written = blocking(
+            DiskWork::SnapshotEncode,
+            self.shared.snapshots.dir(),
+            move || shared.snapshots.write(&shared.read(), started),
+        )
         .await?;
         #[cfg(test)]
         self.shared.snapshots.build_paused.pass().await;
         let shared = Arc::clone(&self.shared);
-        blocking(DiskWork::SnapshotStore, move || {
-            shared.snapshots.store_built(written, started)
-        })
+        blocking(
+            DiskWork::SnapshotStore,
+            self.shared.snapshots.dir(),
+            move || shared.snapshots.store_built(written, started),
+        )
         .await
     }
 }
@@ -577,7 +586,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
         let shared = Arc::clone(&self.shared);
-        blocking(DiskWork::SnapshotRead, move || shared.snapshots.current()).await
+        blocking(
+            DiskWork::SnapshotRead,
+            self.shared.snapshots.dir(),
+            move || shared.snapshots.current(),
+        )
+        .await
     }
 }
 

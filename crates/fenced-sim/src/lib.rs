@@ -8,8 +8,10 @@
 //! (flushed while the one simulation thread waits, answered after a drawn
 //! latency), every clock (tokio's paused clock, each node's rate skewed),
 //! and the faults ([`world`]): partitions, frozen nodes, crashes (between an
-//! fsync and its answer too, and while a snapshot is put in place),
-//! restarts. The storage rule is watched on every running node. Everything
+//! fsync and its answer too, tearing what that fsync wrote, and while a
+//! snapshot is put in place), restarts, and the disk's own faults
+//! ([`disk`]): damage at rest repaired from the peers, a lost data dir,
+//! EIO and ENOSPC while a node runs. The storage rule is watched on every running node. Everything
 //! runs on one thread, so a seed replays exactly: the same seed gives the
 //! same history, event for event, which `tests/seeds.rs` checks.
 //!
@@ -17,6 +19,7 @@
 //! ([`check`]).
 
 pub mod check;
+pub mod disk;
 pub mod net;
 pub mod workload;
 pub mod world;
@@ -112,14 +115,23 @@ pub fn run(seed: u64, cfg: &SimConfig) -> anyhow::Result<Verdict> {
     // in place is slow more often: a build finishing late, or an install
     // still under way after openraft purged the log for it, are the races
     // the snapshot writer and the purge horizon must survive.
+    // A node's disk that errs (world's I/O faults) fails the work before
+    // it begins.
     let disk = Rng::new(seed ^ 0x5eed_d15c);
-    fenced_server::blocking::simulate_on_this_thread(Some(Arc::new(move |work| match work {
-        DiskWork::SnapshotStore | DiskWork::SnapshotInstall => {
-            disk.latency(30, 50_000..600_000, 200..3_000)
-        }
-        _ => disk.latency(10, 20_000..400_000, 200..3_000),
-    })));
-    let verdict = rt.block_on(world::run(seed, *cfg, dir.path().to_path_buf()));
+    let faults = Arc::new(disk::DiskFaults::new(dir.path().to_path_buf()));
+    let errs = Arc::clone(&faults);
+    fenced_server::blocking::simulate_on_this_thread(Some(Arc::new(
+        move |work, at: &std::path::Path| {
+            errs.work(work, at)?;
+            Ok(match work {
+                DiskWork::SnapshotStore | DiskWork::SnapshotInstall => {
+                    disk.latency(30, 50_000..600_000, 200..3_000)
+                }
+                _ => disk.latency(10, 20_000..400_000, 200..3_000),
+            })
+        },
+    )));
+    let verdict = rt.block_on(world::run(seed, *cfg, dir.path().to_path_buf(), faults));
     fenced_server::blocking::simulate_on_this_thread(None);
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     // Nodes' tasks end with the runtime, before their files go.

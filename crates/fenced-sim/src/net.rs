@@ -10,10 +10,13 @@ use std::{
     time::Duration,
 };
 
+use fenced_proto::v1::{self, cluster_server::Cluster as _};
 use fenced_server::{
     clock::floor::LeaderTime,
     network::{MessageTime, PeerVersion, RaftCall, Wire, WireReply},
+    repair::run::{AskStatus, StatusAnswer},
     replication::RaftPeer,
+    services::{ClusterService, NodeContext},
     types::NodeId,
 };
 use tokio::sync::watch;
@@ -25,6 +28,8 @@ pub struct Net {
     rng: Rng,
     /// The answerer of each running node; absent while it is stopped.
     peers: Mutex<BTreeMap<NodeId, RaftPeer>>,
+    /// What each running node answers a status question from.
+    contexts: Mutex<BTreeMap<NodeId, NodeContext>>,
     /// Directed cuts: (from, to) messages are lost.
     cuts: Mutex<BTreeSet<(NodeId, NodeId)>>,
     /// Frozen nodes (a paused process): their messages, both ways, wait.
@@ -36,6 +41,7 @@ impl Net {
         Arc::new(Self {
             rng,
             peers: Mutex::default(),
+            contexts: Mutex::default(),
             cuts: Mutex::default(),
             frozen: watch::Sender::new(BTreeSet::new()),
         })
@@ -49,12 +55,62 @@ impl Net {
         })
     }
 
-    pub fn attach(&self, id: NodeId, peer: RaftPeer) {
+    pub fn attach(&self, id: NodeId, peer: RaftPeer, ctx: NodeContext) {
         lock(&self.peers).insert(id, peer);
+        lock(&self.contexts).insert(id, ctx);
     }
 
     pub fn detach(&self, id: NodeId) {
         lock(&self.peers).remove(&id);
+        lock(&self.contexts).remove(&id);
+    }
+
+    /// How node `from` asks the others for their status (a node being
+    /// repaired does), over this network.
+    pub fn status_asker(self: &Arc<Self>, from: NodeId) -> Arc<dyn AskStatus> {
+        Arc::new(StatusLink {
+            from,
+            net: Arc::clone(self),
+        })
+    }
+
+    /// A status question from `from` to the node at `addr` (`sim-nID:PORT`):
+    /// held while either is frozen, lost to a cut (the caller's timeout
+    /// ends it), refused at once by a stopped node.
+    async fn status(
+        &self,
+        from: NodeId,
+        addr: &str,
+        expect: Option<NodeId>,
+    ) -> Option<v1::StatusResponse> {
+        let to: NodeId = addr
+            .strip_prefix("sim-n")?
+            .split(':')
+            .next()?
+            .parse()
+            .ok()?;
+        if expect.is_some_and(|e| e != to) {
+            return None;
+        }
+        self.thawed(from, to).await;
+        tokio::time::sleep(self.delay()).await;
+        if self.is_cut(from, to) {
+            std::future::pending::<()>().await;
+        }
+        let ctx = lock(&self.contexts).get(&to).cloned()?;
+        let answer = ClusterService::new(ctx, false)
+            .status(tonic::Request::new(v1::StatusRequest {
+                with_digest: false,
+            }))
+            .await
+            .ok()?
+            .into_inner();
+        self.thawed(from, to).await;
+        tokio::time::sleep(self.delay()).await;
+        if self.is_cut(to, from) {
+            std::future::pending::<()>().await;
+        }
+        Some(answer)
     }
 
     /// Cuts `node` off from every other node, both ways.
@@ -137,6 +193,23 @@ impl Net {
             return Err(lost());
         }
         Ok((floor, reply))
+    }
+}
+
+struct StatusLink {
+    from: NodeId,
+    net: Arc<Net>,
+}
+
+impl AskStatus for StatusLink {
+    fn status(&self, addr: String, expect: Option<NodeId>, timeout: Duration) -> StatusAnswer {
+        let (net, from) = (Arc::clone(&self.net), self.from);
+        Box::pin(async move {
+            tokio::time::timeout(timeout, net.status(from, &addr, expect))
+                .await
+                .ok()
+                .flatten()
+        })
     }
 }
 

@@ -5,7 +5,10 @@ use std::{
     collections::BTreeMap,
     net::SocketAddr,
     path::PathBuf,
-    sync::{atomic::AtomicBool, atomic::Ordering, Arc, Mutex, PoisonError},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
     time::Duration,
 };
 
@@ -15,6 +18,7 @@ use fenced_server::{
     log_store::LogStore,
     node::{NodeConfig, NodeCore, Simulated},
     parking::Parking,
+    repair::RepairGate,
     services::{LockService, NodeContext},
     state_machine::{self, StateMachine},
     types::{Node, NodeId},
@@ -23,12 +27,21 @@ use openraft::storage::RaftLogStorage;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken as Stop;
 
-use crate::{check, net::Net, workload, Rng, SimConfig, Verdict};
+use crate::{
+    check,
+    disk::{self, DiskFaults, IoFault},
+    net::Net,
+    workload, Rng, SimConfig, Verdict,
+};
 
 struct Running {
     ctx: NodeContext,
     stop: Stop,
     tasks: Vec<JoinHandle<()>>,
+    /// Set once the node's Raft stopped on a storage error (its process
+    /// would exit, for its supervisor to start again).
+    failed: Arc<AtomicBool>,
+    repair: Arc<RepairGate>,
 }
 
 /// The nodes, their data dirs, and what each one's clock and disk do.
@@ -40,6 +53,10 @@ pub struct Cluster {
     skew_ppm: BTreeMap<NodeId, i64>,
     snapshot_logs: u64,
     running: Mutex<BTreeMap<NodeId, Running>>,
+    /// Which node's disk errs now.
+    faults: Arc<DiskFaults>,
+    /// Repairs so far: each moves a damaged directory to a name of its own.
+    repairs: AtomicU64,
     /// Node crashes and restarts, for the report.
     pub log: Mutex<Vec<String>>,
     /// What a stopped node's data dir or its restart showed wrong.
@@ -117,16 +134,31 @@ impl Cluster {
         cfg.snapshot_logs = self.snapshot_logs;
         cfg.proposer.clock_skew_ppm = self.skew_ppm.get(&id).copied().unwrap_or(0);
         let fsync_rng = self.rng.clone();
+        let faults = Arc::clone(&self.faults);
         let sim = Simulated {
             wire: self.net.wire(id),
-            // Mostly a millisecond or two; now and then a slow disk.
-            fsync: Arc::new(move || fsync_rng.latency(2, 20_000..300_000, 200..2_500)),
+            // Mostly a millisecond or two; now and then a slow disk; an
+            // error while the node's disk errs.
+            fsync: Arc::new(move || {
+                faults.flush(id)?;
+                Ok(fsync_rng.latency(2, 20_000..300_000, 200..2_500))
+            }),
+            status: self.net.status_asker(id),
             seed: self.rng.lock().u64(..),
         };
         let core = once_unlocked(|| NodeCore::open(&cfg, Some(sim.clone())))
             .await
             .map_err(|e| anyhow::anyhow!("node {id} did not start: {e}"))?;
-        self.net.attach(id, core.peer.clone());
+        let failed = Arc::new(AtomicBool::new(false));
+        let mut tasks = core.tasks;
+        let failure = fenced_server::node::storage_failure(&core.ctx);
+        let flag = Arc::clone(&failed);
+        tasks.push(tokio::spawn(async move {
+            let e = failure.await;
+            tracing::info!(node = id, error = %e, "simulation: node stopped on a storage error");
+            flag.store(true, Ordering::SeqCst);
+        }));
+        self.net.attach(id, core.peer.clone(), core.ctx.clone());
         self.running
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -135,10 +167,53 @@ impl Cluster {
                 Running {
                     ctx: core.ctx,
                     stop: core.stop,
-                    tasks: core.tasks,
+                    tasks,
+                    failed,
+                    repair: Arc::clone(&core.peer.repair),
                 },
             );
         Ok(())
+    }
+
+    fn data_dir(&self, id: NodeId) -> PathBuf {
+        self.dir.join(format!("n{id}"))
+    }
+
+    /// Whether node `id` runs with its Raft stopped on a storage error.
+    fn has_failed(&self, id: NodeId) -> bool {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running
+            .get(&id)
+            .is_some_and(|r| r.failed.load(Ordering::SeqCst))
+    }
+
+    /// Starts node `id` on a data dir damaged while it was stopped. A node
+    /// must refuse damage it reads (by its checksum, naming the next
+    /// step); it is then repaired as an operator would: `fenced repair`'s
+    /// own code, then a start.
+    async fn start_damaged(&self, id: NodeId, damage: &disk::Damage) {
+        match self.start(id).await {
+            Ok(()) if damage.must_refuse => self.finding(format!(
+                "n{id} started on damaged data ({damage}): damage must be refused by its checksum"
+            )),
+            Ok(()) => self.note(format!("n{id} started; nothing it loads was damaged")),
+            Err(e) => {
+                let text = format!("{e:#}");
+                if !text.contains("fenced repair") {
+                    return self.finding(format!(
+                        "n{id} refused {damage} without naming the next step: {text}"
+                    ));
+                }
+                self.note(format!(
+                    "n{id} refused its damaged data; fenced repair, then start"
+                ));
+                let seq = self.repairs.fetch_add(1, Ordering::SeqCst);
+                if let Err(e) = disk::prepare_repair(&self.data_dir(id), id, seq) {
+                    return self.finding(format!("n{id}: fenced repair failed: {e}"));
+                }
+                self.restart(id).await;
+            }
+        }
     }
 
     /// The storage rule every crash must leave intact: the log on disk is
@@ -220,6 +295,13 @@ impl Cluster {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&id);
         if let Some(r) = running {
+            // Read before anything yields: what the flushes whose answers
+            // are still on their way wrote, which the crash may tear.
+            let torn = r
+                .ctx
+                .log
+                .unanswered_tail()
+                .filter(|_| self.rng.lock().bool());
             // Before anything yields: a snapshot write waiting on the
             // simulated disk must not land after the crash.
             r.ctx.shared.halt_writes();
@@ -229,7 +311,23 @@ impl Cluster {
             }
             let _ = r.ctx.raft.shutdown().await;
             drop(r);
+            if let Some(tail) = torn {
+                self.tear(id, &tail).await;
+            }
             self.check_disk(id).await;
+        }
+    }
+
+    /// Tears the tail of a crashed node's log, once its last tasks let go.
+    async fn tear(&self, id: NodeId, tail: &fenced_server::log_store::UnansweredTail) {
+        let dir = self.data_dir(id).join(LOG_DIR);
+        let locked =
+            once_unlocked(|| async { fenced_server::log_store::LockedLog::lock(&dir) }).await;
+        drop(locked);
+        match disk::tear(tail, &self.rng) {
+            Ok(Some(what)) => self.note(format!("n{id} crashed mid-flush: {what}")),
+            Ok(None) => {}
+            Err(e) => self.finding(format!("n{id}: tearing its log failed: {e}")),
         }
     }
 
@@ -292,6 +390,29 @@ impl Cluster {
 
     /// What every node holds once the faults are over and all caught up.
     async fn finals(&self, resources: &[String]) -> anyhow::Result<Vec<NodeFinal>> {
+        // A repaired node votes again once it caught up: by now it must.
+        let repaired_by = tokio::time::Instant::now() + disk::REPAIR_WITHIN;
+        loop {
+            let repairing: Vec<NodeId> = {
+                let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+                running
+                    .iter()
+                    .filter(|(_, r)| r.repair.repairing())
+                    .map(|(id, _)| *id)
+                    .collect()
+            };
+            if repairing.is_empty() {
+                break;
+            }
+            if tokio::time::Instant::now() > repaired_by {
+                self.finding(format!(
+                    "{repairing:?} still repairing {:?} after the faults ended",
+                    disk::REPAIR_WITHIN
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let applied: Vec<Option<u64>> = IDS
@@ -344,7 +465,7 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
     while tokio::time::Instant::now() < until {
         let (quiet, hold, kind) = {
             let mut r = c.rng.lock();
-            (r.u64(500..2_500), r.u64(300..5_000), r.u32(..6))
+            (r.u64(500..2_500), r.u64(300..5_000), r.u32(..10))
         };
         tokio::time::sleep(Duration::from_millis(quiet)).await;
         let hold = Duration::from_millis(hold);
@@ -404,7 +525,7 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                     c.net.heal();
                 }
             }
-            _ => {
+            5 => {
                 // Down long enough for the leader's snapshot to pass it,
                 // then down again as it catches up: at the moment Raft has
                 // purged its log for a snapshot not yet applied (a crash
@@ -431,12 +552,96 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 c.restart(n).await;
             }
+            6 => {
+                // Damage at rest: a bit or a sector of a stopped node's
+                // files (the leader's half the time), found at its start.
+                let n = c.pick(true);
+                c.crash(n).await;
+                let damage = disk::damage(&c.data_dir(n), &c.rng);
+                tokio::time::sleep(hold).await;
+                match damage {
+                    Ok(Some(d)) => {
+                        c.note(format!("crash n{n}, damage {d}, restart after {hold:?}"));
+                        c.start_damaged(n, &d).await;
+                    }
+                    Ok(None) => c.restart(n).await,
+                    Err(e) => c.finding(format!("n{n}: damaging its files failed: {e}")),
+                }
+            }
+            7 => {
+                // Its data dir lost (a replaced disk): it must repair itself
+                // from the others, not start a cluster of its own.
+                let n = c.pick(true);
+                c.note(format!(
+                    "crash n{n}, lose its data dir, restart after {hold:?}"
+                ));
+                c.crash(n).await;
+                if let Err(e) = std::fs::remove_dir_all(c.data_dir(n)) {
+                    c.finding(format!("n{n}: removing its data dir failed: {e}"));
+                }
+                tokio::time::sleep(hold).await;
+                c.restart(n).await;
+            }
+            8 => {
+                // Its disk errs while it runs: EIO on reads and writes, or
+                // full. A write that fails is never acknowledged; a node
+                // whose Raft stopped on it is started again afterwards.
+                let n = c.pick(true);
+                let fault = if c.rng.lock().bool() {
+                    IoFault::Eio
+                } else {
+                    IoFault::Full
+                };
+                c.note(format!("n{n}'s disk answers {fault:?} for {hold:?}"));
+                c.faults.set(n, Some(fault));
+                tokio::time::sleep(hold).await;
+                c.faults.set(n, None);
+                if c.has_failed(n) {
+                    c.note(format!("n{n} stopped on a storage error: restart"));
+                    c.crash(n).await;
+                    c.restart(n).await;
+                }
+            }
+            _ => {
+                // A follower's disk errs while the other follower is cut
+                // off: only its acknowledgements could let the leader
+                // commit. Then the leader and it crash, and it starts again
+                // with the other follower: what it acknowledged must be
+                // there (a failed flush reported done would lose it).
+                let Some(leader) = c.leader() else { continue };
+                let others: Vec<NodeId> = IDS.iter().copied().filter(|i| *i != leader).collect();
+                let (f, g) = if c.rng.lock().bool() {
+                    (others[0], others[1])
+                } else {
+                    (others[1], others[0])
+                };
+                c.note(format!(
+                    "isolate n{g}, n{f}'s disk answers Eio for {hold:?}, then crash leader n{leader} \
+                     and n{f}"
+                ));
+                c.net.isolate(g, &IDS);
+                c.faults.set(f, Some(IoFault::Eio));
+                tokio::time::sleep(hold).await;
+                c.crash(leader).await;
+                c.crash(f).await;
+                c.faults.set(f, None);
+                c.net.heal();
+                c.restart(f).await;
+                let settle = Duration::from_millis(c.rng.lock().u64(1_000..3_000));
+                tokio::time::sleep(settle).await;
+                c.restart(leader).await;
+            }
         }
     }
 }
 
 /// One run of `seed`: start, load under faults, heal, converge, check.
-pub async fn run(seed: u64, cfg: SimConfig, dir: PathBuf) -> anyhow::Result<Verdict> {
+pub async fn run(
+    seed: u64,
+    cfg: SimConfig,
+    dir: PathBuf,
+    faults: Arc<DiskFaults>,
+) -> anyhow::Result<Verdict> {
     let rng = Rng::new(seed);
     let net = Net::new(rng.clone());
     let members: BTreeMap<NodeId, Node> = IDS
@@ -466,6 +671,8 @@ pub async fn run(seed: u64, cfg: SimConfig, dir: PathBuf) -> anyhow::Result<Verd
         skew_ppm,
         snapshot_logs: cfg.snapshot_logs,
         running: Mutex::default(),
+        faults,
+        repairs: AtomicU64::new(0),
         log: Mutex::default(),
         findings: Mutex::default(),
     });

@@ -37,6 +37,7 @@ fn seeds_of_faults_pass_every_checker() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(12);
     let mut faults = 0;
+    let mut seen = Vec::new();
     for seed in 1..=seeds {
         let v = fenced_sim::run(seed, &cfg(20)).unwrap();
         eprintln!("{}", v.summary());
@@ -51,9 +52,24 @@ fn seeds_of_faults_pass_every_checker() {
             assert!(f.checked > 0, "{name} checked nothing: {}", v.summary());
         }
         faults += v.faults.len();
+        seen.extend(v.faults);
     }
     assert!(
         faults as u64 >= 3 * seeds,
         "{faults} faults in {seeds} seeds"
     );
+    // Every class of disk fault was drawn, and did what it says.
+    for class in [
+        "refused its damaged data; fenced repair, then start",
+        "lose its data dir",
+        "disk answers Eio",
+        "disk answers Full",
+        "stopped on a storage error",
+        "crashed mid-flush",
+    ] {
+        assert!(
+            seen.iter().any(|f| f.contains(class)),
+            "no \"{class}\" in {seeds} seeds: {seen:#?}"
+        );
+    }
 }

@@ -67,6 +67,8 @@ pub struct TimeFloor {
     pub gate: tokio::sync::RwLock<()>,
     /// One writer at a time; the file and the slot written last.
     file: Option<Arc<Mutex<(File, usize)>>>,
+    /// The data dir the file is in (empty in memory).
+    dir: std::path::PathBuf,
     writer: tokio::sync::Mutex<()>,
     /// Set once a write failed: after a failed fdatasync the file's state is
     /// unknown, so the node stops (see [`TimeFloor::failed`]).
@@ -82,10 +84,14 @@ struct Times {
 impl TimeFloor {
     /// A floor kept only in memory (tests, tools).
     pub fn in_memory() -> Self {
-        Self::starting_at(LeaderTime::ZERO, None)
+        Self::starting_at(LeaderTime::ZERO, None, std::path::PathBuf::new())
     }
 
-    fn starting_at(t: LeaderTime, file: Option<Arc<Mutex<(File, usize)>>>) -> Self {
+    fn starting_at(
+        t: LeaderTime,
+        file: Option<Arc<Mutex<(File, usize)>>>,
+        dir: std::path::PathBuf,
+    ) -> Self {
         Self {
             times: Mutex::new(Times {
                 highest: t,
@@ -93,6 +99,7 @@ impl TimeFloor {
             }),
             gate: tokio::sync::RwLock::new(()),
             file,
+            dir,
             writer: tokio::sync::Mutex::new(()),
             failure: tokio::sync::watch::Sender::new(None),
         }
@@ -135,6 +142,7 @@ impl TimeFloor {
         Ok(Self::starting_at(
             t,
             Some(Arc::new(Mutex::new((file, last_slot)))),
+            dir.to_path_buf(),
         ))
     }
 
@@ -197,16 +205,20 @@ impl TimeFloor {
         }
         let value = self.leader_time();
         let file = Arc::clone(file);
-        let written = crate::blocking::run(crate::blocking::DiskWork::ClusterTime, move || {
-            let mut guard = file.lock().unwrap_or_else(PoisonError::into_inner);
-            let slot = 1 - guard.1;
-            guard
-                .0
-                .write_all_at(&encode_slot(value), SLOT_OFFSETS[slot])?;
-            guard.0.sync_data()?;
-            guard.1 = slot;
-            Ok::<_, io::Error>(())
-        })
+        let written = crate::blocking::run(
+            crate::blocking::DiskWork::ClusterTime,
+            &self.dir,
+            move || {
+                let mut guard = file.lock().unwrap_or_else(PoisonError::into_inner);
+                let slot = 1 - guard.1;
+                guard
+                    .0
+                    .write_all_at(&encode_slot(value), SLOT_OFFSETS[slot])?;
+                guard.0.sync_data()?;
+                guard.1 = slot;
+                Ok::<_, io::Error>(())
+            },
+        )
         .await
         .and_then(|r| r);
         if let Err(e) = written {

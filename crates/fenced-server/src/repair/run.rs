@@ -74,21 +74,37 @@ fn answer_of(status: v1::StatusResponse) -> Answer {
     }
 }
 
-async fn status(
-    addr: &str,
-    tls: Option<&Arc<NodeTls>>,
-    expect: Option<NodeId>,
-    timeout: Duration,
-) -> Option<v1::StatusResponse> {
-    let ch = peer_channel(addr, tls, expect).ok()?;
-    let mut req = tonic::Request::new(v1::StatusRequest { with_digest: false });
-    req.set_timeout(timeout);
-    let answer = tokio::time::timeout(timeout, ClusterClient::new(ch).status(req))
-        .await
-        .ok()?
-        .ok()?
-        .into_inner();
-    Some(answer)
+/// A member's status on its way, or `None` for no answer.
+pub type StatusAnswer =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<v1::StatusResponse>> + Send>>;
+
+/// How a member is asked for its status: over gRPC on its client port, or,
+/// under the deterministic simulation, in process through its network.
+pub trait AskStatus: Send + Sync + 'static {
+    /// The status of the node at `addr`; with `expect`, only over a
+    /// channel that checked the answering certificate names that node.
+    /// `None` when it does not answer within `timeout`.
+    fn status(&self, addr: String, expect: Option<NodeId>, timeout: Duration) -> StatusAnswer;
+}
+
+/// Members asked over gRPC, with the node's TLS when it has it.
+pub struct GrpcStatus(pub Option<Arc<NodeTls>>);
+
+impl AskStatus for GrpcStatus {
+    fn status(&self, addr: String, expect: Option<NodeId>, timeout: Duration) -> StatusAnswer {
+        let tls = self.0.clone();
+        Box::pin(async move {
+            let ch = peer_channel(&addr, tls.as_ref(), expect).ok()?;
+            let mut req = tonic::Request::new(v1::StatusRequest { with_digest: false });
+            req.set_timeout(timeout);
+            let answer = tokio::time::timeout(timeout, ClusterClient::new(ch).status(req))
+                .await
+                .ok()?
+                .ok()?
+                .into_inner();
+            Some(answer)
+        })
+    }
 }
 
 /// One round: every member of `dir` (and every member their answers name)
@@ -98,11 +114,11 @@ async fn status(
 pub async fn ask(
     me: NodeId,
     dir: &mut Directory,
-    tls: Option<&Arc<NodeTls>>,
+    peers: &Arc<dyn AskStatus>,
     timeout: Duration,
 ) -> Vec<Answer> {
     for addr in dir.unnamed.clone() {
-        if let Some(s) = status(&addr, tls, None, timeout).await {
+        if let Some(s) = peers.status(addr, None, timeout).await {
             learn(me, dir, &s, false);
         }
     }
@@ -119,8 +135,8 @@ pub async fn ask(
         let mut calls = tokio::task::JoinSet::new();
         for (id, addr) in round {
             asked.insert(id);
-            let tls = tls.cloned();
-            calls.spawn(async move { (id, status(&addr, tls.as_ref(), Some(id), timeout).await) });
+            let call = peers.status(addr, Some(id), timeout);
+            calls.spawn(async move { (id, call.await) });
         }
         while let Some(done) = calls.join_next().await {
             let Ok((id, Some(s))) = done else { continue };
@@ -162,9 +178,9 @@ fn learn(me: NodeId, dir: &mut Directory, status: &v1::StatusResponse, checked: 
 /// starts after the others formed the cluster without it) and must be
 /// repaired, not seed a first membership and vote at term 0. One round of
 /// questions; no answer means a first start.
-pub async fn cluster_formed(me: NodeId, dir: &Directory, tls: Option<&Arc<NodeTls>>) -> bool {
+pub async fn cluster_formed(me: NodeId, dir: &Directory, peers: &Arc<dyn AskStatus>) -> bool {
     let mut dir = dir.clone();
-    ask(me, &mut dir, tls, PROBE_TIMEOUT)
+    ask(me, &mut dir, peers, PROBE_TIMEOUT)
         .await
         .iter()
         .any(|a| a.term > 0)
@@ -180,13 +196,13 @@ pub async fn store_fence(
     data_dir: &Path,
     log: &LogStore,
     mut dir: Directory,
-    tls: Option<&Arc<NodeTls>>,
+    peers: &Arc<dyn AskStatus>,
     members: &Members,
 ) -> Result<Fence, RepairError> {
     let mut pause = Duration::from_millis(100);
     let mut last_reason = String::new();
     loop {
-        let answers = ask(me, &mut dir, tls, ASK_TIMEOUT).await;
+        let answers = ask(me, &mut dir, peers, ASK_TIMEOUT).await;
         match fence::fence(me, &answers) {
             Ok(fence) => {
                 let vote = Vote::new(fence.term, fence.leader);
@@ -236,7 +252,7 @@ pub struct Repairing {
     pub fence_term: u64,
     pub data_dir: std::path::PathBuf,
     pub dir: Directory,
-    pub tls: Option<Arc<NodeTls>>,
+    pub peers: Arc<dyn AskStatus>,
     pub gate: Arc<RepairGate>,
     pub floor: Arc<TimeFloor>,
 }
@@ -250,7 +266,7 @@ pub async fn finish(node: Repairing, raft: Raft, shared: Arc<Shared>, stop: Canc
         fence_term,
         data_dir,
         mut dir,
-        tls,
+        peers,
         gate,
         floor,
     } = node;
@@ -269,7 +285,7 @@ pub async fn finish(node: Repairing, raft: Raft, shared: Arc<Shared>, stop: Canc
                 dir.by_id.insert(*id, member.client_addr.clone());
             }
         }
-        let answers = ask(me, &mut dir, tls.as_ref(), ASK_TIMEOUT).await;
+        let answers = ask(me, &mut dir, &peers, ASK_TIMEOUT).await;
         let heard = fence::catch_up_target(&answers, fence_term);
         if heard.is_some() && heard != target {
             tracing::info!(node = me, target = ?heard, "repair: catching up to a leader's last log index");

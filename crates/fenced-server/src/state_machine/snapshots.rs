@@ -235,6 +235,11 @@ impl Snapshots {
         Ok((snapshots, loaded))
     }
 
+    /// The directory the snapshots are kept in.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// From now on nothing is written: what a crash leaves of a write
     /// that had not begun.
     pub(super) fn halt(&self) {
