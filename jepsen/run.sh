@@ -71,6 +71,9 @@ canary)
         # A damaged snapshot loaded as if whole: the disk profile's
         # damage is then not refused, and its coverage gate fails.
         skip-checksum) profile=disk ;;
+        # A node that stays up after its disk filled: the disk profile's
+        # full disk is then not stopped for, and its checker fails.
+        survive-storage-failure) profile=disk ;;
         *) echo "unknown canary $name" >&2; exit 2 ;;
         esac
         # Built into the shared target dir (only fenced-core/-proto/-server
@@ -85,7 +88,7 @@ canary)
     ;;
 *)
     echo "usage: $0 [quick | full [SEEDS] | canary NAME...]" >&2
-    echo "  canary NAME: skip-lease-check anyone-release local-describe wall-clock-expiry reuse-token clock-from-last-stamp kv-skip-holder-check floor-by-time" >&2
+    echo "  canary NAME: skip-lease-check anyone-release local-describe wall-clock-expiry reuse-token clock-from-last-stamp kv-skip-holder-check floor-by-time skip-checksum survive-storage-failure" >&2
     exit 2
     ;;
 esac

@@ -37,7 +37,14 @@ pub struct NodeSettings {
     /// Run every node under libfaketime, its wall-clock offset read from a
     /// file the harness rewrites.
     pub faketime: bool,
+    /// Mount a small tmpfs on every node's data directory, so that one
+    /// node's disk can fill up alone.
+    pub disk_of_its_own: bool,
 }
+
+/// The size of a node's own file system: a 40 s run under the campaign's
+/// load writes a few MB.
+const DISK_SIZE: &str = "size=256m";
 
 /// The nodes of a run, each in its namespace, launched by fenced-testkit.
 pub struct Cluster {
@@ -45,6 +52,38 @@ pub struct Cluster {
     dir: PathBuf,
     /// The libfaketime offset file of each node under libfaketime.
     faketime: BTreeMap<u64, PathBuf>,
+    /// Data directories with a tmpfs of their own, unmounted on drop.
+    mounts: Vec<PathBuf>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kit.kill_all();
+        for dir in &self.mounts {
+            // Lazily: a process still holding a file does not keep it.
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(dir)
+                .status();
+        }
+    }
+}
+
+/// Mounts a tmpfs of [`DISK_SIZE`] on `dir`.
+fn mount_tmpfs(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let out = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", DISK_SIZE, "tmpfs"])
+        .arg(dir)
+        .output()
+        .context("running mount")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "mount -t tmpfs on {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 /// A lazily connecting TLS channel to `addr`, with the harness's
@@ -92,6 +131,7 @@ impl Cluster {
     pub fn new(bin: &Path, dir: &Path, n: u64, settings: NodeSettings) -> Result<Cluster> {
         let mut nodes = Vec::new();
         let mut faketime = BTreeMap::new();
+        let mut mounts = Vec::new();
         for id in 1..=n {
             let file = if settings.faketime {
                 let f = dir.join(format!("n{id}.faketime"));
@@ -102,6 +142,10 @@ impl Cluster {
                 None
             };
             let mut node = node_spec(id, dir, file.as_deref());
+            if settings.disk_of_its_own {
+                mount_tmpfs(&node.data_dir)?;
+                mounts.push(node.data_dir.clone());
+            }
             let idx = usize::try_from(id.saturating_sub(1)).unwrap_or(usize::MAX);
             node.settings.test_clock_skew_ppm =
                 settings.skew_ppm.get(idx).copied().filter(|p| *p != 0);
@@ -121,6 +165,7 @@ impl Cluster {
             kit: fenced_testkit::Cluster::new(spec),
             dir: dir.to_path_buf(),
             faketime,
+            mounts,
         })
     }
 

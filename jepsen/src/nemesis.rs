@@ -82,6 +82,12 @@ pub enum Fault {
     /// A member is killed and its data directory deleted (a lost disk); it
     /// is started again as it was and must repair itself.
     Wipe,
+    /// The leader's (or any member's) disk fills up while it runs: it must
+    /// stop with the storage exit code, acknowledging nothing it could not
+    /// write, and vote again once space is freed and it is started again.
+    FullDisk {
+        leader: bool,
+    },
 }
 
 impl Fault {
@@ -108,6 +114,8 @@ impl Fault {
             Fault::Damage { leader: true } => "damage-leader".into(),
             Fault::Damage { leader: false } => "damage-random".into(),
             Fault::Wipe => "wipe-random".into(),
+            Fault::FullDisk { leader: true } => "full-disk-leader".into(),
+            Fault::FullDisk { leader: false } => "full-disk-random".into(),
         }
     }
 
@@ -131,7 +139,8 @@ impl Fault {
             | Fault::KillRandom
             | Fault::StaleLeaderWakes
             | Fault::RemoveLeader
-            | Fault::Damage { leader: true } => true,
+            | Fault::Damage { leader: true }
+            | Fault::FullDisk { leader: true } => true,
             Fault::PauseLeader { ms } => *ms >= 4500,
             _ => false,
         }
@@ -161,6 +170,10 @@ pub struct FaultRecord {
     /// the next step (checked by `invariants::damage_refused`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub damage_refused: Option<bool>,
+    /// A full disk: whether the node stopped with the storage exit code
+    /// while its disk was full (checked by `invariants::full_disk_stops`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub full_disk_stopped: Option<bool>,
 }
 
 /// Leader observations: (time, leader id, term), one per change seen.
@@ -563,6 +576,7 @@ impl<'a> Nemesis<'a> {
             released_ns: None,
             idle_ns: None,
             damage_refused: None,
+            full_disk_stopped: None,
         };
         self.current = format!("{tag} {}", fault.name());
         if !self.idle.is_zero() && fault.moves_leader() {
@@ -723,7 +737,8 @@ impl<'a> Nemesis<'a> {
         self.end_idle(r);
         self.mark_down(target);
         let what = if fault == Fault::Wipe {
-            std::fs::remove_dir_all(&dir).with_context(|| format!("deleting {}", dir.display()))?;
+            // Its contents: the directory may be a mount point.
+            empty_dir(&dir).with_context(|| format!("deleting {}", dir.display()))?;
             "data directory deleted".to_string()
         } else {
             // A member's snapshot, the leader's log: both kinds of file
@@ -784,6 +799,58 @@ impl<'a> Nemesis<'a> {
             "killed: {killed}; {what}; refused at start: {refused:?}; voting again after {repaired:?}"
         );
         r.took_effect = killed && noticed && repaired.is_some();
+        drop(claim);
+        Ok(())
+    }
+
+    /// A full disk: a file fills the node's data directory (a file system
+    /// of its own, `Cluster::new`) while it runs, for 3 to 6 s. The node
+    /// must stop with the storage exit code meanwhile (a write it cannot
+    /// make is never acknowledged); the file is removed, the node started
+    /// as its supervisor would, and it must vote again within 30 s.
+    async fn fill_disk(&mut self, leader: bool, r: &mut FaultRecord) -> Result<()> {
+        let (claim, _, _) = self.claim_for_fault(leader).await?;
+        let target = claim.id;
+        r.target = format!("n{target}");
+        let dir = self.cluster.lock().await.data_dir(target)?;
+        let filler = dir.join(FILLER);
+        let hold = Duration::from_millis(self.rng.u64(3_000..6_000));
+        r.installed_ns = self.rec.now_ns();
+        self.end_idle(r);
+        let filled = fill(&filler);
+        let started = tokio::time::Instant::now();
+        let mut stopped = None;
+        while started.elapsed() < hold {
+            if let Some(status) = self.cluster.lock().await.exited(target)? {
+                stopped = Some(status);
+                self.mark_down(target);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let stopped_after = started.elapsed();
+        tokio::time::sleep(hold.saturating_sub(stopped_after)).await;
+        let _ = std::fs::remove_file(&filler);
+        r.healed_ns = self.rec.now_ns();
+        self.cluster.lock().await.start(target)?;
+        self.mark_up(target);
+        let mut voting = None;
+        for _ in 0..300 {
+            if let Some(s) = cluster::status(target, Duration::from_millis(300)).await {
+                if !s.repairing && s.last_applied > 0 && s.leader_id != 0 {
+                    voting = Some(started.elapsed());
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let by_storage_code = stopped.is_some_and(|s| s.code() == Some(EXIT_STORAGE_FAILED));
+        r.full_disk_stopped = Some(by_storage_code);
+        r.evidence = format!(
+            "filled: {filled:?}; stopped: {stopped:?} after {stopped_after:?}; back voting \
+             after {voting:?}"
+        );
+        r.took_effect = filled.is_ok() && voting.is_some();
         drop(claim);
         Ok(())
     }
@@ -1057,6 +1124,7 @@ impl<'a> Nemesis<'a> {
                 drop(claim);
             }
             Fault::Damage { .. } | Fault::Wipe => self.damage(fault, r).await?,
+            Fault::FullDisk { leader } => self.fill_disk(leader, r).await?,
             Fault::WallJump { secs } => {
                 let (l, _) = self.require_leader().await?;
                 r.target = format!("n{l}");
@@ -1152,6 +1220,45 @@ const REPAIR_STEP: &str = "fenced repair --data-dir";
 /// one: between the frame's magic and its trailer, where only the CRC can
 /// tell) or of the largest file of the Raft log, at a random offset; says
 /// which.
+/// The file a full disk is made of, in the node's data directory.
+const FILLER: &str = "disk-filler";
+/// `fenced`'s exit code for a failed storage (docs/OPERATIONS.md).
+const EXIT_STORAGE_FAILED: i32 = 74;
+
+/// Writes `path` until its file system is full; how many MiB it holds. An
+/// error other than ENOSPC, or no end within 4 GiB, is returned.
+fn fill(path: &Path) -> Result<u64> {
+    use std::io::Write;
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let block = vec![0x5au8; 1 << 20];
+    for mib in 0..4096u64 {
+        if let Err(e) = f.write_all(&block).and_then(|()| f.sync_data()) {
+            if e.raw_os_error() == Some(28) {
+                return Ok(mib);
+            }
+            return Err(e).with_context(|| format!("filling {}", path.display()));
+        }
+    }
+    anyhow::bail!(
+        "{} did not fill within 4 GiB: not a file system of its own",
+        path.display()
+    )
+}
+
+/// Deletes what `dir` holds, leaving `dir` (a mount point cannot go).
+fn empty_dir(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 fn flip_a_bit(dir: &Path, snapshot: bool, rng: &mut fastrand::Rng) -> Result<String> {
     let snapshot_file = dir.join("state/snapshot.bin");
     let (file, margins) = if snapshot && snapshot_file.is_file() {
@@ -1237,6 +1344,8 @@ pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
             Fault::Damage { leader: false },
             Fault::Damage { leader: true },
             Fault::Wipe,
+            Fault::FullDisk { leader: false },
+            Fault::FullDisk { leader: true },
         ],
         "all" => [partition, pause, kill, clock].concat(),
         _ => return None,

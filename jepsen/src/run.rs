@@ -275,6 +275,9 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
             Vec::new()
         },
         faketime: clocks,
+        // Each data directory a file system of its own, so that one can
+        // fill up (the disk profile's full disk).
+        disk_of_its_own: cfg.profile == "disk",
     };
     tracing::info!(profile = cfg.profile, seed = cfg.seed, dir = %dir.display(), "run starting");
     let net = Net::create(slots).context("creating the test network (needs root, ip and nft)")?;
@@ -544,6 +547,9 @@ async fn run_in(
     let mut findings = findings;
     if records.iter().any(|r| r.damage_refused.is_some()) {
         findings.push(invariants::damage_refused(&records));
+    }
+    if records.iter().any(|r| r.full_disk_stopped.is_some()) {
+        findings.push(invariants::full_disk_stops(&records));
     }
     let (lin, lin_resources) = linear::check_long_resources(&ops, cfg.lin_budget);
     let mut counterexample = None;
@@ -868,6 +874,7 @@ mod tests {
             released_ns: None,
             idle_ns: None,
             damage_refused: None,
+            full_disk_stopped: None,
         }
     }
 
@@ -882,6 +889,20 @@ mod tests {
         assert_eq!(found.checked, 2);
         assert_eq!(found.violations.len(), 1, "{:?}", found.violations);
         assert!(found.violations[0].starts_with("damage-leader on n1"));
+    }
+
+    #[test]
+    fn a_node_that_ran_on_past_a_full_disk_is_a_violation() {
+        let mut stopped = fault("full-disk-random", 1, 2, false);
+        stopped.full_disk_stopped = Some(true);
+        let mut ran_on = fault("full-disk-leader", 3, 4, false);
+        ran_on.full_disk_stopped = Some(false);
+        let mut damaged = fault("damage-leader", 5, 6, false);
+        damaged.damage_refused = Some(false);
+        let found = invariants::full_disk_stops(&[stopped, ran_on, damaged]);
+        assert_eq!(found.checked, 2);
+        assert_eq!(found.violations.len(), 1, "{:?}", found.violations);
+        assert!(found.violations[0].starts_with("full-disk-leader on n1"));
     }
 
     #[test]

@@ -541,6 +541,11 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
                 path = %failed_path(&dir, &error).display(),
                 "storage failed: {error}; stopping so a supervisor restarts the node"
             );
+            // CANARY (deliberately broken build for fenced-jepsen): the
+            // node stays up past a failed write.
+            if cfg!(feature = "canary-survive-storage-failure") {
+                std::future::pending::<()>().await;
+            }
             return Ok(ExitCode::from(EXIT_STORAGE_FAILED));
         }
     }

@@ -211,28 +211,51 @@ pub fn digests_equal(finals: &[NodeFinal]) -> Finding {
     }
 }
 
+/// A checker over the fault records that carry a yes or no of their own:
+/// each `false` is a violation, described as `what`.
+fn each_fault_held(
+    name: &'static str,
+    records: &[crate::nemesis::FaultRecord],
+    held: impl Fn(&crate::nemesis::FaultRecord) -> Option<bool>,
+    what: &str,
+) -> Finding {
+    let judged: Vec<_> = records
+        .iter()
+        .filter_map(|r| held(r).map(|ok| (r, ok)))
+        .collect();
+    Finding {
+        name,
+        checked: judged.len(),
+        violations: judged
+            .iter()
+            .filter(|(_, ok)| !ok)
+            .map(|(r, _)| format!("{} on {}: {what} ({})", r.fault, r.target, r.evidence))
+            .collect(),
+    }
+}
+
 /// Every damaged file the nemesis left for a node to start on was refused by
 /// its checksum, naming the next step: a node never loads damaged state
 /// (docs/DESIGN.md, guarantee 10).
 pub fn damage_refused(records: &[crate::nemesis::FaultRecord]) -> Finding {
-    let damaged: Vec<_> = records
-        .iter()
-        .filter_map(|r| r.damage_refused.map(|refused| (r, refused)))
-        .collect();
-    Finding {
-        name: "a damaged file is never loaded",
-        checked: damaged.len(),
-        violations: damaged
-            .iter()
-            .filter(|(_, refused)| !refused)
-            .map(|(r, _)| {
-                format!(
-                    "{} on {}: not refused by its checksum ({})",
-                    r.fault, r.target, r.evidence
-                )
-            })
-            .collect(),
-    }
+    each_fault_held(
+        "a damaged file is never loaded",
+        records,
+        |r| r.damage_refused,
+        "not refused by its checksum",
+    )
+}
+
+/// Every node whose disk filled while it ran stopped with the storage exit
+/// code meanwhile, for its supervisor to start it again: a node that goes
+/// on past a write it could not make may acknowledge what it does not hold.
+pub fn full_disk_stops(records: &[crate::nemesis::FaultRecord]) -> Finding {
+    each_fault_held(
+        "a node whose disk is full stops",
+        records,
+        |r| r.full_disk_stopped,
+        "did not stop with the storage exit code",
+    )
 }
 
 /// The protected resource accepted tokens in non-decreasing order (by the
