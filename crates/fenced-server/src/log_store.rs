@@ -371,7 +371,7 @@ impl LockedLog {
     /// how many there are, or the first damaged one.
     pub fn verify(&self) -> io::Result<u64> {
         use raft_log::DumpApi;
-        crate::log_tail::refuse_damage_before_the_tail(&self.dir)?;
+        crate::log_tail::refuse_damage_before_the_tail::<WalTypes>(&self.dir)?;
         let mut records = 0u64;
         self.dump
             .write_with(|_chunk, _index, record| {
@@ -396,7 +396,7 @@ impl LogStore {
     /// Opens (or creates) the log in `dir`; takes an exclusive lock on it.
     pub fn open(dir: &Path) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        crate::log_tail::refuse_damage_before_the_tail(dir)?;
+        crate::log_tail::refuse_damage_before_the_tail::<WalTypes>(dir)?;
         let mut config = raft_log::Config::new(dir.to_string_lossy().to_string());
         // The flush thread would linger this long for more writes before
         // each write+fdatasync (1 ms by default). Commands are coalesced

@@ -6,8 +6,6 @@ use std::{io, path::Path};
 
 use raft_log::codeq::Decode;
 
-use crate::log_store::WalTypes;
-
 /// The log's last chunk file in `dir` and its length (chunk names are
 /// zero-padded, so the last in name order is the newest).
 pub(crate) fn last_chunk(dir: &Path) -> io::Result<(std::path::PathBuf, u64)> {
@@ -46,17 +44,17 @@ const TAIL_SEARCH_BYTES: usize = 256 << 20;
 /// raft-log refuses that as damage. With nothing whole after it, it is the
 /// same torn write: the chunk is cut at that record, as raft-log cuts one
 /// that ends early.
-pub fn refuse_damage_before_the_tail(dir: &Path) -> io::Result<()> {
+pub fn refuse_damage_before_the_tail<T: raft_log::Types>(dir: &Path) -> io::Result<()> {
     let Ok((chunk, _)) = last_chunk(dir) else {
         return Ok(());
     };
     let bytes = std::fs::read(&chunk)?;
-    let Some(failed) = first_failed_record(&bytes) else {
+    let Some(failed) = first_failed_record::<T>(&bytes) else {
         return Ok(());
     };
     let end = bytes.len().min(failed.saturating_add(TAIL_SEARCH_BYTES));
     let start = failed.saturating_add(1);
-    if let Some(whole) = (start..end).find(|&at| whole_record_at(&bytes[at..])) {
+    if let Some(whole) = (start..end).find(|&at| whole_record_at::<T>(&bytes[at..])) {
         return Err(crate::checksum::Damaged::new(
             &chunk,
             failed,
@@ -93,8 +91,8 @@ fn torn_into_zeros(bytes: &[u8], failed: usize) -> Option<usize> {
 }
 
 /// The offset of the first record in `chunk` that does not decode whole.
-fn first_failed_record(chunk: &[u8]) -> Option<usize> {
-    let (_, failed) = whole_records(chunk);
+fn first_failed_record<T: raft_log::Types>(chunk: &[u8]) -> Option<usize> {
+    let (_, failed) = whole_records::<T>(chunk);
     failed
 }
 
@@ -102,7 +100,7 @@ fn first_failed_record(chunk: &[u8]) -> Option<usize> {
 /// that fails its check (and that one's offset, if one does). For
 /// `fenced check` and for the simulation, which must know where the last
 /// record starts (damage inside it reads as a write a crash cut short).
-pub fn whole_records(chunk: &[u8]) -> (Vec<usize>, Option<usize>) {
+pub fn whole_records<T: raft_log::Types>(chunk: &[u8]) -> (Vec<usize>, Option<usize>) {
     let mut starts = Vec::new();
     let mut cursor = io::Cursor::new(chunk);
     loop {
@@ -112,7 +110,7 @@ pub fn whole_records(chunk: &[u8]) -> (Vec<usize>, Option<usize>) {
         if at >= chunk.len() {
             return (starts, None);
         }
-        if raft_log::RaftLogRecord::<WalTypes>::decode(&mut cursor).is_err() {
+        if raft_log::RaftLogRecord::<T>::decode(&mut cursor).is_err() {
             return (starts, Some(at));
         }
         starts.push(at);
@@ -121,16 +119,16 @@ pub fn whole_records(chunk: &[u8]) -> (Vec<usize>, Option<usize>) {
 
 /// Whether a record whose checksum is right starts `bytes`. Records start
 /// with a big-endian type below 8: other offsets are passed over at once.
-fn whole_record_at(bytes: &[u8]) -> bool {
+fn whole_record_at<T: raft_log::Types>(bytes: &[u8]) -> bool {
     matches!(bytes, [0, 0, 0, t, ..] if *t < 8)
-        && raft_log::RaftLogRecord::<WalTypes>::decode(io::Cursor::new(bytes)).is_ok()
+        && raft_log::RaftLogRecord::<T>::decode(io::Cursor::new(bytes)).is_ok()
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::log_store::{testing::log_with_blanks, LogStore};
+    use crate::log_store::{testing::log_with_blanks, LogStore, WalTypes};
 
     /// A log of 40 blank entries in `dir`, closed; its last chunk's path,
     /// bytes and whole records' offsets.
@@ -138,7 +136,7 @@ mod tests {
         drop(log_with_blanks(dir, 40, 40).await);
         let (chunk, _) = last_chunk(dir).unwrap();
         let bytes = std::fs::read(&chunk).unwrap();
-        let (starts, failed) = whole_records(&bytes);
+        let (starts, failed) = whole_records::<WalTypes>(&bytes);
         assert_eq!(failed, None, "a log just written is whole");
         (chunk, bytes, starts)
     }
@@ -206,7 +204,7 @@ mod tests {
         std::fs::write(&chunk, &bytes[..cut]).unwrap();
         let log = LogStore::open(dir.path()).expect("a torn write is not damage");
         drop(log);
-        let (_, failed) = whole_records(&std::fs::read(&chunk).unwrap());
+        let (_, failed) = whole_records::<WalTypes>(&std::fs::read(&chunk).unwrap());
         assert_eq!(failed, None, "the cut record is gone");
     }
 

@@ -83,7 +83,8 @@ fn damageable(file: &Path, bytes: &[u8]) -> (u64, bool) {
             chunks.pop()
         });
         if last_chunk.as_deref() == Some(file) {
-            let (starts, _) = fenced_server::log_tail::whole_records(bytes);
+            let (starts, _) =
+                fenced_server::log_tail::whole_records::<fenced_server::log_store::WalTypes>(bytes);
             let last = starts.last().copied().unwrap_or(0);
             return (u64::try_from(last).unwrap_or(0), true);
         }
