@@ -26,8 +26,12 @@ pub(crate) fn last_chunk(dir: &Path) -> io::Result<(std::path::PathBuf, u64)> {
 }
 
 /// How far past a record that fails its check the last chunk is searched
-/// for a whole one (a chunk rarely holds more).
-const TAIL_SEARCH_BYTES: usize = 256 << 20;
+/// for a whole one (a chunk closes at `LOG_CHUNK_BYTES`, 16 MiB; one of an
+/// older release may be larger): what is read into memory at most.
+const TAIL_SEARCH_BYTES: u64 = 64 << 20;
+
+/// A sector: a crash loses whole ones.
+const SECTOR: u64 = 512;
 
 /// Checks the log's last chunk before raft-log opens it, where a write a
 /// crash cut short and damage can look alike.
@@ -45,19 +49,18 @@ const TAIL_SEARCH_BYTES: usize = 256 << 20;
 /// same torn write: the chunk is cut at that record, as raft-log cuts one
 /// that ends early.
 pub fn refuse_damage_before_the_tail<T: raft_log::Types>(dir: &Path) -> io::Result<()> {
-    let Ok((chunk, _)) = last_chunk(dir) else {
+    let Ok((chunk, len)) = last_chunk(dir) else {
         return Ok(());
     };
-    let bytes = std::fs::read(&chunk)?;
-    let Some(failed) = first_failed_record::<T>(&bytes) else {
+    let Some(failed) = first_failed_record::<T>(&chunk, len)? else {
         return Ok(());
     };
-    let end = bytes.len().min(failed.saturating_add(TAIL_SEARCH_BYTES));
-    let start = failed.saturating_add(1);
-    if let Some(whole) = (start..end).find(|&at| whole_record_at::<T>(&bytes[at..])) {
+    let tail = read_from(&chunk, failed, TAIL_SEARCH_BYTES)?;
+    if let Some(whole) = (1..tail.len()).find(|&at| whole_record_at::<T>(&tail[at..])) {
+        let whole = failed.saturating_add(u64::try_from(whole).unwrap_or(u64::MAX));
         return Err(crate::checksum::Damaged::new(
             &chunk,
-            failed,
+            usize::try_from(failed).unwrap_or(usize::MAX),
             format!(
                 "a Raft log record fails its check and a whole record follows at offset {whole} \
                  (not a write a crash cut short)"
@@ -65,7 +68,9 @@ pub fn refuse_damage_before_the_tail<T: raft_log::Types>(dir: &Path) -> io::Resu
         )
         .into());
     }
-    if let Some(zeros_from) = torn_into_zeros(&bytes, failed) {
+    let whole_tail_read =
+        u64::try_from(tail.len()).unwrap_or(u64::MAX) >= len.saturating_sub(failed);
+    if let Some(zeros_from) = torn_into_zeros(&tail, failed).filter(|_| whole_tail_read) {
         tracing::warn!(
             chunk = %chunk.display(),
             offset = failed,
@@ -74,26 +79,64 @@ pub fn refuse_damage_before_the_tail<T: raft_log::Types>(dir: &Path) -> io::Resu
              dropped, as a write never acknowledged"
         );
         let file = std::fs::OpenOptions::new().write(true).open(&chunk)?;
-        file.set_len(u64::try_from(failed).map_err(io::Error::other)?)?;
+        file.set_len(failed)?;
         file.sync_all()?;
     }
     Ok(())
 }
 
-/// The sector boundary past `failed` from which `bytes` holds only zeros,
-/// if there is one before the end: the mark of a write a crash cut short
-/// on a file system that wrote the file's length before its data.
-fn torn_into_zeros(bytes: &[u8], failed: usize) -> Option<usize> {
-    const SECTOR: usize = 512;
-    let last_data = bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
-    let zeros_from = last_data.div_ceil(SECTOR).checked_mul(SECTOR)?;
-    (zeros_from > failed && zeros_from < bytes.len()).then_some(zeros_from)
+/// Up to `max` bytes of `path` from `offset` on.
+fn read_from(path: &Path, offset: u64, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::{Read, Seek};
+    let mut file = std::fs::File::open(path)?;
+    file.seek(io::SeekFrom::Start(offset))?;
+    let mut bytes = Vec::new();
+    file.take(max).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
-/// The offset of the first record in `chunk` that does not decode whole.
-fn first_failed_record<T: raft_log::Types>(chunk: &[u8]) -> Option<usize> {
-    let (_, failed) = whole_records::<T>(chunk);
-    failed
+/// The file offset of the sector boundary past `start` from which `tail`
+/// (the file's bytes from `start` to its end) holds only zeros, if there is
+/// one before the end: the mark of a write a crash cut short on a file
+/// system that wrote the file's length before its data.
+fn torn_into_zeros(tail: &[u8], start: u64) -> Option<u64> {
+    let data = tail.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+    let last_data = start.checked_add(u64::try_from(data).ok()?)?;
+    let end = start.checked_add(u64::try_from(tail.len()).ok()?)?;
+    let zeros_from = last_data.div_ceil(SECTOR).checked_mul(SECTOR)?;
+    (zeros_from > start && zeros_from < end).then_some(zeros_from)
+}
+
+/// Counts the bytes read through it: where a record begins.
+struct Counted<R> {
+    inner: R,
+    read: u64,
+}
+
+impl<R: io::Read> io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read = self
+            .read
+            .saturating_add(u64::try_from(n).unwrap_or(u64::MAX));
+        Ok(n)
+    }
+}
+
+/// The offset of the first record of the chunk file at `path` (`len` bytes
+/// long) that does not decode whole, read in one pass without holding it.
+fn first_failed_record<T: raft_log::Types>(path: &Path, len: u64) -> io::Result<Option<u64>> {
+    let mut reader = Counted {
+        inner: io::BufReader::new(std::fs::File::open(path)?),
+        read: 0,
+    };
+    while reader.read < len {
+        let at = reader.read;
+        if raft_log::RaftLogRecord::<T>::decode(&mut reader).is_err() {
+            return Ok(Some(at));
+        }
+    }
+    Ok(None)
 }
 
 /// Where each whole record of a chunk file's bytes starts, up to the first
@@ -230,11 +273,12 @@ mod tests {
 
     #[test]
     fn zeros_count_only_from_a_sector_past_the_failed_record() {
-        let mut bytes = vec![1u8; 600];
-        bytes.resize(2048, 0);
-        assert_eq!(torn_into_zeros(&bytes, 100), Some(1024));
+        // The file's bytes from offset 100 on: data to 600, zeros to 2048.
+        let mut tail = vec![1u8; 500];
+        tail.resize(1948, 0);
+        assert_eq!(torn_into_zeros(&tail, 100), Some(1024));
         assert_eq!(
-            torn_into_zeros(&bytes, 1024),
+            torn_into_zeros(&[0u8; 1024], 1024),
             None,
             "zeros from the record on"
         );

@@ -62,6 +62,65 @@ impl Rng {
     }
 }
 
+/// A class of fault the nemesis draws from ([`world`] says what each does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FaultClass {
+    /// A node cut off from the others.
+    Isolate,
+    /// One direction between two nodes cut.
+    Cut,
+    /// A node frozen (a paused process).
+    Freeze,
+    /// A node crashed and restarted.
+    Crash,
+    /// A stale leader waking into the next election.
+    StaleLeader,
+    /// A node crashed again as it catches up (a snapshot install).
+    CrashAgain,
+    /// A flipped bit or zeroed sector in a stopped node's files.
+    Damage,
+    /// A stopped node's data dir lost.
+    Wipe,
+    /// EIO or ENOSPC while a node runs.
+    DiskErrors,
+    /// A follower's failed flush while the other follower is cut off.
+    FollowerDiskError,
+}
+
+impl FaultClass {
+    /// Every class, in the order the nemesis numbers them.
+    pub const ALL: [FaultClass; 10] = [
+        FaultClass::Isolate,
+        FaultClass::Cut,
+        FaultClass::Freeze,
+        FaultClass::Crash,
+        FaultClass::StaleLeader,
+        FaultClass::CrashAgain,
+        FaultClass::Damage,
+        FaultClass::Wipe,
+        FaultClass::DiskErrors,
+        FaultClass::FollowerDiskError,
+    ];
+
+    fn bit(self) -> u16 {
+        1 << (self as u16)
+    }
+
+    /// The set of `classes`, as [`SimConfig::classes`] holds it.
+    pub fn set(classes: &[FaultClass]) -> u16 {
+        classes.iter().fold(0, |set, c| set | c.bit())
+    }
+
+    /// The classes of `set`, in the nemesis's order.
+    pub fn of(set: u16) -> Vec<FaultClass> {
+        Self::ALL
+            .iter()
+            .copied()
+            .filter(|c| set & c.bit() != 0)
+            .collect()
+    }
+}
+
 /// One run's shape.
 #[derive(Debug, Clone, Copy)]
 pub struct SimConfig {
@@ -79,6 +138,9 @@ pub struct SimConfig {
     pub max_skew_ppm: i64,
     /// Faults on, or a quiet run.
     pub faults: bool,
+    /// The classes of fault drawn ([`FaultClass::set`]); all by default.
+    /// A canary run names those that can show its bug, to show it sooner.
+    pub classes: u16,
 }
 
 impl Default for SimConfig {
@@ -92,6 +154,7 @@ impl Default for SimConfig {
             snapshot_logs: 64,
             max_skew_ppm: 20_000,
             faults: true,
+            classes: FaultClass::set(&FaultClass::ALL),
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::{process::ExitCode, time::Duration};
 
 use clap::Parser;
-use fenced_sim::SimConfig;
+use fenced_sim::{FaultClass, SimConfig};
 
 #[derive(Parser)]
 #[command(about = "Deterministic simulation of a three-node fenced cluster")]
@@ -31,6 +31,10 @@ struct Args {
     /// Write each seed's history to DIR/seed-N.jsonl (fenced-jepsen's format).
     #[arg(long)]
     history_dir: Option<std::path::PathBuf>,
+    /// Draw only these classes of fault (comma-separated; all by default):
+    /// a canary run names those that can show its bug.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Vec<FaultClass>,
 }
 
 fn main() -> ExitCode {
@@ -43,10 +47,13 @@ fn main() -> ExitCode {
             .without_time()
             .init();
     }
-    let cfg = SimConfig {
+    let mut cfg = SimConfig {
         duration: Duration::from_secs(args.seconds),
         ..SimConfig::default()
     };
+    if !args.faults.is_empty() {
+        cfg.classes = FaultClass::set(&args.faults);
+    }
     let mut failed = 0;
     for seed in args.seed..args.seed.saturating_add(args.seeds) {
         let started = std::time::Instant::now();

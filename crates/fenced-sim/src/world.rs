@@ -31,7 +31,7 @@ use crate::{
     check,
     disk::{self, DiskFaults, IoFault},
     net::Net,
-    workload, Rng, SimConfig, Verdict,
+    workload, FaultClass, Rng, SimConfig, Verdict,
 };
 
 struct Running {
@@ -64,6 +64,10 @@ pub struct Cluster {
 }
 
 const IDS: [NodeId; 3] = [1, 2, 3];
+
+/// How long a start may take: a repair's fence waits for both other
+/// voters, who run unless a bug stopped one for good.
+const START_WITHIN: Duration = Duration::from_secs(60);
 
 /// How long a restart waits for the crashed instance's last tasks to let
 /// go of its log.
@@ -146,9 +150,20 @@ impl Cluster {
             status: self.net.status_asker(id),
             seed: self.rng.lock().u64(..),
         };
-        let core = once_unlocked(|| NodeCore::open(&cfg, Some(sim.clone())))
-            .await
-            .map_err(|e| anyhow::anyhow!("node {id} did not start: {e}"))?;
+        // A node being repaired waits in its start for the other voters;
+        // one that never comes back (a bug a canary plants) must end the
+        // wait, not the run.
+        let opened = tokio::time::timeout(
+            START_WITHIN,
+            once_unlocked(|| NodeCore::open(&cfg, Some(sim.clone()))),
+        )
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "node {id} did not start within {START_WITHIN:?} (a repair's fence unanswered)"
+            )
+        })?;
+        let core = opened.map_err(|e| anyhow::anyhow!("node {id} did not start: {e}"))?;
         let failed = Arc::new(AtomicBool::new(false));
         let mut tasks = core.tasks;
         let failure = fenced_server::node::storage_failure(&core.ctx);
@@ -461,23 +476,27 @@ impl Cluster {
 /// process: nothing in or out, its clock running on, so that it wakes with
 /// its clock jumped ahead), a crash and restart, a stale leader waking into
 /// the next election, a crash again as a restarted node catches up.
-async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
+async fn nemesis(c: &Cluster, until: tokio::time::Instant, classes: &[FaultClass]) {
+    if classes.is_empty() {
+        return;
+    }
     while tokio::time::Instant::now() < until {
-        let (quiet, hold, kind) = {
+        let (quiet, hold, class) = {
             let mut r = c.rng.lock();
-            (r.u64(500..2_500), r.u64(300..5_000), r.u32(..10))
+            let class = classes[r.usize(..classes.len())];
+            (r.u64(500..2_500), r.u64(300..5_000), class)
         };
         tokio::time::sleep(Duration::from_millis(quiet)).await;
         let hold = Duration::from_millis(hold);
-        match kind {
-            0 => {
+        match class {
+            FaultClass::Isolate => {
                 let n = c.pick(true);
                 c.note(format!("isolate n{n} for {hold:?}"));
                 c.net.isolate(n, &IDS);
                 tokio::time::sleep(hold).await;
                 c.net.heal();
             }
-            1 => {
+            FaultClass::Cut => {
                 let (a, b) = (c.pick(true), c.pick(false));
                 if a != b {
                     c.note(format!("cut n{a} -> n{b} for {hold:?}"));
@@ -486,21 +505,21 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                     c.net.heal();
                 }
             }
-            2 => {
+            FaultClass::Freeze => {
                 let n = c.pick(true);
                 c.note(format!("freeze n{n} for {hold:?}"));
                 c.net.freeze(n);
                 tokio::time::sleep(hold).await;
                 c.net.thaw_all();
             }
-            3 => {
+            FaultClass::Crash => {
                 let n = c.pick(true);
                 c.note(format!("crash n{n}, restart after {hold:?}"));
                 c.crash(n).await;
                 tokio::time::sleep(hold).await;
                 c.restart(n).await;
             }
-            4 => {
+            FaultClass::StaleLeader => {
                 // The stale leader wakes: a leader frozen past an election
                 // comes back with its clock run on, then the leader that
                 // replaced it is cut off, so the woken one votes (and may
@@ -525,7 +544,7 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                     c.net.heal();
                 }
             }
-            5 => {
+            FaultClass::CrashAgain => {
                 // Down long enough for the leader's snapshot to pass it,
                 // then down again as it catches up: at the moment Raft has
                 // purged its log for a snapshot not yet applied (a crash
@@ -552,7 +571,7 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 c.restart(n).await;
             }
-            6 => {
+            FaultClass::Damage => {
                 // Damage at rest: a bit or a sector of a stopped node's
                 // files (the leader's half the time), found at its start.
                 let n = c.pick(true);
@@ -568,7 +587,7 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                     Err(e) => c.finding(format!("n{n}: damaging its files failed: {e}")),
                 }
             }
-            7 => {
+            FaultClass::Wipe => {
                 // Its data dir lost (a replaced disk): it must repair itself
                 // from the others, not start a cluster of its own.
                 let n = c.pick(true);
@@ -582,7 +601,7 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                 tokio::time::sleep(hold).await;
                 c.restart(n).await;
             }
-            8 => {
+            FaultClass::DiskErrors => {
                 // Its disk errs while it runs: EIO on reads and writes, or
                 // full. A write that fails is never acknowledged; a node
                 // whose Raft stopped on it is started again afterwards.
@@ -602,7 +621,7 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant) {
                     c.restart(n).await;
                 }
             }
-            _ => {
+            FaultClass::FollowerDiskError => {
                 // A follower's disk errs while the other follower is cut
                 // off: only its acknowledgements could let the leader
                 // commit. Then the leader and it crash, and it starts again
@@ -692,7 +711,7 @@ pub async fn run(
     let disks = tokio::spawn(Arc::clone(&cluster).watch_disks(Arc::clone(&stop)));
     let until = tokio::time::Instant::now() + cfg.duration;
     if cfg.faults {
-        nemesis(&cluster, until).await;
+        nemesis(&cluster, until, &FaultClass::of(cfg.classes)).await;
     }
     tokio::time::sleep_until(until).await;
     stop.store(true, Ordering::SeqCst);
