@@ -69,6 +69,36 @@ impl Drop for Cluster {
     }
 }
 
+/// Whether `mount_point` is a node's own disk of a disk run
+/// (`OUT/disk-SEED/nID-data`).
+fn is_run_disk(mount_point: &str) -> bool {
+    let mut parts = mount_point.rsplit('/');
+    let node = parts.next().unwrap_or_default();
+    let run = parts.next().unwrap_or_default();
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    node.strip_prefix('n')
+        .and_then(|n| n.strip_suffix("-data"))
+        .is_some_and(digits)
+        && run.strip_prefix("disk-").is_some_and(digits)
+}
+
+/// Unmounts the nodes' own disks an interrupted disk run left mounted.
+pub fn unmount_leftover_disks() {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    for line in mounts.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some("tmpfs"), Some(point)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        if is_run_disk(point) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(point)
+                .status();
+        }
+    }
+}
+
 /// Mounts a tmpfs of [`DISK_SIZE`] on `dir`.
 fn mount_tmpfs(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -335,4 +365,19 @@ pub async fn local_last_token(id: u64, resource: &str) -> Result<u64> {
         .await
         .with_context(|| format!("describe {resource} on node {id}"))?;
     Ok(resp.into_inner().last_token)
+}
+
+#[cfg(test)]
+mod disk_tests {
+    use super::is_run_disk;
+
+    #[test]
+    fn only_a_disk_runs_node_directories_are_unmounted() {
+        assert!(is_run_disk("/work/target/jepsen/disk-1/n2-data"));
+        assert!(is_run_disk("/tmp/jd/disk-17/n10-data"));
+        assert!(!is_run_disk("/tmp/jd/kill-1/n2-data"));
+        assert!(!is_run_disk("/tmp/jd/disk-1/n2"));
+        assert!(!is_run_disk("/dev/shm"));
+        assert!(!is_run_disk("/tmp/disk-x/n1-data"));
+    }
 }

@@ -23,7 +23,8 @@ enum Cmd {
     /// Run one or more profiles (partition, pause, kill, clock, snapshots, disk,
     /// membership, all, none).
     Run(RunArgs),
-    /// Remove namespaces and interfaces left by an interrupted run.
+    /// Remove namespaces and interfaces, and unmount the nodes' own disks,
+    /// left by an interrupted run.
     Cleanup,
 }
 
@@ -102,6 +103,7 @@ fn real_main() -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Cleanup => {
             fenced_jepsen::net::teardown(fenced_jepsen::membership::MEMBER_SLOTS);
+            fenced_jepsen::cluster::unmount_leftover_disks();
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Run(a) => {
