@@ -100,7 +100,14 @@ impl Cluster {
         IDS.to_vec()
     }
 
+    /// `what` with paths inside the run's temporary directory made
+    /// relative to it: the same seed must note the same faults.
+    fn relative(&self, what: String) -> String {
+        what.replace(&format!("{}/", self.dir.display()), "")
+    }
+
     fn note(&self, what: String) {
+        let what = self.relative(what);
         tracing::info!(fault = %what, "simulation");
         self.log
             .lock()
@@ -292,6 +299,7 @@ impl Cluster {
     }
 
     fn finding(&self, what: String) {
+        let what = self.relative(what);
         self.note(what.clone());
         self.findings
             .lock()
