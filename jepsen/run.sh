@@ -70,10 +70,10 @@ canary)
         skip-lease-check | anyone-release | local-describe | kv-skip-holder-check) profile=partition ;;
         # A damaged snapshot loaded as if whole: the disk profile's
         # damage is then not refused, and its coverage gate fails.
-        skip-checksum) profile=disk ;;
+        skip-checksum) profile=damage ;;
         # A node that stays up after its disk filled: the disk profile's
         # full disk is then not stopped for, and its checker fails.
-        survive-storage-failure) profile=disk ;;
+        survive-storage-failure) profile=full-disk ;;
         *) echo "unknown canary $name" >&2; exit 2 ;;
         esac
         # Built into the shared target dir (only fenced-core/-proto/-server

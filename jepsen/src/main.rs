@@ -20,8 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run one or more profiles (partition, pause, kill, clock, snapshots, disk,
-    /// membership, all, none).
+    /// Run one or more profiles (partition, pause, kill, clock, snapshots, disk
+    /// or its halves damage and full-disk, membership, all, none).
     Run(RunArgs),
     /// Remove namespaces and interfaces, and unmount the nodes' own disks,
     /// left by an interrupted run.

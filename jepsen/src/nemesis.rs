@@ -1347,6 +1347,16 @@ pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
             Fault::FullDisk { leader: false },
             Fault::FullDisk { leader: true },
         ],
+        // Each half of "disk" alone, for the canary that only it shows.
+        "damage" => vec![
+            Fault::Damage { leader: false },
+            Fault::Damage { leader: true },
+            Fault::Wipe,
+        ],
+        "full-disk" => vec![
+            Fault::FullDisk { leader: false },
+            Fault::FullDisk { leader: true },
+        ],
         "all" => [partition, pause, kill, clock].concat(),
         _ => return None,
     })

@@ -238,7 +238,7 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
     let long_ttl_ms = (cfg.duration.as_millis() as u64 + 300_000).min(3_600_000);
     // The snapshots profile snapshots every 50 entries: several times a
     // second under the workload.
-    let snapshot_logs = if matches!(cfg.profile.as_str(), "snapshots" | "disk") {
+    let snapshot_logs = if matches!(cfg.profile.as_str(), "snapshots" | "disk" | "damage") {
         50
     } else {
         200
@@ -277,7 +277,7 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
         faketime: clocks,
         // Each data directory a file system of its own, so that one can
         // fill up (the disk profile's full disk).
-        disk_of_its_own: cfg.profile == "disk",
+        disk_of_its_own: matches!(cfg.profile.as_str(), "disk" | "damage" | "full-disk"),
     };
     tracing::info!(profile = cfg.profile, seed = cfg.seed, dir = %dir.display(), "run starting");
     let net = Net::create(slots).context("creating the test network (needs root, ip and nft)")?;
