@@ -811,11 +811,7 @@ mod tests {
     fn chunk_files(dir: &Path) -> usize {
         std::fs::read_dir(dir)
             .unwrap()
-            .filter(|e| {
-                let name = e.as_ref().unwrap().file_name();
-                let name = name.to_string_lossy();
-                name.starts_with("r-") && name.ends_with(".wal")
-            })
+            .filter(|e| crate::log_tail::is_chunk(&e.as_ref().unwrap().path()))
             .count()
     }
 

@@ -6,17 +6,20 @@ use std::{io, path::Path};
 
 use raft_log::codeq::Decode;
 
+/// Whether `path` names one of raft-log's chunk files (`r-OFFSET.wal`).
+pub fn is_chunk(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("r-") && n.ends_with(".wal"))
+}
+
 /// The log's last chunk file in `dir` and its length (chunk names are
 /// zero-padded, so the last in name order is the newest).
-pub(crate) fn last_chunk(dir: &Path) -> io::Result<(std::path::PathBuf, u64)> {
+pub fn last_chunk(dir: &Path) -> io::Result<(std::path::PathBuf, u64)> {
     let mut last: Option<std::path::PathBuf> = None;
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
-        let is_chunk = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("r-") && n.ends_with(".wal"));
-        if is_chunk && last.as_ref().is_none_or(|l| path > *l) {
+        if is_chunk(&path) && last.as_ref().is_none_or(|l| path > *l) {
             last = Some(path);
         }
     }

@@ -11,7 +11,9 @@ use std::{
     time::Duration,
 };
 
-use fenced_server::{blocking::DiskWork, clock::floor, log_store::UnansweredTail, types::NodeId};
+use fenced_server::{
+    blocking::DiskWork, clock::floor, log_store::UnansweredTail, log_tail::is_chunk, types::NodeId,
+};
 
 use crate::Rng;
 
@@ -61,27 +63,16 @@ fn node_files(dir: &Path, out: &mut Vec<PathBuf>) -> io::Result<()> {
     Ok(())
 }
 
-fn is_chunk(path: &Path) -> bool {
-    path.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("r-") && n.ends_with(".wal"))
-}
-
 /// Where damage may fall in `file`: everything, except in the log's last
 /// chunk, where only what comes before its last record counts (damage
 /// after reads as a write a crash cut short; docs/DECISIONS.md).
 fn damageable(file: &Path, bytes: &[u8]) -> (u64, bool) {
     let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
     if is_chunk(file) {
-        let last_chunk = file.parent().and_then(|d| {
-            let mut chunks: Vec<PathBuf> = std::fs::read_dir(d)
-                .ok()?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| is_chunk(p))
-                .collect();
-            chunks.sort();
-            chunks.pop()
-        });
+        let last_chunk = file
+            .parent()
+            .and_then(|d| fenced_server::log_tail::last_chunk(d).ok())
+            .map(|(path, _)| path);
         if last_chunk.as_deref() == Some(file) {
             let (starts, _) =
                 fenced_server::log_tail::whole_records::<fenced_server::log_store::WalTypes>(bytes);
