@@ -411,9 +411,10 @@ impl Cluster {
         }
     }
 
-    /// What every node holds once the faults are over and all caught up.
-    async fn finals(&self, resources: &[String]) -> anyhow::Result<Vec<NodeFinal>> {
-        // A repaired node votes again once it caught up: by now it must.
+    /// Waits until no running node is still repairing: a repaired node
+    /// votes again once it caught up, within `disk::REPAIR_WITHIN`, else
+    /// that is a finding. `after` says what the wait follows.
+    async fn await_repairs(&self, after: &str) {
         let repaired_by = tokio::time::Instant::now() + disk::REPAIR_WITHIN;
         loop {
             let repairing: Vec<NodeId> = {
@@ -425,17 +426,22 @@ impl Cluster {
                     .collect()
             };
             if repairing.is_empty() {
-                break;
+                return;
             }
             if tokio::time::Instant::now() > repaired_by {
-                self.finding(format!(
-                    "{repairing:?} still repairing {:?} after the faults ended",
+                return self.finding(format!(
+                    "{repairing:?} still repairing {:?} after {after}",
                     disk::REPAIR_WITHIN
                 ));
-                break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// What every node holds once the faults are over and all caught up.
+    async fn finals(&self, resources: &[String]) -> anyhow::Result<Vec<NodeFinal>> {
+        // A repaired node votes again once it caught up: by now it must.
+        self.await_repairs("the faults ended").await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let applied: Vec<Option<u64>> = IDS
@@ -489,6 +495,10 @@ async fn nemesis(c: &Cluster, until: tokio::time::Instant, classes: &[FaultClass
         return;
     }
     while tokio::time::Instant::now() < until {
+        // One node's loss at a time: a node still repairing is a fault not
+        // yet healed, and a second loss on top of it (two of three data
+        // dirs gone) is beyond what a three-node cluster survives.
+        c.await_repairs("its repair began").await;
         let (quiet, hold, class) = {
             let mut r = c.rng.lock();
             let class = classes[r.usize(..classes.len())];
