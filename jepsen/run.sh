@@ -8,12 +8,15 @@
 #   jepsen/run.sh full [SEEDS]    the full campaign: every profile plus
 #                                 "snapshots", "membership" and "all", 180 s each, for each
 #                                 seed (default 1,2,3)
-#   jepsen/run.sh canary NAME...  builds fenced with feature canary-NAME and
-#                                 expects the harness to FAIL it; NAME is one of
+#   jepsen/run.sh canary NAME...  builds fenced with the canaries feature,
+#                                 plants bug NAME in every node
+#                                 (FENCED_CANARY) and expects the harness to
+#                                 FAIL each run; NAME is one of
 #                                 skip-lease-check anyone-release
 #                                 local-describe wall-clock-expiry reuse-token
 #                                 clock-from-last-stamp kv-skip-holder-check
 #                                 floor-by-time skip-checksum
+#                                 survive-storage-failure
 #
 # Needs root (ip netns, nft). Results: target/jepsen/<profile>-<seed>/
 # (summary.txt always; history, nemesis log, node logs and the first
@@ -57,6 +60,9 @@ canary)
         cleanup
     }
     trap restore EXIT
+    # One build serves every canary: the bug is planted at start.
+    cargo build --locked -p fenced-server --bin fenced --features canaries
+    cp target/debug/fenced target/jepsen/bin/fenced-canaries
     for name in "$@"; do
         case "$name" in
         wall-clock-expiry) profile=clock ;;
@@ -76,13 +82,9 @@ canary)
         survive-storage-failure) profile=full-disk ;;
         *) echo "unknown canary $name" >&2; exit 2 ;;
         esac
-        # Built into the shared target dir (only fenced-core/-proto/-server
-        # recompile), then copied aside; the default build is restored on exit.
-        cargo build --locked -p fenced-server --bin fenced --features "canary-$name"
-        cp target/debug/fenced "target/jepsen/bin/fenced-canary-$name"
-        echo "== canary $name: the harness must FAIL this build"
+        echo "== canary $name: the harness must FAIL the nodes it is planted in"
         "$JEPSEN" run --profiles "$profile" --duration-s 30 --seeds 1 --expect-fail \
-            --fenced-bin "target/jepsen/bin/fenced-canary-$name" \
+            --fenced-bin target/jepsen/bin/fenced-canaries --canary "$name" \
             --out "target/jepsen/canary-$name"
     done
     ;;

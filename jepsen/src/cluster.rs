@@ -40,6 +40,8 @@ pub struct NodeSettings {
     /// Mount a small tmpfs on every node's data directory, so that one
     /// node's disk can fill up alone.
     pub disk_of_its_own: bool,
+    /// The bug every node (and `fenced repair`) plants, for a canary run.
+    pub canary: Option<fenced_core::canary::Canary>,
 }
 
 /// The size of a node's own file system: a 40 s run under the campaign's
@@ -185,7 +187,11 @@ impl Cluster {
             bin: bin.to_path_buf(),
             nodes,
             settings: settings.settings,
-            env: Vec::new(),
+            env: settings
+                .canary
+                .map(|c| ("FENCED_CANARY".to_string(), c.to_string()))
+                .into_iter()
+                .collect(),
             tls: Some(Tls {
                 pki: settings.pki,
                 client: crate::tls::CLIENT_NAME.into(),
@@ -310,6 +316,7 @@ impl Cluster {
         let out = std::process::Command::new(&self.kit.spec().bin)
             .args(["repair", "--node-id", &id.to_string(), "--data-dir"])
             .arg(self.data_dir(id)?)
+            .envs(self.kit.spec().env.iter().map(|(k, v)| (k, v)))
             .output()
             .context("running fenced repair")?;
         anyhow::ensure!(

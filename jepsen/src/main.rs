@@ -78,6 +78,10 @@ struct RunArgs {
     /// (not merely a coverage gate) failed each one.
     #[arg(long)]
     expect_fail: bool,
+    /// Plant this bug in every node (`FENCED_CANARY`; the binary must be
+    /// built with the `canaries` feature). Goes with --expect-fail.
+    #[arg(long)]
+    canary: Option<fenced_core::canary::Canary>,
 }
 
 fn main() -> ExitCode {
@@ -144,6 +148,7 @@ async fn campaign(a: RunArgs) -> Result<ExitCode> {
                 throughput_floor: a.throughput_floor,
                 rho: a.rho,
                 lin_budget: a.lin_budget,
+                canary: a.canary,
             };
             let summary = tokio::select! {
                 s = run::run(&cfg) => s.with_context(|| format!("profile {profile}, seed {seed}"))?,

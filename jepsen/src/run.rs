@@ -50,6 +50,8 @@ pub struct RunConfig {
     /// Clock-rate error allowed between harness and cluster time.
     pub rho: f64,
     pub lin_budget: u64,
+    /// The bug planted in every node, for a canary run.
+    pub canary: Option<fenced_core::canary::Canary>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -85,6 +87,8 @@ pub struct Summary {
     pub profile: String,
     pub seed: u64,
     pub fenced_bin: String,
+    /// The bug planted in the nodes, if this is a canary run.
+    pub canary: Option<String>,
     pub duration_s: f64,
     pub ops: BTreeMap<String, OpCounts>,
     pub faults: Vec<FaultRecord>,
@@ -278,6 +282,7 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
         // Each data directory a file system of its own, so that one can
         // fill up (the disk profile's full disk).
         disk_of_its_own: matches!(cfg.profile.as_str(), "disk" | "damage" | "full-disk"),
+        canary: cfg.canary,
     };
     tracing::info!(profile = cfg.profile, seed = cfg.seed, dir = %dir.display(), "run starting");
     let net = Net::create(slots).context("creating the test network (needs root, ip and nft)")?;
@@ -714,6 +719,7 @@ async fn run_in(
         profile: cfg.profile.clone(),
         seed: cfg.seed,
         fenced_bin: cfg.fenced_bin.display().to_string(),
+        canary: cfg.canary.map(|c| c.to_string()),
         duration_s: end_ns as f64 / 1e9,
         ops: count_ops(&ops),
         faults: records,
@@ -745,8 +751,12 @@ pub fn render(s: &Summary) -> String {
     );
     let _ = writeln!(
         t,
-        "binary {}; {:.0} s of workload",
-        s.fenced_bin, s.duration_s
+        "binary {}{}; {:.0} s of workload",
+        s.fenced_bin,
+        s.canary
+            .as_ref()
+            .map_or(String::new(), |c| format!(" with canary {c} planted")),
+        s.duration_s
     );
     let _ = writeln!(t, "operations         attempted      ok    fail  unknown");
     for (name, c) in &s.ops {

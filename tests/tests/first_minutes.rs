@@ -259,6 +259,29 @@ fn dev_refuses_a_node_count_it_does_not_run() {
     );
 }
 
+/// The planted bugs of the checkers' canary runs exist only in a build
+/// with the `canaries` feature: a real node asked for one refuses to start
+/// rather than run as if it were planted, or silently ignore the ask.
+#[test]
+fn a_real_build_refuses_to_plant_a_canary() {
+    for name in ["skip-checksum", "no-such-canary"] {
+        let out = Command::new(bin("fenced"))
+            .args(["dev", "--nodes", "1"])
+            .env("FENCED_CANARY", name)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(name), "{name}: {err}");
+        let why = if name == "no-such-canary" {
+            "is not one of"
+        } else {
+            "this build has no canaries"
+        };
+        assert!(err.contains(why), "{name}: {err}");
+    }
+}
+
 #[test]
 fn fresh_refuses_a_directory_fenced_dev_did_not_make() {
     let root = tempfile::tempdir().unwrap();

@@ -14,6 +14,7 @@
 //! A fenced put ([`Command::KvPut`]) is applied only with the current
 //! holder's owner id and token, decided in the same log order ([`KvStore`]).
 
+pub mod canary;
 mod command;
 mod error;
 mod ids;

@@ -997,8 +997,11 @@ impl LeaseTable {
                 let holder = self.check_kv_writer(resource, *owner, *token, who, now, events);
                 // CANARY (deliberately broken build for fenced-jepsen):
                 // a put is applied whoever holds the resource.
-                #[cfg(feature = "canary-kv-skip-holder-check")]
-                let holder = holder.or(Ok(()));
+                let holder = if crate::canary::on(crate::canary::Canary::KvSkipHolderCheck) {
+                    holder.or(Ok(()))
+                } else {
+                    holder
+                };
                 Outcome::KvPut(self.kv.put(holder, key, value, resource, *token, *bounds))
             }
             Command::KvDelete {
@@ -1168,11 +1171,12 @@ impl LeaseTable {
         }
         // CANARY (deliberately broken build for fenced-jepsen): grants over
         // another owner's live lease.
-        #[cfg(feature = "canary-skip-lease-check")]
-        if let Some(lease) = rec.holder.take_if(|l| l.owner != owner) {
-            self.ends.detach(name, &lease.term);
-            self.identities.end_lease(lease.term.identity());
-            return self.grant_new(name, owner, who, term_of, now);
+        if crate::canary::on(crate::canary::Canary::SkipLeaseCheck) {
+            if let Some(lease) = rec.holder.take_if(|l| l.owner != owner) {
+                self.ends.detach(name, &lease.term);
+                self.identities.end_lease(lease.term.identity());
+                return self.grant_new(name, owner, who, term_of, now);
+            }
         }
         match &mut rec.holder {
             // The holder asking again (its reply was lost): the same grant, with
@@ -1432,10 +1436,12 @@ impl LeaseTable {
         };
         // CANARY (deliberately broken build for fenced-jepsen): any owner id
         // and token release the current lease.
-        #[cfg(feature = "canary-anyone-release")]
-        let (owner, token, who) = rec.holder.as_ref().map_or((owner, token, who), |l| {
-            (l.owner, rec.last_token, Who::UNCHECKED)
-        });
+        let (owner, token, who) = match &rec.holder {
+            Some(l) if crate::canary::on(crate::canary::Canary::AnyoneRelease) => {
+                (l.owner, rec.last_token, Who::UNCHECKED)
+            }
+            _ => (owner, token, who),
+        };
         let owns = who.owns(&self.identities);
         match &rec.holder {
             Some(lease)
@@ -1708,8 +1714,9 @@ impl LeaseTable {
         let fail = |what: &str| Err(format!("resource {name}: {what}"));
         // CANARY (deliberately broken build for fenced-jepsen): the check that
         // would stop the reuse-token canary below is skipped, so it misbehaves.
-        #[cfg(not(feature = "canary-reuse-token"))]
-        if rec.last_token.get() > self.last_token {
+        if rec.last_token.get() > self.last_token
+            && !crate::canary::on(crate::canary::Canary::ReuseToken)
+        {
             return fail("token above the table's counter");
         }
         // Tokens start at 1: a record with token 0 is not one a grant made.

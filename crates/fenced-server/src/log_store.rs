@@ -197,7 +197,7 @@ impl PurgeHorizon {
         };
         // CANARY (deliberately broken build for fenced-sim): purges as far
         // as openraft asks, past the snapshot on disk.
-        let durable = if cfg!(feature = "canary-purge-past-snapshot") {
+        let durable = if fenced_core::canary::on(fenced_core::canary::Canary::PurgePastSnapshot) {
             Some(wanted)
         } else {
             gate.durable
@@ -730,7 +730,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // CANARY (deliberately broken build for fenced-sim): a flush
             // that failed is reported done, as if the error were passing.
             let flushed = match self.flush_simulated(fsync) {
-                Err(e) if cfg!(feature = "canary-ack-failed-flush") => {
+                Err(e) if fenced_core::canary::on(fenced_core::canary::Canary::AckFailedFlush) => {
                     tracing::warn!(error = %e, "canary: a failed log flush reported done");
                     Ok((std::time::Duration::ZERO, 0))
                 }

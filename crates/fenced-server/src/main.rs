@@ -543,7 +543,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             );
             // CANARY (deliberately broken build for fenced-jepsen): the
             // node stays up past a failed write.
-            if cfg!(feature = "canary-survive-storage-failure") {
+            if fenced_core::canary::on(fenced_core::canary::Canary::SurviveStorageFailure) {
                 std::future::pending::<()>().await;
             }
             return Ok(ExitCode::from(EXIT_STORAGE_FAILED));
@@ -589,8 +589,23 @@ fn prepare_dev(cli: &Cli) -> Result<(), String> {
     Ok(())
 }
 
+/// Plants the bug `FENCED_CANARY` names, for a canary run of the fault
+/// campaign. A build without the `canaries` feature refuses the variable
+/// rather than run as if the bug were there.
+fn plant_canary() -> Result<(), String> {
+    match std::env::var("FENCED_CANARY") {
+        Ok(name) => fenced_core::canary::plant(name.parse()?),
+        Err(std::env::VarError::NotPresent) => Ok(()),
+        Err(e) => Err(format!("FENCED_CANARY: {e}")),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = plant_canary() {
+        eprintln!("fenced: {e}");
+        return ExitCode::from(2);
+    }
     // Everything the node writes (the Raft log's chunk files, snapshots,
     // the cluster-time file, certificates) is its owner's alone: files 0600,
     // directories 0700, also where a library creates them.

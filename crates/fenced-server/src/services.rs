@@ -811,7 +811,9 @@ impl LockService {
         let identity = self.authorize(&req, Permission::Read, "describe", &resource)?;
         // CANARY (deliberately broken build for fenced-jepsen): every read
         // is served from this node's local state.
-        if req.get_ref().allow_stale || cfg!(feature = "canary-local-describe") {
+        if req.get_ref().allow_stale
+            || fenced_core::canary::on(fenced_core::canary::Canary::LocalDescribe)
+        {
             let now = self.ctx.time.applied();
             return Ok(Response::new(describe_reply(
                 &self.ctx.shared.describe(resource.as_str(), now),

@@ -1,6 +1,6 @@
 //! `fenced-sim`: runs seeds of the deterministic simulation and prints one
 //! line per seed; exits 1 when a seed fails (or, with `--must-fail`, when
-//! none does: the check a canary build must not pass).
+//! none does: the check a run with a planted canary must not pass).
 
 use std::{process::ExitCode, time::Duration};
 
@@ -19,7 +19,7 @@ struct Args {
     /// Simulated seconds of load and faults per seed.
     #[arg(long, default_value_t = 30)]
     seconds: u64,
-    /// Succeed only if some seed fails (for canary builds).
+    /// Succeed only if some seed fails (for a planted canary).
     #[arg(long)]
     must_fail: bool,
     /// Print the faults of each seed.
@@ -35,6 +35,10 @@ struct Args {
     /// a canary run names those that can show its bug.
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultClass>,
+    /// Plant this bug in the nodes (a build with the `canaries` feature
+    /// only): with --must-fail, a seed must catch it.
+    #[arg(long)]
+    canary: Option<fenced_core::canary::Canary>,
 }
 
 fn main() -> ExitCode {
@@ -46,6 +50,12 @@ fn main() -> ExitCode {
             // Real time means nothing here; the lines' order is the run's.
             .without_time()
             .init();
+    }
+    if let Some(canary) = args.canary {
+        if let Err(e) = fenced_core::canary::plant(canary) {
+            eprintln!("fenced-sim: {e}");
+            return ExitCode::from(2);
+        }
     }
     let mut cfg = SimConfig {
         duration: Duration::from_secs(args.seconds),
@@ -103,7 +113,7 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
         (true, _) => {
-            println!("a seed failed, as it must for this build");
+            println!("a seed failed, as it must with a canary planted");
             ExitCode::SUCCESS
         }
     }

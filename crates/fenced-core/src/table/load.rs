@@ -362,8 +362,7 @@ impl Builder {
         // forgets its token counter, as if the snapshot did not carry it, and
         // counts again from 0: every resource it remembers is then granted
         // tokens at or below ones already issued for it.
-        #[cfg(feature = "canary-reuse-token")]
-        {
+        if crate::canary::on(crate::canary::Canary::ReuseToken) {
             table.last_token = 0;
         }
         let mut expiries = Vec::with_capacity(records.len());

@@ -173,7 +173,7 @@ impl TimeFloor {
         // CANARY (deliberately broken build for fenced-jepsen): floors
         // compare by time alone, so a woken leader's late time carries a
         // later leader's clock ahead.
-        if cfg!(feature = "canary-floor-by-time") {
+        if fenced_core::canary::on(fenced_core::canary::Canary::FloorByTime) {
             if t.at > times.highest.at {
                 times.highest = t;
             }

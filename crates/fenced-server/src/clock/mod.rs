@@ -67,11 +67,11 @@ impl ClusterClock {
     fn mono(&self) -> Duration {
         // CANARY (deliberately broken build for fenced-jepsen): leases run on
         // the wall clock, so a clock step ends them early.
-        #[cfg(feature = "canary-wall-clock-expiry")]
-        return std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        #[cfg(not(feature = "canary-wall-clock-expiry"))]
+        if fenced_core::canary::on(fenced_core::canary::Canary::WallClockExpiry) {
+            return std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+        }
         self.started.elapsed()
     }
 
@@ -163,7 +163,7 @@ impl ClusterClock {
         // CANARY (deliberately broken build for fenced-jepsen): the clock
         // starts from the last entry's stamp alone, so an idle cluster's time
         // runs back at a leader change.
-        let seen = if cfg!(feature = "canary-clock-from-last-stamp") {
+        let seen = if fenced_core::canary::on(fenced_core::canary::Canary::ClockFromLastStamp) {
             ClusterTime::ZERO
         } else {
             self.floor.get()
@@ -244,9 +244,6 @@ mod tests {
             .raise(LeaderTime::new(1, ClusterTime::from_millis(90_000)));
         let (base, from) = c.start(2);
         assert_eq!(from, ClusterTime::ZERO);
-        if cfg!(feature = "canary-clock-from-last-stamp") {
-            return;
-        }
         assert!(base >= ClusterTime::from_millis(90_000), "{base:?}");
     }
 

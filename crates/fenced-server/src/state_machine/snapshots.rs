@@ -317,7 +317,7 @@ impl Snapshots {
         let on_disk = self.durable_last();
         // CANARY (deliberately broken build for fenced-sim): a snapshot
         // built while a newer one was installed replaces it.
-        let refuse_older = !cfg!(feature = "canary-older-snapshot-wins");
+        let refuse_older = !fenced_core::canary::on(fenced_core::canary::Canary::OlderSnapshotWins);
         if refuse_older && meta.last_log_id <= on_disk {
             drop(temp.file);
             std::fs::remove_file(&temp.path).map_err(snapshot_write_err)?;
