@@ -54,6 +54,8 @@ pub fn pid_alive(pid: i32) -> bool {
     u32::try_from(pid).is_ok_and(fenced_testkit::pid_alive)
 }
 
+pub use fenced_testkit::port_range;
+
 /// A free loopback port (see [`fenced_testkit::free_port`]).
 pub fn free_port() -> u16 {
     fenced_testkit::free_port().unwrap()

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fenced_tests::{bin, free_port, Cluster};
+use fenced_tests::{bin, free_port, port_range, Cluster};
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
@@ -23,14 +23,17 @@ use nix::{
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
 /// A base port whose dev ports (base+i, base+100+i, base+2000+i for i in
-/// 1..=5) are all free, below the ephemeral range.
+/// 1..=5) are all free, within this test's port range.
 fn free_base_port() -> u16 {
+    let (low, span) = port_range();
     for _ in 0..200 {
-        // free_port hands out 10,000-31,999, a different port each call:
-        // folded into 10,000-27,999, every candidate's dev ports stay
-        // below 30,005 (a base above 30,000 was skipped, and a process
-        // whose ports started near the top ran out of tries).
-        let base = 10_000 + free_port().saturating_sub(10_000) % 18_000;
+        // free_port hands out a different port of the range each call:
+        // folded into its first `span - 2005`, every candidate's dev ports
+        // stay inside it (a base near the top would reach past it, into
+        // another test's ports or the ephemeral range).
+        let folded =
+            (u32::from(free_port()).saturating_sub(low)) % span.saturating_sub(2_005).max(1);
+        let base = u16::try_from(low + folded).unwrap_or(u16::MAX);
         let all_free = (1..=5u16).all(|i| {
             [base + i, base + 100 + i, base + 2000 + i]
                 .iter()

@@ -18,7 +18,7 @@ mod procfs;
 pub use cluster::{Cluster, ClusterSpec, NodeSpec, Tls};
 pub use fenced_server::config::RunSettings;
 pub use pki::Pki;
-pub use ports::free_port;
+pub use ports::{free_port, port_range};
 pub use procfs::{is_stopped, pid_alive, status_kib};
 
 use std::path::{Path, PathBuf};
