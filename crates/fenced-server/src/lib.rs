@@ -48,11 +48,9 @@ pub mod repair;
 pub mod replication;
 pub mod retired;
 pub mod revocation;
+pub mod rpc;
 pub mod rpc_metrics;
-pub mod services;
 pub mod shutdown;
-// After `services`: uses its forwarding macro.
-pub mod kv_service;
 pub mod state_machine;
 pub mod status_page;
 pub mod tls;

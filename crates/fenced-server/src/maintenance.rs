@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 use crate::{
     auth::Permission,
     backup,
-    services::{not_leader, NodeContext},
+    rpc::{not_leader, NodeContext},
 };
 
 /// Bytes per streamed chunk (gRPC's default message limit is 4 MiB).

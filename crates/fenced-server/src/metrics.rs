@@ -32,7 +32,7 @@ use crate::{
     auth::{Permission, Principal},
     histogram::{header, label_value},
     limits::Port,
-    services::NodeContext,
+    rpc::NodeContext,
     status_page,
 };
 

@@ -160,7 +160,7 @@ fn the_layers_the_architecture_names_hold() {
         "{:?}",
         deps("replication")
     );
-    for m in ["state_machine", "rpc_metrics", "services", "proposer"] {
+    for m in ["state_machine", "rpc_metrics", "rpc", "proposer"] {
         assert!(!deps(m).contains("metrics"), "{m} imports metrics");
     }
     // The clock imports nothing but `blocking`, itself a leaf (how a

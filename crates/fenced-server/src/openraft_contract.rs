@@ -33,7 +33,7 @@
 //!    terms is applied too. `proposer.rs` starts a new leader's clock from
 //!    the cluster time applied after it (a clock that started lower could
 //!    end a lease early), and Describe and Kv `Get` read after it
-//!    (`NodeContext::linearizable_read` in `services.rs`). Test:
+//!    (`NodeContext::linearizable_read` in `rpc/context.rs`). Test:
 //!    `a_linearizable_read_waits_for_the_new_leaders_first_entry_to_apply`.
 //! 5. A restarted node whose stored vote is its own committed one leads again
 //!    at once, under that vote. With early copies that would let one log id

@@ -19,7 +19,7 @@ use fenced_core::{LeaseList, RESOURCE_NAME_MAX_BYTES};
 use sha2::{Digest, Sha256};
 
 use crate::{
-    services::{role_name, NodeContext},
+    rpc::{role_name, NodeContext},
     types::NodeId,
 };
 

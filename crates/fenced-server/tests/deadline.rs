@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::cluster;
 use fenced_core::{AcquireOutcome, ClusterTime, Command, OwnerId, ResourceName};
 use fenced_proto::v1::{self, lock_server::Lock};
-use fenced_server::{metrics, proposer::ProposeError, services::LockService};
+use fenced_server::{metrics, proposer::ProposeError, rpc::LockService};
 
 fn acquire(resource: &ResourceName, owner: OwnerId) -> Command {
     Command::Acquire {

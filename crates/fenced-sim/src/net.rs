@@ -16,7 +16,7 @@ use fenced_server::{
     network::{MessageTime, PeerVersion, RaftCall, Wire, WireReply},
     repair::run::{AskStatus, StatusAnswer},
     replication::RaftPeer,
-    services::{ClusterService, NodeContext},
+    rpc::{ClusterService, NodeContext},
     types::NodeId,
 };
 use tokio::sync::watch;

@@ -21,7 +21,7 @@ use fenced_jepsen::history::{event, Answer, Event, Phase, F};
 use fenced_proto::v1::{
     lock_server::Lock, AcquireRequest, DescribeRequest, ReleaseRequest, RenewRequest,
 };
-use fenced_server::{services::FORWARDED, types::NodeId};
+use fenced_server::{rpc::FORWARDED, types::NodeId};
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
@@ -145,7 +145,7 @@ impl Worker {
     async fn call<Req, Resp, Fut>(
         &mut self,
         e: Event,
-        send: impl FnOnce(fenced_server::services::LockService, Request<Req>) -> Fut,
+        send: impl FnOnce(fenced_server::rpc::LockService, Request<Req>) -> Fut,
         req: Req,
         answer: impl FnOnce(Resp) -> Result<Answer, String>,
     ) -> Option<Answer>

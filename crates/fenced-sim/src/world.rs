@@ -19,7 +19,7 @@ use fenced_server::{
     node::{NodeConfig, NodeCore, Simulated},
     parking::Parking,
     repair::RepairGate,
-    services::{LockService, NodeContext},
+    rpc::{LockService, NodeContext},
     state_machine::{self, StateMachine},
     types::{Node, NodeId},
 };

@@ -11,7 +11,7 @@ use fenced_proto::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::{auth::Permission, deadline::deadline_of, services::NodeContext};
+use crate::{auth::Permission, deadline::deadline_of, rpc::NodeContext};
 
 /// The largest Kv request accepted, in bytes: room for a value one byte
 /// past its bound and a long key, so that an oversized value is answered

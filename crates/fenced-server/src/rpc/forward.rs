@@ -1,0 +1,319 @@
+//! Forwarding to the leader: which node leads, the channel to it, the
+//! request as forwarded, the refusals that name the leader, and the hints
+//! every answer carries.
+
+use std::{
+    sync::{atomic::Ordering, PoisonError},
+    time::{Duration, Instant},
+};
+
+use openraft::ServerState;
+use tonic::{
+    metadata::{Ascii, MetadataMap, MetadataValue},
+    transport::Channel,
+    Request, Response, Status,
+};
+
+use crate::{
+    auth::FORWARDED_IDENTITY,
+    headers::{LEADER_HEADER, NODE_HEADER},
+    peer_channel::peer_channel,
+    proposer::{leader_of, ProposeError},
+    types::{Node, NodeId},
+};
+
+use super::context::NodeContext;
+
+/// Marks a request a follower forwarded, so it is never forwarded twice: a
+/// node that is not the leader refuses such a call instead.
+pub const FORWARDED: &str = "x-fenced-forwarded";
+/// Extra time a parked acquire waits past its `wait_ms` for the answer.
+pub(crate) const WAIT_GRACE: Duration = Duration::from_secs(5);
+impl NodeContext {
+    /// UNAVAILABLE naming the leader (with its client address in
+    /// [`LEADER_HEADER`]), or, when there is none, this node and how many
+    /// members it reaches, so that a client can say why.
+    pub(super) fn not_leader(&self, leader: Option<&(NodeId, Node)>) -> Status {
+        if leader.is_some() {
+            return not_leader(leader);
+        }
+        let voters: Vec<NodeId> = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config.membership().voter_ids().collect()
+        };
+        let reachable = voters
+            .iter()
+            .filter(|id| **id == self.id || self.reachability.is_reachable(**id))
+            .count();
+        Status::unavailable(no_leader_message(self.id, reachable, voters.len()))
+    }
+
+    pub(crate) fn propose_status(&self, e: ProposeError) -> Status {
+        match e {
+            ProposeError::NotLeader { leader } => self.not_leader(leader.as_ref()),
+            e => propose_status(e),
+        }
+    }
+
+    /// The leader, when it is known and is not this node.
+    pub(crate) fn other_leader(&self) -> Option<(NodeId, Node)> {
+        // Read in place: cloning the metrics (membership included) on every
+        // request costs more than the check.
+        if self.raft.metrics().borrow().state == ServerState::Leader {
+            return None;
+        }
+        leader_of(&self.raft)
+    }
+
+    pub(crate) fn channel_to(&self, leader: &(NodeId, Node)) -> Result<Channel, Status> {
+        let mut map = self.forward.lock().unwrap_or_else(PoisonError::into_inner);
+        // By id and address: the answer must come from that node's
+        // certificate, and an id may move to another address.
+        let key = (leader.0, leader.1.peer_addr.clone());
+        if let Some(ch) = map.get(&key) {
+            return Ok(ch.clone());
+        }
+        let addr = &key.1;
+        let ch = peer_channel(addr, self.forward_tls.as_ref(), Some(leader.0))
+            .map_err(|e| Status::unavailable(format!("leader address {addr}: {e}")))?;
+        map.insert(key, ch.clone());
+        Ok(ch)
+    }
+
+    /// Calls this node has forwarded to the leader since it started.
+    pub fn forwarded_calls(&self) -> u64 {
+        self.forwarded.load(Ordering::Relaxed)
+    }
+
+    /// The leader hint, `<id>,<client address>`, as this node knows it now.
+    fn leader_hint(&self) -> Option<MetadataValue<Ascii>> {
+        // Read in place, like `other_leader`: this runs on every answer.
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let id = m.current_leader?;
+        let node = m.membership_config.membership().get_node(&id)?;
+        leader_hint_value(id, &node.client_addr)
+    }
+
+    /// Puts this node's id and its leader hint on an answer. A hint already
+    /// there came from the leader itself (a forwarded call) and stays.
+    pub(crate) fn hinted<T>(
+        &self,
+        answer: Result<Response<T>, Status>,
+    ) -> Result<Response<T>, Status> {
+        let node = MetadataValue::from(self.id);
+        match answer {
+            Ok(mut resp) => {
+                self.add_hint(resp.metadata_mut(), node);
+                Ok(resp)
+            }
+            Err(mut status) => {
+                self.add_hint(status.metadata_mut(), node);
+                Err(status)
+            }
+        }
+    }
+
+    fn add_hint(&self, md: &mut MetadataMap, node: MetadataValue<Ascii>) {
+        md.insert(NODE_HEADER, node);
+        if !md.contains_key(LEADER_HEADER) {
+            if let Some(hint) = self.leader_hint() {
+                md.insert(LEADER_HEADER, hint);
+            }
+        }
+    }
+}
+
+/// `<id>,<client address>`; `None` when the address is unknown or cannot
+/// travel in metadata.
+fn leader_hint_value(id: NodeId, client_addr: &str) -> Option<MetadataValue<Ascii>> {
+    if client_addr.is_empty() {
+        return None;
+    }
+    MetadataValue::try_from(format!("{id},{client_addr}")).ok()
+}
+
+pub(crate) fn is_forwarded<T>(req: &Request<T>) -> bool {
+    req.metadata().contains_key(FORWARDED)
+}
+
+/// The call to send the leader: it carries the identity this node
+/// authenticated, which the leader trusts on its peer port only.
+/// The forwarded request carries the caller's own bearer token when it had
+/// one, so the leader authenticates it itself; a certificate identity goes
+/// by name, believed only over the peer port's mutual TLS.
+pub(crate) fn forwarded<T>(
+    msg: T,
+    timeout: Duration,
+    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
+    identity: Option<&str>,
+) -> Result<Request<T>, Status> {
+    let mut req = Request::new(msg);
+    req.metadata_mut()
+        .insert(FORWARDED, MetadataValue::from_static("1"));
+    if let Some(token) = authorization {
+        req.metadata_mut().insert("authorization", token);
+    } else if let Some(identity) = identity {
+        let value = MetadataValue::try_from(identity)
+            .map_err(|_| Status::internal("the identity's name cannot be forwarded"))?;
+        req.metadata_mut().insert(FORWARDED_IDENTITY, value);
+    }
+    req.set_timeout(timeout);
+    Ok(req)
+}
+
+/// What a node without a leader tells a client.
+fn no_leader_message(me: NodeId, reachable: usize, members: usize) -> String {
+    format!(
+        "node {me} has no leader: {reachable} of {members} members reachable; \
+         a majority ({}) must run and reach each other; retry with backoff",
+        members / 2 + 1
+    )
+}
+
+pub(crate) fn not_leader(leader: Option<&(NodeId, Node)>) -> Status {
+    match leader {
+        None => Status::unavailable("no leader is elected right now; retry with backoff"),
+        Some((id, node)) => {
+            let mut status = Status::unavailable(format!(
+                "this node is not the leader; the leader is node {id} (client address {})",
+                if node.client_addr.is_empty() {
+                    "unknown"
+                } else {
+                    &node.client_addr
+                }
+            ));
+            if let Some(v) = leader_hint_value(*id, &node.client_addr) {
+                status.metadata_mut().insert(LEADER_HEADER, v);
+            }
+            status
+        }
+    }
+}
+
+pub(crate) fn propose_status(e: ProposeError) -> Status {
+    match e {
+        ProposeError::NotLeader { leader } => not_leader(leader.as_ref()),
+        ProposeError::QueueFull(_) => Status::resource_exhausted(e.to_string()),
+        ProposeError::Unknown(_) | ProposeError::Unavailable(_) => {
+            Status::unavailable(e.to_string())
+        }
+        ProposeError::DeadlineExceeded => Status::deadline_exceeded(e.to_string()),
+        ProposeError::Internal(_) => Status::internal(e.to_string()),
+    }
+}
+
+/// The timeout of a forwarded call: what is left of the caller's deadline
+/// (so the leader drops the command once the caller gave up), at most
+/// `budget`. `None` when the deadline has already passed.
+pub(crate) fn forward_timeout(deadline: Option<Instant>, budget: Duration) -> Option<Duration> {
+    match deadline {
+        None => Some(budget),
+        Some(d) => {
+            let left = d.checked_duration_since(Instant::now())?;
+            (!left.is_zero()).then(|| left.min(budget))
+        }
+    }
+}
+
+/// Runs `call` against the leader when this node is not it, with what is
+/// left of the caller's `deadline`; a call whose deadline passed before it
+/// could be forwarded (this node was paused, say) is answered
+/// DEADLINE_EXCEEDED unforwarded. It goes as `identity` (already authorized
+/// here; the leader checks it again). `extra` is added to the forwarded call's
+/// timeout budget (a blocking acquire's wait).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! forward_or {
+    ($ctx:expr, $req:expr, $deadline:expr, $identity:expr, $client:ident, $method:ident) => {
+        $crate::forward_or!(
+            $ctx,
+            $req,
+            $deadline,
+            $identity,
+            $client,
+            $method,
+            std::time::Duration::ZERO
+        )
+    };
+    ($ctx:expr, $req:expr, $deadline:expr, $identity:expr, $client:ident, $method:ident, $extra:expr) => {
+        if let Some(leader) = $ctx.other_leader() {
+            if $crate::rpc::forward::is_forwarded(&$req) {
+                return Err($crate::rpc::forward::not_leader(Some(&leader)));
+            }
+            let Some(timeout) = $crate::rpc::forward::forward_timeout(
+                $deadline,
+                $ctx.request_timeout + $crate::rpc::forward::WAIT_GRACE + $extra,
+            ) else {
+                $ctx.proposer.note_deadline_drop();
+                tracing::info!(
+                    rpc = stringify!($method),
+                    leader = leader.0,
+                    "request not forwarded: its caller's deadline passed"
+                );
+                return Err(tonic::Status::deadline_exceeded(
+                    "the caller's deadline passed before the request reached the leader; \
+                     nothing was written",
+                ));
+            };
+            let ch = $ctx.channel_to(&leader)?;
+            $ctx.forwarded
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let authorization = $req.metadata().get("authorization").cloned();
+            return $client::new(ch)
+                .$method($crate::rpc::forward::forwarded(
+                    $req.into_inner(),
+                    timeout,
+                    authorization,
+                    $identity.as_deref(),
+                )?)
+                .await;
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn a_node_without_a_leader_names_itself_and_the_majority_it_needs() {
+        assert_eq!(
+            no_leader_message(2, 1, 3),
+            "node 2 has no leader: 1 of 3 members reachable; a majority (2) must run and \
+             reach each other; retry with backoff"
+        );
+        assert!(no_leader_message(1, 2, 5).contains("2 of 5 members reachable; a majority (3)"));
+    }
+
+    #[test]
+    fn a_forward_gets_only_what_is_left_of_the_deadline() {
+        let budget = Duration::from_secs(15);
+        assert_eq!(forward_timeout(None, budget), Some(budget));
+        let left = forward_timeout(Some(Instant::now() + Duration::from_secs(2)), budget)
+            .expect("time left");
+        assert!(left <= Duration::from_secs(2) && left > Duration::from_secs(1));
+        assert_eq!(
+            forward_timeout(Some(Instant::now() + Duration::from_secs(60)), budget),
+            Some(budget)
+        );
+        assert_eq!(forward_timeout(Some(Instant::now()), budget), None);
+        let past = Instant::now()
+            .checked_sub(Duration::from_millis(5))
+            .expect("a monotonic clock well past its start");
+        assert_eq!(forward_timeout(Some(past), budget), None);
+    }
+
+    #[test]
+    fn the_leader_hint_is_id_comma_address_or_nothing() {
+        let hint = leader_hint_value(2, "10.0.0.2:7101").expect("a hint");
+        assert_eq!(hint.to_str().ok(), Some("2,10.0.0.2:7101"));
+        assert!(leader_hint_value(2, "").is_none(), "no address, no hint");
+        assert!(
+            leader_hint_value(2, "bad\naddress").is_none(),
+            "an address that cannot travel in metadata is left out"
+        );
+    }
+}

@@ -1,0 +1,551 @@
+//! The Lock service: leases, sessions, describe, history and watch.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use fenced_core::{
+    AcquireInSessionOutcome, AcquireOutcome, ClusterTime, Command, CommandOutcome, Limits, OwnerId,
+    ResourceName,
+};
+use fenced_proto::{
+    acquire_command, acquire_in_session_command, acquire_in_session_reply, acquire_reply,
+    close_session_command, close_session_reply, describe_reply, describe_resource, history_reply,
+    history_request, invalid_argument, keep_alive_command, open_session_command, release_command,
+    release_reply, renew_command, renew_many_command, renew_many_reply, renew_reply, session_reply,
+    v1::{self, lock_client::LockClient, lock_server},
+    validate_check, validate_checks, validate_reply,
+};
+use tonic::{Request, Response, Status};
+
+use crate::{auth::Permission, deadline::deadline_of, parking::WaitEnd, proposer::ProposeError};
+
+use crate::forward_or;
+
+use super::{context::NodeContext, forward::WAIT_GRACE};
+
+pub struct LockService {
+    ctx: NodeContext,
+    /// Served on the peer port, where forwarded identities are trusted.
+    peer: bool,
+}
+
+impl LockService {
+    pub fn new(ctx: NodeContext, peer: bool) -> Self {
+        Self { ctx, peer }
+    }
+
+    /// The resource and owner id of an acquire.
+    fn acquire_parts(command: &Command) -> Result<(ResourceName, OwnerId), Status> {
+        command
+            .resource()
+            .cloned()
+            .zip(command.owner_id())
+            .ok_or_else(|| Status::internal("an acquire without a resource"))
+    }
+
+    /// A session's open, keep-alive or close, for the caller: its identity
+    /// (none without auth; the command records it as empty), which needs
+    /// `lock` on some prefix, and the command `build` makes for it.
+    fn session_command<T>(
+        &self,
+        req: &Request<T>,
+        operation: &str,
+        build: fn(&T, &str, &Limits) -> Result<Command, fenced_core::InvalidArgument>,
+    ) -> Result<(Option<String>, Command), Status> {
+        let identity =
+            self.ctx
+                .auth
+                .authorize(req, self.peer, Permission::Lock, operation, None)?;
+        let who = identity.as_deref().unwrap_or("");
+        let command =
+            build(req.get_ref(), who, &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
+        Ok((identity, command))
+    }
+
+    fn authorize<T>(
+        &self,
+        req: &Request<T>,
+        permission: Permission,
+        operation: &str,
+        resource: &fenced_core::ResourceName,
+    ) -> Result<Option<String>, Status> {
+        self.ctx.auth.authorize(
+            req,
+            self.peer,
+            permission,
+            operation,
+            Some(resource.as_str()),
+        )
+    }
+
+    async fn propose<T: CommandOutcome>(
+        &self,
+        command: fenced_core::Command,
+        deadline: Option<Instant>,
+    ) -> Result<(T, ClusterTime), ProposeError> {
+        self.ctx.propose(command, deadline).await
+    }
+
+    /// Proposes `command` and answers with `reply` of its outcome.
+    async fn decide<T: CommandOutcome, R>(
+        &self,
+        command: Command,
+        deadline: Option<Instant>,
+        reply: fn(&T, ClusterTime) -> Result<R, Status>,
+    ) -> Result<Response<R>, Status> {
+        let (outcome, now) = self
+            .propose(command, deadline)
+            .await
+            .map_err(|e| self.ctx.propose_status(e))?;
+        reply(&outcome, now).map(Response::new)
+    }
+
+    async fn answer_acquire(
+        &self,
+        req: Request<v1::AcquireRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let command =
+            acquire_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
+        let (resource, owner) = Self::acquire_parts(&command)?;
+        let identity = self.authorize(&req, Permission::Lock, "acquire", &resource)?;
+        let wait_ms = req.get_ref().wait_ms;
+        forward_or!(
+            self.ctx,
+            req,
+            deadline,
+            identity,
+            LockClient,
+            acquire,
+            Duration::from_millis(wait_ms)
+        );
+        let command = self.ctx.as_caller(command, identity.as_deref());
+        let parked = if wait_ms > 0 {
+            Some(
+                self.ctx
+                    .parking
+                    .park(resource.clone(), owner)
+                    .map_err(|e| Status::resource_exhausted(e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        let (outcome, now) = self
+            .propose::<AcquireOutcome>(command, deadline)
+            .await
+            .map_err(|e| self.ctx.propose_status(e))?;
+        let (AcquireOutcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
+            return acquire_reply(&outcome, resource.as_str(), now).map(Response::new);
+        };
+        let wait = Duration::from_millis(wait_ms) + WAIT_GRACE;
+        let end = match tokio::time::timeout(wait, &mut parked.rx).await {
+            Ok(Ok(end)) => end,
+            Ok(Err(_)) => {
+                return Err(Status::aborted(
+                    "a retry with the same owner_id took over this wait; use the retry's answer",
+                ))
+            }
+            Err(_) => return Err(Status::deadline_exceeded(
+                "no answer within wait_ms; the outcome is unknown: retry with the same owner_id",
+            )),
+        };
+        let now = self.ctx.cluster_now();
+        let outcome = match end {
+            WaitEnd::Granted(grant) => AcquireOutcome::Granted(grant),
+            WaitEnd::Elapsed {
+                current_token,
+                remaining_ms,
+            } => AcquireOutcome::Held {
+                current_token,
+                remaining_ms,
+            },
+            WaitEnd::TokensExhausted { limit } => AcquireOutcome::TokensExhausted { limit },
+        };
+        acquire_reply(&outcome, resource.as_str(), now).map(Response::new)
+    }
+
+    async fn answer_renew(
+        &self,
+        req: Request<v1::RenewRequest>,
+    ) -> Result<Response<v1::RenewResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let command =
+            renew_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
+        let (resource, _) = Self::acquire_parts(&command)?;
+        let identity = self.authorize(&req, Permission::Lock, "renew", &resource)?;
+        forward_or!(self.ctx, req, deadline, identity, LockClient, renew);
+        let command = self.ctx.as_caller(command, identity.as_deref());
+        self.decide(command, deadline, renew_reply).await
+    }
+
+    /// Every lease of the call in one command, hence one log entry at one
+    /// cluster time. The caller must hold `lock` on every resource: a call
+    /// naming one it may not renew is refused whole, before anything is
+    /// proposed (docs/DECISIONS.md, "Batch renewal").
+    async fn answer_renew_many(
+        &self,
+        req: Request<v1::RenewManyRequest>,
+    ) -> Result<Response<v1::RenewManyResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let command = renew_many_command(req.get_ref(), &self.ctx.limits)
+            .map_err(|e| invalid_argument(&e))?;
+        let mut identity = None;
+        for resource in command.resources() {
+            identity = self.authorize(&req, Permission::Lock, "renew", resource)?;
+        }
+        forward_or!(self.ctx, req, deadline, identity, LockClient, renew_many);
+        let command = self.ctx.as_caller(command, identity.as_deref());
+        let (outcomes, now) = self
+            .propose::<Vec<_>>(command, deadline)
+            .await
+            .map_err(|e| self.ctx.propose_status(e))?;
+        renew_many_reply(&outcomes, now).map(Response::new)
+    }
+
+    async fn answer_release(
+        &self,
+        req: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let command = release_command(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        let (resource, _) = Self::acquire_parts(&command)?;
+        let identity = self.authorize(&req, Permission::Lock, "release", &resource)?;
+        forward_or!(self.ctx, req, deadline, identity, LockClient, release);
+        let command = self.ctx.as_caller(command, identity.as_deref());
+        let (outcome, now) = self
+            .propose(command, deadline)
+            .await
+            .map_err(|e| self.ctx.propose_status(e))?;
+        Ok(Response::new(release_reply(&outcome, now)))
+    }
+
+    /// A lease that lives with the caller's session; never waits.
+    async fn answer_acquire_in_session(
+        &self,
+        req: Request<v1::AcquireInSessionRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let resource =
+            ResourceName::from_bytes(&req.get_ref().resource).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Lock, "acquire_in_session", &resource)?;
+        let command = acquire_in_session_command(
+            req.get_ref(),
+            identity.as_deref().unwrap_or(""),
+            &self.ctx.limits,
+        )
+        .map_err(|e| invalid_argument(&e))?;
+        forward_or!(
+            self.ctx,
+            req,
+            deadline,
+            identity,
+            LockClient,
+            acquire_in_session
+        );
+        let command = self.ctx.as_caller(command, identity.as_deref());
+        let (outcome, now) = self
+            .propose::<AcquireInSessionOutcome>(command, deadline)
+            .await
+            .map_err(|e| self.ctx.propose_status(e))?;
+        acquire_in_session_reply(&outcome, resource.as_str(), now).map(Response::new)
+    }
+
+    async fn answer_open_session(
+        &self,
+        req: Request<v1::OpenSessionRequest>,
+    ) -> Result<Response<v1::SessionResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let (identity, command) =
+            self.session_command(&req, "open_session", open_session_command)?;
+        forward_or!(self.ctx, req, deadline, identity, LockClient, open_session);
+        self.decide(command, deadline, session_reply).await
+    }
+
+    async fn answer_keep_alive(
+        &self,
+        req: Request<v1::KeepAliveRequest>,
+    ) -> Result<Response<v1::SessionResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let (identity, command) = self.session_command(&req, "keep_alive", keep_alive_command)?;
+        forward_or!(self.ctx, req, deadline, identity, LockClient, keep_alive);
+        self.decide(command, deadline, session_reply).await
+    }
+
+    async fn answer_close_session(
+        &self,
+        req: Request<v1::CloseSessionRequest>,
+    ) -> Result<Response<v1::CloseSessionResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let (identity, command) =
+            self.session_command(&req, "close_session", close_session_command)?;
+        forward_or!(self.ctx, req, deadline, identity, LockClient, close_session);
+        self.decide(command, deadline, close_session_reply).await
+    }
+
+    async fn answer_describe(
+        &self,
+        req: Request<v1::DescribeRequest>,
+    ) -> Result<Response<v1::DescribeResponse>, Status> {
+        let resource = describe_resource(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Read, "describe", &resource)?;
+        // CANARY (deliberately broken build for fenced-jepsen): every read
+        // is served from this node's local state.
+        if req.get_ref().allow_stale
+            || fenced_core::canary::on(fenced_core::canary::Canary::LocalDescribe)
+        {
+            let now = self.ctx.time.applied();
+            return Ok(Response::new(describe_reply(
+                &self.ctx.shared.describe(resource.as_str(), now),
+                now,
+            )));
+        }
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            LockClient,
+            describe
+        );
+        let now = self.ctx.linearizable_read("describe").await?;
+        Ok(Response::new(describe_reply(
+            &self.ctx.shared.describe(resource.as_str(), now),
+            now,
+        )))
+    }
+
+    async fn answer_validate_token(
+        &self,
+        req: Request<v1::ValidateTokenRequest>,
+    ) -> Result<Response<v1::ValidateTokenResponse>, Status> {
+        let check = validate_check(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Read, "validate_token", &check.0)?;
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            LockClient,
+            validate_token
+        );
+        let now = self.ctx.linearizable_read("validate_token").await?;
+        let answers = self
+            .ctx
+            .shared
+            .validate_all(std::slice::from_ref(&check), now);
+        let (v, owner) = answers
+            .first()
+            .ok_or_else(|| Status::internal("validate_token: no answer for the check"))?;
+        Ok(Response::new(validate_reply(v, *owner, now)))
+    }
+
+    async fn answer_validate_tokens(
+        &self,
+        req: Request<v1::ValidateTokensRequest>,
+    ) -> Result<Response<v1::ValidateTokensResponse>, Status> {
+        let checks = validate_checks(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        // Every resource of the batch must be readable by the caller.
+        let mut identity = None;
+        for (resource, _, _) in &checks {
+            identity = self.authorize(&req, Permission::Read, "validate_tokens", resource)?;
+        }
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            LockClient,
+            validate_tokens
+        );
+        let now = self.ctx.linearizable_read("validate_tokens").await?;
+        let results = self
+            .ctx
+            .shared
+            .validate_all(&checks, now)
+            .iter()
+            .map(|(v, owner)| validate_reply(v, *owner, now))
+            .collect();
+        Ok(Response::new(v1::ValidateTokensResponse {
+            results,
+            cluster_time_ms: now.as_millis(),
+        }))
+    }
+
+    async fn answer_watch(
+        &self,
+        req: Request<v1::WatchRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let prefix =
+            fenced_core::watch_prefix(&req.get_ref().prefix).map_err(|e| invalid_argument(&e))?;
+        // The permission covers the prefix: every resource under it.
+        let identity = self.ctx.auth.authorize(
+            &req,
+            self.peer,
+            Permission::Read,
+            "watch",
+            Some(prefix.as_str()),
+        )?;
+        // Served from this node's applied state: revisions are the same on
+        // every node, so the stream may move between nodes.
+        let slot = self
+            .ctx
+            .watchers
+            .admit(identity.as_deref())?
+            .showing_owners(self.ctx.auth.shows_owner_ids(identity.as_deref()));
+        tracing::debug!(
+            prefix,
+            from_revision = req.get_ref().from_revision,
+            identity = identity.as_deref().unwrap_or(""),
+            "watch started"
+        );
+        // The stream outlives this check: its caller is authorized again
+        // while it is open, from the same credentials.
+        let credentials = Request::from_parts(req.metadata().clone(), req.extensions().clone(), ());
+        let (auth, peer, watched) = (Arc::clone(&self.ctx.auth), self.peer, prefix.clone());
+        let recheck: crate::watch::Recheck = Box::new(move || {
+            auth.authorize(
+                &credentials,
+                peer,
+                Permission::Read,
+                "watch",
+                Some(&watched),
+            )
+            .map(|_| ())
+        });
+        let rx = crate::watch::start(
+            Arc::clone(&self.ctx.shared),
+            slot,
+            prefix,
+            req.get_ref().from_revision,
+            recheck,
+        );
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
+    async fn answer_history(
+        &self,
+        req: Request<v1::HistoryRequest>,
+    ) -> Result<Response<v1::HistoryResponse>, Status> {
+        let (resource, limit) = history_request(req.get_ref()).map_err(|e| invalid_argument(&e))?;
+        let identity = self.authorize(&req, Permission::Read, "history", &resource)?;
+        forward_or!(
+            self.ctx,
+            req,
+            deadline_of(&req),
+            identity,
+            LockClient,
+            history
+        );
+        let now = self.ctx.linearizable_read("history").await?;
+        let entries = self.ctx.shared.history(resource.as_str(), limit);
+        let mut reply = history_reply(&entries, now);
+        // Owner ids only to an admin (docs/DECISIONS.md, "Owner ids are
+        // shown to admins only").
+        if !self.ctx.auth.shows_owner_ids(identity.as_deref()) {
+            for e in &mut reply.entries {
+                e.owner_id.clear();
+            }
+        }
+        Ok(Response::new(reply))
+    }
+}
+
+#[tonic::async_trait]
+impl lock_server::Lock for LockService {
+    async fn acquire(
+        &self,
+        req: Request<v1::AcquireRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        self.ctx.hinted(self.answer_acquire(req).await)
+    }
+
+    async fn renew(
+        &self,
+        req: Request<v1::RenewRequest>,
+    ) -> Result<Response<v1::RenewResponse>, Status> {
+        self.ctx.hinted(self.answer_renew(req).await)
+    }
+
+    async fn renew_many(
+        &self,
+        req: Request<v1::RenewManyRequest>,
+    ) -> Result<Response<v1::RenewManyResponse>, Status> {
+        self.ctx.hinted(self.answer_renew_many(req).await)
+    }
+
+    async fn release(
+        &self,
+        req: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        self.ctx.hinted(self.answer_release(req).await)
+    }
+
+    async fn open_session(
+        &self,
+        req: Request<v1::OpenSessionRequest>,
+    ) -> Result<Response<v1::SessionResponse>, Status> {
+        self.ctx.hinted(self.answer_open_session(req).await)
+    }
+
+    async fn acquire_in_session(
+        &self,
+        req: Request<v1::AcquireInSessionRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        self.ctx.hinted(self.answer_acquire_in_session(req).await)
+    }
+
+    async fn keep_alive(
+        &self,
+        req: Request<v1::KeepAliveRequest>,
+    ) -> Result<Response<v1::SessionResponse>, Status> {
+        self.ctx.hinted(self.answer_keep_alive(req).await)
+    }
+
+    async fn close_session(
+        &self,
+        req: Request<v1::CloseSessionRequest>,
+    ) -> Result<Response<v1::CloseSessionResponse>, Status> {
+        self.ctx.hinted(self.answer_close_session(req).await)
+    }
+
+    async fn describe(
+        &self,
+        req: Request<v1::DescribeRequest>,
+    ) -> Result<Response<v1::DescribeResponse>, Status> {
+        self.ctx.hinted(self.answer_describe(req).await)
+    }
+
+    async fn validate_token(
+        &self,
+        req: Request<v1::ValidateTokenRequest>,
+    ) -> Result<Response<v1::ValidateTokenResponse>, Status> {
+        self.ctx.hinted(self.answer_validate_token(req).await)
+    }
+
+    async fn validate_tokens(
+        &self,
+        req: Request<v1::ValidateTokensRequest>,
+    ) -> Result<Response<v1::ValidateTokensResponse>, Status> {
+        self.ctx.hinted(self.answer_validate_tokens(req).await)
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<v1::WatchRequest>) -> Result<Response<WatchStream>, Status> {
+        self.ctx.hinted(self.answer_watch(req).await)
+    }
+
+    async fn history(
+        &self,
+        req: Request<v1::HistoryRequest>,
+    ) -> Result<Response<v1::HistoryResponse>, Status> {
+        self.ctx.hinted(self.answer_history(req).await)
+    }
+}
+
+/// The body of a Watch answer.
+pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<v1::WatchResponse, Status>>;
