@@ -503,14 +503,13 @@ impl NodeCore {
                 max_waiters_per_identity: cfg.max_waiters_per_identity,
             },
         )
-        .with_forward_tls(tls.clone())
+        .with_forwarding(tls.clone(), reachability)
         .with_early_answers(early_answers)
         .with_watchers(Watchers::new(
             cfg.max_watchers,
             cfg.max_watchers_per_identity,
             cfg.watch_buffer,
         ))
-        .with_reachability(reachability)
         .with_repair(Arc::clone(&repair_gate));
 
         let stop = CancellationToken::new();

@@ -2,13 +2,12 @@
 //! and the read index.
 
 use std::{
-    collections::HashMap,
-    sync::{atomic::AtomicU64, Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use fenced_core::{ClusterTime, Command, CommandOutcome, IdentityBounds, Limits};
-use tonic::{transport::Channel, Status};
+use tonic::Status;
 
 use crate::{
     auth::Auth,
@@ -25,7 +24,7 @@ use crate::{
     watch::Watchers,
 };
 
-use super::forward::not_leader;
+use super::forward::{not_leader, Forwarding};
 
 /// Everything the services of one node share.
 #[derive(Clone)]
@@ -49,14 +48,8 @@ pub struct NodeContext {
     pub identity_bounds: IdentityBounds,
     /// Watch streams served by this node, and their bounds.
     pub watchers: Arc<Watchers>,
-    pub(super) forward: Arc<Mutex<HashMap<(NodeId, String), Channel>>>,
-    /// Calls this node sent on to the leader.
-    pub(crate) forwarded: Arc<AtomicU64>,
-    /// Forwarded calls go over mutual TLS when set.
-    pub(super) forward_tls: Option<Arc<NodeTls>>,
-    /// Which peers this node's Raft calls and pre-votes could not reach:
-    /// told to a client that finds no leader here.
-    pub(super) reachability: Arc<Reachability>,
+    /// Sending calls on to the leader.
+    pub(super) forwarding: Arc<Forwarding>,
     /// Early copies of this node's appends and the calls their answers
     /// stood in for (counted for /metrics).
     pub early: Arc<EarlyAnswers>,
@@ -113,15 +106,12 @@ impl NodeContext {
                 max_leases_per_identity: crate::limits::DEFAULT_MAX_LEASES_PER_IDENTITY,
                 max_waiters_per_identity: crate::limits::DEFAULT_MAX_WAITERS_PER_IDENTITY,
             },
-            forward: Arc::default(),
-            forwarded: Arc::default(),
-            forward_tls: None,
+            forwarding: Arc::default(),
             watchers: Arc::new(Watchers::new(
                 crate::watch::DEFAULT_MAX_WATCHERS,
                 crate::watch::DEFAULT_MAX_WATCHERS_PER_IDENTITY,
                 crate::watch::DEFAULT_WATCH_BUFFER,
             )),
-            reachability: Arc::default(),
             early: Arc::default(),
             repair: Arc::default(),
         }
@@ -145,18 +135,15 @@ impl NodeContext {
         Self { repair, ..self }
     }
 
-    /// Reports peers' reachability from `reachability` in refusals.
-    pub fn with_reachability(self, reachability: Arc<Reachability>) -> Self {
+    /// Forwards to the leader over mutual TLS when `tls` is set, and
+    /// reports peers' reachability from `reachability` in refusals.
+    pub fn with_forwarding(
+        self,
+        tls: Option<Arc<NodeTls>>,
+        reachability: Arc<Reachability>,
+    ) -> Self {
         Self {
-            reachability,
-            ..self
-        }
-    }
-
-    /// Forwards to the leader over mutual TLS.
-    pub fn with_forward_tls(self, tls: Option<Arc<NodeTls>>) -> Self {
-        Self {
-            forward_tls: tls,
+            forwarding: Arc::new(Forwarding::new(tls, reachability)),
             ..self
         }
     }

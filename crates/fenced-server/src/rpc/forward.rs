@@ -3,7 +3,11 @@
 //! every answer carries.
 
 use std::{
-    sync::{atomic::Ordering, PoisonError},
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
     time::{Duration, Instant},
 };
 
@@ -17,12 +21,39 @@ use tonic::{
 use crate::{
     auth::FORWARDED_IDENTITY,
     headers::{LEADER_HEADER, NODE_HEADER},
+    network::Reachability,
     peer_channel::peer_channel,
     proposer::{leader_of, ProposeError},
+    tls::NodeTls,
     types::{Node, NodeId},
 };
 
 use super::context::NodeContext;
+
+/// What forwarding to the leader keeps: a channel per leader, the calls
+/// sent on, the TLS they go over, and which peers this node's Raft calls
+/// and pre-votes could not reach (told to a client that finds no leader
+/// here).
+#[derive(Default)]
+pub(crate) struct Forwarding {
+    /// By leader id and address: the answer must come from that node's
+    /// certificate, and an id may move to another address.
+    channels: Mutex<HashMap<(NodeId, String), Channel>>,
+    sent: AtomicU64,
+    /// Forwarded calls go over mutual TLS when set.
+    tls: Option<Arc<NodeTls>>,
+    reachability: Arc<Reachability>,
+}
+
+impl Forwarding {
+    pub(super) fn new(tls: Option<Arc<NodeTls>>, reachability: Arc<Reachability>) -> Self {
+        Self {
+            tls,
+            reachability,
+            ..Self::default()
+        }
+    }
+}
 
 /// Marks a request a follower forwarded, so it is never forwarded twice: a
 /// node that is not the leader refuses such a call instead.
@@ -44,7 +75,7 @@ impl NodeContext {
         };
         let reachable = voters
             .iter()
-            .filter(|id| **id == self.id || self.reachability.is_reachable(**id))
+            .filter(|id| **id == self.id || self.forwarding.reachability.is_reachable(**id))
             .count();
         Status::unavailable(no_leader_message(self.id, reachable, voters.len()))
     }
@@ -67,7 +98,11 @@ impl NodeContext {
     }
 
     pub(crate) fn channel_to(&self, leader: &(NodeId, Node)) -> Result<Channel, Status> {
-        let mut map = self.forward.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = self
+            .forwarding
+            .channels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         // By id and address: the answer must come from that node's
         // certificate, and an id may move to another address.
         let key = (leader.0, leader.1.peer_addr.clone());
@@ -75,7 +110,7 @@ impl NodeContext {
             return Ok(ch.clone());
         }
         let addr = &key.1;
-        let ch = peer_channel(addr, self.forward_tls.as_ref(), Some(leader.0))
+        let ch = peer_channel(addr, self.forwarding.tls.as_ref(), Some(leader.0))
             .map_err(|e| Status::unavailable(format!("leader address {addr}: {e}")))?;
         map.insert(key, ch.clone());
         Ok(ch)
@@ -83,7 +118,12 @@ impl NodeContext {
 
     /// Calls this node has forwarded to the leader since it started.
     pub fn forwarded_calls(&self) -> u64 {
-        self.forwarded.load(Ordering::Relaxed)
+        self.forwarding.sent.load(Ordering::Relaxed)
+    }
+
+    /// Counts a call sent on to the leader.
+    pub(crate) fn count_forward(&self) {
+        self.forwarding.sent.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The leader hint, `<id>,<client address>`, as this node knows it now.
@@ -258,8 +298,7 @@ macro_rules! forward_or {
                 ));
             };
             let ch = $ctx.channel_to(&leader)?;
-            $ctx.forwarded
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            $ctx.count_forward();
             let authorization = $req.metadata().get("authorization").cloned();
             return $client::new(ch)
                 .$method($crate::rpc::forward::forwarded(
