@@ -39,7 +39,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-cargo build --locked -p fenced-jepsen -p fenced-server --bins
+# The same set as .ci/run's build (examples too: their dev-dependencies
+# change the features of shared crates), so that nothing compiles there.
+cargo build --locked --workspace --bins --examples
 
 mode=${1:-quick}
 case "$mode" in
@@ -56,12 +58,15 @@ canary)
     [ $# -gt 0 ] || { echo "usage: $0 canary NAME..." >&2; exit 2; }
     mkdir -p target/jepsen/bin
     restore() {
-        cargo build --locked -p fenced-server --bin fenced >/dev/null 2>&1 || true
+        # Fresh: the real binaries are only copied back into place.
+        cargo build --locked --workspace --bins --examples >/dev/null 2>&1 || true
         cleanup
     }
     trap restore EXIT
-    # One build serves every canary: the bug is planted at start.
-    cargo build --locked -p fenced-server --bin fenced --features canaries
+    # One build serves every canary: the bug is planted at start. The same
+    # set as .ci/run's simulation canaries, so that CI builds it once.
+    cargo build --locked -p fenced-server -p fenced-sim --bins \
+        --features fenced-server/canaries,fenced-sim/canaries
     cp target/debug/fenced target/jepsen/bin/fenced-canaries
     for name in "$@"; do
         case "$name" in
