@@ -18,7 +18,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
 };
 
@@ -334,8 +333,7 @@ pub fn lay_down(
     }
     let result = (|| {
         for d in [tmp.clone(), tmp.join(crate::data_format::STATE_DIR)] {
-            std::fs::create_dir_all(&d).map_err(io(&d))?;
-            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).map_err(io(&d))?;
+            data_format::private_dir(&d).map_err(io(&d))?;
         }
         data_format::write(&tmp).map_err(io(&tmp))?;
         // Term 0: the new cluster's first election is term 1, above it.

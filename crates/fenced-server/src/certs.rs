@@ -250,6 +250,9 @@ fn validity(params: &mut CertificateParams, days: i64) {
     params.not_after = now + Duration::days(days);
 }
 
+/// Creates the directory (0700) if it is missing. Unlike a data
+/// directory's (`data_format::private_dir`), an existing one keeps its
+/// mode: `--dir` may name a directory the operator uses for other things.
 fn make_dir(dir: &Path) -> Result<(), String> {
     fs::DirBuilder::new()
         .recursive(true)

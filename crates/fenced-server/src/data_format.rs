@@ -11,7 +11,7 @@
 
 use std::{
     io::{self, Write},
-    os::unix::fs::OpenOptionsExt,
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
 };
 
@@ -94,6 +94,20 @@ pub fn write(dir: &Path) -> io::Result<()> {
     )
 }
 
+/// Makes `dir` and any missing parent readable by this user only (0700),
+/// and tightens `dir` to 0700 if it was there already: a data directory,
+/// its stores and a certificate directory hold owner ids and keys. The
+/// error names the directory.
+pub fn private_dir(dir: &Path) -> io::Result<()> {
+    let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", dir.display()));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(named)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(named)
+}
+
 /// Writes `bytes` to `path` atomically: a temporary file beside it (0600),
 /// fsync, rename, fsync of the directory.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -141,6 +155,25 @@ mod tests {
         assert!(e.contains("format") && e.contains("version 9"), "{e}");
         std::fs::write(dir.path().join(FILE_NAME), "junk").unwrap();
         assert!(check(dir.path()).is_err());
+    }
+
+    #[test]
+    fn a_private_dir_is_made_0700_and_an_open_one_tightened() {
+        let root = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let nested = root.path().join("a").join("b");
+        private_dir(&nested).unwrap();
+        assert_eq!(mode(&nested), 0o700);
+        assert_eq!(mode(&root.path().join("a")), 0o700);
+        let open = root.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&open).unwrap();
+        assert_eq!(mode(&open), 0o700);
+        let file = root.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let e = private_dir(&file.join("under")).unwrap_err().to_string();
+        assert!(e.contains("under"), "{e}");
     }
 
     #[test]

@@ -918,12 +918,7 @@ fn private_dirs(data_dir: &Path) -> std::io::Result<()> {
         data_dir.join(LOG_DIR),
         data_dir.join(STATE_DIR),
     ] {
-        std::fs::create_dir_all(&dir)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-        }
+        crate::data_format::private_dir(&dir)?;
     }
     Ok(())
 }

@@ -95,7 +95,7 @@ pub fn prepare(dir: &Path, node: NodeId, unix_seconds: u64) -> io::Result<Prepar
     } else {
         None
     };
-    create_private(dir)?;
+    data_format::private_dir(dir)?;
     marker::write(
         dir,
         &Marker {
@@ -112,7 +112,7 @@ pub fn prepare(dir: &Path, node: NodeId, unix_seconds: u64) -> io::Result<Prepar
                 format!("{}: already exists; try again in a second", aside.display()),
             ));
         }
-        create_private(&aside)?;
+        data_format::private_dir(&aside)?;
         for name in to_move {
             std::fs::rename(dir.join(name), aside.join(name)).map_err(|e| {
                 io::Error::new(
@@ -127,15 +127,6 @@ pub fn prepare(dir: &Path, node: NodeId, unix_seconds: u64) -> io::Result<Prepar
     data_format::write(dir)?;
     std::fs::File::open(dir)?.sync_all()?;
     Ok(Prepared { moved_to })
-}
-
-fn create_private(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
 }
 
 #[cfg(test)]

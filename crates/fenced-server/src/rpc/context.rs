@@ -7,7 +7,7 @@ use std::{
 };
 
 use fenced_core::{ClusterTime, Command, CommandOutcome, IdentityBounds, Limits};
-use tonic::Status;
+use tonic::{Response, Status};
 
 use crate::{
     auth::Auth,
@@ -176,6 +176,31 @@ impl NodeContext {
     pub(crate) fn read_time(&self) -> (ClusterTime, LeaderTime) {
         let term = self.raft.metrics().borrow().current_term;
         self.time.for_read(term)
+    }
+
+    /// Proposes `command` as [`Self::propose`] does, a refusal turned into
+    /// the status the caller is told (one naming the leader when this
+    /// node is not it).
+    pub(crate) async fn propose_or_refuse<T: CommandOutcome>(
+        &self,
+        command: Command,
+        deadline: Option<Instant>,
+    ) -> Result<(T, ClusterTime), Status> {
+        self.propose(command, deadline)
+            .await
+            .map_err(|e| self.propose_status(e))
+    }
+
+    /// Proposes `command` and answers with `reply` of its outcome: how
+    /// every write call ends.
+    pub(crate) async fn decide<T: CommandOutcome, R>(
+        &self,
+        command: Command,
+        deadline: Option<Instant>,
+        reply: impl FnOnce(&T, ClusterTime) -> Result<R, Status>,
+    ) -> Result<Response<R>, Status> {
+        let (outcome, now) = self.propose_or_refuse(command, deadline).await?;
+        reply(&outcome, now).map(Response::new)
     }
 
     /// Proposes `command` and waits for its outcome, of the command's own

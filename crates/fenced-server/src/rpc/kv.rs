@@ -70,12 +70,7 @@ impl KvService {
         let identity = self.authorize_write(&req, "kv_put", &command)?;
         crate::forward_or!(self.ctx, req, deadline, identity, KvClient, put);
         let command = self.ctx.as_caller(command, identity.as_deref());
-        let (outcome, now) = self
-            .ctx
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        kv_put_reply(&outcome, now).map(Response::new)
+        self.ctx.decide(command, deadline, kv_put_reply).await
     }
 
     async fn answer_delete(
@@ -87,12 +82,7 @@ impl KvService {
         let identity = self.authorize_write(&req, "kv_delete", &command)?;
         crate::forward_or!(self.ctx, req, deadline, identity, KvClient, delete);
         let command = self.ctx.as_caller(command, identity.as_deref());
-        let (outcome, now) = self
-            .ctx
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        kv_delete_reply(&outcome, now).map(Response::new)
+        self.ctx.decide(command, deadline, kv_delete_reply).await
     }
 
     async fn answer_get(

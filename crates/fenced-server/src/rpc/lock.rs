@@ -1,13 +1,9 @@
 //! The Lock service: leases, sessions, describe, history and watch.
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use fenced_core::{
-    AcquireInSessionOutcome, AcquireOutcome, ClusterTime, Command, CommandOutcome, Limits, OwnerId,
-    ResourceName,
+    AcquireInSessionOutcome, AcquireOutcome, Command, Limits, OwnerId, ResourceName,
 };
 use fenced_proto::{
     acquire_command, acquire_in_session_command, acquire_in_session_reply, acquire_reply,
@@ -19,7 +15,7 @@ use fenced_proto::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::{auth::Permission, deadline::deadline_of, parking::WaitEnd, proposer::ProposeError};
+use crate::{auth::Permission, deadline::deadline_of, parking::WaitEnd};
 
 use crate::forward_or;
 
@@ -80,28 +76,6 @@ impl LockService {
         )
     }
 
-    async fn propose<T: CommandOutcome>(
-        &self,
-        command: fenced_core::Command,
-        deadline: Option<Instant>,
-    ) -> Result<(T, ClusterTime), ProposeError> {
-        self.ctx.propose(command, deadline).await
-    }
-
-    /// Proposes `command` and answers with `reply` of its outcome.
-    async fn decide<T: CommandOutcome, R>(
-        &self,
-        command: Command,
-        deadline: Option<Instant>,
-        reply: fn(&T, ClusterTime) -> Result<R, Status>,
-    ) -> Result<Response<R>, Status> {
-        let (outcome, now) = self
-            .propose(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        reply(&outcome, now).map(Response::new)
-    }
-
     async fn answer_acquire(
         &self,
         req: Request<v1::AcquireRequest>,
@@ -133,9 +107,9 @@ impl LockService {
             None
         };
         let (outcome, now) = self
-            .propose::<AcquireOutcome>(command, deadline)
-            .await
-            .map_err(|e| self.ctx.propose_status(e))?;
+            .ctx
+            .propose_or_refuse::<AcquireOutcome>(command, deadline)
+            .await?;
         let (AcquireOutcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
             return acquire_reply(&outcome, resource.as_str(), now).map(Response::new);
         };
@@ -177,7 +151,7 @@ impl LockService {
         let identity = self.authorize(&req, Permission::Lock, "renew", &resource)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, renew);
         let command = self.ctx.as_caller(command, identity.as_deref());
-        self.decide(command, deadline, renew_reply).await
+        self.ctx.decide(command, deadline, renew_reply).await
     }
 
     /// Every lease of the call in one command, hence one log entry at one
@@ -197,11 +171,11 @@ impl LockService {
         }
         forward_or!(self.ctx, req, deadline, identity, LockClient, renew_many);
         let command = self.ctx.as_caller(command, identity.as_deref());
-        let (outcomes, now) = self
-            .propose::<Vec<_>>(command, deadline)
+        self.ctx
+            .decide(command, deadline, |outcomes: &Vec<_>, now| {
+                renew_many_reply(outcomes, now)
+            })
             .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        renew_many_reply(&outcomes, now).map(Response::new)
     }
 
     async fn answer_release(
@@ -214,11 +188,11 @@ impl LockService {
         let identity = self.authorize(&req, Permission::Lock, "release", &resource)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, release);
         let command = self.ctx.as_caller(command, identity.as_deref());
-        let (outcome, now) = self
-            .propose(command, deadline)
+        self.ctx
+            .decide(command, deadline, |outcome, now| {
+                Ok(release_reply(outcome, now))
+            })
             .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        Ok(Response::new(release_reply(&outcome, now)))
     }
 
     /// A lease that lives with the caller's session; never waits.
@@ -245,11 +219,15 @@ impl LockService {
             acquire_in_session
         );
         let command = self.ctx.as_caller(command, identity.as_deref());
-        let (outcome, now) = self
-            .propose::<AcquireInSessionOutcome>(command, deadline)
+        self.ctx
+            .decide(
+                command,
+                deadline,
+                |outcome: &AcquireInSessionOutcome, now| {
+                    acquire_in_session_reply(outcome, resource.as_str(), now)
+                },
+            )
             .await
-            .map_err(|e| self.ctx.propose_status(e))?;
-        acquire_in_session_reply(&outcome, resource.as_str(), now).map(Response::new)
     }
 
     async fn answer_open_session(
@@ -260,7 +238,7 @@ impl LockService {
         let (identity, command) =
             self.session_command(&req, "open_session", open_session_command)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, open_session);
-        self.decide(command, deadline, session_reply).await
+        self.ctx.decide(command, deadline, session_reply).await
     }
 
     async fn answer_keep_alive(
@@ -270,7 +248,7 @@ impl LockService {
         let deadline = deadline_of(&req);
         let (identity, command) = self.session_command(&req, "keep_alive", keep_alive_command)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, keep_alive);
-        self.decide(command, deadline, session_reply).await
+        self.ctx.decide(command, deadline, session_reply).await
     }
 
     async fn answer_close_session(
@@ -281,7 +259,9 @@ impl LockService {
         let (identity, command) =
             self.session_command(&req, "close_session", close_session_command)?;
         forward_or!(self.ctx, req, deadline, identity, LockClient, close_session);
-        self.decide(command, deadline, close_session_reply).await
+        self.ctx
+            .decide(command, deadline, close_session_reply)
+            .await
     }
 
     async fn answer_describe(
