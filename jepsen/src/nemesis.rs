@@ -1330,6 +1330,17 @@ pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
         Fault::KillRandom,
         Fault::PauseLeader { ms: 5000 },
     ];
+    // The disk profile's halves, each a profile of its own too, for the
+    // canary that only it shows.
+    let damage = vec![
+        Fault::Damage { leader: false },
+        Fault::Damage { leader: true },
+        Fault::Wipe,
+    ];
+    let full_disk = vec![
+        Fault::FullDisk { leader: false },
+        Fault::FullDisk { leader: true },
+    ];
     Some(match profile {
         "none" => Vec::new(),
         "membership" => membership,
@@ -1340,23 +1351,9 @@ pub fn profile_faults(profile: &str) -> Option<Vec<Fault>> {
         "snapshots" => snapshots,
         // Run with a snapshot every 50 entries, like "snapshots": a damaged
         // byte falls in the snapshot or in the log.
-        "disk" => vec![
-            Fault::Damage { leader: false },
-            Fault::Damage { leader: true },
-            Fault::Wipe,
-            Fault::FullDisk { leader: false },
-            Fault::FullDisk { leader: true },
-        ],
-        // Each half of "disk" alone, for the canary that only it shows.
-        "damage" => vec![
-            Fault::Damage { leader: false },
-            Fault::Damage { leader: true },
-            Fault::Wipe,
-        ],
-        "full-disk" => vec![
-            Fault::FullDisk { leader: false },
-            Fault::FullDisk { leader: true },
-        ],
+        "disk" => [damage, full_disk].concat(),
+        "damage" => damage,
+        "full-disk" => full_disk,
         "all" => [partition, pause, kill, clock].concat(),
         _ => return None,
     })

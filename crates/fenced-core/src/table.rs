@@ -995,7 +995,7 @@ impl LeaseTable {
                 bounds,
             } => {
                 let holder = self.check_kv_writer(resource, *owner, *token, who, now, events);
-                // CANARY (deliberately broken build for fenced-jepsen):
+                // CANARY (planted in a `canaries` build, `canary::on`):
                 // a put is applied whoever holds the resource.
                 let holder = if crate::canary::on(crate::canary::Canary::KvSkipHolderCheck) {
                     holder.or(Ok(()))
@@ -1169,7 +1169,7 @@ impl LeaseTable {
         if let Some(reason) = rec.ended_attempt(owner) {
             return AcquireOutcome::Ended(reason);
         }
-        // CANARY (deliberately broken build for fenced-jepsen): grants over
+        // CANARY (planted in a `canaries` build, `canary::on`): grants over
         // another owner's live lease.
         if crate::canary::on(crate::canary::Canary::SkipLeaseCheck) {
             if let Some(lease) = rec.holder.take_if(|l| l.owner != owner) {
@@ -1434,7 +1434,7 @@ impl LeaseTable {
         let Some(rec) = self.records.get_mut(name) else {
             return ReleaseOutcome::NotHolder(LostReason::Unknown);
         };
-        // CANARY (deliberately broken build for fenced-jepsen): any owner id
+        // CANARY (planted in a `canaries` build, `canary::on`): any owner id
         // and token release the current lease.
         let (owner, token, who) = match &rec.holder {
             Some(l) if crate::canary::on(crate::canary::Canary::AnyoneRelease) => {
@@ -1712,7 +1712,7 @@ impl LeaseTable {
 
     fn check_one(&self, name: &ResourceName, rec: &Record) -> Result<(), String> {
         let fail = |what: &str| Err(format!("resource {name}: {what}"));
-        // CANARY (deliberately broken build for fenced-jepsen): the check that
+        // CANARY (planted in a `canaries` build, `canary::on`): the check that
         // would stop the reuse-token canary below is skipped, so it misbehaves.
         if rec.last_token.get() > self.last_token
             && !crate::canary::on(crate::canary::Canary::ReuseToken)

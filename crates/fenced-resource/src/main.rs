@@ -266,7 +266,7 @@ fn main() -> ExitCode {
         let mut service = ResourceService::new(store).with_auth(auth.clone());
         match current {
             Some(check) => {
-                tracing::info!("every write needs a token current for its owner id on the lock cluster");
+                tracing::info!("every write needs a token the lock cluster answers as current");
                 service = service.with_current_check(check);
             }
             None => tracing::warn!(

@@ -115,8 +115,8 @@ pub fn unframe<'a>(path: &Path, bytes: &'a [u8]) -> Result<&'a [u8], Damaged> {
     }
     let stored = be_u32(&bytes[crc_at..]);
     let computed = crc32fast::hash(&bytes[..crc_at]);
-    // CANARY (deliberately broken build for the fault campaign's disk
-    // profile): a file whose CRC fails is loaded anyway.
+    // CANARY (planted in a `canaries` build, `canary::on`): a file whose
+    // CRC fails is loaded anyway.
     if stored != computed && !fenced_core::canary::on(fenced_core::canary::Canary::SkipChecksum) {
         return Err(damaged(
             crc_at,

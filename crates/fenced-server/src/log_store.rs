@@ -195,7 +195,7 @@ impl PurgeHorizon {
         let Some(wanted) = gate.deferred else {
             return Ok(());
         };
-        // CANARY (deliberately broken build for fenced-sim): purges as far
+        // CANARY (planted in a `canaries` build, `canary::on`): purges as far
         // as openraft asks, past the snapshot on disk.
         let durable = if fenced_core::canary::on(fenced_core::canary::Canary::PurgePastSnapshot) {
             Some(wanted)
@@ -727,7 +727,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         wal.append(items).map_err(write_err)?;
         if let Some(fsync) = &self.sim_fsync {
             drop(wal);
-            // CANARY (deliberately broken build for fenced-sim): a flush
+            // CANARY (planted in a `canaries` build, `canary::on`): a flush
             // that failed is reported done, as if the error were passing.
             let flushed = match self.flush_simulated(fsync) {
                 Err(e) if fenced_core::canary::on(fenced_core::canary::Canary::AckFailedFlush) => {

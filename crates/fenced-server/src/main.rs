@@ -541,7 +541,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
                 path = %failed_path(&dir, &error).display(),
                 "storage failed: {error}; stopping so a supervisor restarts the node"
             );
-            // CANARY (deliberately broken build for fenced-jepsen): the
+            // CANARY (planted in a `canaries` build, `canary::on`): the
             // node stays up past a failed write.
             if fenced_core::canary::on(fenced_core::canary::Canary::SurviveStorageFailure) {
                 std::future::pending::<()>().await;

@@ -357,7 +357,7 @@ impl Builder {
         let Builder {
             mut table, records, ..
         } = self;
-        // CANARY (deliberately broken build for fenced-jepsen): a table loaded
+        // CANARY (planted in a `canaries` build, `canary::on`): a table loaded
         // from a snapshot (a restart, or a snapshot installed from the leader)
         // forgets its token counter, as if the snapshot did not carry it, and
         // counts again from 0: every resource it remembers is then granted

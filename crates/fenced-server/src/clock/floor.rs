@@ -170,7 +170,7 @@ impl TimeFloor {
     /// Notes a time a leader issued.
     pub fn raise(&self, t: LeaderTime) {
         let mut times = self.times.lock().unwrap_or_else(PoisonError::into_inner);
-        // CANARY (deliberately broken build for fenced-jepsen): floors
+        // CANARY (planted in a `canaries` build, `canary::on`): floors
         // compare by time alone, so a woken leader's late time carries a
         // later leader's clock ahead.
         if fenced_core::canary::on(fenced_core::canary::Canary::FloorByTime) {

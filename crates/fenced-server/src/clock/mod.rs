@@ -65,7 +65,7 @@ impl ClusterClock {
     }
 
     fn mono(&self) -> Duration {
-        // CANARY (deliberately broken build for fenced-jepsen): leases run on
+        // CANARY (planted in a `canaries` build, `canary::on`): leases run on
         // the wall clock, so a clock step ends them early.
         if fenced_core::canary::on(fenced_core::canary::Canary::WallClockExpiry) {
             return std::time::SystemTime::now()
@@ -160,7 +160,7 @@ impl ClusterClock {
             Some((t, at)) if t == term => at,
             _ => self.mono(),
         };
-        // CANARY (deliberately broken build for fenced-jepsen): the clock
+        // CANARY (planted in a `canaries` build, `canary::on`): the clock
         // starts from the last entry's stamp alone, so an idle cluster's time
         // runs back at a leader change.
         let seen = if fenced_core::canary::on(fenced_core::canary::Canary::ClockFromLastStamp) {

@@ -270,7 +270,7 @@ impl LockService {
     ) -> Result<Response<v1::DescribeResponse>, Status> {
         let resource = describe_resource(req.get_ref()).map_err(|e| invalid_argument(&e))?;
         let identity = self.authorize(&req, Permission::Read, "describe", &resource)?;
-        // CANARY (deliberately broken build for fenced-jepsen): every read
+        // CANARY (planted in a `canaries` build, `canary::on`): every read
         // is served from this node's local state.
         if req.get_ref().allow_stale
             || fenced_core::canary::on(fenced_core::canary::Canary::LocalDescribe)

@@ -315,7 +315,7 @@ impl Snapshots {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         self.refuse_if_halted()?;
         let on_disk = self.durable_last();
-        // CANARY (deliberately broken build for fenced-sim): a snapshot
+        // CANARY (planted in a `canaries` build, `canary::on`): a snapshot
         // built while a newer one was installed replaces it.
         let refuse_older = !fenced_core::canary::on(fenced_core::canary::Canary::OlderSnapshotWins);
         if refuse_older && meta.last_log_id <= on_disk {
