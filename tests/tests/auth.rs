@@ -442,7 +442,7 @@ async fn fencectl_sends_its_token_and_says_which_check_failed() {
     std::fs::write(&token_file, "alice-token\n").unwrap();
 
     let ok = cluster.fencectl(&[
-        "--token",
+        "--auth-token",
         "alice-token",
         "acquire",
         "orders/ctl",
@@ -456,7 +456,7 @@ async fn fencectl_sends_its_token_and_says_which_check_failed() {
     );
 
     let out = cluster.fencectl(&[
-        "--token-file",
+        "--auth-token-file",
         token_file.to_str().unwrap(),
         "acquire",
         "jobs/ctl",
@@ -472,7 +472,19 @@ async fn fencectl_sends_its_token_and_says_which_check_failed() {
         "{stderr}"
     );
 
-    let out = cluster.fencectl(&["--token", "wrong", "describe", "orders/ctl"]);
+    // The old spelling before the subcommand still authenticates, with a
+    // warning naming the new one; --auth-token may also follow the
+    // subcommand, where --token is the fencing token.
+    let old = cluster.fencectl(&["--token", "alice-token", "describe", "orders/ctl"]);
+    let stderr = String::from_utf8_lossy(&old.stderr);
+    assert!(old.status.success(), "{stderr}");
+    assert!(stderr.contains("--auth-token"), "{stderr}");
+    let after = cluster.fencectl(&["describe", "orders/ctl", "--auth-token", "alice-token"]);
+    let stderr = String::from_utf8_lossy(&after.stderr);
+    assert!(after.status.success(), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+
+    let out = cluster.fencectl(&["--auth-token", "wrong", "describe", "orders/ctl"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(5), "{stderr}");
     assert!(stderr.contains("authentication failed"), "{stderr}");

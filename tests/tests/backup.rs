@@ -490,7 +490,7 @@ async fn a_snapshot_save_needs_the_admin_role_and_a_refusal_writes_nothing() {
     for (token, code) in [(None, 5), (Some("worker-token"), 5)] {
         let mut args = Vec::new();
         if let Some(t) = token {
-            args.extend(["--token", t]);
+            args.extend(["--auth-token", t]);
         }
         args.extend(["snapshot", "save", path]);
         let out = cluster.fencectl(&args);
@@ -502,7 +502,7 @@ async fn a_snapshot_save_needs_the_admin_role_and_a_refusal_writes_nothing() {
         );
         assert!(!file.exists(), "{token:?}: a refused save wrote the file");
     }
-    let out = cluster.fencectl(&["--token", "root-token", "snapshot", "save", path]);
+    let out = cluster.fencectl(&["--auth-token", "root-token", "snapshot", "save", path]);
     assert!(
         out.status.success(),
         "{}",

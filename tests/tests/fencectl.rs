@@ -202,3 +202,97 @@ fn fencectl_refuses_a_token_over_plaintext_to_a_remote_endpoint() {
     let out = fencectl(&closed, &["--token", "secret"], None);
     assert_eq!(out.status.code(), Some(6), "{:?}", out.stderr);
 }
+
+/// With nothing listening at any endpoint, a command fails within a second
+/// (exit 6, naming the endpoints), not after the 10 s --timeout.
+#[test]
+fn every_endpoint_refusing_fails_within_a_second_with_6() {
+    let ports: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", fenced_tests::free_port()))
+        .collect();
+    for command in [
+        &["acquire", "x", "--ttl", "30s"][..],
+        &["describe", "x"],
+        &["kv", "get", "k"],
+        &["lock", "x", "--ttl", "30s", "--wait", "1m"],
+    ] {
+        let started = std::time::Instant::now();
+        let out = std::process::Command::new(fenced_tests::bin("fencectl"))
+            .args(["--endpoints", &ports.join(",")])
+            .args(command)
+            .output()
+            .unwrap();
+        let took = started.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(6), "{command:?}: {stderr}");
+        assert!(
+            took < std::time::Duration::from_secs(1),
+            "{command:?} took {took:?}"
+        );
+        assert!(
+            stderr.contains("connection refused") && stderr.contains(&ports[2]),
+            "{command:?}: {stderr}"
+        );
+    }
+}
+
+/// While an acquire waits for a held resource, stderr says who holds it and
+/// for how long; --json and --quiet keep stderr quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_says_who_holds_and_for_how_long() {
+    let cluster = Cluster::start(3).await;
+    for (flags, talks) in [(&[][..], true), (&["--quiet"], false), (&["--json"], false)] {
+        let resource = format!(
+            "held-{}",
+            flags.len() + usize::from(flags.contains(&"--json"))
+        );
+        let (code, first) = run(&cluster, &["acquire", &resource, "--ttl", "3s"]);
+        assert_eq!(code, 0, "{first}");
+        let mut args = flags.to_vec();
+        args.extend(["acquire", &resource, "--ttl", "5s", "--wait", "20s"]);
+        let out = cluster.fencectl(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{flags:?}: {stderr}");
+        let said = format!("waiting for {resource}: held by token {}", first["token"]);
+        assert_eq!(stderr.contains(&said), talks, "{flags:?}: {stderr}");
+        if talks {
+            assert!(stderr.contains("s left"), "{stderr}");
+            // At most a line a second over a wait of about 3 s.
+            assert!(stderr.lines().count() <= 4, "{stderr}");
+        } else {
+            assert!(stderr.is_empty(), "{flags:?}: {stderr}");
+        }
+    }
+}
+
+/// Every flag of the commands that take a lease is explained, with the
+/// bounds the cluster applies.
+#[test]
+fn help_explains_ttl_wait_and_their_bounds() {
+    for command in ["acquire", "lock", "run"] {
+        let out = std::process::Command::new(fenced_tests::bin("fencectl"))
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{help}");
+        for needed in ["--ttl <TTL>", "--wait <WAIT>", "1s", "1h", "1 to 200 bytes"] {
+            assert!(
+                help.contains(needed),
+                "{command} --help lacks {needed:?}: {help}"
+            );
+        }
+        // Each flag is explained on its line (clap puts the text beside it).
+        for flag in ["--ttl <TTL>", "--wait <WAIT>"] {
+            let line = help
+                .lines()
+                .find(|l| l.trim_start().starts_with(flag))
+                .unwrap();
+            let text = line
+                .split_once(flag)
+                .map(|(_, t)| t.trim())
+                .unwrap_or_default();
+            assert!(text.len() > 20, "{command}: {flag} unexplained: {line:?}");
+        }
+    }
+}

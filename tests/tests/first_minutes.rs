@@ -448,3 +448,17 @@ fn every_command_and_subcommand_help_has_examples() {
     // fenced: itself, 6 commands, 4 under `certs`, 2 under `auth`.
     assert!(every_help_has_examples("fenced", &[]) >= 13);
 }
+
+/// A node whose stderr goes to a file (a service manager, `2> node.log`)
+/// writes plain text: no terminal colour codes for grep and log shippers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_logging_to_a_file_writes_no_colour_codes() {
+    let cluster = Cluster::start(3).await;
+    cluster.client().describe("colour").await.unwrap();
+    let log = cluster.log_of(1);
+    assert!(log.contains("INFO"), "node 1 logged nothing: {log:?}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a log file: {log:?}"
+    );
+}

@@ -575,7 +575,7 @@ async fn only_admins_change_members_even_a_node_s_own_addition() {
         &["member", "remove", "2"],
     ];
     for command in commands {
-        let mut as_bob = vec!["--token", "bob-token"];
+        let mut as_bob = vec!["--auth-token", "bob-token"];
         as_bob.extend_from_slice(command);
         let (code, err) = ctl_refused(&cluster, &as_bob);
         assert_eq!(code, Some(5), "{command:?} as bob: {err}");

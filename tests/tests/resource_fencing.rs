@@ -1255,7 +1255,7 @@ async fn puts_need_lock_and_gets_read_on_the_resource_prefix() {
         Command::new(bin("fencectl"))
             .arg("--cacert")
             .arg(pki.ca())
-            .args(["--token", token, "resource", "put", "jobs/paid"])
+            .args(["--auth-token", token, "resource", "put", "jobs/paid"])
             .args(["--token", &holder.token().get().to_string()])
             .args([
                 "--owner-id",

@@ -11,7 +11,7 @@ use nix::{
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use crate::supervise::exit_code;
+use crate::{supervise::exit_code, waiting::while_waiting, Output};
 
 /// Exit code when the lease was lost while held.
 pub const EXIT_LEASE_LOST: u8 = 4;
@@ -74,9 +74,11 @@ pub async fn lock(
     resource: &str,
     ttl: Duration,
     wait: Duration,
-    json_out: bool,
+    out: Output,
 ) -> Result<u8, ClientError> {
-    let lease = client.lock(resource, ttl, wait).await?;
+    let json_out = out.json;
+    let talk = out.talk && !wait.is_zero();
+    let lease = while_waiting(client, resource, talk, client.lock(resource, ttl, wait)).await?;
     granted_line(&lease, json_out);
     tokio::select! {
         reason = lease.lost() => {
@@ -150,8 +152,9 @@ pub async fn run(
     wait: Duration,
     grace: Option<Duration>,
     command: &[String],
-    json_out: bool,
+    out: Output,
 ) -> Result<u8, ClientError> {
+    let json_out = out.json;
     let (options, default_grace) = run_options(ttl);
     let grace = grace.unwrap_or(default_grace);
     let client = client.clone().with_lease_options(options);
@@ -160,7 +163,8 @@ pub async fn run(
             "command: nothing to run after --".into(),
         ));
     }
-    let lease = client.lock(resource, ttl, wait).await?;
+    let talk = out.talk && !wait.is_zero();
+    let lease = while_waiting(&client, resource, talk, client.lock(resource, ttl, wait)).await?;
     // /proc/self/exe: this very binary, even if its file was replaced since.
     // Spawned from the thread that lives as long as this process, as the
     // parent-death signal follows the spawning thread.

@@ -184,10 +184,19 @@ pub async fn execute(
                 })
             }
             Some(read) => {
-                // The value as it is, so `fencectl kv get k > file` round-trips.
-                use std::io::Write;
+                // The value as it is, so `fencectl kv get k > file` round-trips;
+                // on a terminal a newline after it keeps the prompt apart.
+                use std::io::{IsTerminal, Write};
                 let mut out = std::io::stdout().lock();
+                let newline = out.is_terminal() && !read.value.ends_with(b"\n");
                 out.write_all(&read.value)
+                    .and_then(|()| {
+                        if newline {
+                            out.write_all(b"\n")
+                        } else {
+                            Ok(())
+                        }
+                    })
                     .and_then(|()| out.flush())
                     .map_err(|e| ClientError::InvalidArgument(format!("stdout: {e}")))?;
                 Ok(Report::printed(0))

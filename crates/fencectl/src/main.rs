@@ -15,6 +15,7 @@ mod observe;
 mod resource;
 mod snapshot;
 mod supervise;
+mod waiting;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use fenced_client::{
@@ -43,19 +44,41 @@ struct Cli {
     /// Comma-separated host:port of cluster nodes (any node will do).
     #[arg(long, env = "FENCED_ENDPOINTS", global = true, value_delimiter = ',')]
     endpoints: Vec<String>,
-    /// Print one JSON object instead of text.
+    /// Print one JSON object instead of text (and no progress lines).
     #[arg(long, global = true)]
     json: bool,
-    /// How long a command may take in all, retries included.
+    /// No progress lines on stderr while waiting for a held resource.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    /// How long a command may take in all, retries included. When every
+    /// endpoint refuses the connection, a command fails at once (exit 6).
     #[arg(long, global = true, default_value = "10s", value_parser = humantime::parse_duration)]
     timeout: Duration,
-    /// Bearer token sent with every call (before the subcommand: `renew
-    /// --token` is the fencing token).
-    #[arg(long = "token", env = "FENCED_TOKEN", hide_env_values = true)]
+    /// The bearer token that authenticates this client (`fenced token`),
+    /// sent with every call. Not the fencing token: that is `--token` of
+    /// renew, release, validate, kv and resource.
+    #[arg(
+        long = "auth-token",
+        env = "FENCED_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
     auth_token: Option<String>,
     /// A file holding the bearer token (its first line).
-    #[arg(long, env = "FENCED_TOKEN_FILE", conflicts_with = "auth_token")]
+    #[arg(
+        long = "auth-token-file",
+        env = "FENCED_TOKEN_FILE",
+        global = true,
+        conflicts_with = "auth_token"
+    )]
     token_file: Option<std::path::PathBuf>,
+    /// The old spelling of --auth-token, before the subcommand: still taken
+    /// for this release, with a warning.
+    #[arg(long = "token", hide = true, conflicts_with = "token_file")]
+    legacy_auth_token: Option<String>,
+    /// The old spelling of --auth-token-file.
+    #[arg(long = "token-file", hide = true, conflicts_with = "auth_token")]
+    legacy_token_file: Option<std::path::PathBuf>,
     /// The CA (PEM) that signed the nodes' certificates: turns TLS on
     /// (endpoints are then https://).
     #[arg(
@@ -75,13 +98,20 @@ struct Cli {
     command: Cmd,
 }
 
-/// The bearer token from `--token`, `FENCED_TOKEN`, `--token-file` or
-/// `FENCED_TOKEN_FILE`.
+/// The bearer token from `--auth-token`, `FENCED_TOKEN`, `--auth-token-file`
+/// or `FENCED_TOKEN_FILE` (or the old `--token`/`--token-file` before the
+/// subcommand, with a warning).
 fn bearer_token(cli: &Cli) -> Result<Option<String>, ClientError> {
-    if let Some(t) = &cli.auth_token {
+    if cli.legacy_auth_token.is_some() || cli.legacy_token_file.is_some() {
+        eprintln!(
+            "fencectl: warning: --token/--token-file before the subcommand are now \
+             --auth-token/--auth-token-file; the old spelling goes in the next release"
+        );
+    }
+    if let Some(t) = cli.legacy_auth_token.as_ref().or(cli.auth_token.as_ref()) {
         return Ok(Some(t.trim().to_string()));
     }
-    let Some(path) = &cli.token_file else {
+    let Some(path) = cli.legacy_token_file.as_ref().or(cli.token_file.as_ref()) else {
         return Ok(None);
     };
     let text = std::fs::read_to_string(path)
@@ -103,15 +133,19 @@ enum Cmd {
   fencectl acquire statement:2026-07 --ttl 2m --wait 10s
   fencectl --json acquire demo --ttl 30s --owner-id 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21")]
     Acquire {
+        /// The resource's name, 1 to 200 bytes.
         resource: String,
-        /// Lease length, e.g. 30s, 2m.
+        /// Lease length, e.g. 30s or 2m: between the cluster's bounds, 1s
+        /// and 1h unless its operator changed them.
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Duration,
         /// This attempt's owner id; a new random one if omitted. Reuse it only
         /// to retry the same attempt.
         #[arg(long = "owner-id", alias = "owner")]
         owner_id: Option<String>,
-        /// Wait on the server this long for a held resource.
+        /// If another owner holds the resource, wait this long for it (0s:
+        /// answer at once; at most 1h unless the operator changed it). While
+        /// waiting, a line on stderr says who holds it and for how long.
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         wait: Duration,
     },
@@ -123,8 +157,11 @@ enum Cmd {
         /// The owner id the lease was granted to.
         #[arg(long = "owner-id", alias = "owner")]
         owner_id: String,
+        /// The lease's fencing token, as acquire printed it.
         #[arg(long)]
         token: u64,
+        /// The lease's new length from now, e.g. 30s (1s to 1h unless the
+        /// operator changed the bounds).
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Duration,
     },
@@ -136,6 +173,7 @@ enum Cmd {
         /// The owner id the lease was granted to.
         #[arg(long = "owner-id", alias = "owner")]
         owner_id: String,
+        /// The lease's fencing token, as acquire printed it.
         #[arg(long)]
         token: u64,
     },
@@ -222,9 +260,15 @@ enum Cmd {
   fencectl lock demo --ttl 30s
   fencectl lock demo --ttl 30s --wait 1m")]
     Lock {
+        /// The resource's name, 1 to 200 bytes.
         resource: String,
+        /// Lease length, e.g. 30s or 2m: between the cluster's bounds, 1s
+        /// and 1h unless its operator changed them.
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Duration,
+        /// If another owner holds the resource, wait this long for it (0s:
+        /// answer at once; at most 1h unless the operator changed it). While
+        /// waiting, a line on stderr says who holds it and for how long.
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         wait: Duration,
     },
@@ -238,14 +282,22 @@ enum Cmd {
   fencectl run demo --ttl 30s -- ./nightly-job.sh
   fencectl run billing-batch --ttl 1m --wait 5m --grace 10s -- python batch.py --month 2026-07")]
     Run {
+        /// The resource's name, 1 to 200 bytes.
         resource: String,
+        /// Lease length, renewed while the command runs, e.g. 30s or 2m:
+        /// between the cluster's bounds, 1s and 1h unless its operator
+        /// changed them.
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Duration,
+        /// If another owner holds the resource, wait this long for it (0s:
+        /// answer at once; at most 1h unless the operator changed it). While
+        /// waiting, a line on stderr says who holds it and for how long.
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
         wait: Duration,
         /// Time between SIGTERM and SIGKILL; default half the safety margin.
         #[arg(long, value_parser = humantime::parse_duration)]
         grace: Option<Duration>,
+        /// The command and its arguments, after `--`.
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -298,13 +350,22 @@ fn token(value: u64) -> Result<Token, ClientError> {
     Token::new(value).map_err(|e| ClientError::InvalidArgument(e.to_string()))
 }
 
+/// How a command prints: one JSON object, and whether progress lines go
+/// to stderr while it waits.
+#[derive(Clone, Copy)]
+pub struct Output {
+    pub json: bool,
+    pub talk: bool,
+}
+
 async fn execute(
     client: &Client,
     tls: Option<&TlsOptions>,
     bearer: Option<&str>,
     command: Cmd,
-    json_out: bool,
+    out: Output,
 ) -> Result<Report, ClientError> {
+    let json_out = out.json;
     Ok(match command {
         Cmd::Resource(command) => return resource::execute(command, tls, bearer).await,
         Cmd::Snapshot(command) => {
@@ -322,7 +383,7 @@ async fn execute(
             ttl,
             wait,
         } => {
-            let code = hold::lock(client, &resource, ttl, wait, json_out).await?;
+            let code = hold::lock(client, &resource, ttl, wait, out).await?;
             return Ok(Report::printed(code));
         }
         Cmd::Run {
@@ -332,7 +393,7 @@ async fn execute(
             grace,
             command,
         } => {
-            let code = hold::run(client, &resource, ttl, wait, grace, &command, json_out).await?;
+            let code = hold::run(client, &resource, ttl, wait, grace, &command, out).await?;
             return Ok(Report::printed(code));
         }
         Cmd::Completions { .. } => {
@@ -355,7 +416,14 @@ async fn execute(
                 Some(o) => owner_id(&o)?,
                 None => OwnerId::random(),
             };
-            match client.acquire_once(&resource, owner, ttl, wait).await? {
+            let talk = out.talk && !wait.is_zero();
+            let acquired = waiting::while_waiting(
+                client,
+                &resource,
+                talk,
+                client.acquire_once(&resource, owner, ttl, wait),
+            );
+            match acquired.await? {
                 AcquireOutcome::Granted {
                     token,
                     expires_at_ms,
@@ -601,6 +669,10 @@ fn main() -> ExitCode {
         }
     };
     let json_out = cli.json;
+    let out = Output {
+        json: json_out,
+        talk: !json_out && !cli.quiet,
+    };
     let result = runtime.block_on(async {
         let tls = (cli.tls_cacert.is_some()
             || cli.tls_cert.is_some()
@@ -611,19 +683,16 @@ fn main() -> ExitCode {
             cert: cli.tls_cert.clone(),
             key: cli.tls_key.clone(),
         });
-        let mut client = Client::with_tls(&endpoints, tls.as_ref())?.with_call_timeout(cli.timeout);
+        // A person waits on fencectl: a cluster where nothing listens is
+        // said at once, not after --timeout.
+        let mut client = Client::with_tls(&endpoints, tls.as_ref())?
+            .with_call_timeout(cli.timeout)
+            .with_fail_fast(true);
         let bearer = bearer_token(&cli)?;
         if let Some(token) = &bearer {
             client = client.with_token(token)?;
         }
-        execute(
-            &client,
-            tls.as_ref(),
-            bearer.as_deref(),
-            cli.command,
-            json_out,
-        )
-        .await
+        execute(&client, tls.as_ref(), bearer.as_deref(), cli.command, out).await
     });
     match result {
         Ok(report) => {

@@ -90,6 +90,17 @@ pub(crate) enum ResourceCmd {
     },
 }
 
+/// "rejected KEY: why", from the server's message, which may itself name
+/// the key or say "rejected".
+fn rejected_text(key: &str, message: &str) -> String {
+    let why = message
+        .split_once(" rejected: ")
+        .map(|(_, why)| why)
+        .or_else(|| message.strip_prefix(&format!("{key}: ")))
+        .unwrap_or(message);
+    format!("rejected {key}: {why}")
+}
+
 fn client_error(s: Status) -> ClientError {
     match s.code() {
         Code::InvalidArgument => ClientError::InvalidArgument(s.message().to_string()),
@@ -193,11 +204,23 @@ pub(crate) async fn execute(
                 expected_version,
                 sequence,
             };
-            let reply = connect(&endpoint, tls)?
+            let reply = match connect(&endpoint, tls)?
                 .put(self::request(request, bearer))
                 .await
-                .map_err(client_error)?
-                .into_inner();
+            {
+                Ok(reply) => reply.into_inner(),
+                // The cluster said the token is not current: an expected,
+                // final refusal, like a rejection.
+                Err(s) if s.code() == Code::FailedPrecondition => {
+                    return Ok(Report {
+                        value: json!({"status": "rejected", "key": key, "token": token,
+                            "reason": "not_current", "message": s.message()}),
+                        text: rejected_text(&key, s.message()),
+                        code: 3,
+                    })
+                }
+                Err(s) => return Err(client_error(s)),
+            };
             Ok(match reply.outcome {
                 Some(put_response::Outcome::Accepted(a)) => Report {
                     value: json!({"status": "accepted", "key": key, "token": token,
@@ -227,7 +250,7 @@ pub(crate) async fn execute(
                             "highest_token": r.highest_token, "reason": reason,
                             "owner_id": owner.to_string(), "operation_id": r.operation_id,
                             "message": r.message}),
-                        text: format!("rejected {}", r.message),
+                        text: rejected_text(&key, &r.message),
                         code: 3,
                     }
                 }
@@ -271,5 +294,27 @@ pub(crate) async fn execute(
                 code: 0,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rejected_text;
+
+    #[test]
+    fn a_rejection_says_rejected_once() {
+        assert_eq!(
+            rejected_text(
+                "inv",
+                "write to key \"inv\" with token 1 by owner o (operation -) rejected: a newer \
+                 owner wrote with token 2"
+            ),
+            "rejected inv: a newer owner wrote with token 2"
+        );
+        assert_eq!(
+            rejected_text("inv", "inv: token 1 is not current on the lock cluster"),
+            "rejected inv: token 1 is not current on the lock cluster"
+        );
+        assert_eq!(rejected_text("inv", "busy"), "rejected inv: busy");
     }
 }

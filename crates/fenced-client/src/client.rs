@@ -177,6 +177,21 @@ impl Attempt {
     }
 }
 
+/// Whether the connection was refused: nothing listens at the address (a
+/// node that is down), unlike a timeout, which a partition also gives.
+pub(crate) fn connection_refused(status: &Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        cause = e.source();
+    }
+    false
+}
+
 /// "Connection refused (os error 111)" as "connection refused".
 fn short_cause(text: &str) -> String {
     let text = text.split(" (os error").next().unwrap_or(text).trim();
@@ -289,6 +304,14 @@ struct Inner {
     endpoints: Arc<Endpoints>,
     /// Where the next call goes first: the leader, once an answer named it.
     next: AtomicUsize,
+    settings: Settings,
+    /// Renews every lease granted through this client, together.
+    keeper: Keeper,
+}
+
+/// What the `with_*` builders set.
+#[derive(Clone)]
+struct Settings {
     call_timeout: Duration,
     lease_options: LeaseOptions,
     /// `Bearer <token>`, sent as `authorization` on every call.
@@ -296,8 +319,8 @@ struct Inner {
     /// Whether the endpoints are `https://`: a token goes to a plaintext
     /// one only on loopback.
     tls: bool,
-    /// Renews every lease granted through this client, together.
-    keeper: Keeper,
+    /// Give up at once when every endpoint refused the connection.
+    fail_fast: bool,
 }
 
 impl Client {
@@ -368,50 +391,56 @@ impl Client {
             inner: Arc::new(Inner {
                 endpoints: Arc::new(Endpoints::new(list)),
                 next: AtomicUsize::new(0),
-                call_timeout: Duration::from_secs(10),
-                lease_options: LeaseOptions::default(),
-                bearer: None,
-                tls: tls.is_some(),
+                settings: Settings {
+                    call_timeout: Duration::from_secs(10),
+                    lease_options: LeaseOptions::default(),
+                    bearer: None,
+                    tls: tls.is_some(),
+                    fail_fast: false,
+                },
                 keeper: Keeper::default(),
             }),
         })
     }
 
-    /// How long one call may take in all, retries included (default 10 s).
-    pub fn with_call_timeout(self, timeout: Duration) -> Self {
+    /// A client on the same connections with other settings (and a keeper
+    /// of its own).
+    fn with_settings(&self, change: impl FnOnce(&mut Settings)) -> Self {
+        let mut settings = self.inner.settings.clone();
+        change(&mut settings);
         Self {
             inner: Arc::new(Inner {
                 endpoints: Arc::clone(&self.inner.endpoints),
                 next: AtomicUsize::new(0),
-                call_timeout: timeout,
-                lease_options: self.inner.lease_options,
-                bearer: self.inner.bearer.clone(),
-                tls: self.inner.tls,
+                settings,
                 keeper: Keeper::default(),
             }),
         }
     }
 
+    /// How long one call may take in all, retries included (default 10 s).
+    pub fn with_call_timeout(self, timeout: Duration) -> Self {
+        self.with_settings(|s| s.call_timeout = timeout)
+    }
+
+    /// Fail a call at once, with [`ClientError::Unavailable`], when every
+    /// endpoint refused the connection (nothing listens there), instead of
+    /// retrying until the call timeout. For tools a person waits on; a
+    /// worker rides out a restart better with the default, off.
+    pub fn with_fail_fast(self, on: bool) -> Self {
+        self.with_settings(|s| s.fail_fast = on)
+    }
+
     /// How the leases this client grants are renewed (see [`LeaseOptions`]).
     pub fn with_lease_options(self, lease_options: LeaseOptions) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                endpoints: Arc::clone(&self.inner.endpoints),
-                next: AtomicUsize::new(0),
-                call_timeout: self.inner.call_timeout,
-                lease_options,
-                bearer: self.inner.bearer.clone(),
-                tls: self.inner.tls,
-                keeper: Keeper::default(),
-            }),
-        }
+        self.with_settings(|s| s.lease_options = lease_options)
     }
 
     /// Sends `authorization: Bearer <token>` on every call. Fails when the
     /// token cannot travel in metadata (it is not visible ASCII), or would
     /// travel in plaintext to an endpoint that is not loopback (naming it).
     pub fn with_token(self, token: &str) -> Result<Self, ClientError> {
-        if !self.inner.tls {
+        if !self.inner.settings.tls {
             for e in self.inner.endpoints.iter() {
                 if let Some(reason) = tls::plaintext_token_refusal(&e.name) {
                     return Err(ClientError::Endpoint {
@@ -423,21 +452,11 @@ impl Client {
         }
         let bearer = MetadataValue::try_from(format!("Bearer {}", token.trim()))
             .map_err(|_| ClientError::InvalidArgument("token: must be printable ASCII".into()))?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                endpoints: Arc::clone(&self.inner.endpoints),
-                next: AtomicUsize::new(0),
-                call_timeout: self.inner.call_timeout,
-                lease_options: self.inner.lease_options,
-                bearer: Some(bearer),
-                tls: self.inner.tls,
-                keeper: Keeper::default(),
-            }),
-        })
+        Ok(self.with_settings(|s| s.bearer = Some(bearer)))
     }
 
     pub(crate) fn lease_options(&self) -> LeaseOptions {
-        self.inner.lease_options
+        self.inner.settings.lease_options
     }
 
     pub(crate) fn keeper(&self) -> &Keeper {
@@ -475,6 +494,8 @@ impl Client {
         // Each endpoint's last failure, for the error if none answers.
         let mut attempts: Vec<(String, Option<Attempt>)> =
             endpoints.iter().map(|e| (e.name.clone(), None)).collect();
+        // Which endpoints refused the connection at their last attempt.
+        let mut refused = vec![false; attempts.len()];
         loop {
             let i = self.inner.next.load(Ordering::Relaxed) % endpoints.len();
             let endpoint = endpoints.get(i);
@@ -506,11 +527,17 @@ impl Client {
                         }
                     };
                     endpoints.failed(i);
+                    if let Some(r) = refused.get_mut(i) {
+                        *r = connection_refused(&status);
+                    }
                     let attempt = Attempt::of(&status);
                     let next = hinted.filter(|j| *j != i).unwrap_or(i + 1);
                     tracing::debug!(endpoint = %endpoint.name, error = ?attempt, next = %endpoints.get(next).name, "retrying");
                     attempts[i].1 = Some(attempt);
                     self.inner.next.store(next, Ordering::Relaxed);
+                    if self.inner.settings.fail_fast && refused.iter().all(|r| *r) {
+                        return Err(ClientError::Unavailable(unavailable_message(&attempts)));
+                    }
                 }
             }
             // Jitter keeps many clients from retrying in lockstep.
@@ -547,7 +574,7 @@ impl Client {
     ) -> Result<(AcquireOutcome, Moment), ClientError> {
         let started = Instant::now();
         let (resp, sent) = self
-            .with_retries(self.inner.call_timeout + wait, |ch, left| {
+            .with_retries(self.inner.settings.call_timeout + wait, |ch, left| {
                 // A retry waits only for what is left of the caller's wait.
                 let wait_left = wait.saturating_sub(started.elapsed());
                 let req = v1::AcquireRequest {
@@ -573,9 +600,15 @@ impl Client {
         token: Token,
         ttl: Duration,
     ) -> Result<RenewOutcome, ClientError> {
-        self.renew_sent(resource, owner_id, token, ttl, self.inner.call_timeout)
-            .await
-            .map(|(o, _)| o)
+        self.renew_sent(
+            resource,
+            owner_id,
+            token,
+            ttl,
+            self.inner.settings.call_timeout,
+        )
+        .await
+        .map(|(o, _)| o)
     }
 
     pub(crate) async fn renew_sent(
@@ -610,7 +643,7 @@ impl Client {
         &self,
         leases: &[RenewItem<'_>],
     ) -> Result<Vec<RenewOutcome>, ClientError> {
-        self.renew_many_sent(leases, self.inner.call_timeout)
+        self.renew_many_sent(leases, self.inner.settings.call_timeout)
             .await
             .map(|(o, _)| o)
     }
@@ -665,7 +698,7 @@ impl Client {
             token: token.get(),
         };
         let resp = self
-            .with_retries(self.inner.call_timeout, |ch, left| {
+            .with_retries(self.inner.settings.call_timeout, |ch, left| {
                 let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).release(req).await }
             })
@@ -688,7 +721,7 @@ impl Client {
             allow_stale: false,
         };
         Ok(self
-            .with_retries(self.inner.call_timeout, |ch, left| {
+            .with_retries(self.inner.settings.call_timeout, |ch, left| {
                 let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).describe(req).await }
             })
@@ -710,7 +743,7 @@ impl Client {
             owner_id: Vec::new(),
         };
         Ok(self
-            .with_retries(self.inner.call_timeout, |ch, left| {
+            .with_retries(self.inner.settings.call_timeout, |ch, left| {
                 let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).validate_token(req).await }
             })
@@ -735,7 +768,7 @@ impl Client {
                 .collect(),
         };
         Ok(self
-            .with_retries(self.inner.call_timeout, |ch, left| {
+            .with_retries(self.inner.settings.call_timeout, |ch, left| {
                 let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).validate_tokens(req).await }
             })
@@ -755,7 +788,7 @@ impl Client {
             limit,
         };
         Ok(self
-            .with_retries(self.inner.call_timeout, |ch, left| {
+            .with_retries(self.inner.settings.call_timeout, |ch, left| {
                 let req = self.request(req.clone(), left.min(ATTEMPT_TIMEOUT));
                 async move { LockClient::new(ch).history(req).await }
             })
@@ -778,9 +811,9 @@ impl Client {
             from_revision,
         };
         Ok(self
-            .with_retries(self.inner.call_timeout, |ch, _| {
+            .with_retries(self.inner.settings.call_timeout, |ch, _| {
                 let mut req = tonic::Request::new(req.clone());
-                if let Some(bearer) = &self.inner.bearer {
+                if let Some(bearer) = &self.inner.settings.bearer {
                     req.metadata_mut().insert("authorization", bearer.clone());
                 }
                 async move { LockClient::new(ch).watch(req).await }
@@ -793,7 +826,7 @@ impl Client {
     /// The status of the first node that answers.
     pub async fn status(&self) -> Result<v1::StatusResponse, ClientError> {
         Ok(self
-            .with_retries(self.inner.call_timeout, |ch, left| {
+            .with_retries(self.inner.settings.call_timeout, |ch, left| {
                 let req = self.request(v1::StatusRequest::default(), left.min(ATTEMPT_TIMEOUT));
                 async move { ClusterClient::new(ch).status(req).await }
             })
@@ -811,7 +844,7 @@ impl Client {
         max_bytes: u64,
     ) -> Result<(v1::SnapshotSummary, Vec<u8>), ClientError> {
         Ok(self
-            .with_retries(self.inner.call_timeout, |ch, left| {
+            .with_retries(self.inner.settings.call_timeout, |ch, left| {
                 let req = self.request(v1::SaveSnapshotRequest {}, left);
                 async move {
                     let (metadata, mut stream, extensions) = MaintenanceClient::new(ch)
@@ -955,7 +988,7 @@ pub(crate) fn millis(d: Duration) -> u64 {
 
 impl Client {
     pub(crate) fn call_timeout(&self) -> Duration {
-        self.inner.call_timeout
+        self.inner.settings.call_timeout
     }
 
     /// Sends the next calls to endpoint `leader`, which the answer on
@@ -975,7 +1008,7 @@ impl Client {
     pub(crate) fn request<T>(&self, msg: T, timeout: Duration) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
         req.set_timeout(timeout);
-        if let Some(bearer) = &self.inner.bearer {
+        if let Some(bearer) = &self.inner.settings.bearer {
             req.metadata_mut().insert("authorization", bearer.clone());
         }
         req
@@ -1122,6 +1155,58 @@ mod tests {
         client.status().await?;
         assert_eq!(a_calls.load(Ordering::SeqCst), 3);
         assert_eq!(next_of(&client), 0);
+        Ok(())
+    }
+
+    /// With fail-fast on, a cluster where nothing listens is reported at
+    /// once, not after the call timeout.
+    #[tokio::test]
+    async fn fail_fast_gives_up_at_once_when_every_endpoint_refuses(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let dead = [dead_address().await?, dead_address().await?];
+        let client = Client::new(&dead)?
+            .with_call_timeout(Duration::from_secs(10))
+            .with_fail_fast(true);
+        let started = Instant::now();
+        let err = client.describe("x").await.err();
+        assert!(
+            matches!(&err, Some(ClientError::Unavailable(m)) if m.contains("connection refused")),
+            "{err:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        Ok(())
+    }
+
+    /// Fail-fast is about refusals only: one endpoint that answers still
+    /// serves the call, and a node that accepts but stays silent (a
+    /// partition looks the same) is waited on up to the call timeout.
+    #[tokio::test]
+    async fn fail_fast_still_uses_a_live_endpoint_and_waits_on_a_silent_one(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let dead = dead_address().await?;
+        let (live, calls) = fake_node(1, String::new()).await?;
+        let client = Client::new([dead.as_str(), live.as_str()])?.with_fail_fast(true);
+        client.status().await?;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let silent_addr = silent.local_addr()?.to_string();
+        let client = Client::new([dead.as_str(), silent_addr.as_str()])?
+            .with_call_timeout(Duration::from_millis(1500))
+            .with_fail_fast(true);
+        let started = Instant::now();
+        let err = client.status().await.err();
+        assert!(matches!(err, Some(ClientError::Unavailable(_))), "{err:?}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(1400),
+            "a silent node is not a refusal: {:?}",
+            started.elapsed()
+        );
+        drop(silent);
         Ok(())
     }
 

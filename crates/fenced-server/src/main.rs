@@ -319,6 +319,12 @@ fn auth_command(command: AuthCommand) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Colour codes only for a person at a terminal: stderr redirected to a
+/// file or a journal gets plain text, and NO_COLOR turns them off anyway.
+fn colour_on_stderr() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none()
+}
+
 /// Logs to `writer`, without openraft's noise about unreachable peers and
 /// stale votes (fenced_server::raft_noise says why that is no loss).
 fn init_logging<W>(format: LogFormat, writer: W, ansi: bool)
@@ -574,14 +580,14 @@ fn prepare_dev(cli: &Cli) -> Result<(), String> {
         verbose,
     } = &cli.command
     else {
-        init_logging(cli.log_format, std::io::stderr, true);
+        init_logging(cli.log_format, std::io::stderr, colour_on_stderr());
         return Ok(());
     };
     let dir = dev_dir(data_dir.clone());
     dev::prepare_dir(&dir, *fresh)?;
     let layout = dev::layout(&dir, *nodes, *base_port);
     if *verbose {
-        init_logging(cli.log_format, std::io::stderr, true);
+        init_logging(cli.log_format, std::io::stderr, colour_on_stderr());
     } else {
         init_logging(cli.log_format, NodeLogFiles::open(&dir, &layout)?, false);
     }

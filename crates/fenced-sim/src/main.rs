@@ -47,6 +47,8 @@ fn main() -> ExitCode {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_writer(std::io::stderr)
+            // Plain text when stderr is a file.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             // Real time means nothing here; the lines' order is the run's.
             .without_time()
             .init();
