@@ -16,6 +16,7 @@ mod resource;
 mod snapshot;
 mod supervise;
 mod waiting;
+mod when;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use fenced_client::{
@@ -428,12 +429,18 @@ async fn execute(
                     token,
                     expires_at_ms,
                     ttl_ms,
+                    wall_time_unix_ms,
                     ..
                 } => Report {
                     value: json!({"status": "granted", "resource": resource, "token": token,
-                        "owner_id": owner.to_string(), "ttl_ms": ttl_ms, "expires_at_ms": expires_at_ms}),
+                        "owner_id": owner.to_string(), "ttl_ms": ttl_ms, "expires_at_ms": expires_at_ms,
+                        "granted_at": when::rfc3339(wall_time_unix_ms),
+                        "wall_time_unix_ms": wall_time_unix_ms}),
                     text: format!(
-                        "granted {resource}: token {token}, owner_id {owner}, ttl {ttl_ms} ms"
+                        "granted {resource}: token {token}, owner_id {owner}, ttl {ttl_ms} ms{}",
+                        when::rfc3339(wall_time_unix_ms)
+                            .map(|t| format!(", at {t}"))
+                            .unwrap_or_default()
                     ),
                     code: 0,
                 },
@@ -500,7 +507,8 @@ async fn execute(
             Report {
                 value: json!({"resource": resource, "last_token": d.last_token, "held": d.held,
                     "remaining_ms": d.remaining_ms, "waiters": d.waiters,
-                    "cluster_time_ms": d.cluster_time_ms}),
+                    "cluster_time_ms": d.cluster_time_ms,
+                    "time": when::rfc3339(d.wall_time_unix_ms)}),
                 text: if d.held {
                     format!(
                         "{resource}: held, token {}, {} ms left, {} waiting",

@@ -7,6 +7,8 @@ use fenced_proto::v1::{self, watch_response::Body};
 use serde_json::{json, Value};
 use tonic::Code;
 
+use crate::when::{rfc3339, when};
+
 /// The name printed for an event kind.
 pub fn kind_name(kind: i32) -> &'static str {
     match v1::EventKind::try_from(kind) {
@@ -28,12 +30,15 @@ fn event_line(e: &v1::WatchEvent, json_out: bool) -> String {
     let kind = kind_name(e.kind);
     if json_out {
         json!({"revision": e.revision, "kind": kind, "resource": resource, "token": e.token,
-            "owner_id": owner, "cluster_time_ms": e.cluster_time_ms})
+            "owner_id": owner, "cluster_time_ms": e.cluster_time_ms,
+            "time": rfc3339(e.wall_time_unix_ms), "wall_time_unix_ms": e.wall_time_unix_ms})
         .to_string()
     } else {
         format!(
-            "{} {kind} {resource} token {} owner_id {owner} at {} ms",
-            e.revision, e.token, e.cluster_time_ms
+            "{} {kind} {resource} token {} owner_id {owner} at {}",
+            e.revision,
+            e.token,
+            when(e.wall_time_unix_ms, e.cluster_time_ms)
         )
     }
 }
@@ -122,22 +127,28 @@ pub async fn history(
     for e in &h.entries {
         let owner = owner_text(&e.owner_id);
         let live = e.ended_at_ms == 0;
-        entries.push(
-            json!({"token": e.token, "owner_id": owner, "granted_at_ms": e.granted_at_ms,
-            "ended_at_ms": e.ended_at_ms, "ended": if live { "live" } else { kind_name(e.ended) }}),
-        );
+        entries.push(json!({"token": e.token, "owner_id": owner,
+            "granted_at": rfc3339(e.granted_at_unix_ms), "granted_at_unix_ms": e.granted_at_unix_ms,
+            "granted_at_ms": e.granted_at_ms,
+            "ended_at": if live { None } else { rfc3339(e.ended_at_unix_ms) },
+            "ended_at_unix_ms": e.ended_at_unix_ms, "ended_at_ms": e.ended_at_ms,
+            "ended": if live { "live" } else { kind_name(e.ended) }}));
+        let granted = when(e.granted_at_unix_ms, e.granted_at_ms);
         lines.push(if live {
+            let held = h.cluster_time_ms.saturating_sub(e.granted_at_ms);
             format!(
-                "token {} owner_id {owner} granted at {} ms, live",
-                e.token, e.granted_at_ms
+                "token {} owner_id {owner} granted {granted}, live (held {})",
+                e.token,
+                humantime::format_duration(Duration::from_secs(held / 1000))
             )
         } else {
+            let held = e.ended_at_ms.saturating_sub(e.granted_at_ms);
             format!(
-                "token {} owner_id {owner} granted at {} ms, {} at {} ms",
+                "token {} owner_id {owner} granted {granted}, {} {} after {}",
                 e.token,
-                e.granted_at_ms,
                 kind_name(e.ended),
-                e.ended_at_ms
+                when(e.ended_at_unix_ms, e.ended_at_ms),
+                humantime::format_duration(Duration::from_millis(held))
             )
         });
     }
@@ -145,7 +156,8 @@ pub async fn history(
         lines.push(format!("{resource}: no grants remembered"));
     }
     Ok((
-        json!({"resource": resource, "entries": entries, "cluster_time_ms": h.cluster_time_ms}),
+        json!({"resource": resource, "entries": entries, "cluster_time_ms": h.cluster_time_ms,
+            "time": rfc3339(h.wall_time_unix_ms)}),
         lines.join("\n"),
     ))
 }

@@ -250,6 +250,10 @@ pub enum AcquireOutcome {
         expires_at_ms: u64,
         ttl_ms: u64,
         cluster_time_ms: u64,
+        /// The leader's wall clock at the grant, ms since the Unix epoch:
+        /// for logs and audits, never for timing the lease. 0 when unknown
+        /// (the first second of a new cluster).
+        wall_time_unix_ms: u64,
     },
     /// Another owner holds it.
     Held {
@@ -968,6 +972,7 @@ pub(crate) fn acquire_outcome(
             expires_at_ms: g.expires_at_ms,
             ttl_ms: g.ttl_ms,
             cluster_time_ms: resp.cluster_time_ms,
+            wall_time_unix_ms: resp.wall_time_unix_ms,
         },
         Some(acquire_response::Outcome::Held(h)) => AcquireOutcome::Held {
             current_token: answered_token("acquire", "current_token", h.current_token)?,

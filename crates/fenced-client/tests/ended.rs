@@ -29,6 +29,7 @@ impl lock_server::Lock for Spent {
                 current_token: 0,
             })),
             cluster_time_ms: 1,
+            wall_time_unix_ms: 0,
         }))
     }
     async fn renew(

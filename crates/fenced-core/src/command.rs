@@ -111,6 +111,11 @@ pub enum Command {
         bounds: IdentityBounds,
         command: Box<Command>,
     },
+    /// The leader's wall clock at this entry's cluster time, for the times
+    /// people read (grants, ends, history, watch); never used to decide
+    /// anything (see [`crate::WallClock`]). Proposed by the leader itself,
+    /// never by a client. Last in the enum so that older logs still decode.
+    WallClock { unix_ms: u64 },
 }
 
 /// One lease of a [`Command::RenewMany`]: what a [`Command::Renew`] carries.
@@ -285,6 +290,7 @@ impl Command {
                         ))
                     }
                     Command::AsIdentity { .. }
+                    | Command::WallClock { .. }
                     | Command::OpenSession { .. }
                     | Command::KeepAlive { .. }
                     | Command::CloseSession { .. } => {
@@ -296,6 +302,9 @@ impl Command {
                     }
                     inner => inner.validate(limits)?,
                 }
+            }
+            Command::WallClock { unix_ms } => {
+                crate::wall::check_unix_ms(*unix_ms)?;
             }
             // Keys and values are bounded by their types.
             Command::Release { .. } | Command::KvPut { .. } | Command::KvDelete { .. } => {}
@@ -319,7 +328,8 @@ impl Command {
             | Command::KvDelete { resource, .. } => Some(resource),
             Command::OpenSession { .. }
             | Command::KeepAlive { .. }
-            | Command::CloseSession { .. } => None,
+            | Command::CloseSession { .. }
+            | Command::WallClock { .. } => None,
         }
     }
 
@@ -338,8 +348,15 @@ impl Command {
             | Command::KvDelete { owner_id, .. } => Some(*owner_id),
             Command::OpenSession { .. }
             | Command::KeepAlive { .. }
-            | Command::CloseSession { .. } => None,
+            | Command::CloseSession { .. }
+            | Command::WallClock { .. } => None,
         }
+    }
+
+    /// Whether the leader proposed the command for itself (a wall-clock
+    /// anchor), not on a client's behalf.
+    pub fn is_leaders_own(&self) -> bool {
+        matches!(self, Command::WallClock { .. })
     }
 
     /// Every resource the command is about, in order.

@@ -26,6 +26,7 @@ mod outcome;
 mod session;
 mod table;
 mod time;
+mod wall;
 
 pub use command::{Batch, Command, RenewLease, RenewLeases};
 pub use error::InvalidArgument;
@@ -52,6 +53,9 @@ pub use outcome::{
 };
 pub use table::{
     LeaseTable, SnapshotError, TableSeed, TableSnapshot, TableSnapshotRef, TokenFloorError,
-    SNAPSHOT_FORMAT_VERSION,
+    SNAPSHOT_FIELDS, SNAPSHOT_FORMAT_VERSION,
 };
 pub use time::{ClusterTime, LeaderClock};
+pub use wall::{
+    check_unix_ms, WallAnchor, WallClock, MAX_UNIX_MS, MAX_WALL_ANCHORS, WALL_ANCHOR_DRIFT_MS,
+};

@@ -206,6 +206,8 @@ pub enum Outcome {
     Session(SessionOutcome),
     CloseSession(CloseSessionOutcome),
     AcquireInSession(AcquireInSessionOutcome),
+    /// A [`crate::Command::WallClock`]: recorded.
+    WallClockNoted,
 }
 
 /// A command's own outcome type, taken out of the [`Outcome`] that

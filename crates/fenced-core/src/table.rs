@@ -12,9 +12,9 @@ use crate::{
     ChangeKind, ChangesAfter, CloseSessionOutcome, ClusterTime, Command, Compacted, Description,
     Event, Grant, HistoryEntry, IdentityBounds, KvSnapshot, KvStore, LeaseEnd, LeaseList,
     LeaseView, LostReason, Outcome, OwnerId, ReleaseOutcome, RenewOutcome, ResourceName, SessionId,
-    SessionRefusal, Token, TokenState, Validation, DEFAULT_HISTORY_PER_RESOURCE,
-    MAX_HISTORY_PER_RESOURCE, MAX_IDLE_RECORDS, MAX_TOKEN, MAX_TOKEN_FLOOR,
-    MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
+    SessionRefusal, Token, TokenState, Validation, WallAnchor, WallClock,
+    DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_IDLE_RECORDS, MAX_TOKEN,
+    MAX_TOKEN_FLOOR, MAX_WAITERS_PER_RESOURCE, WATCH_WINDOW,
 };
 
 #[cfg(test)]
@@ -31,7 +31,11 @@ pub use load::TableSeed;
 /// sessions; version 4 the identity of each lease and waiter. Older
 /// snapshots still load (version 1 with no history and no changes kept,
 /// 1 and 2 with no sessions, 1 to 3 with every lease the empty identity's).
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 4;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 5;
+
+/// The fields of a [`TableSnapshot`] in the order a sequence-based format
+/// (the node's codec) stores them; a version stores a prefix of them.
+pub const SNAPSHOT_FIELDS: &[&str] = snapshot_format::FIELDS;
 
 /// A held lease. Its token is its record's newest (an invariant), so it is
 /// not kept twice.
@@ -484,6 +488,8 @@ pub struct LeaseTable {
     built_at: IndexSizes,
     /// Who holds each lease and waits, and what each identity has.
     identities: Identities,
+    /// The leader's wall clock by cluster time, for the times people read.
+    wall: WallClock,
 }
 
 /// How many entries the records map and the expiry index held when they
@@ -526,6 +532,7 @@ impl LeaseTable {
             history_len: DEFAULT_HISTORY_PER_RESOURCE,
             built_at: IndexSizes::default(),
             identities: Identities::default(),
+            wall: WallClock::default(),
         }
     }
 
@@ -840,6 +847,17 @@ impl LeaseTable {
         }
     }
 
+    /// The leader's wall clock (ms since the Unix epoch) at cluster time
+    /// `t`, for people; `None` before the first anchor (see [`WallClock`]).
+    pub fn wall_ms_at(&self, t: ClusterTime) -> Option<u64> {
+        self.wall.unix_ms_at(t)
+    }
+
+    /// The wall-clock anchors (see [`WallClock`]).
+    pub fn wall_clock(&self) -> &WallClock {
+        &self.wall
+    }
+
     /// Applies one log entry. Cluster time only moves forward: a stamp older
     /// than the table's time is treated as the table's time.
     pub fn apply(&mut self, batch: &Batch) -> Applied {
@@ -1012,6 +1030,10 @@ impl LeaseTable {
             } => {
                 let holder = self.check_kv_writer(resource, *owner, *token, who, now, events);
                 Outcome::KvDelete(self.kv.delete(holder, key, resource, *token))
+            }
+            Command::WallClock { unix_ms } => {
+                self.wall.record(now, *unix_ms);
+                Outcome::WallClockNoted
             }
             Command::RenewMany { leases } => Outcome::RenewMany(
                 leases
@@ -1769,6 +1791,7 @@ impl LeaseTable {
                 .map(|(id, s)| (*id, s.clone()))
                 .collect(),
             identities: self.stored_identities(),
+            wall_clock: self.wall.anchors().copied().collect(),
         }
     }
 }
@@ -1874,6 +1897,8 @@ pub struct TableSnapshot {
     sessions: Vec<(SessionId, Session)>,
     // Version 4:
     identities: StoredIdentities,
+    // Version 5:
+    wall_clock: Vec<WallAnchor>,
 }
 
 /// Who holds each lease with its own expiry, and who waits, where that is
@@ -1939,7 +1964,7 @@ mod snapshot_format {
     };
 
     use super::{Session, StoredIdentities, StoredRecord, TableSnapshot};
-    use crate::{Change, ClusterTime, HistoryEntry, ResourceName, SessionId};
+    use crate::{Change, ClusterTime, HistoryEntry, ResourceName, SessionId, WallAnchor};
 
     pub(super) const FIELDS: &[&str] = &[
         "format_version",
@@ -1952,6 +1977,7 @@ mod snapshot_format {
         "history",
         "sessions",
         "identities",
+        "wall_clock",
     ];
 
     /// A sequence that ends before the fields its format version has.
@@ -2003,6 +2029,7 @@ mod snapshot_format {
                 history: Vec::new(),
                 sessions: Vec::new(),
                 identities: StoredIdentities::default(),
+                wall_clock: Vec::new(),
             };
             if format_version >= 2 {
                 snapshot.revision = seq.next_element()?.ok_or_else(|| missing(5))?;
@@ -2014,6 +2041,9 @@ mod snapshot_format {
             }
             if format_version >= 4 {
                 snapshot.identities = seq.next_element()?.ok_or_else(|| missing(9))?;
+            }
+            if format_version >= 5 {
+                snapshot.wall_clock = seq.next_element()?.ok_or_else(|| missing(10))?;
             }
             Ok(snapshot)
         }
@@ -2033,6 +2063,7 @@ mod snapshot_format {
                 history: n.history,
                 sessions: n.sessions,
                 identities: n.identities,
+                wall_clock: n.wall_clock,
             })
         }
     }
@@ -2054,6 +2085,8 @@ mod snapshot_format {
         sessions: Vec<(SessionId, Session)>,
         #[serde(default)]
         identities: StoredIdentities,
+        #[serde(default)]
+        wall_clock: Vec<WallAnchor>,
     }
 
     impl<'de> Deserialize<'de> for TableSnapshot {
@@ -2080,7 +2113,7 @@ impl Serialize for TableSnapshotRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let t = self.0;
-        let mut st = s.serialize_struct("TableSnapshot", 10)?;
+        let mut st = s.serialize_struct("TableSnapshot", 11)?;
         st.serialize_field("format_version", &SNAPSHOT_FORMAT_VERSION)?;
         st.serialize_field("now", &t.now)?;
         st.serialize_field("last_token", &t.last_token)?;
@@ -2091,7 +2124,16 @@ impl Serialize for TableSnapshotRef<'_> {
         st.serialize_field("history", &HistoriesRef(t))?;
         st.serialize_field("sessions", &SessionsRef(t))?;
         st.serialize_field("identities", &t.stored_identities())?;
+        st.serialize_field("wall_clock", &WallAnchorsRef(&t.wall))?;
         st.end()
+    }
+}
+
+struct WallAnchorsRef<'a>(&'a WallClock);
+
+impl Serialize for WallAnchorsRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.anchors())
     }
 }
 

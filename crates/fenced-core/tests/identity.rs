@@ -6,6 +6,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::streamed;
 use fenced_core::*;
 use serde_json::Value;
 
@@ -74,38 +77,12 @@ fn release_as(who: &str, res: &str, owner: OwnerId, token: Token) -> Command {
     .as_identity(who, IdentityBounds::UNBOUNDED)
 }
 
-/// A snapshot's fields in their order (a sequence-based format's).
-const FIELDS: [&str; 10] = [
-    "format_version",
-    "now",
-    "last_token",
-    "next_idle_seq",
-    "records",
-    "revision",
-    "changes",
-    "history",
-    "sessions",
-    "identities",
-];
-
-/// The table a node's codec reads from `fields` of a snapshot's `value`,
-/// in that order.
-fn streamed(value: &Value, fields: &[&str]) -> LeaseTable {
-    use serde::de::DeserializeSeed;
-    let as_seq = Value::Array(fields.iter().map(|f| value[*f].clone()).collect());
-    TableSeed {
-        history_len: DEFAULT_HISTORY_PER_RESOURCE,
-    }
-    .deserialize(&as_seq)
-    .unwrap()
-}
-
 /// A table through its snapshot, both ways a node reads one: whole (a
 /// self-describing format) and as a sequence (the node's codec).
 fn reloaded(table: &LeaseTable) -> LeaseTable {
     let value = serde_json::to_value(table.snapshot()).unwrap();
     let whole = LeaseTable::from_snapshot(serde_json::from_value(value.clone()).unwrap()).unwrap();
-    let streamed = streamed(&value, &FIELDS);
+    let streamed = streamed(&value, SNAPSHOT_FIELDS);
     assert!(whole.snapshot() == table.snapshot());
     assert!(streamed.snapshot() == table.snapshot());
     streamed
@@ -473,7 +450,7 @@ fn a_version_3_snapshot_loads_with_every_lease_the_empty_identitys() {
         .is_ok());
     assert!(loaded.snapshot() == table.snapshot());
     // Through the sequence path too: nine fields, no tenth.
-    let streamed = streamed(&value, &FIELDS[..9]);
+    let streamed = streamed(&value, &SNAPSHOT_FIELDS[..9]);
     assert!(streamed.snapshot() == table.snapshot());
 }
 

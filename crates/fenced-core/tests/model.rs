@@ -294,10 +294,11 @@ impl Model {
                 | Command::KeepAlive { .. }
                 | Command::CloseSession { .. }
                 | Command::AcquireInSession { .. }
-                | Command::AsIdentity { .. } => {
+                | Command::AsIdentity { .. }
+                | Command::WallClock { .. } => {
                     unreachable!(
-                        "the model sends no bounded acquire, fenced write, batch renewal or \
-                         session command"
+                        "the model sends no bounded acquire, fenced write, batch renewal, \
+                         session or wall-clock command"
                     )
                 }
                 Command::Release {

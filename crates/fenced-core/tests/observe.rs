@@ -3,16 +3,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{apply, at};
 use fenced_core::*;
 
 const TTL: u64 = 30_000;
 
 fn name(s: &str) -> ResourceName {
     ResourceName::new(s).unwrap()
-}
-
-fn at(ms: u64) -> ClusterTime {
-    ClusterTime::from_millis(ms)
 }
 
 fn acquire(res: &str, owner: OwnerId, wait_ms: u64) -> Command {
@@ -30,15 +29,6 @@ fn release(res: &str, owner: OwnerId, token: Token) -> Command {
         owner_id: owner,
         token,
     }
-}
-
-fn apply(table: &mut LeaseTable, ms: u64, commands: Vec<Command>) -> Vec<Outcome> {
-    let applied = table.apply(&Batch {
-        stamp: at(ms),
-        commands,
-    });
-    table.check_invariants().unwrap();
-    applied.outcomes
 }
 
 fn token(outcome: &Outcome) -> Token {

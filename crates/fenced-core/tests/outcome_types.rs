@@ -57,6 +57,9 @@ enum Step {
         owner: u8,
         session: u8,
     },
+    Wall {
+        unix_ms: u64,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -107,6 +110,7 @@ fn step() -> impl Strategy<Value = Step> {
             owner,
             session
         }),
+        any::<u64>().prop_map(|unix_ms| Step::Wall { unix_ms }),
     ]
 }
 
@@ -236,6 +240,7 @@ fn command(step: &Step) -> Command {
             identity: "app".into(),
             capacity: Capacity::UNBOUNDED,
         },
+        Step::Wall { unix_ms } => Command::WallClock { unix_ms },
     }
 }
 
@@ -259,6 +264,7 @@ fn answers(command: &Command, outcome: Outcome) -> bool {
         Command::AcquireInSession { .. } => AcquireInSessionOutcome::from_outcome(outcome).is_ok(),
         // Answered as the command it wraps.
         Command::AsIdentity { command, .. } => answers(command, outcome),
+        Command::WallClock { .. } => matches!(outcome, Outcome::WallClockNoted),
     }
 }
 

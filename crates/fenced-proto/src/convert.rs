@@ -155,6 +155,7 @@ pub fn session_reply(
     Ok(v1::SessionResponse {
         outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
+        wall_time_unix_ms: 0, // set by the server: `WallTimed`
     })
 }
 
@@ -167,6 +168,7 @@ pub fn close_session_reply(
         CloseSessionOutcome::Closed { leases } => Ok(v1::CloseSessionResponse {
             leases_ended: *leases,
             cluster_time_ms: now.as_millis(),
+            wall_time_unix_ms: 0, // set by the server: `WallTimed`
         }),
         CloseSessionOutcome::NotOwner => Err(not_owner()),
     }
@@ -244,6 +246,7 @@ pub fn renew_many_reply(
             .map(|o| renew_reply(o, now))
             .collect::<Result<_, _>>()?,
         cluster_time_ms: now.as_millis(),
+        wall_time_unix_ms: 0, // set by the server: `WallTimed`
     })
 }
 
@@ -376,6 +379,7 @@ pub fn acquire_reply(
     Ok(v1::AcquireResponse {
         outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
+        wall_time_unix_ms: 0, // set by the server: `WallTimed`
     })
 }
 
@@ -394,6 +398,7 @@ pub fn acquire_in_session_reply(
                     v1::SessionGone {},
                 )),
                 cluster_time_ms: now.as_millis(),
+                wall_time_unix_ms: 0, // set by the server: `WallTimed`
             }),
             Some(status) => Err(status),
         },
@@ -425,6 +430,7 @@ pub fn renew_reply(outcome: &RenewOutcome, now: ClusterTime) -> Result<v1::Renew
     Ok(v1::RenewResponse {
         outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
+        wall_time_unix_ms: 0, // set by the server: `WallTimed`
     })
 }
 
@@ -444,6 +450,7 @@ pub fn release_reply(outcome: &ReleaseOutcome, now: ClusterTime) -> v1::ReleaseR
     v1::ReleaseResponse {
         outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
+        wall_time_unix_ms: 0, // set by the server: `WallTimed`
     }
 }
 
@@ -455,6 +462,7 @@ pub fn describe_reply(d: &Description, now: ClusterTime) -> v1::DescribeResponse
         remaining_ms: d.remaining_ms,
         waiters: d.waiters,
         cluster_time_ms: now.as_millis(),
+        wall_time_unix_ms: 0, // set by the server: `WallTimed`
     }
 }
 
@@ -571,8 +579,13 @@ pub fn event_kind(kind: ChangeKind) -> v1::EventKind {
     }
 }
 
-/// The wire form of a resource's remembered grants.
-pub fn history_reply(entries: &[HistoryEntry], now: ClusterTime) -> v1::HistoryResponse {
+/// The wire form of a resource's remembered grants; `wall` gives the
+/// leader's wall clock at a cluster time, when known.
+pub fn history_reply(
+    entries: &[HistoryEntry],
+    now: ClusterTime,
+    wall: impl Fn(ClusterTime) -> Option<u64>,
+) -> v1::HistoryResponse {
     v1::HistoryResponse {
         entries: entries
             .iter()
@@ -585,8 +598,11 @@ pub fn history_reply(entries: &[HistoryEntry], now: ClusterTime) -> v1::HistoryR
                     .end
                     .map_or(v1::EventKind::Unspecified, |end| event_kind(end.how))
                     as i32,
+                granted_at_unix_ms: wall(e.granted_at).unwrap_or(0),
+                ended_at_unix_ms: e.end.and_then(|end| wall(end.at)).unwrap_or(0),
             })
             .collect(),
         cluster_time_ms: now.as_millis(),
+        wall_time_unix_ms: 0, // set by the server: `WallTimed`
     }
 }

@@ -131,6 +131,7 @@ pub fn kv_put_reply(outcome: &KvPutOutcome, now: ClusterTime) -> Result<v1::KvPu
     Ok(v1::KvPutResponse {
         outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
+        wall_time_unix_ms: 0, // set by the server: `WallTimed`
     })
 }
 
@@ -151,6 +152,7 @@ pub fn kv_delete_reply(
     Ok(v1::KvDeleteResponse {
         outcome: Some(outcome),
         cluster_time_ms: now.as_millis(),
+        wall_time_unix_ms: 0, // set by the server: `WallTimed`
     })
 }
 
@@ -159,6 +161,7 @@ pub fn kv_get_reply(entry: Option<&KvEntry>, now: ClusterTime) -> v1::KvGetRespo
     match entry {
         None => v1::KvGetResponse {
             cluster_time_ms: now.as_millis(),
+            wall_time_unix_ms: 0, // set by the server: `WallTimed`
             ..Default::default()
         },
         Some(e) => v1::KvGetResponse {
@@ -168,6 +171,7 @@ pub fn kv_get_reply(entry: Option<&KvEntry>, now: ClusterTime) -> v1::KvGetRespo
             token: e.token.get(),
             revision: e.revision,
             cluster_time_ms: now.as_millis(),
+            wall_time_unix_ms: 0, // set by the server: `WallTimed`
         },
     }
 }

@@ -19,6 +19,8 @@ pub use methods::METHODS;
 
 mod convert;
 mod kv;
+mod wall;
 
 pub use convert::*;
 pub use kv::*;
+pub use wall::WallTimed;

@@ -127,6 +127,7 @@ impl NodeConfig {
                 // commit (DECISIONS.md, "Batching").
                 max_in_flight: 1,
                 clock_skew_ppm: 0,
+                wall: crate::proposer::WallSource::System,
             },
             max_parked: 100_000,
             request_timeout: Duration::from_secs(10),
@@ -526,6 +527,7 @@ impl NodeCore {
                 Arc::clone(&shared),
                 time,
                 proposer,
+                cfg.proposer.wall,
             )),
             // After the two tasks above, which shutdown aborts first; this
             // one ends with `stop`.

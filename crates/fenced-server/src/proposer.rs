@@ -76,6 +76,33 @@ pub struct ProposerConfig {
     pub max_in_flight: usize,
     /// Clock-rate skew for fault-injection tests only; 0 otherwise.
     pub clock_skew_ppm: i64,
+    /// Where the wall-clock times people read come from.
+    pub wall: WallSource,
+}
+
+/// The leader's wall clock, read only for the times shown to people
+/// (`fenced_core::WallClock`), never for expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WallSource {
+    /// The system clock.
+    System,
+    /// `unix_ms` plus the cluster time: the simulation, whose runs must
+    /// depend on the seed alone, not on the date.
+    Simulated { unix_ms: u64 },
+}
+
+impl WallSource {
+    /// Milliseconds since the Unix epoch when the cluster time is `at` (0
+    /// for a clock set before the epoch), at most `MAX_UNIX_MS`.
+    pub fn now_ms(self, at: ClusterTime) -> u64 {
+        let ms = match self {
+            WallSource::System => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            WallSource::Simulated { unix_ms } => unix_ms.saturating_add(at.as_millis()),
+        };
+        ms.min(fenced_core::MAX_UNIX_MS)
+    }
 }
 
 /// Handle used by the services to propose commands.
@@ -168,6 +195,16 @@ impl Proposer {
     pub fn tick(&self) {
         let _ = self.tx.try_send(Proposal {
             command: None,
+            reply: None,
+            deadline: None,
+        });
+    }
+
+    /// Proposes a wall-clock anchor (read again when its entry is stamped);
+    /// nobody waits for it.
+    pub fn anchor_wall_clock(&self, unix_ms: u64) {
+        let _ = self.tx.try_send(Proposal {
+            command: Some(Command::WallClock { unix_ms }),
             reply: None,
             deadline: None,
         });
@@ -312,11 +349,22 @@ async fn run(
                 continue;
             }
         }
-        let (commands, replies): (Vec<Command>, Vec<Option<Reply>>) = proposals
+        let (mut commands, replies): (Vec<Command>, Vec<Option<Reply>>) = proposals
             .into_iter()
             .filter_map(|p| p.command.map(|c| (c, p.reply)))
             .unzip();
-        counters.batch_commands.observe(commands.len() as u64);
+        // A wall-clock anchor reads the clock at the entry's stamp, not
+        // when it was queued.
+        for c in &mut commands {
+            if let Command::WallClock { unix_ms } = c {
+                *unix_ms = config.wall.now_ms(stamp);
+            }
+        }
+        // Clients' commands per entry: the leader's own anchors aside.
+        let from_clients = commands.iter().filter(|c| !c.is_leaders_own()).count();
+        if from_clients > 0 {
+            counters.batch_commands.observe(from_clients as u64);
+        }
         let raft = raft.clone();
         tokio::spawn(async move {
             let result = raft.client_write(Batch { stamp, commands }).await;
@@ -382,24 +430,42 @@ pub async fn run_leader_watch(raft: Raft, time: Arc<ClusterClock>) {
 /// parked callers are answered on time and every expiry is recorded, with a
 /// revision, within a tick of its time (docs/DECISIONS.md, "Expiries are
 /// swept by the leader").
+///
+/// It also compares the leader's wall clock with the replicated anchors and
+/// proposes a new one when they drift apart, or at once when there is none
+/// (see `fenced_core::WallClock`): at most one a second, since the last one
+/// may still be on its way.
 pub async fn run_ticker(
     raft: Raft,
     shared: Arc<Shared>,
     time: Arc<ClusterClock>,
     proposer: Proposer,
+    wall: WallSource,
 ) {
+    const ANCHOR_AT_MOST_EVERY: Duration = Duration::from_secs(1);
     let mut interval = tokio::time::interval(Duration::from_millis(20));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last_anchor: Option<tokio::time::Instant> = None;
     loop {
         interval.tick().await;
         let term = raft.metrics().borrow().current_term;
-        let Some(wakeup) = shared.next_sweep() else {
+        let Some(now) = time.stamp(term) else {
             continue;
         };
-        if let Some(now) = time.stamp(term) {
-            if now >= wakeup {
-                proposer.tick();
+        if last_anchor.is_none_or(|t| t.elapsed() >= ANCHOR_AT_MOST_EVERY) {
+            let unix_ms = wall.now_ms(now);
+            if shared.wall_needs_anchor(now, unix_ms) {
+                tracing::debug!(
+                    term,
+                    cluster_time_ms = now.as_millis(),
+                    "anchoring the wall clock"
+                );
+                proposer.anchor_wall_clock(unix_ms);
+                last_anchor = Some(tokio::time::Instant::now());
             }
+        }
+        if shared.next_sweep().is_some_and(|wakeup| now >= wakeup) {
+            proposer.tick();
         }
     }
 }

@@ -110,6 +110,18 @@ impl Shared {
         self.read().table.validate(resource, token, now)
     }
 
+    /// The leader's wall clock at cluster time `t`, for people (see
+    /// [`fenced_core::WallClock`]); `None` before the first anchor.
+    pub fn wall_ms_at(&self, t: ClusterTime) -> Option<u64> {
+        self.read().table.wall_ms_at(t)
+    }
+
+    /// Whether a leader whose wall clock reads `unix_ms` at `at` should
+    /// record a new anchor.
+    pub fn wall_needs_anchor(&self, at: ClusterTime, unix_ms: u64) -> bool {
+        self.read().table.wall_clock().needs_anchor(at, unix_ms)
+    }
+
     /// Validates every check under one read of the table. With an owner id,
     /// also whether the live lease is that owner's with that token (read
     /// from the lease itself, not the history, which a node may keep none
@@ -405,7 +417,9 @@ impl StateMachine {
             Outcome::Session(SessionOutcome::Refused(_))
             | Outcome::AcquireInSession(AcquireInSessionOutcome::SessionRefused(_))
             | Outcome::CloseSession(CloseSessionOutcome::NotOwner) => &c.refusals,
-            Outcome::CloseSession(CloseSessionOutcome::Closed { .. }) => return,
+            Outcome::CloseSession(CloseSessionOutcome::Closed { .. }) | Outcome::WallClockNoted => {
+                return
+            }
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -484,8 +498,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         let applied = data.table.apply(&batch);
                         let c = &self.shared.counters;
                         c.entries.fetch_add(1, Ordering::Relaxed);
-                        c.commands
-                            .fetch_add(batch.commands.len() as u64, Ordering::Relaxed);
+                        // Clients' commands: the leader's own anchors aside.
+                        let from_clients = batch
+                            .commands
+                            .iter()
+                            .filter(|c| !c.is_leaders_own())
+                            .count();
+                        c.commands.fetch_add(from_clients as u64, Ordering::Relaxed);
                         for (command, outcome) in batch.commands.iter().zip(&applied.outcomes) {
                             self.count(outcome);
                             log_kv_refusal(command, outcome, term);

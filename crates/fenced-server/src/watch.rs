@@ -155,9 +155,10 @@ impl Watchers {
     }
 }
 
-/// One change as sent; its owner id only to a watcher shown owner ids
-/// (empty to the others).
-fn event(c: &Change, show_owners: bool) -> v1::WatchResponse {
+/// One change as sent, with the leader's wall clock at its time
+/// (`wall_unix_ms`, 0 if unknown); its owner id only to a watcher shown
+/// owner ids (empty to the others).
+fn event(c: &Change, wall_unix_ms: u64, show_owners: bool) -> v1::WatchResponse {
     v1::WatchResponse {
         body: Some(Body::Event(v1::WatchEvent {
             revision: c.revision,
@@ -170,6 +171,7 @@ fn event(c: &Change, show_owners: bool) -> v1::WatchResponse {
                 Vec::new()
             },
             cluster_time_ms: c.at.as_millis(),
+            wall_time_unix_ms: wall_unix_ms,
         })),
     }
 }
@@ -250,7 +252,9 @@ async fn serve(shared: &Shared, slot: &WatchSlot, prefix: &str, from: u64, tx: &
                 Err(_) => return fell_behind(slot, tx, last_sent, "its buffer stayed full"),
             };
             if let Some(permit) = permits.into_iter().next() {
-                permit.send(Ok(event(change, slot.show_owners)));
+                // Anchors only come after: the time shown never changes.
+                let wall = shared.wall_ms_at(change.at).unwrap_or(0);
+                permit.send(Ok(event(change, wall, slot.show_owners)));
             }
             last_sent = change.revision;
         }

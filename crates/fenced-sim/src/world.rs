@@ -144,6 +144,11 @@ impl Cluster {
         );
         cfg.snapshot_logs = self.snapshot_logs;
         cfg.proposer.clock_skew_ppm = self.skew_ppm.get(&id).copied().unwrap_or(0);
+        // The date shown to people, from cluster time: the run depends on
+        // the seed alone.
+        cfg.proposer.wall = fenced_server::proposer::WallSource::Simulated {
+            unix_ms: 1_800_000_000_000,
+        };
         let fsync_rng = self.rng.clone();
         let faults = Arc::clone(&self.faults);
         let sim = Simulated {

@@ -17,8 +17,8 @@ use super::{
     TableSnapshot, Term, Waiters, NOT_REMEMBERED, SNAPSHOT_FORMAT_VERSION,
 };
 use crate::{
-    Change, ClusterTime, HistoryEntry, ResourceName, SessionId, MAX_HISTORY_PER_RESOURCE,
-    MAX_LOADED_REVISION, MAX_TOKEN, SESSION_IDENTITY_MAX_BYTES,
+    Change, ClusterTime, HistoryEntry, ResourceName, SessionId, WallAnchor, WallClock,
+    MAX_HISTORY_PER_RESOURCE, MAX_LOADED_REVISION, MAX_TOKEN, SESSION_IDENTITY_MAX_BYTES,
 };
 
 /// The most records room is made for ahead of decoding them: a corrupt
@@ -353,6 +353,12 @@ impl Builder {
     /// Checks every record against the table's counter, clock and sessions
     /// and builds the indexes from them in the same pass: an index built
     /// from the records matches them by construction.
+    /// The wall-clock anchors (version 5; none before), checked.
+    pub(super) fn wall_clock(&mut self, anchors: Vec<WallAnchor>) -> Result<(), SnapshotError> {
+        self.table.wall = WallClock::from_stored(anchors).map_err(invariant)?;
+        Ok(())
+    }
+
     pub(super) fn finish(self) -> Result<LeaseTable, SnapshotError> {
         let Builder {
             mut table, records, ..
@@ -460,6 +466,7 @@ impl LeaseTable {
             )?;
         }
         b.identities(snapshot.identities)?;
+        b.wall_clock(snapshot.wall_clock)?;
         b.finish()
     }
 }
@@ -511,6 +518,10 @@ impl<'de> Visitor<'de> for TableSeed {
         if format_version >= 4 {
             let identities = seq.next_element()?.ok_or_else(|| missing(9))?;
             b.identities(identities).map_err(A::Error::custom)?;
+        }
+        if format_version >= 5 {
+            let anchors = seq.next_element()?.ok_or_else(|| missing(10))?;
+            b.wall_clock(anchors).map_err(A::Error::custom)?;
         }
         b.finish().map_err(A::Error::custom)
     }

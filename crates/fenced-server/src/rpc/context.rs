@@ -7,6 +7,7 @@ use std::{
 };
 
 use fenced_core::{ClusterTime, Command, CommandOutcome, IdentityBounds, Limits};
+use fenced_proto::WallTimed;
 use tonic::{Response, Status};
 
 use crate::{
@@ -198,9 +199,18 @@ impl NodeContext {
         command: Command,
         deadline: Option<Instant>,
         reply: impl FnOnce(&T, ClusterTime) -> Result<R, Status>,
-    ) -> Result<Response<R>, Status> {
+    ) -> Result<Response<R>, Status>
+    where
+        R: WallTimed,
+    {
         let (outcome, now) = self.propose_or_refuse(command, deadline).await?;
-        reply(&outcome, now).map(Response::new)
+        reply(&outcome, now).map(|r| Response::new(r.with_wall_time(self.wall_ms(now))))
+    }
+
+    /// The leader's wall clock at cluster time `now`, for the replies
+    /// people read; 0 before the cluster's first anchor.
+    pub(crate) fn wall_ms(&self, now: ClusterTime) -> u64 {
+        self.shared.wall_ms_at(now).unwrap_or(0)
     }
 
     /// Proposes `command` and waits for its outcome, of the command's own

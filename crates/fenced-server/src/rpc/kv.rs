@@ -8,6 +8,7 @@ use fenced_proto::{
     invalid_argument, kv_delete_command, kv_delete_reply, kv_get_key, kv_get_reply, kv_put_command,
     kv_put_reply,
     v1::{self, kv_client::KvClient, kv_server},
+    WallTimed,
 };
 use tonic::{Request, Response, Status};
 
@@ -56,6 +57,7 @@ impl KvService {
 
     fn read(&self, key: &KvKey, now: ClusterTime) -> v1::KvGetResponse {
         kv_get_reply(self.ctx.shared.kv_get(key.as_str()).as_ref(), now)
+            .with_wall_time(self.ctx.wall_ms(now))
     }
 }
 

@@ -11,7 +11,7 @@ use fenced_proto::{
     history_request, invalid_argument, keep_alive_command, open_session_command, release_command,
     release_reply, renew_command, renew_many_command, renew_many_reply, renew_reply, session_reply,
     v1::{self, lock_client::LockClient, lock_server},
-    validate_check, validate_checks, validate_reply,
+    validate_check, validate_checks, validate_reply, WallTimed,
 };
 use tonic::{Request, Response, Status};
 
@@ -111,7 +111,8 @@ impl LockService {
             .propose_or_refuse::<AcquireOutcome>(command, deadline)
             .await?;
         let (AcquireOutcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
-            return acquire_reply(&outcome, resource.as_str(), now).map(Response::new);
+            return acquire_reply(&outcome, resource.as_str(), now)
+                .map(|r| Response::new(r.with_wall_time(self.ctx.wall_ms(now))));
         };
         let wait = Duration::from_millis(wait_ms) + WAIT_GRACE;
         let end = match tokio::time::timeout(wait, &mut parked.rx).await {
@@ -137,7 +138,8 @@ impl LockService {
             },
             WaitEnd::TokensExhausted { limit } => AcquireOutcome::TokensExhausted { limit },
         };
-        acquire_reply(&outcome, resource.as_str(), now).map(Response::new)
+        acquire_reply(&outcome, resource.as_str(), now)
+            .map(|r| Response::new(r.with_wall_time(self.ctx.wall_ms(now))))
     }
 
     async fn answer_renew(
@@ -276,10 +278,10 @@ impl LockService {
             || fenced_core::canary::on(fenced_core::canary::Canary::LocalDescribe)
         {
             let now = self.ctx.time.applied();
-            return Ok(Response::new(describe_reply(
-                &self.ctx.shared.describe(resource.as_str(), now),
-                now,
-            )));
+            return Ok(Response::new(
+                describe_reply(&self.ctx.shared.describe(resource.as_str(), now), now)
+                    .with_wall_time(self.ctx.wall_ms(now)),
+            ));
         }
         forward_or!(
             self.ctx,
@@ -290,10 +292,10 @@ impl LockService {
             describe
         );
         let now = self.ctx.linearizable_read("describe").await?;
-        Ok(Response::new(describe_reply(
-            &self.ctx.shared.describe(resource.as_str(), now),
-            now,
-        )))
+        Ok(Response::new(
+            describe_reply(&self.ctx.shared.describe(resource.as_str(), now), now)
+                .with_wall_time(self.ctx.wall_ms(now)),
+        ))
     }
 
     async fn answer_validate_token(
@@ -422,7 +424,8 @@ impl LockService {
         );
         let now = self.ctx.linearizable_read("history").await?;
         let entries = self.ctx.shared.history(resource.as_str(), limit);
-        let mut reply = history_reply(&entries, now);
+        let mut reply = history_reply(&entries, now, |t| self.ctx.shared.wall_ms_at(t))
+            .with_wall_time(self.ctx.wall_ms(now));
         // Owner ids only to an admin (docs/DECISIONS.md, "Owner ids are
         // shown to admins only").
         if !self.ctx.auth.shows_owner_ids(identity.as_deref()) {
