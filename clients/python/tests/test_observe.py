@@ -1,5 +1,6 @@
 """ValidateToken(s), History and Watch against real nodes."""
 
+import datetime
 import queue
 import signal
 import threading
@@ -68,6 +69,27 @@ def test_history_is_newest_first(client, resource):
     assert h[0].ended is None and h[0].ended_at_ms == 0 and h[0].owner_id == g2.owner_id
     assert h[1].ended == EventKind.RELEASED and h[1].ended_at_ms >= h[1].granted_at_ms
     assert [e.token for e in client.history(resource, limit=1)] == [g2.token]
+
+
+def test_grants_and_ends_carry_dates_for_audits(cluster, client, resource):
+    """The leader's wall clock, as aware UTC datetimes: the grant's answer,
+    its history entry and its watch event say the same date."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    g = client.acquire(resource, ttl=10)
+    assert g.granted_at is not None and g.granted_at.tzinfo == datetime.timezone.utc
+    assert abs((g.granted_at - now).total_seconds()) < 5, (g.granted_at, now)
+    client.release(resource, g.owner_id, g.token)
+    h = client.history(resource)[0]
+    assert h.granted_at == g.granted_at
+    assert h.ended_at is not None and h.ended_at >= h.granted_at
+    q: "queue.Queue" = queue.Queue()
+    with cluster.client() as wc, wc.watch(resource, from_revision=1) as w:
+        threading.Thread(target=_collect, args=(w, q), daemon=True).start()
+        while True:
+            e = _next(q, "the grant's event")
+            if e.resource == resource and e.token == g.token:
+                break
+    assert e.time == g.granted_at, (e, g)
 
 
 def _collect(watch, into: "queue.Queue"):

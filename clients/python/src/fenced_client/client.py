@@ -45,6 +45,7 @@ from .outcomes import (
     TokenState,
     TokenValidation,
     owner_uuid,
+    wall_time,
 )
 
 if TYPE_CHECKING:
@@ -365,6 +366,7 @@ class Client:
                 ttl_ms=g.ttl_ms,
                 cluster_time_ms=resp.cluster_time_ms,
                 sent_at=sent,
+                granted_at=wall_time(resp.wall_time_unix_ms),
             )
         if which == "held":
             return Held(resp.held.current_token, resp.held.remaining_ms, resp.cluster_time_ms)
@@ -508,6 +510,8 @@ class Client:
                 granted_at_ms=h.granted_at_ms,
                 ended_at_ms=h.ended_at_ms,
                 ended=EventKind.from_wire(h.ended),
+                granted_at=wall_time(h.granted_at_unix_ms),
+                ended_at=wall_time(h.ended_at_unix_ms),
             )
             for h in resp.entries
         ]

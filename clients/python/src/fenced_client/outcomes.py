@@ -1,6 +1,7 @@
 """Typed results. Expected refusals are values, not exceptions: "held by
 another owner" and "lease lost" are normal concurrency."""
 
+import datetime
 import enum
 import uuid
 from dataclasses import dataclass, field
@@ -10,6 +11,15 @@ from typing import Optional, Union
 def owner_uuid(raw: bytes) -> Optional[uuid.UUID]:
     """An owner id from the wire (16 bytes), None when absent."""
     return uuid.UUID(bytes=raw) if len(raw) == 16 else None
+
+
+def wall_time(unix_ms: int) -> Optional[datetime.datetime]:
+    """The leader's wall clock from the wire (ms since the Unix epoch) as an
+    aware UTC datetime, None when unknown (0). For logs and audits only:
+    never time a lease with it."""
+    if unix_ms <= 0:
+        return None
+    return datetime.datetime.fromtimestamp(unix_ms / 1000, tz=datetime.timezone.utc)
 
 
 class LostReason(enum.Enum):
@@ -43,6 +53,8 @@ class Granted:
     ttl_ms: int
     cluster_time_ms: int
     sent_at: float = field(repr=False, compare=False)
+    #: The leader's wall clock at the grant (UTC), for logs and audits.
+    granted_at: Optional[datetime.datetime] = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,8 @@ class Renewed:
     ttl_ms: int
     cluster_time_ms: int
     sent_at: float = field(repr=False, compare=False)
+    #: The leader's wall clock at the grant (UTC), for logs and audits.
+    granted_at: Optional[datetime.datetime] = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +205,8 @@ class WatchEvent:
     token: int
     owner_id: Optional[uuid.UUID]
     cluster_time_ms: int
+    #: The leader's wall clock at the event (UTC), the same on every node.
+    time: Optional[datetime.datetime] = None
 
 
 @dataclass(frozen=True)
@@ -220,3 +236,7 @@ class HistoryEntry:
     ended_at_ms: int
     #: None while the lease is live.
     ended: Optional[EventKind]
+    #: The leader's wall clock (UTC) at the grant and at the end (None while
+    #: live), the same on every node: for audits.
+    granted_at: Optional[datetime.datetime] = None
+    ended_at: Optional[datetime.datetime] = None

@@ -11,7 +11,7 @@ import grpc
 from . import _clock
 from ._proto.fenced.v1 import lock_pb2
 from .errors import FencedError, ServerError, Unavailable
-from .outcomes import Compacted, EventKind, FellBehind, WatchEvent, owner_uuid
+from .outcomes import Compacted, EventKind, FellBehind, WatchEvent, owner_uuid, wall_time
 
 if TYPE_CHECKING:
     from .client import Client
@@ -166,6 +166,7 @@ class Watch:
                 token=ev.token,
                 owner_id=owner_uuid(ev.owner_id),
                 cluster_time_ms=ev.cluster_time_ms,
+                time=wall_time(ev.wall_time_unix_ms),
             )
         if body == "fell_behind":
             behind = FellBehind(msg.fell_behind.last_sent_revision)
