@@ -34,6 +34,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let list: String = methods.iter().map(|m| format!("    {m:?},\n")).collect();
     let out = PathBuf::from(std::env::var("OUT_DIR")?).join("methods.rs");
     std::fs::write(out, format!("pub const METHODS: &[&str] = &[\n{list}];\n"))?;
+    // The whole contract, for gRPC server reflection (grpcurl and other
+    // tools call fenced with no .proto files at hand).
+    let fds = PathBuf::from(std::env::var("OUT_DIR")?).join("fenced_descriptor.bin");
+    std::fs::write(fds, prost::Message::encode_to_vec(&descriptors))?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -17,6 +17,11 @@ pub mod methods {
 }
 pub use methods::METHODS;
 
+/// The encoded `FileDescriptorSet` of `proto/fenced/v1`, for gRPC server
+/// reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/fenced_descriptor.bin"));
+
 mod convert;
 mod kv;
 mod wall;

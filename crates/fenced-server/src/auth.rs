@@ -416,6 +416,25 @@ impl Auth {
         operation: &str,
         resource: Option<&str>,
     ) -> Result<Option<String>, Status> {
+        let Some((policy, identity)) = self.identify(req, trusted_forward)? else {
+            return Ok(None);
+        };
+        Self::check_grant(&policy, identity, permission, operation, resource)
+    }
+
+    /// Authenticates the caller, whatever its roles (a call that reveals
+    /// nothing of the leases, such as server reflection); returns its
+    /// identity (`None` with auth off).
+    pub fn authenticate<T>(&self, req: &Request<T>) -> Result<Option<String>, Status> {
+        Ok(self.identify(req, false)?.map(|(_, identity)| identity))
+    }
+
+    /// The policy in force and the caller's identity; `None` with auth off.
+    fn identify<T>(
+        &self,
+        req: &Request<T>,
+        trusted_forward: bool,
+    ) -> Result<Option<(Arc<Policy>, String)>, Status> {
         // A certificate revoked after its connection opened.
         if let Some(cert) = req.peer_certs().as_ref().and_then(|c| c.first().cloned()) {
             self.certificate_in_force(&cert)?;
@@ -459,7 +478,7 @@ impl Auth {
                         .is_some_and(|members| members.is_known_voter(node))
                 });
         let identity = identify(&policy, req.metadata(), principal, trusted_forward)?;
-        Self::check_grant(&policy, identity, permission, operation, resource)
+        Ok(Some((policy, identity)))
     }
 
     /// [`Auth::authorize`] for an HTTP request (the status page): the

@@ -703,6 +703,10 @@ impl RunningNode {
         };
         let rpc_metrics =
             |port| crate::rpc_metrics::RpcMetricsLayer::new(Arc::clone(&ctx.counters.rpc), port);
+        let reflection_v1 =
+            crate::rpc::reflection::v1(Arc::clone(&ctx.auth)).map_err(NodeError::Config)?;
+        let reflection_v1alpha =
+            crate::rpc::reflection::v1alpha(Arc::clone(&ctx.auth)).map_err(NodeError::Config)?;
         let client_router = cfg
             .server_limits
             .server()
@@ -712,7 +716,9 @@ impl RunningNode {
             .add_service(lock(false))
             .add_service(cluster(false))
             .add_service(kv(false))
-            .add_service(maintenance(false));
+            .add_service(maintenance(false))
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha);
         let client_server: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
             match &tls {
                 Some(t) => Box::pin(client_router.serve_with_incoming_shutdown(

@@ -6,13 +6,15 @@
 //!   read index;
 //! - [`forward`]: the leader, the forwarded request, the refusals that name
 //!   the leader and the hints on every answer;
-//! - [`lock`], [`cluster`], [`kv`]: one file per service.
+//! - [`lock`], [`cluster`], [`kv`]: one file per service;
+//! - [`reflection`]: gRPC server reflection, for authenticated callers.
 
 pub mod cluster;
 pub mod context;
 pub mod forward;
 pub mod kv;
 pub mod lock;
+pub mod reflection;
 
 pub use cluster::{role_name, ClusterService};
 pub use context::NodeContext;
