@@ -91,6 +91,10 @@ impl fmt::Display for LeaseLoss {
     }
 }
 
+/// So `lease.check()?` works in a function returning `Box<dyn Error>` or
+/// `anyhow::Result`.
+impl std::error::Error for LeaseLoss {}
+
 struct Shared {
     resource: String,
     owner: OwnerId,

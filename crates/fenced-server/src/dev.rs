@@ -252,10 +252,12 @@ pub fn ready_lines(
     took: Duration,
     default_ports: bool,
 ) -> String {
-    let address = layout
-        .iter()
-        .find(|n| n.id == leader)
-        .map_or("?", |n| n.client.as_str());
+    let leading = layout.iter().find(|n| n.id == leader);
+    let address = leading.map_or("?", |n| n.client.as_str());
+    // The leader's status page: a follower's page points at it anyway.
+    let status_page = leading.map_or_else(String::new, |n| {
+        format!("       status page: http://{}/\n", n.metrics)
+    });
     // fencectl talks to 7101-7103 by default; elsewhere it needs the list.
     let fencectl = if default_ports && layout.len() == 3 {
         "fencectl".to_string()
@@ -265,7 +267,7 @@ pub fn ready_lines(
     format!(
         "ready in {:.1} s: node {leader} ({address}) leads {} member{} in term {term}\n\
          next:  {fencectl} acquire demo --ttl 30s\n       {fencectl} status\n\
-         Ctrl-C stops the cluster.",
+         {status_page}Ctrl-C stops the cluster.",
         took.as_secs_f64(),
         layout.len(),
         if layout.len() == 1 { "" } else { "s" },
@@ -562,6 +564,7 @@ mod tests {
         assert!(r.contains("node 2 (127.0.0.1:7102) leads 3 members"), "{r}");
         assert!(r.contains("fencectl acquire demo --ttl 30s"), "{r}");
         assert!(r.contains("fencectl status"), "{r}");
+        assert!(r.contains("status page: http://127.0.0.1:9102/\n"), "{r}");
         let other = layout(Path::new("/tmp/fd"), 5, 8100);
         let r = ready_lines(&other, 1, 1, Duration::from_millis(700), false);
         assert!(
