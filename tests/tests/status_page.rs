@@ -127,6 +127,12 @@ async fn the_status_view_is_for_admins_and_escapes_resource_names() {
         "{body}"
     );
     assert!(body.contains("page/plain"), "{body}");
+    // Each lease names the identity holding it (never its owner id) and
+    // its grant date on the leader's clock.
+    assert!(
+        body.contains("<td><code>app</code></td><td>20") && body.contains(" UTC</td>"),
+        "{body}"
+    );
     assert!(
         body.contains(&format!("data-leader=\"{leader}\"")),
         "{body}"

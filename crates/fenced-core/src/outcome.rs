@@ -322,6 +322,14 @@ pub struct LeaseView {
     pub remaining_ms: u64,
     pub ttl_ms: u64,
     pub waiters: u32,
+    /// The identity the lease belongs to (empty with auth off), never its
+    /// owner id.
+    pub identity: String,
+    /// When it was granted, if the table remembers (see
+    /// [`crate::LeaseTable::history`]).
+    pub granted_at: Option<crate::ClusterTime>,
+    /// The leader's wall clock then (ms since the Unix epoch), if known.
+    pub granted_at_unix_ms: Option<u64>,
 }
 
 /// Live leases under a name prefix, in name order: the first rows, and how

@@ -804,12 +804,16 @@ impl LeaseTable {
                 continue;
             }
             if list.rows.len() < limit {
+                let granted_at = (lease.granted_at != NOT_REMEMBERED).then_some(lease.granted_at);
                 list.rows.push(LeaseView {
                     resource: name.clone(),
                     token: rec.last_token,
                     remaining_ms: expires_at.millis_since(now),
                     ttl_ms,
                     waiters: u32::try_from(rec.waiters.len()).unwrap_or(u32::MAX),
+                    identity: self.identities.name(lease.term.identity()).to_string(),
+                    granted_at,
+                    granted_at_unix_ms: granted_at.and_then(|t| self.wall.unix_ms_at(t)),
                 });
             } else {
                 list.more += 1;

@@ -277,12 +277,22 @@ pub struct StatusView {
     pub last_log_index: u64,
     pub applied_index: u64,
     pub cluster_time_ms: u64,
+    /// The leader's wall clock at that cluster time, if the cluster has an
+    /// anchor (for people; see `fenced_core::WallClock`).
+    pub wall_time_unix_ms: Option<u64>,
     pub members: Vec<MemberRow>,
     pub query: Query,
     pub leases: LeaseList,
     /// The newest grants, releases and expiries under the prefix, newest
     /// first, at most [`RECENT_ROWS`].
-    pub recent: Vec<fenced_core::Change>,
+    pub recent: Vec<Recent>,
+}
+
+/// One recent grant or end, with the leader's wall clock at its time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recent {
+    pub change: fenced_core::Change,
+    pub unix_ms: Option<u64>,
 }
 
 /// Rows of recent grants and ends the page shows.
@@ -299,6 +309,21 @@ fn duration(ms: u64) -> String {
         60..3_600 => format!("{} min {:02} s", s / 60, s % 60),
         _ => format!("{} h {:02} min", s / 3_600, (s % 3_600) / 60),
     }
+}
+
+/// A wall time as people read it, `2026-12-06 17:01:02 UTC`; a dash when
+/// unknown.
+fn utc(unix_ms: Option<u64>) -> String {
+    unix_ms.map_or_else(
+        || "–".to_string(),
+        |ms| {
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+            humantime::format_rfc3339_seconds(t)
+                .to_string()
+                .replacen('T', " ", 1)
+                .replace('Z', " UTC")
+        },
+    )
 }
 
 fn or_dash(v: Option<u64>) -> String {
@@ -332,8 +357,12 @@ pub fn render(v: &StatusView) -> String {
     }
     let _ = writeln!(
         out,
-        "<p>Applied index {}, last log index {}, cluster time {} ms.</p>",
-        v.applied_index, v.last_log_index, v.cluster_time_ms
+        "<p>Applied index {}, last log index {}, cluster time {} (<span id=\"now\">{}</span> \
+         on the leader's clock).</p>",
+        v.applied_index,
+        v.last_log_index,
+        duration(v.cluster_time_ms),
+        utc(v.wall_time_unix_ms)
     );
     out.push_str(
         "<h3>Members</h3>\n<table id=\"members\"><thead><tr><th>node</th><th>role</th>\
@@ -382,16 +411,29 @@ pub fn render(v: &StatusView) -> String {
         shown + v.leases.more,
     );
     out.push_str(
-        "<table id=\"leases\"><thead><tr><th>resource</th><th>token</th><th>remaining</th>\
-         <th>ttl</th><th>waiters</th></tr></thead><tbody>\n",
+        "<table id=\"leases\"><thead><tr><th>resource</th><th>token</th><th>holder</th>\
+         <th>granted</th><th>held for</th><th>remaining</th><th>ttl</th><th>waiters</th>\
+         </tr></thead><tbody>\n",
     );
     for l in &v.leases.rows {
+        // The identity, never the owner id (a capability); empty with auth off.
+        let holder = if l.identity.is_empty() {
+            "–".to_string()
+        } else {
+            format!("<code>{}</code>", escape(&l.identity))
+        };
+        let held = l
+            .granted_at
+            .map(|t| duration(v.cluster_time_ms.saturating_sub(t.as_millis())));
         let _ = writeln!(
             out,
-            "<tr><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
-             <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            "<tr><td><code>{}</code></td><td class=\"n\">{}</td><td>{holder}</td><td>{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td></tr>",
             escape(l.resource.as_str()),
             l.token,
+            utc(l.granted_at_unix_ms),
+            held.unwrap_or_else(|| "–".to_string()),
             duration(l.remaining_ms),
             duration(l.ttl_ms),
             l.waiters,
@@ -400,7 +442,7 @@ pub fn render(v: &StatusView) -> String {
     if v.leases.more > 0 {
         let _ = writeln!(
             out,
-            "<tr class=\"more\"><td colspan=\"5\">and {} more (narrow the prefix)</td></tr>",
+            "<tr class=\"more\"><td colspan=\"8\">and {} more (narrow the prefix)</td></tr>",
             v.leases.more
         );
     }
@@ -414,9 +456,9 @@ pub fn render(v: &StatusView) -> String {
     );
     out.push_str(
         "<table id=\"recent\"><thead><tr><th>revision</th><th>resource</th><th>event</th>\
-         <th>token</th><th>age</th></tr></thead><tbody>\n",
+         <th>token</th><th>age</th><th>time</th></tr></thead><tbody>\n",
     );
-    for c in &v.recent {
+    for Recent { change: c, unix_ms } in &v.recent {
         let event = match c.kind {
             fenced_core::ChangeKind::Granted => "granted",
             fenced_core::ChangeKind::Released => "released",
@@ -426,11 +468,12 @@ pub fn render(v: &StatusView) -> String {
         let _ = writeln!(
             out,
             "<tr><td class=\"n\">{}</td><td><code>{}</code></td><td>{event}</td>\
-             <td class=\"n\">{}</td><td class=\"n\">{} ago</td></tr>",
+             <td class=\"n\">{}</td><td class=\"n\">{} ago</td><td>{}</td></tr>",
             c.revision,
             escape(c.resource.as_str()),
             c.token.get(),
             duration(v.cluster_time_ms.saturating_sub(c.at.as_millis())),
+            utc(*unix_ms),
         );
     }
     out.push_str("</tbody></table>\n</main>\n</body></html>\n");
@@ -453,7 +496,13 @@ pub async fn gather(ctx: &NodeContext, query: Query) -> Result<StatusView, Strin
     let leases = tokio::task::spawn_blocking(move || shared.leases(&prefix, now, rows))
         .await
         .map_err(|e| format!("listing leases: {e}"))?;
-    let recent = recent_changes(ctx, &query.prefix);
+    let recent = recent_changes(ctx, &query.prefix)
+        .into_iter()
+        .map(|change| Recent {
+            unix_ms: ctx.shared.wall_ms_at(change.at),
+            change,
+        })
+        .collect();
     let m = ctx.raft.metrics().borrow().clone();
     let leader = m.current_leader.map(|id| {
         let addr = m
@@ -499,6 +548,7 @@ pub async fn gather(ctx: &NodeContext, query: Query) -> Result<StatusView, Strin
         last_log_index,
         applied_index,
         cluster_time_ms: now.as_millis(),
+        wall_time_unix_ms: ctx.shared.wall_ms_at(now),
         members,
         query,
         leases,
@@ -544,6 +594,7 @@ mod tests {
             last_log_index: 10,
             applied_index: 9,
             cluster_time_ms: 5_000,
+            wall_time_unix_ms: Some(1_800_000_003_000),
             members: vec![MemberRow {
                 id: 1,
                 voter: true,
@@ -563,16 +614,22 @@ mod tests {
                     remaining_ms: 1_500,
                     ttl_ms: 90_000,
                     waiters: 3,
+                    identity: "billing-<app>".into(),
+                    granted_at: Some(fenced_core::ClusterTime::from_millis(2_000)),
+                    granted_at_unix_ms: Some(1_800_000_000_000),
                 }],
                 more,
             },
-            recent: vec![fenced_core::Change {
-                revision: 77,
-                resource: ResourceName::new(resource).unwrap(),
-                kind: fenced_core::ChangeKind::Expired,
-                token: fenced_core::Token::new(41).unwrap(),
-                owner_id: fenced_core::OwnerId::from_bytes(&[7; 16]).unwrap(),
-                at: fenced_core::ClusterTime::from_millis(3_500),
+            recent: vec![Recent {
+                change: fenced_core::Change {
+                    revision: 77,
+                    resource: ResourceName::new(resource).unwrap(),
+                    kind: fenced_core::ChangeKind::Expired,
+                    token: fenced_core::Token::new(41).unwrap(),
+                    owner_id: fenced_core::OwnerId::from_bytes(&[7; 16]).unwrap(),
+                    at: fenced_core::ClusterTime::from_millis(3_500),
+                },
+                unix_ms: Some(1_800_000_001_500),
             }],
         }
     }
@@ -598,7 +655,21 @@ mod tests {
         let html = render(&view("jobs/a", 0));
         assert!(html.contains("<h3>Recent grants and ends</h3>"), "{html}");
         assert!(
-            html.contains("<td class=\"n\">77</td><td><code>jobs/a</code></td><td>expired</td><td class=\"n\">41</td><td class=\"n\">1.5 s ago</td>"),
+            html.contains("<td class=\"n\">77</td><td><code>jobs/a</code></td><td>expired</td><td class=\"n\">41</td><td class=\"n\">1.5 s ago</td><td>2027-01-15 08:00:01 UTC</td>"),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn a_lease_shows_its_holders_identity_grant_date_and_time_held() {
+        let html = render(&view("jobs/a", 0));
+        assert!(
+            html.contains("<td><code>billing-&lt;app&gt;</code></td><td>2027-01-15 08:00:00 UTC</td><td class=\"n\">3.0 s</td>"),
+            "{html}"
+        );
+        // Cluster time as a duration, beside the leader's clock.
+        assert!(
+            html.contains("cluster time 5.0 s (<span id=\"now\">"),
             "{html}"
         );
     }
