@@ -296,3 +296,77 @@ fn help_explains_ttl_wait_and_their_bounds() {
         }
     }
 }
+
+/// Every argument and flag of every fencectl command has an explanation in
+/// its `--help` (clap puts it on the same line).
+#[test]
+fn every_flag_of_every_command_is_explained() {
+    let help = |args: &[&str]| {
+        let out = std::process::Command::new(fenced_tests::bin("fencectl"))
+            .args(args)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let commands = |text: &str| -> Vec<String> {
+        text.lines()
+            .skip_while(|l| !l.starts_with("Commands:"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .filter(|c| c != "help")
+            .collect()
+    };
+    let mut todo: Vec<Vec<String>> = commands(&help(&[])).into_iter().map(|c| vec![c]).collect();
+    let mut checked = 0;
+    let mut unexplained = Vec::new();
+    while let Some(path) = todo.pop() {
+        let args: Vec<&str> = path.iter().map(String::as_str).collect();
+        let text = help(&args);
+        for sub in commands(&text) {
+            let mut deeper = path.clone();
+            deeper.push(sub);
+            todo.push(deeper);
+        }
+        // An item starts with `-`, `<` or `[`; its text follows on its line
+        // or, when clap lays the list out long, on the next one.
+        let lines: Vec<&str> = text.lines().collect();
+        let mut in_list = false;
+        for (i, line) in lines.iter().enumerate() {
+            if *line == "Arguments:" || *line == "Options:" {
+                in_list = true;
+                continue;
+            }
+            if line.is_empty() || !line.starts_with(' ') {
+                in_list = false;
+                continue;
+            }
+            let item = line.trim_start();
+            if !in_list || !item.starts_with(['-', '<', '[']) {
+                continue;
+            }
+            let same_line = item.find("  ").map(|at| item[at..].trim()).unwrap_or("");
+            let next_line = lines
+                .get(i + 1)
+                .map(|l| l.trim_start())
+                .filter(|l| !l.starts_with(['-', '<', '[']))
+                .unwrap_or("");
+            let explained = if same_line.is_empty() {
+                next_line
+            } else {
+                same_line
+            };
+            if explained.len() < 10 {
+                unexplained.push(format!("fencectl {}: {}", path.join(" "), item));
+            }
+            checked += 1;
+        }
+    }
+    assert!(
+        checked > 100,
+        "only {checked} flags found: the parsing broke"
+    );
+    assert!(unexplained.is_empty(), "{unexplained:#?}");
+}

@@ -18,12 +18,16 @@ pub enum KvCmd {
   fencectl kv put config/active primary-b --resource failover --owner-id $OWNER --token 7
   fencectl kv put report --value-file report.json --resource reports --owner-id $OWNER --token 3")]
     Put {
+        /// The key, 1 to 512 bytes of UTF-8.
         key: String,
+        /// The value, at most 64 KiB (or --value-file).
         #[arg(required_unless_present = "value_file")]
         value: Option<String>,
         /// Read the value from this file (`-`: standard input), at most 64 KiB.
         #[arg(long, conflicts_with = "value")]
         value_file: Option<PathBuf>,
+        /// The resource whose lease fences the write (1 to 200 bytes); the
+        /// key stays bound to it.
         #[arg(long)]
         resource: String,
         /// The owner id the lease was granted to.
@@ -39,6 +43,7 @@ pub enum KvCmd {
   fencectl kv get config/active
   fencectl --json kv get config/active --allow-stale")]
     Get {
+        /// The key, 1 to 512 bytes of UTF-8.
         key: String,
         /// Answer from any node, possibly behind the leader.
         #[arg(long)]
@@ -48,11 +53,15 @@ pub enum KvCmd {
     #[command(after_help = "Examples:
   fencectl kv delete config/active --resource failover --owner-id $OWNER --token 7")]
     Delete {
+        /// The key, 1 to 512 bytes of UTF-8.
         key: String,
+        /// The resource whose lease fences the delete (the key's own).
         #[arg(long)]
         resource: String,
+        /// The owner id the lease was granted to.
         #[arg(long = "owner-id", alias = "owner")]
         owner_id: String,
+        /// The lease's fencing token.
         #[arg(long)]
         token: u64,
     },

@@ -55,7 +55,8 @@ struct Cli {
     /// endpoint refuses the connection, a command fails at once (exit 6).
     #[arg(long, global = true, default_value = "10s", value_parser = humantime::parse_duration)]
     timeout: Duration,
-    /// The bearer token that authenticates this client (`fenced token`),
+    /// The bearer token that authenticates this client (the nodes' tokens
+    /// file lists its hash: `fenced auth hash-token`),
     /// sent with every call. Not the fencing token: that is `--token` of
     /// renew, release, validate, kv and resource.
     #[arg(
@@ -154,6 +155,7 @@ enum Cmd {
     #[command(after_help = "Examples:
   fencectl renew demo --owner-id 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21 --token 1 --ttl 30s")]
     Renew {
+        /// The resource's name, 1 to 200 bytes.
         resource: String,
         /// The owner id the lease was granted to.
         #[arg(long = "owner-id", alias = "owner")]
@@ -170,6 +172,7 @@ enum Cmd {
     #[command(after_help = "Examples:
   fencectl release demo --owner-id 5b2f0c7e-6a43-4c09-9a8e-1d0f6f3b7a21 --token 1")]
     Release {
+        /// The resource's name, 1 to 200 bytes.
         resource: String,
         /// The owner id the lease was granted to.
         #[arg(long = "owner-id", alias = "owner")]
@@ -182,7 +185,10 @@ enum Cmd {
     #[command(after_help = "Examples:
   fencectl describe demo
   fencectl --json describe demo")]
-    Describe { resource: String },
+    Describe {
+        /// The resource's name, 1 to 200 bytes.
+        resource: String,
+    },
     /// Show the cluster as each endpoint sees it.
     #[command(after_help = "Examples:
   fencectl status
@@ -211,6 +217,7 @@ enum Cmd {
   fencectl history billing/march
   fencectl history billing/march --limit 3 --json")]
     History {
+        /// The resource's name, 1 to 200 bytes.
         resource: String,
         /// At most this many (0: all the cluster keeps).
         #[arg(long, default_value_t = 0)]
@@ -221,7 +228,12 @@ enum Cmd {
     #[command(after_help = "Examples:
   fencectl validate billing/march 42
   fencectl validate billing/march 42 --json || echo \"no longer the holder\"")]
-    Validate { resource: String, token: u64 },
+    Validate {
+        /// The resource's name, 1 to 200 bytes.
+        resource: String,
+        /// The fencing token to check.
+        token: u64,
+    },
     /// List, add, promote and remove cluster members (admin).
     #[command(
         subcommand,

@@ -26,6 +26,7 @@ pub enum MemberCmd {
   fencectl member add 4 --peer 10.0.0.4:7201 --client 10.0.0.4:7101
   fenced run --id 4 --data-dir /var/lib/fenced --join 10.0.0.1:7101,10.0.0.2:7101")]
     Add {
+        /// The new node's id (1 or more, never used before in this cluster).
         id: u64,
         /// Its peer (Raft) address, host:port, as the other nodes reach it.
         #[arg(long)]
@@ -40,6 +41,7 @@ pub enum MemberCmd {
   fencectl member promote 4
   fencectl member promote 4 --wait 60s")]
     Promote {
+        /// The learner's node id.
         id: u64,
         /// Keep asking this long while the learner is still catching up.
         #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
@@ -50,7 +52,10 @@ pub enum MemberCmd {
     /// last voter and when the voters left could not commit.
     #[command(after_help = "Examples:
   fencectl member remove 2")]
-    Remove { id: u64 },
+    Remove {
+        /// The node id to remove (its id is retired for good).
+        id: u64,
+    },
 }
 
 fn member_json(m: &v1::Member) -> Value {

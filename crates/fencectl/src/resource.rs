@@ -38,6 +38,7 @@ pub(crate) enum ResourceCmd {
   fencectl resource put report --resource reports --token 4 --owner-id $OWNER \\
     --value v2 --expected-version 3 --endpoint 127.0.0.1:7300")]
     Put {
+        /// The key, 1 to 256 bytes of UTF-8.
         key: String,
         /// The fencing token of your lease.
         #[arg(long)]
@@ -45,6 +46,7 @@ pub(crate) enum ResourceCmd {
         /// The owner id of your lease.
         #[arg(long = "owner-id", alias = "owner")]
         owner_id: String,
+        /// The value to write, at most 1 MiB.
         #[arg(long)]
         value: String,
         /// The lock resource the token was granted for; default KEY.
@@ -54,10 +56,12 @@ pub(crate) enum ResourceCmd {
         /// key's own.
         #[arg(long, value_enum)]
         mode: Option<ModeArg>,
-        /// A retry with the same idempotency key is applied once.
+        /// A retry with the same idempotency key (at most 128 bytes) is
+        /// applied once.
         #[arg(long)]
         idempotency_key: Option<String>,
-        /// Your name for the operation, for logs and rejections.
+        /// Your name for the operation, for logs and rejections (at most
+        /// 128 bytes).
         #[arg(long)]
         operation_id: Option<String>,
         /// Write only if the key is at this version (0: does not exist).
@@ -79,6 +83,7 @@ pub(crate) enum ResourceCmd {
   fencectl resource get invoice-7
   fencectl resource get invoice-7 --endpoint 127.0.0.1:7300 --json")]
     Get {
+        /// The key, 1 to 256 bytes of UTF-8.
         key: String,
         /// The service, host:port or http://host:port.
         #[arg(

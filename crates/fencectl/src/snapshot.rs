@@ -21,10 +21,14 @@ pub enum SnapshotCmd {
     /// Save a consistent backup of the whole state to FILE (admin role);
     /// restore it with `fenced restore --from FILE`.
     #[command(after_help = "Examples:
-  fencectl --token \"$ADMIN_TOKEN\" snapshot save /backups/fenced.fncd
+  fencectl --auth-token \"$ADMIN_TOKEN\" snapshot save /backups/fenced.fncd
   fenced restore --from /backups/fenced.fncd --data-dir /var/lib/fenced --node-id 1 \\
     --initial-cluster 1=n1:7201/n1:7101,2=n2:7201/n2:7101,3=n3:7201/n3:7101")]
-    Save { file: PathBuf },
+    Save {
+        /// Where to write the backup: whole, through a temporary file
+        /// beside it, or not at all.
+        file: PathBuf,
+    },
 }
 
 pub async fn execute(
