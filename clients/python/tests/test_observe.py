@@ -78,9 +78,13 @@ def test_grants_and_ends_carry_dates_for_audits(cluster, client, resource):
     g = client.acquire(resource, ttl=10)
     assert g.granted_at is not None and g.granted_at.tzinfo == datetime.timezone.utc
     assert abs((g.granted_at - now).total_seconds()) < 5, (g.granted_at, now)
-    client.release(resource, g.owner_id, g.token)
+    r = client.renew(resource, g.owner_id, g.token, ttl=10)
+    assert r.renewed_at is not None and r.renewed_at >= g.granted_at, (r, g)
+    released = client.release(resource, g.owner_id, g.token)
+    assert released.released_at is not None and released.released_at >= r.renewed_at
     h = client.history(resource)[0]
     assert h.granted_at == g.granted_at
+    assert h.ended_at == released.released_at
     assert h.ended_at is not None and h.ended_at >= h.granted_at
     q: "queue.Queue" = queue.Queue()
     with cluster.client() as wc, wc.watch(resource, from_revision=1) as w:

@@ -402,7 +402,13 @@ class Client:
         )
         which = resp.WhichOneof("outcome")
         if which == "renewed":
-            return Renewed(resp.renewed.expires_at_ms, resp.renewed.ttl_ms, resp.cluster_time_ms, sent)
+            return Renewed(
+                resp.renewed.expires_at_ms,
+                resp.renewed.ttl_ms,
+                resp.cluster_time_ms,
+                sent,
+                renewed_at=wall_time(resp.wall_time_unix_ms),
+            )
         if which == "lost":
             return Lost(
                 LostReason.from_wire(resp.lost.reason), resp.lost.current_token, resp.cluster_time_ms
@@ -428,7 +434,7 @@ class Client:
         )
         which = resp.WhichOneof("outcome")
         if which == "released":
-            return Released(resp.cluster_time_ms)
+            return Released(resp.cluster_time_ms, released_at=wall_time(resp.wall_time_unix_ms))
         if which == "not_holder":
             return NotHolder(
                 LostReason.from_wire(resp.not_holder.reason),

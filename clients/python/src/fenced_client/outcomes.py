@@ -87,8 +87,8 @@ class Renewed:
     ttl_ms: int
     cluster_time_ms: int
     sent_at: float = field(repr=False, compare=False)
-    #: The leader's wall clock at the grant (UTC), for logs and audits.
-    granted_at: Optional[datetime.datetime] = None
+    #: The leader's wall clock at the renewal (UTC), for logs and audits.
+    renewed_at: Optional[datetime.datetime] = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,8 @@ class Released:
     """The lease is released (also the answer to a retried release)."""
 
     cluster_time_ms: int
+    #: The leader's wall clock at the release (UTC), for logs and audits.
+    released_at: Optional[datetime.datetime] = None
 
 
 @dataclass(frozen=True)
