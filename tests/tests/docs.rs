@@ -1,6 +1,7 @@
-//! docs/DECISIONS.md opens with an index of every entry, by area and dated:
-//! an entry added without its index line, or a line whose entry was renamed
-//! or removed, fails here.
+//! Docs that stay true: docs/DECISIONS.md opens with an index of every
+//! entry, by area and dated (an entry added without its index line, or a
+//! line whose entry was renamed or removed, fails here), and the README's
+//! Rust program is the example the build compiles.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -64,5 +65,25 @@ fn the_decisions_index_lists_every_entry_once_with_its_date() {
         listed.len(),
         entries.len(),
         "the index lists entries that do not exist"
+    );
+}
+
+/// The README's Rust block is `crates/fenced-client/examples/readme.rs`
+/// word for word, which `cargo build --examples` compiles (and clippy
+/// checks): the README cannot show code that no longer builds.
+#[test]
+fn the_readmes_rust_program_is_the_compiled_example() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let example =
+        std::fs::read_to_string(format!("{root}/crates/fenced-client/examples/readme.rs")).unwrap();
+    let block = readme
+        .split("```rust\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a ```rust block in README.md");
+    assert_eq!(
+        block, example,
+        "README.md's Rust block and examples/readme.rs differ"
     );
 }
