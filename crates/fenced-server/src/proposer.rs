@@ -431,10 +431,10 @@ pub async fn run_leader_watch(raft: Raft, time: Arc<ClusterClock>) {
 /// revision, within a tick of its time (docs/DECISIONS.md, "Expiries are
 /// swept by the leader").
 ///
-/// It also compares the leader's wall clock with the replicated anchors and
-/// proposes a new one when they drift apart, or at once when there is none
-/// (see `fenced_core::WallClock`): at most one a second, since the last one
-/// may still be on its way.
+/// Once a second (the first time as soon as it leads) it also compares the
+/// leader's wall clock with the replicated anchors and proposes a new one
+/// when they drift apart or there is none (see `fenced_core::WallClock`);
+/// a second is ample for the last proposal to be applied.
 pub async fn run_ticker(
     raft: Raft,
     shared: Arc<Shared>,
@@ -442,17 +442,19 @@ pub async fn run_ticker(
     proposer: Proposer,
     wall: WallSource,
 ) {
-    const ANCHOR_AT_MOST_EVERY: Duration = Duration::from_secs(1);
+    const WALL_CHECK_EVERY: Duration = Duration::from_secs(1);
     let mut interval = tokio::time::interval(Duration::from_millis(20));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut last_anchor: Option<tokio::time::Instant> = None;
+    // The first look comes as soon as this node leads, then one a second.
+    let mut next_wall_check = tokio::time::Instant::now();
     loop {
         interval.tick().await;
         let term = raft.metrics().borrow().current_term;
         let Some(now) = time.stamp(term) else {
             continue;
         };
-        if last_anchor.is_none_or(|t| t.elapsed() >= ANCHOR_AT_MOST_EVERY) {
+        if tokio::time::Instant::now() >= next_wall_check {
+            next_wall_check = tokio::time::Instant::now() + WALL_CHECK_EVERY;
             let unix_ms = wall.now_ms(now);
             if shared.wall_needs_anchor(now, unix_ms) {
                 tracing::debug!(
@@ -461,7 +463,6 @@ pub async fn run_ticker(
                     "anchoring the wall clock"
                 );
                 proposer.anchor_wall_clock(unix_ms);
-                last_anchor = Some(tokio::time::Instant::now());
             }
         }
         if shared.next_sweep().is_some_and(|wakeup| now >= wakeup) {
