@@ -77,7 +77,7 @@ pub async fn lock(
     out: Output,
 ) -> Result<u8, ClientError> {
     let json_out = out.json;
-    let talk = out.talk && !wait.is_zero();
+    let talk = out.talks_while(wait);
     let lease = while_waiting(client, resource, talk, client.lock(resource, ttl, wait)).await?;
     granted_line(&lease, json_out);
     tokio::select! {
@@ -163,7 +163,7 @@ pub async fn run(
             "command: nothing to run after --".into(),
         ));
     }
-    let talk = out.talk && !wait.is_zero();
+    let talk = out.talks_while(wait);
     let lease = while_waiting(&client, resource, talk, client.lock(resource, ttl, wait)).await?;
     // /proc/self/exe: this very binary, even if its file was replaced since.
     // Spawned from the thread that lives as long as this process, as the

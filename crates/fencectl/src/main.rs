@@ -371,6 +371,14 @@ pub struct Output {
     pub talk: bool,
 }
 
+impl Output {
+    /// Whether to say, while waiting up to `wait` for a held resource, who
+    /// holds it (no wait, nothing to say).
+    pub fn talks_while(self, wait: Duration) -> bool {
+        self.talk && !wait.is_zero()
+    }
+}
+
 async fn execute(
     client: &Client,
     tls: Option<&TlsOptions>,
@@ -429,11 +437,10 @@ async fn execute(
                 Some(o) => owner_id(&o)?,
                 None => OwnerId::random(),
             };
-            let talk = out.talk && !wait.is_zero();
             let acquired = waiting::while_waiting(
                 client,
                 &resource,
-                talk,
+                out.talks_while(wait),
                 client.acquire_once(&resource, owner, ttl, wait),
             );
             match acquired.await? {

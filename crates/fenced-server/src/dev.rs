@@ -254,7 +254,7 @@ pub fn ready_lines(
 ) -> String {
     let leading = layout.iter().find(|n| n.id == leader);
     let address = leading.map_or("?", |n| n.client.as_str());
-    // The leader's status page: a follower's page points at it anyway.
+    // The leader's page: it alone shows every member's lag.
     let status_page = leading.map_or_else(String::new, |n| {
         format!("       status page: http://{}/\n", n.metrics)
     });

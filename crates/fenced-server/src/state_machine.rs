@@ -116,6 +116,16 @@ impl Shared {
         self.read().table.wall_ms_at(t)
     }
 
+    /// The wall time of each of `changes`, if known, under one read of the
+    /// table: a page of watch events or the status page's rows.
+    pub fn wall_ms_of(&self, changes: &[fenced_core::Change]) -> Vec<Option<u64>> {
+        let data = self.read();
+        changes
+            .iter()
+            .map(|c| data.table.wall_ms_at(c.at))
+            .collect()
+    }
+
     /// Whether a leader whose wall clock reads `unix_ms` at `at` should
     /// record a new anchor.
     pub fn wall_needs_anchor(&self, at: ClusterTime, unix_ms: u64) -> bool {

@@ -496,12 +496,12 @@ pub async fn gather(ctx: &NodeContext, query: Query) -> Result<StatusView, Strin
     let leases = tokio::task::spawn_blocking(move || shared.leases(&prefix, now, rows))
         .await
         .map_err(|e| format!("listing leases: {e}"))?;
-    let recent = recent_changes(ctx, &query.prefix)
+    let changes = recent_changes(ctx, &query.prefix);
+    let walls = ctx.shared.wall_ms_of(&changes);
+    let recent = changes
         .into_iter()
-        .map(|change| Recent {
-            unix_ms: ctx.shared.wall_ms_at(change.at),
-            change,
-        })
+        .zip(walls)
+        .map(|(change, unix_ms)| Recent { change, unix_ms })
         .collect();
     let m = ctx.raft.metrics().borrow().clone();
     let leader = m.current_leader.map(|id| {

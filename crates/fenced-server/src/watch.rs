@@ -245,16 +245,16 @@ async fn serve(shared: &Shared, slot: &WatchSlot, prefix: &str, from: u64, tx: &
             Err(_) => return fell_behind(slot, tx, last_sent, "its cursor left the window"),
         };
         first = false;
-        for change in &page.changes {
+        // Anchors only come after: the time shown never changes.
+        let walls = shared.wall_ms_of(&page.changes);
+        for (change, wall) in page.changes.iter().zip(walls) {
             let permits = match tokio::time::timeout(STALL, tx.reserve_many(2)).await {
                 Ok(Ok(permits)) => permits,
                 Ok(Err(_)) => return, // the client went away
                 Err(_) => return fell_behind(slot, tx, last_sent, "its buffer stayed full"),
             };
             if let Some(permit) = permits.into_iter().next() {
-                // Anchors only come after: the time shown never changes.
-                let wall = shared.wall_ms_at(change.at).unwrap_or(0);
-                permit.send(Ok(event(change, wall, slot.show_owners)));
+                permit.send(Ok(event(change, wall.unwrap_or(0), slot.show_owners)));
             }
             last_sent = change.revision;
         }

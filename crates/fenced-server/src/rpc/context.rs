@@ -204,13 +204,14 @@ impl NodeContext {
         R: WallTimed,
     {
         let (outcome, now) = self.propose_or_refuse(command, deadline).await?;
-        reply(&outcome, now).map(|r| Response::new(r.with_wall_time(self.wall_ms(now))))
+        reply(&outcome, now).map(|r| self.dated(r, now))
     }
 
-    /// The leader's wall clock at cluster time `now`, for the replies
-    /// people read; 0 before the cluster's first anchor.
-    pub(crate) fn wall_ms(&self, now: ClusterTime) -> u64 {
-        self.shared.wall_ms_at(now).unwrap_or(0)
+    /// A reply that carries cluster time `now`, with the leader's wall clock
+    /// then for the people who read it (0 before the cluster's first
+    /// anchor).
+    pub(crate) fn dated<R: WallTimed>(&self, reply: R, now: ClusterTime) -> Response<R> {
+        Response::new(reply.with_wall_time(self.shared.wall_ms_at(now).unwrap_or(0)))
     }
 
     /// Proposes `command` and waits for its outcome, of the command's own

@@ -8,7 +8,6 @@ use fenced_proto::{
     invalid_argument, kv_delete_command, kv_delete_reply, kv_get_key, kv_get_reply, kv_put_command,
     kv_put_reply,
     v1::{self, kv_client::KvClient, kv_server},
-    WallTimed,
 };
 use tonic::{Request, Response, Status};
 
@@ -55,9 +54,9 @@ impl KvService {
         Ok(identity)
     }
 
-    fn read(&self, key: &KvKey, now: ClusterTime) -> v1::KvGetResponse {
-        kv_get_reply(self.ctx.shared.kv_get(key.as_str()).as_ref(), now)
-            .with_wall_time(self.ctx.wall_ms(now))
+    fn read(&self, key: &KvKey, now: ClusterTime) -> Response<v1::KvGetResponse> {
+        let reply = kv_get_reply(self.ctx.shared.kv_get(key.as_str()).as_ref(), now);
+        self.ctx.dated(reply, now)
     }
 }
 
@@ -100,11 +99,11 @@ impl KvService {
             Some(key.as_str()),
         )?;
         if req.get_ref().allow_stale {
-            return Ok(Response::new(self.read(&key, self.ctx.time.applied())));
+            return Ok(self.read(&key, self.ctx.time.applied()));
         }
         crate::forward_or!(self.ctx, req, deadline_of(&req), identity, KvClient, get);
         let now = self.ctx.linearizable_read("kv get").await?;
-        Ok(Response::new(self.read(&key, now)))
+        Ok(self.read(&key, now))
     }
 }
 

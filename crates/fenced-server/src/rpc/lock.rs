@@ -11,7 +11,7 @@ use fenced_proto::{
     history_request, invalid_argument, keep_alive_command, open_session_command, release_command,
     release_reply, renew_command, renew_many_command, renew_many_reply, renew_reply, session_reply,
     v1::{self, lock_client::LockClient, lock_server},
-    validate_check, validate_checks, validate_reply, WallTimed,
+    validate_check, validate_checks, validate_reply,
 };
 use tonic::{Request, Response, Status};
 
@@ -111,8 +111,7 @@ impl LockService {
             .propose_or_refuse::<AcquireOutcome>(command, deadline)
             .await?;
         let (AcquireOutcome::Waiting { .. }, Some(mut parked)) = (&outcome, parked) else {
-            return acquire_reply(&outcome, resource.as_str(), now)
-                .map(|r| Response::new(r.with_wall_time(self.ctx.wall_ms(now))));
+            return acquire_reply(&outcome, resource.as_str(), now).map(|r| self.ctx.dated(r, now));
         };
         let wait = Duration::from_millis(wait_ms) + WAIT_GRACE;
         let end = match tokio::time::timeout(wait, &mut parked.rx).await {
@@ -138,8 +137,7 @@ impl LockService {
             },
             WaitEnd::TokensExhausted { limit } => AcquireOutcome::TokensExhausted { limit },
         };
-        acquire_reply(&outcome, resource.as_str(), now)
-            .map(|r| Response::new(r.with_wall_time(self.ctx.wall_ms(now))))
+        acquire_reply(&outcome, resource.as_str(), now).map(|r| self.ctx.dated(r, now))
     }
 
     async fn answer_renew(
@@ -278,10 +276,8 @@ impl LockService {
             || fenced_core::canary::on(fenced_core::canary::Canary::LocalDescribe)
         {
             let now = self.ctx.time.applied();
-            return Ok(Response::new(
-                describe_reply(&self.ctx.shared.describe(resource.as_str(), now), now)
-                    .with_wall_time(self.ctx.wall_ms(now)),
-            ));
+            let d = self.ctx.shared.describe(resource.as_str(), now);
+            return Ok(self.ctx.dated(describe_reply(&d, now), now));
         }
         forward_or!(
             self.ctx,
@@ -292,10 +288,8 @@ impl LockService {
             describe
         );
         let now = self.ctx.linearizable_read("describe").await?;
-        Ok(Response::new(
-            describe_reply(&self.ctx.shared.describe(resource.as_str(), now), now)
-                .with_wall_time(self.ctx.wall_ms(now)),
-        ))
+        let d = self.ctx.shared.describe(resource.as_str(), now);
+        Ok(self.ctx.dated(describe_reply(&d, now), now))
     }
 
     async fn answer_validate_token(
@@ -424,8 +418,7 @@ impl LockService {
         );
         let now = self.ctx.linearizable_read("history").await?;
         let entries = self.ctx.shared.history(resource.as_str(), limit);
-        let mut reply = history_reply(&entries, now, |t| self.ctx.shared.wall_ms_at(t))
-            .with_wall_time(self.ctx.wall_ms(now));
+        let mut reply = history_reply(&entries, now, |t| self.ctx.shared.wall_ms_at(t));
         // Owner ids only to an admin (docs/DECISIONS.md, "Owner ids are
         // shown to admins only").
         if !self.ctx.auth.shows_owner_ids(identity.as_deref()) {
@@ -433,7 +426,7 @@ impl LockService {
                 e.owner_id.clear();
             }
         }
-        Ok(Response::new(reply))
+        Ok(self.ctx.dated(reply, now))
     }
 }
 
