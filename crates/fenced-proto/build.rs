@@ -37,7 +37,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The whole contract, for gRPC server reflection (grpcurl and other
     // tools call fenced with no .proto files at hand).
     let fds = PathBuf::from(std::env::var("OUT_DIR")?).join("fenced_descriptor.bin");
-    std::fs::write(fds, prost::Message::encode_to_vec(&descriptors))?;
+    let encoded = prost::Message::encode_to_vec(&descriptors);
+    std::fs::write(fds, &encoded)?;
+    // The proto3 JSON mapping (lowerCamelCase names, 64-bit integers as
+    // strings, enums by name, unknown fields refused) for the JSON API.
+    if std::env::var_os("CARGO_FEATURE_JSON").is_some() {
+        pbjson_build::Builder::new()
+            .register_descriptors(&encoded)?
+            .build(&[".fenced.v1"])?;
+    }
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -248,6 +248,7 @@ impl Worker {
         e.ttl_ms = Some(ttl_ms);
         let (e, mut c) = self.begin(e);
         let r = timed(c.acquire(req(AcquireRequest {
+            label: String::new(),
             resource: resource.as_bytes().to_vec(),
             owner_id: owner.as_bytes().to_vec(),
             ttl_ms,

@@ -15,7 +15,7 @@ use std::{
 use fenced_client::{Acquired, Client, Lease, TlsOptions};
 use fenced_proto::v1::{lock_client::LockClient, StatusResponse};
 use fenced_testkit::ClusterSpec;
-pub use fenced_testkit::NodeSpec;
+pub use fenced_testkit::{NodeSpec, RunSettings};
 use nix::sys::signal::Signal;
 use rustls::pki_types::pem::PemObject;
 use tonic::transport::Channel;
@@ -177,6 +177,23 @@ pub fn write_auth_files(
     (t.to_str().unwrap().into(), p.to_str().unwrap().into())
 }
 
+/// A policy in `dir` for a TLS cluster: the client certificate named
+/// `alice` may lock and read `orders/`, the harness's may do anything.
+/// Returns its path, for `FENCED_AUTH_POLICY`.
+pub fn alice_orders_policy(dir: &Path) -> String {
+    let path = dir.join("policy.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[roles.orders]\nlock = [\"orders/\"]\nread = [\"orders/\"]\n\
+             [roles.harness]\nlock = [\"\"]\nread = [\"\"]\nadmin = true\n\
+             [identities]\nalice = [\"orders\"]\n{HARNESS_CLIENT} = [\"harness\"]\n"
+        ),
+    )
+    .unwrap();
+    path.to_str().unwrap().to_string()
+}
+
 /// Certificates made by `fenced certs` in one directory: a CA, nodes by
 /// id (for 127.0.0.1) and clients by name, each made on first use.
 #[derive(Debug, Clone)]
@@ -259,20 +276,22 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` nodes and waits until they agree on a leader.
     pub async fn start(n: u64) -> Cluster {
-        Self::start_with(n, &[]).await
+        Self::start_with(n, |_| {}).await
     }
 
-    /// Like [`Cluster::start`], with extra `FENCED_*` settings for every node.
-    pub async fn start_with(n: u64, env: &[(&str, &str)]) -> Cluster {
-        let mut cluster = Self::stopped(n, env);
+    /// Like [`Cluster::start`], with `settings` set for every node: typed
+    /// fields of `fenced run`'s own [`RunSettings`], so a setting renamed
+    /// there breaks a test at build time, not at run time.
+    pub async fn start_with(n: u64, settings: impl FnOnce(&mut RunSettings)) -> Cluster {
+        let mut cluster = Self::stopped(n, settings);
         cluster.start_all().await;
         cluster
     }
 
     /// Like [`Cluster::start_with`], with TLS on both ports from
     /// certificates made by `fenced certs`.
-    pub async fn start_tls(n: u64, env: &[(&str, &str)]) -> Cluster {
-        let mut cluster = Self::stopped(n, env);
+    pub async fn start_tls(n: u64, settings: impl FnOnce(&mut RunSettings)) -> Cluster {
+        let mut cluster = Self::stopped(n, settings);
         let spec = cluster.kit.spec().clone();
         let spec = spec
             .with_tls(&cluster.dir.path().join("pki"), HARNESS_CLIENT)
@@ -291,12 +310,10 @@ impl Cluster {
 
     /// A cluster of `n` nodes, none started yet: for a test that prepares
     /// their data directories first.
-    pub fn stopped(n: u64, env: &[(&str, &str)]) -> Cluster {
+    pub fn stopped(n: u64, settings: impl FnOnce(&mut RunSettings)) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = ClusterSpec::loopback(&bin("fenced"), dir.path(), n).unwrap();
-        for (k, v) in env {
-            spec.set_env(k, v);
-        }
+        settings(&mut spec.settings);
         let kit = fenced_testkit::Cluster::new(spec);
         Cluster {
             initial_cluster: kit.initial_cluster(),
@@ -325,10 +342,32 @@ impl Cluster {
         self.kit.start(id).unwrap();
     }
 
-    /// Starts node `id` (again) like [`Cluster::spawn`], with `env` added to
-    /// the cluster's settings for this start only.
-    pub fn spawn_with_env(&mut self, id: u64, env: &[(&str, &str)]) {
-        self.kit.start_with_env(id, env).unwrap();
+    /// Sets `key` in the environment every node starts with: for the
+    /// global flags of `fenced` (`FENCED_LOG`, `FENCED_WORKER_THREADS`),
+    /// which are not `fenced run` settings.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.kit.spec_mut().set_env(key, value);
+    }
+
+    /// Starts node `id` with `settings` over its own, for this start only.
+    pub fn spawn_with(&mut self, id: u64, settings: impl FnOnce(&mut RunSettings)) {
+        let before = self.node(id).settings.clone();
+        self.set_node(id, settings);
+        self.spawn(id);
+        self.set_node(id, |s| *s = before);
+    }
+
+    /// Sets `settings` of node `id` alone, over the cluster's, from its
+    /// next start on.
+    pub fn set_node(&mut self, id: u64, settings: impl FnOnce(&mut RunSettings)) {
+        let node = self
+            .kit
+            .spec_mut()
+            .nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .expect("a node of the cluster");
+        settings(&mut node.settings);
     }
 
     /// `kill -9` node `id`.
@@ -449,12 +488,16 @@ impl Cluster {
 
     /// Starts every node, each with a `/metrics` listener of its own;
     /// returns their addresses by node id (index 0 is node 1).
-    pub async fn start_with_metrics(n: u64, env: &[(&str, &str)]) -> (Cluster, Vec<String>) {
-        let mut cluster = Self::stopped(n, env);
+    pub async fn start_with_metrics(
+        n: u64,
+        settings: impl FnOnce(&mut RunSettings),
+    ) -> (Cluster, Vec<String>) {
+        let mut cluster = Self::stopped(n, settings);
         let mut addrs = Vec::new();
         for id in 1..=n {
             let addr = format!("127.0.0.1:{}", free_port());
-            cluster.spawn_with_env(id, &[("FENCED_METRICS_LISTEN", &addr)]);
+            cluster.set_node(id, |s| s.metrics_listen = Some(addr.clone()));
+            cluster.spawn(id);
             addrs.push(addr);
         }
         cluster.wait_for_leader(Duration::from_secs(20)).await;
@@ -507,6 +550,18 @@ pub async fn tls_connect(
     cert: &Path,
     key: &Path,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    tls_connect_offering(addr, ca, cert, key, &[]).await
+}
+
+/// [`tls_connect`] offering `alpn` (e.g. only `http/1.1`, as .NET's
+/// HttpClient does by default).
+pub async fn tls_connect_offering(
+    addr: &str,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    alpn: &[&[u8]],
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(c.unwrap()).unwrap();
@@ -526,6 +581,8 @@ pub async fn tls_connect(
         rustls::pki_types::PrivateKeyDer::from_pem_file(key).unwrap(),
     )
     .unwrap();
+    let mut config = config;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let tcp = tokio::net::TcpStream::connect(addr).await?;
     tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
         .connect(

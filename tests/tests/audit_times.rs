@@ -145,4 +145,49 @@ async fn fencectl_shows_dates_beside_cluster_times() {
         text.contains(&format!("granted {at}, live (held")),
         "{text}"
     );
+
+    // A renewal and a release are dated too, in JSON and in text.
+    let (owner, token) = (
+        granted["owner_id"].as_str().unwrap(),
+        granted["token"].to_string(),
+    );
+    let dated = |json: &serde_json::Value, field: &str| {
+        let at = json[field]
+            .as_str()
+            .unwrap_or_else(|| panic!("{field}: {json}"));
+        let ms = humantime::parse_rfc3339(at)
+            .unwrap()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert_eq!(ms, json["wall_time_unix_ms"].as_u64().unwrap(), "{json}");
+        assert!(ms.abs_diff(unix_ms_now()) < 5_000, "{json}");
+    };
+    let renew = [
+        "renew",
+        "audit/cli",
+        "--owner-id",
+        owner,
+        "--token",
+        &token,
+        "--ttl",
+        "30s",
+    ];
+    let out = cluster.fencectl(&[&["--json"][..], &renew].concat());
+    assert!(out.status.success(), "{out:?}");
+    dated(&serde_json::from_slice(&out.stdout).unwrap(), "renewed_at");
+    let out = cluster.fencectl(&renew);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(", at 20"), "{text}");
+    let out = cluster.fencectl(&[
+        "--json",
+        "release",
+        "audit/cli",
+        "--owner-id",
+        owner,
+        "--token",
+        &token,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    dated(&serde_json::from_slice(&out.stdout).unwrap(), "released_at");
 }

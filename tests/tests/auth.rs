@@ -11,7 +11,7 @@ use std::{
 use fenced_client::{AcquireOutcome, Client, ClientError};
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, cluster_client::ClusterClient};
-use fenced_tests::{bin, free_port, hash_token as hash, http_get, Cluster};
+use fenced_tests::{bin, free_port, hash_token as hash, http_get, Cluster, RunSettings};
 use nix::sys::signal::Signal;
 use tonic::{metadata::MetadataValue, Code};
 
@@ -66,13 +66,13 @@ fn files() -> Files {
     }
 }
 
-async fn secured(files: &Files, extra: &[(&str, &str)]) -> Cluster {
-    let mut env = vec![
-        ("FENCED_AUTH_TOKENS", files.tokens.to_str().unwrap()),
-        ("FENCED_AUTH_POLICY", files.policy.to_str().unwrap()),
-    ];
-    env.extend_from_slice(extra);
-    Cluster::start_with(3, &env).await
+async fn secured(files: &Files, extra: impl FnOnce(&mut RunSettings)) -> Cluster {
+    Cluster::start_with(3, |s| {
+        s.auth_tokens = Some(files.tokens.clone());
+        s.auth_policy = Some(files.policy.clone());
+        extra(s);
+    })
+    .await
 }
 
 fn as_user(client: Client, token: &str) -> Client {
@@ -106,7 +106,7 @@ fn with_bearer<T>(msg: T, token: &str) -> tonic::Request<T> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_without_a_known_token_are_unauthenticated() {
     let files = files();
-    let cluster = secured(&files, &[]).await;
+    let cluster = secured(&files, |_| {}).await;
     expect_granted(acquire(&as_user(cluster.client(), "alice-token"), "orders/1").await);
     for client in [cluster.client(), as_user(cluster.client(), "mallory-token")] {
         match acquire(&client, "orders/2").await {
@@ -168,7 +168,7 @@ impl CloneForPeer for tonic::Request<v1::DescribeRequest> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_token_is_refused_after_sighup_and_a_bad_file_keeps_the_old_one() {
     let files = files();
-    let cluster = secured(&files, &[]).await;
+    let cluster = secured(&files, |_| {}).await;
     let alice = as_user(cluster.client(), "alice-token");
     let bob = as_user(cluster.client(), "bob-token");
     expect_granted(acquire(&alice, "orders/a").await);
@@ -259,7 +259,7 @@ fn denied<T: std::fmt::Debug>(r: Result<T, tonic::Status>, id: u64) -> tonic::St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permissions_are_checked_by_prefix_on_every_node_and_admin_calls_need_admin() {
     let files = files();
-    let cluster = secured(&files, &[]).await;
+    let cluster = secured(&files, |_| {}).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
 
@@ -332,20 +332,19 @@ async fn one_identity_at_its_lease_limit_is_refused_while_others_acquire() {
     let files = files();
     let tokens = files.tokens.to_str().unwrap().to_string();
     let policy = files.policy.to_str().unwrap().to_string();
-    let mut cluster = Cluster::stopped(
-        3,
-        &[
-            ("FENCED_AUTH_TOKENS", &tokens),
-            ("FENCED_AUTH_POLICY", &policy),
-            ("FENCED_MAX_LEASES_PER_IDENTITY", "3"),
-            ("FENCED_MAX_WAITERS_PER_IDENTITY", "1"),
-        ],
-    );
+    let mut cluster = Cluster::stopped(3, |s| {
+        s.auth_tokens = Some(tokens.clone().into());
+        s.auth_policy = Some(policy.clone().into());
+        s.max_leases_per_identity = Some(3);
+        s.max_waiters_per_identity = Some(1);
+    });
     let metrics: Vec<String> = (1..=3)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
     for id in 1..=3u64 {
-        cluster.spawn_with_env(id, &[("FENCED_METRICS_LISTEN", &metrics[id as usize - 1])]);
+        cluster.spawn_with(id, |s| {
+            s.metrics_listen = Some(metrics[id as usize - 1].clone())
+        });
     }
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
@@ -436,7 +435,7 @@ async fn one_identity_at_its_lease_limit_is_refused_while_others_acquire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencectl_sends_its_token_and_says_which_check_failed() {
     let files = files();
-    let cluster = secured(&files, &[]).await;
+    let cluster = secured(&files, |_| {}).await;
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("alice.token");
     std::fs::write(&token_file, "alice-token\n").unwrap();

@@ -151,7 +151,7 @@ async fn a_restored_cluster_grants_above_every_old_token_and_keeps_live_leases()
     drop(old);
 
     // A damaged or truncated file is refused by name and writes nothing.
-    let fresh = Cluster::stopped(3, &[]);
+    let fresh = Cluster::stopped(3, |_| {});
     let bytes = std::fs::read(&file).unwrap();
     let damaged = fresh.dir.path().join("damaged.fncd");
     let mut flipped = bytes.clone();
@@ -370,7 +370,7 @@ async fn a_token_floor_past_its_bound_is_refused_and_one_at_it_never_goes_backwa
     assert!(in_backup >= highest_old.max(held_token.get()), "{saved}");
     drop(old);
 
-    let mut fresh = Cluster::stopped(3, &[]);
+    let mut fresh = Cluster::stopped(3, |_| {});
     let target = fresh.nodes()[0].data_dir.clone();
     for floor in [
         "18446744073709551614",
@@ -477,13 +477,10 @@ async fn a_snapshot_save_needs_the_admin_role_and_a_refusal_writes_nothing() {
          [roles.ops]\nadmin = true\nread = [\"\"]\n",
     )
     .unwrap();
-    let cluster = Cluster::start_with(
-        3,
-        &[
-            ("FENCED_AUTH_TOKENS", tokens.to_str().unwrap()),
-            ("FENCED_AUTH_POLICY", policy.to_str().unwrap()),
-        ],
-    )
+    let cluster = Cluster::start_with(3, |s| {
+        s.auth_tokens = Some(tokens.clone());
+        s.auth_policy = Some(policy.clone());
+    })
     .await;
     let file = files.path().join("backup.fncd");
     let path = file.to_str().unwrap();

@@ -11,6 +11,7 @@ use fenced_tests::Cluster;
 
 fn acquire(resource: &str, wait_ms: u64) -> v1::AcquireRequest {
     v1::AcquireRequest {
+        label: String::new(),
         resource: resource.as_bytes().to_vec(),
         owner_id: OwnerId::random().as_bytes().to_vec(),
         ttl_ms: 30_000,
@@ -43,7 +44,7 @@ async fn acquire_concurrently(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_never_holds_more_than_max_batch_commands() {
-    let cluster = Cluster::start_with(3, &[("FENCED_MAX_BATCH", "2")]).await;
+    let cluster = Cluster::start_with(3, |s| s.max_batch = Some(2)).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let before = cluster.status(leader).await.unwrap();
     acquire_concurrently(&cluster, leader, "batch", 60).await;
@@ -75,8 +76,11 @@ async fn concurrent_commands_share_log_entries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proposal_queue_is_bounded_by_max_pending() {
-    let cluster =
-        Cluster::start_with(3, &[("FENCED_MAX_PENDING", "1"), ("FENCED_MAX_BATCH", "1")]).await;
+    let cluster = Cluster::start_with(3, |s| {
+        s.max_pending = Some(1);
+        s.max_batch = Some(1);
+    })
+    .await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let mut tasks = Vec::new();
     for i in 0..100 {
@@ -114,7 +118,7 @@ async fn the_proposal_queue_is_bounded_by_max_pending() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parked_acquires_are_bounded_by_max_parked() {
-    let cluster = Cluster::start_with(3, &[("FENCED_MAX_PARKED", "1")]).await;
+    let cluster = Cluster::start_with(3, |s| s.max_parked = Some(1)).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let mut lock = cluster.lock_client(leader);
     lock.acquire(acquire("parked", 0)).await.unwrap();
@@ -156,7 +160,11 @@ async fn an_oversized_request_is_refused_and_the_node_keeps_serving() {
 async fn nodes_on_several_worker_threads_grant_every_request() {
     // On this project's 2-core machines the default is one runtime thread;
     // the multi-threaded runtime must work just as well when asked for.
-    let cluster = Cluster::start_with(3, &[("FENCED_WORKER_THREADS", "2")]).await;
+    // A global flag of `fenced`, not a setting of `fenced run`: given as
+    // an operator's environment would give it.
+    let mut cluster = Cluster::stopped(3, |_| {});
+    cluster.set_env("FENCED_WORKER_THREADS", "2");
+    cluster.start_all().await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let before = cluster.status(leader).await.unwrap();
     for reply in acquire_concurrently(&cluster, leader, "threads", 100).await {

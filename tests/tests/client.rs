@@ -410,7 +410,7 @@ async fn a_renewal_refused_after_expiry_and_a_new_grant_cancels_the_lease() {
     // The leader's clock runs 10% fast and this client keeps no margin, so
     // its renewal arrives after the cluster already ended the lease: the
     // refusal path, and the reason a margin exists.
-    let cluster = Cluster::start_with(3, &[("FENCED_TEST_CLOCK_SKEW_PPM", "100000")]).await;
+    let cluster = Cluster::start_with(3, |s| s.test_clock_skew_ppm = Some(100_000)).await;
     let careless = cluster
         .client()
         .with_lease_options(fenced_client::LeaseOptions {

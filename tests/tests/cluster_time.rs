@@ -12,7 +12,7 @@ use fenced_core::{OwnerId, Token};
 use fenced_proto::v1::DescribeResponse;
 use fenced_tests::Cluster;
 
-/// The nodes' defaults (crates/fenced-server/src/node.rs).
+/// The nodes' defaults (crates/fenced-server/src/node/mod.rs).
 const HEARTBEAT: Duration = Duration::from_millis(100);
 
 async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -> Token {

@@ -203,7 +203,7 @@ async fn garbage_on_the_client_and_peer_ports_does_not_crash_a_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_node_recovers_from_snapshot_plus_log_with_identical_state() {
-    let mut cluster = Cluster::start_with(3, &[("FENCED_SNAPSHOT_LOGS", "50")]).await;
+    let mut cluster = Cluster::start_with(3, |s| s.snapshot_logs = Some(50)).await;
     let client = cluster.client();
     for i in 0..10 {
         grant(&client, &format!("snap-held-{i}")).await;
@@ -256,7 +256,7 @@ async fn a_restarted_node_recovers_from_snapshot_plus_log_with_identical_state()
 /// kill -9 and a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_catches_up_by_snapshot_restarts_with_identical_state() {
-    let mut cluster = Cluster::start_with(3, &[("FENCED_SNAPSHOT_LOGS", "50")]).await;
+    let mut cluster = Cluster::start_with(3, |s| s.snapshot_logs = Some(50)).await;
     let client = cluster.client();
     cycle(&client, "install-churn", 60).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;

@@ -338,7 +338,7 @@ fn fencectl_against_nothing_names_the_endpoints_and_what_to_do() {
 
 #[tokio::test]
 async fn a_node_without_a_leader_says_who_it_is_and_what_it_reaches() {
-    let mut cluster = Cluster::stopped(3, &[]);
+    let mut cluster = Cluster::stopped(3, |_| {});
     cluster.spawn(1);
     // Until the node listens (a loaded machine starts it slowly); its
     // pre-votes meanwhile find nodes 2 and 3 down.

@@ -17,7 +17,7 @@ use std::{
 
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, acquire_response, lock_client::LockClient, renew_response};
-use fenced_tests::{http_get, Cluster};
+use fenced_tests::{http_get, Cluster, RunSettings};
 use tokio::{net::TcpStream, task::JoinSet};
 use tonic::{transport::Channel, Code};
 
@@ -47,6 +47,7 @@ fn is_retryable(s: &tonic::Status) -> bool {
 
 fn acquire(resource: &str, owner: &OwnerId, wait_ms: u64) -> v1::AcquireRequest {
     v1::AcquireRequest {
+        label: String::new(),
         resource: resource.as_bytes().to_vec(),
         owner_id: owner.as_bytes().to_vec(),
         ttl_ms: 60_000,
@@ -116,8 +117,8 @@ impl Bystander {
 
 /// A three-node cluster with `env`, each node serving `/metrics`; its
 /// metrics addresses and its leader.
-async fn flood_cluster(env: &[(&str, &str)]) -> (Cluster, Vec<String>, u64) {
-    let (cluster, metrics) = Cluster::start_with_metrics(3, env).await;
+async fn flood_cluster(settings: impl FnOnce(&mut RunSettings)) -> (Cluster, Vec<String>, u64) {
+    let (cluster, metrics) = Cluster::start_with_metrics(3, settings).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     (cluster, metrics, leader)
 }
@@ -216,7 +217,7 @@ fn closed_by_peer(conns: &[TcpStream]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_connections_are_refused_beyond_max_connections() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let (cluster, metrics, leader) = flood_cluster(&[("FENCED_MAX_CONNECTIONS", "1000")]).await;
+    let (cluster, metrics, leader) = flood_cluster(|s| s.max_connections = Some(1000)).await;
     let mut bystander = Bystander::start(&cluster, leader, "bystander").await;
     let started = Instant::now();
 
@@ -305,10 +306,10 @@ async fn a_hundred_thousand_streams_are_served_without_starving_another_client()
     // A debug build saturating both cores of a small machine, client and
     // three nodes together, delays heartbeats by more than the default
     // election timeout: a longer one keeps this test about streams.
-    let (cluster, _, leader) = flood_cluster(&[
-        ("FENCED_MAX_CONCURRENT_STREAMS", "100"),
-        ("FENCED_ELECTION_TIMEOUT_MS", "3000"),
-    ])
+    let (cluster, _, leader) = flood_cluster(|s| {
+        s.max_concurrent_streams = Some(100);
+        s.election_timeout_ms = Some(3000);
+    })
     .await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let bystander = bystander_apart(
@@ -418,10 +419,10 @@ async fn one_client_asking_for_a_million_leases_gets_max_live_leases_and_no_more
     const LIMIT: u64 = 10_000;
     const ASKED: u64 = 1_000_000;
     const IN_FLIGHT: u64 = 512;
-    let (cluster, metrics, leader) = flood_cluster(&[
-        ("FENCED_MAX_LIVE_LEASES", "10000"),
-        ("FENCED_MAX_WAITERS", "1000"),
-    ])
+    let (cluster, metrics, leader) = flood_cluster(|s| {
+        s.max_live_leases = Some(10_000);
+        s.max_waiters = Some(1000);
+    })
     .await;
     let mut bystander = Bystander::start(&cluster, leader, "bystander").await;
 
@@ -572,11 +573,11 @@ async fn one_client_asking_for_a_million_leases_gets_max_live_leases_and_no_more
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_connection_is_closed_after_idle_timeout_and_an_idle_client_is_not() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let (cluster, metrics, leader) = flood_cluster(&[
-        ("FENCED_HTTP2_KEEPALIVE_INTERVAL_MS", "1000"),
-        ("FENCED_HTTP2_KEEPALIVE_TIMEOUT_MS", "1000"),
-        ("FENCED_IDLE_TIMEOUT_MS", "2000"),
-    ])
+    let (cluster, metrics, leader) = flood_cluster(|s| {
+        s.http2_keepalive_interval_ms = Some(1000);
+        s.http2_keepalive_timeout_ms = Some(1000);
+        s.idle_timeout_ms = Some(2000);
+    })
     .await;
     let addr = cluster.nodes()[leader as usize - 1].client_addr();
     let mut bystander = Bystander::start(&cluster, leader, "idle").await;
@@ -645,7 +646,7 @@ async fn silent_sockets_cannot_shut_nodes_or_clients_out() {
     // more than the whole connection budget (4096 per port), and more
     // arriving all the time. Without a pending budget of their own they
     // held every slot and a follower's new connection to the leader failed.
-    let cluster = Cluster::start_tls(3, &[]).await;
+    let cluster = Cluster::start_tls(3, |_| {}).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     cluster.wait_for_convergence(Duration::from_secs(10)).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
@@ -702,7 +703,7 @@ async fn silent_sockets_cannot_keep_scrapes_out_of_metrics() {
     let _serial = ONE_AT_A_TIME.lock().await;
     // The metrics port served 16 connections and closed every other one:
     // 16 silent sockets kept every scrape and the status page out.
-    let (cluster, metrics, leader) = flood_cluster(&[]).await;
+    let (cluster, metrics, leader) = flood_cluster(|_| {}).await;
     let addr = metrics[leader as usize - 1].clone();
     let stop = Arc::new(AtomicBool::new(false));
     let flood = tokio::spawn(silent_flood(addr.clone(), 500, Arc::clone(&stop)));
@@ -734,7 +735,7 @@ async fn handshaken_silent_connections_take_no_connection_slot() {
     // on the client port, so anyone can), then nothing sent. Until they
     // speak HTTP/2 they hold only pending slots: with 16 connections
     // allowed, 40 of them leave room for new clients.
-    let cluster = Cluster::start_tls(1, &[("FENCED_MAX_CONNECTIONS", "16")]).await;
+    let cluster = Cluster::start_tls(1, |s| s.max_connections = Some(16)).await;
     let pki = cluster.pki.clone().unwrap();
     let addr = cluster.nodes()[0].client_addr();
     let (cert, key) = pki.client("silent");

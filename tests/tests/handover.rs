@@ -61,9 +61,8 @@ async fn leader_among(cluster: &Cluster, ids: &[u64]) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_leader_hands_over_within_a_fraction_of_an_election_timeout() {
-    let timeout = ELECTION_TIMEOUT_MS.to_string();
     let mut cluster =
-        Cluster::start_with(3, &[("FENCED_ELECTION_TIMEOUT_MS", timeout.as_str())]).await;
+        Cluster::start_with(3, |s| s.election_timeout_ms = Some(ELECTION_TIMEOUT_MS)).await;
     let leader = leader_among(&cluster, &[1, 2, 3]).await.expect("a leader");
     let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
 

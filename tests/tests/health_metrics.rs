@@ -169,18 +169,16 @@ async fn metrics_count_what_the_cluster_did() {
         let addr = format!("127.0.0.1:{}", free_port());
         cluster.kill(id);
         // Snapshots every 10 entries, so the snapshot metrics move.
-        cluster.spawn_with_env(
-            id,
-            &[
-                ("FENCED_METRICS_LISTEN", &addr),
-                ("FENCED_SNAPSHOT_LOGS", "10"),
-            ],
-        );
+        cluster.spawn_with(id, |s| {
+            s.metrics_listen = Some(addr.clone());
+            s.snapshot_logs = Some(10);
+        });
         metrics.insert(id, addr);
     }
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
     let mut lock = cluster.lock_client(leader);
     let acquire = |resource: &str, owner: &[u8], ttl_ms: u64| v1::AcquireRequest {
+        label: String::new(),
         resource: resource.as_bytes().to_vec(),
         owner_id: owner.to_vec(),
         ttl_ms,
@@ -513,7 +511,7 @@ async fn call_path(addr: &str, path: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_paths_cannot_write_into_metrics() {
     let addr = format!("127.0.0.1:{}", free_port());
-    let cluster = Cluster::start_with(1, &[("FENCED_METRICS_LISTEN", &addr)]).await;
+    let cluster = Cluster::start_with(1, |s| s.metrics_listen = Some(addr.clone())).await;
     let node = &cluster.nodes()[0];
     let (client, peer) = (node.client_addr(), format!("127.0.0.1:{}", node.peer_port));
     let mut hostile: Vec<String> = [
@@ -547,7 +545,7 @@ async fn hostile_paths_cannot_write_into_metrics() {
 
     let (status, body) = http_get(&addr, "/metrics").await;
     assert_eq!(status, 200, "{body}");
-    fenced_server::exposition::check(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+    fenced_server::observe::exposition::check(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
     assert!(!body.contains("fenced.v1.x"), "{body}");
     assert!(!body.contains("Invented"), "{body}");
     assert!(!body.contains("method=\"other\""), "{body}");

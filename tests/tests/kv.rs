@@ -149,7 +149,7 @@ async fn an_expired_or_superseded_token_never_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn values_keys_and_the_store_bounds_refuse_naming_field_and_bound() {
-    let cluster = Cluster::start_with(3, &[("FENCED_KV_MAX_KEYS", "2")]).await;
+    let cluster = Cluster::start_with(3, |s| s.kv_max_keys = Some(2)).await;
     let client = cluster.client();
     let owner = OwnerId::random();
     let token = grant(&client, "big", owner, Duration::from_secs(30)).await;
@@ -202,7 +202,7 @@ async fn values_keys_and_the_store_bounds_refuse_naming_field_and_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_values_survive_snapshots_and_a_whole_cluster_restart() {
-    let mut cluster = Cluster::start_with(3, &[("FENCED_SNAPSHOT_LOGS", "10")]).await;
+    let mut cluster = Cluster::start_with(3, |s| s.snapshot_logs = Some(10)).await;
     let client = cluster.client();
     let owner = OwnerId::random();
     let token = grant(&client, "persist", owner, Duration::from_secs(3600)).await;
@@ -377,13 +377,10 @@ async fn a_put_needs_lock_on_resource_and_key_and_a_get_needs_read() {
     .collect();
     std::fs::write(&tokens, entries).unwrap();
     std::fs::write(&policy, POLICY).unwrap();
-    let cluster = Cluster::start_with(
-        3,
-        &[
-            ("FENCED_AUTH_TOKENS", tokens.to_str().unwrap()),
-            ("FENCED_AUTH_POLICY", policy.to_str().unwrap()),
-        ],
-    )
+    let cluster = Cluster::start_with(3, |s| {
+        s.auth_tokens = Some(tokens.clone());
+        s.auth_policy = Some(policy.clone());
+    })
     .await;
     let alice = cluster.client().with_token("alice-token").unwrap();
     let rita = cluster.client().with_token("rita-token").unwrap();
@@ -520,7 +517,7 @@ async fn a_holder_of_another_resource_cannot_write_a_key_even_with_a_newer_token
 /// back; after snapshots and a restart of the whole cluster too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_delete_an_older_holders_put_is_refused_across_a_restart() {
-    let mut cluster = Cluster::start_with(3, &[("FENCED_SNAPSHOT_LOGS", "10")]).await;
+    let mut cluster = Cluster::start_with(3, |s| s.snapshot_logs = Some(10)).await;
     let client = cluster.client();
     let (a, b, c) = (OwnerId::random(), OwnerId::random(), OwnerId::random());
     let long = Duration::from_secs(3600);

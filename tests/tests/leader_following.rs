@@ -103,7 +103,7 @@ async fn until_answered(client: &Client, within: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_follows_the_leader_and_followers_stop_forwarding() {
-    let (mut cluster, metrics) = Cluster::start_with_metrics(3, &[]).await;
+    let (mut cluster, metrics) = Cluster::start_with_metrics(3, |_| {}).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
     let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
     // Followers first: a client that stayed on the first endpoint would
@@ -169,5 +169,91 @@ async fn the_client_follows_the_leader_and_followers_stop_forwarding() {
     assert_eq!(
         new_leader_forwards, after_more,
         "the leader forwards nothing"
+    );
+}
+
+/// A follower reads a request only as far as the caller's permission needs
+/// and forwards it whole: the leader makes the command, and its refusal of
+/// a bad field comes back naming that field. A request whose resource name
+/// is itself bad is refused on the follower, with nothing forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_forwards_unconverted_and_the_leader_names_the_bad_field() {
+    let (cluster, metrics) = Cluster::start_with_metrics(3, |_| {}).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let mut lock = cluster.lock_client(follower);
+    let good = fenced_proto::v1::AcquireRequest {
+        label: String::new(),
+        resource: b"forwarded-once".to_vec(),
+        owner_id: OwnerId::random().as_bytes().to_vec(),
+        ttl_ms: 5_000,
+        wait_ms: 0,
+    };
+
+    let before = forwarded(&metrics[(follower - 1) as usize]).await;
+    let bad_ttl = fenced_proto::v1::AcquireRequest {
+        ttl_ms: 0,
+        ..good.clone()
+    };
+    let err = lock
+        .acquire(bad_ttl)
+        .await
+        .expect_err("a TTL of 0 is refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("ttl_ms"), "{err:?}");
+    assert_eq!(
+        forwarded(&metrics[(follower - 1) as usize]).await,
+        before + 1,
+        "the follower forwarded the request, and the leader refused it"
+    );
+
+    // A wait past every bound goes to the leader too, which refuses it at
+    // once: the follower's budget for the call is its own bound, not this.
+    let bad_wait = fenced_proto::v1::AcquireRequest {
+        wait_ms: u64::MAX,
+        ..good.clone()
+    };
+    let asked = Instant::now();
+    let err = lock
+        .acquire(bad_wait)
+        .await
+        .expect_err("a wait past the bound");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("wait_ms"), "{err:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        forwarded(&metrics[(follower - 1) as usize]).await,
+        before + 2,
+        "the follower forwarded it"
+    );
+
+    let bad_name = fenced_proto::v1::AcquireRequest {
+        resource: vec![],
+        ..good.clone()
+    };
+    let err = lock.acquire(bad_name).await.expect_err("an empty name");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("resource"), "{err:?}");
+    assert_eq!(
+        forwarded(&metrics[(follower - 1) as usize]).await,
+        before + 2,
+        "a name the permission cannot be checked on goes nowhere"
+    );
+
+    let granted = lock.acquire(good).await.expect("granted").into_inner();
+    assert!(
+        matches!(
+            granted.outcome,
+            Some(fenced_proto::v1::acquire_response::Outcome::Granted(_))
+        ),
+        "{granted:?}"
+    );
+    assert_eq!(
+        forwarded(&metrics[(follower - 1) as usize]).await,
+        before + 3
     );
 }

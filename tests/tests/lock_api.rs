@@ -195,6 +195,7 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_changes_nothing() {
     let mut lock = cluster.lock_client(1);
     let before = cluster.status(1).await.unwrap();
     let good = v1::AcquireRequest {
+        label: String::new(),
         resource: b"bad-input".to_vec(),
         owner_id: OwnerId::random().as_bytes().to_vec(),
         ttl_ms: 5_000,

@@ -544,13 +544,10 @@ async fn only_admins_change_members_even_a_node_s_own_addition() {
     let policy = files.path().join("policy.toml");
     std::fs::write(&policy, POLICY).unwrap();
     let tokens = tokens_file(files.path());
-    let mut cluster = Cluster::start_tls(
-        3,
-        &[
-            ("FENCED_AUTH_POLICY", policy.to_str().unwrap()),
-            ("FENCED_AUTH_TOKENS", tokens.to_str().unwrap()),
-        ],
-    )
+    let mut cluster = Cluster::start_tls(3, |s| {
+        s.auth_policy = Some(policy.clone());
+        s.auth_tokens = Some(tokens.clone());
+    })
     .await;
     let pki = cluster.pki.clone().unwrap();
     let (alice_cert, alice_key) = pki.client("alice");

@@ -147,8 +147,8 @@ async fn validate_token_tells_current_superseded_expired_and_released() {
 async fn validate_token_compares_the_owner_id_when_given() {
     // Also on nodes that keep no grant history: the owner is read from the
     // live lease, not the history.
-    for env in [&[][..], &[("FENCED_HISTORY_PER_RESOURCE", "0")][..]] {
-        owner_checks(&Cluster::start_with(3, env).await).await;
+    for history in [None, Some(0)] {
+        owner_checks(&Cluster::start_with(3, |s| s.history_per_resource = history).await).await;
     }
 }
 
@@ -224,13 +224,10 @@ async fn owner_checks(cluster: &Cluster) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_keeps_the_last_grants_through_a_restart_of_every_node() {
-    let mut cluster = Cluster::start_with(
-        3,
-        &[
-            ("FENCED_HISTORY_PER_RESOURCE", "3"),
-            ("FENCED_SNAPSHOT_LOGS", "10"),
-        ],
-    )
+    let mut cluster = Cluster::start_with(3, |s| {
+        s.history_per_resource = Some(3);
+        s.snapshot_logs = Some(10);
+    })
     .await;
     let client = cluster.client();
     let mut grants = Vec::new();
@@ -453,7 +450,7 @@ async fn a_watch_resumed_across_leader_kills_misses_nothing_and_repeats_nothing(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watcher_that_does_not_read_is_cut_off_with_fell_behind() {
-    let cluster = Cluster::start_with(1, &[("FENCED_WATCH_BUFFER", "4")]).await;
+    let cluster = Cluster::start_with(1, |s| s.watch_buffer = Some(4)).await;
     let client = cluster.client();
     // A small HTTP/2 window, so the node's buffer fills soon.
     let channel =
@@ -563,15 +560,12 @@ fn watch_req(prefix: &str, token: &str) -> tonic::Request<v1::WatchRequest> {
 async fn reads_need_the_read_role_and_watchers_are_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let (tokens, policy) = write_auth(dir.path());
-    let cluster = Cluster::start_with(
-        1,
-        &[
-            ("FENCED_AUTH_TOKENS", &tokens),
-            ("FENCED_AUTH_POLICY", &policy),
-            ("FENCED_MAX_WATCHERS", "3"),
-            ("FENCED_MAX_WATCHERS_PER_IDENTITY", "2"),
-        ],
-    )
+    let cluster = Cluster::start_with(1, |s| {
+        s.auth_tokens = Some(tokens.clone().into());
+        s.auth_policy = Some(policy.clone().into());
+        s.max_watchers = Some(3);
+        s.max_watchers_per_identity = Some(2);
+    })
     .await;
     let alice = cluster.client().with_token("alice-token").unwrap();
     let (_, token) = grant(&alice, "orders/1", TTL).await;

@@ -1,6 +1,8 @@
 //! No orphan grants: an acquire held up on a paused follower, whose caller
 //! meanwhile acquired with the same owner id on the leader and released,
-//! must not grant a lease to nobody when the follower resumes.
+//! must not grant a lease to nobody when the follower resumes; and a `lock`
+//! whose caller stops waiting (a timeout around it, a `select!`, a
+//! shutdown) leaves nothing held once its request reaches the server.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -32,6 +34,7 @@ async fn an_acquire_held_by_a_paused_follower_grants_nothing_when_it_resumes() {
     let res = "statement:account-1842:2026-07";
     let owner = OwnerId::random();
     let request = move || v1::AcquireRequest {
+        label: String::new(),
         resource: res.as_bytes().to_vec(),
         owner_id: owner.as_bytes().to_vec(),
         ttl_ms: TTL.as_millis() as u64,
@@ -122,5 +125,81 @@ async fn an_acquire_held_by_a_paused_follower_grants_nothing_when_it_resumes() {
         ended_reason(&late),
         Some(v1::LostReason::Superseded),
         "{late:?}"
+    );
+}
+
+/// Whether another owner gets the resource within `wait`: a lease left to
+/// nobody would hold it for the whole `TTL`.
+async fn free_within(client: &fenced_client::Client, res: &str, wait: Duration) -> bool {
+    match client.lock(res, Duration::from_secs(5), wait).await {
+        Ok(lease) => {
+            lease.release().await.unwrap();
+            true
+        }
+        Err(fenced_client::ClientError::NotGranted { .. }) => false,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_dropped_while_it_waits_leaves_no_lease_behind() {
+    let cluster = Cluster::start(3).await;
+    cluster.wait_for_leader(Duration::from_secs(10)).await;
+    let res = "import:customers";
+    let client = cluster.client();
+    let holder = client.lock(res, TTL, Duration::ZERO).await.unwrap();
+
+    // The caller's own timeout ends the wait; the request stays queued on
+    // the server and is granted when the holder lets go.
+    let waiter = cluster.client();
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(500),
+        waiter.lock(res, TTL, Duration::from_secs(10)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "granted while the holder still held it");
+    holder.release().await.unwrap();
+
+    assert!(
+        free_within(&client, res, Duration::from_secs(5)).await,
+        "the dropped wait was granted to nobody and kept: {:?}",
+        client.describe(res).await.unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_dropped_before_its_answer_leaves_no_lease_in_the_session() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let res = "reconcile:2026-12";
+    // A client of the follower alone, its session already open: a lease
+    // it is granted lives as long as this client keeps its session.
+    let via_follower = cluster.client_of(follower);
+    let warm = via_follower
+        .lock("warm-up", TTL, Duration::ZERO)
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+
+    // The answer cannot come while the follower is paused: the caller's
+    // timeout drops the call with its request already sent, and the reset
+    // reaches the follower behind it. (A grant whose answer is lost after
+    // the server acted is given back by the client:
+    // crates/fenced-client/tests/dropped_lock.rs.)
+    cluster.signal(follower, Signal::SIGSTOP);
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        via_follower.lock(res, TTL, Duration::ZERO),
+    )
+    .await;
+    assert!(gave_up.is_err(), "a paused follower answered");
+    cluster.signal(follower, Signal::SIGCONT);
+
+    let client = cluster.client_of(leader);
+    assert!(
+        free_within(&client, res, Duration::from_secs(5)).await,
+        "the dropped acquire was granted in the session and kept: {:?}",
+        client.describe(res).await.unwrap()
     );
 }

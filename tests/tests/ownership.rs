@@ -11,7 +11,7 @@ use std::time::Duration;
 use fenced_client::{AcquireOutcome, Client, ClientError, ReleaseOutcome, RenewOutcome};
 use fenced_core::{OwnerId, Token};
 use fenced_proto::v1::{self, watch_response::Body};
-use fenced_tests::{write_auth_files, Cluster};
+use fenced_tests::{write_auth_files, Cluster, RunSettings};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -37,15 +37,15 @@ const EVERYONE: &[(&str, &str, &str)] = &[
 
 /// Three nodes under the policy above, with `extra` settings; the
 /// directory holds the auth files while the cluster runs.
-async fn secured(extra: &[(&str, &str)]) -> (tempfile::TempDir, Cluster) {
+async fn secured(extra: impl FnOnce(&mut RunSettings)) -> (tempfile::TempDir, Cluster) {
     let dir = tempfile::tempdir().unwrap();
     let (tokens, policy) = write_auth_files(dir.path(), EVERYONE, POLICY);
-    let mut env = vec![
-        ("FENCED_AUTH_TOKENS", tokens.as_str()),
-        ("FENCED_AUTH_POLICY", policy.as_str()),
-    ];
-    env.extend_from_slice(extra);
-    let cluster = Cluster::start_with(3, &env).await;
+    let cluster = Cluster::start_with(3, |s| {
+        s.auth_tokens = Some(tokens.into());
+        s.auth_policy = Some(policy.into());
+        extra(s);
+    })
+    .await;
     (dir, cluster)
 }
 
@@ -83,7 +83,7 @@ async fn next_event(stream: &mut tonic::Streaming<v1::WatchResponse>) -> v1::Wat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_sees_no_owner_id_in_watch_or_history() {
-    let (_files, cluster) = secured(&[]).await;
+    let (_files, cluster) = secured(|_| {}).await;
     let alice = as_user(cluster.client(), "alice-token");
     let rita = as_user(cluster.client(), "rita-token");
     let root = as_user(cluster.client(), "root-token");
@@ -128,7 +128,7 @@ async fn a_reader_sees_no_owner_id_in_watch_or_history() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_identity_cannot_renew_or_release_a_lease_it_did_not_take() {
-    let (_files, cluster) = secured(&[]).await;
+    let (_files, cluster) = secured(|_| {}).await;
     let alice = as_user(cluster.client(), "alice-token");
     let bob = as_user(cluster.client(), "bob-token");
     let (owner, token) = grant(&alice, "billing/run-8").await;
@@ -177,7 +177,7 @@ async fn another_identity_cannot_renew_or_release_a_lease_it_did_not_take() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_per_identity_lease_limit_holds_after_the_leader_is_killed() {
-    let (_files, mut cluster) = secured(&[("FENCED_MAX_LEASES_PER_IDENTITY", "2")]).await;
+    let (_files, mut cluster) = secured(|s| s.max_leases_per_identity = Some(2)).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
     let alice = as_user(cluster.client(), "alice-token");
     grant(&alice, "billing/a").await;

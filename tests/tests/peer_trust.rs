@@ -10,10 +10,10 @@ use std::time::Duration;
 use fenced_proto::v1::{self, cluster_client::ClusterClient, lock_client::LockClient};
 use fenced_server::{
     clock::floor::LeaderTime,
-    network::{request_frame, MessageTime, RaftCall, PREFACE},
+    peer::network::{request_frame, MessageTime, RaftCall, PREFACE},
     types::{NodeId, TypeConfig},
 };
-use fenced_tests::{tls_connect, Cluster};
+use fenced_tests::{tls_connect, Cluster, RunSettings};
 use openraft::{raft::AppendEntriesRequest, raft::VoteRequest, Vote};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::{metadata::MetadataValue, Code};
@@ -98,12 +98,12 @@ async fn terms(cluster: &Cluster, ids: &[u64]) -> Vec<(u64, u64)> {
 async fn auth_cluster(files: &tempfile::TempDir) -> Cluster {
     let policy = files.path().join("policy.toml");
     std::fs::write(&policy, POLICY).unwrap();
-    Cluster::start_tls(3, &[("FENCED_AUTH_POLICY", policy.to_str().unwrap())]).await
+    Cluster::start_tls(3, |s| s.auth_policy = Some(policy.clone())).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_certificate_cannot_speak_as_another_node() {
-    let cluster = Cluster::start_tls(3, &[]).await;
+    let cluster = Cluster::start_tls(3, |_| {}).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     cluster.wait_for_convergence(Duration::from_secs(10)).await;
     let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
@@ -273,7 +273,7 @@ async fn a_revoked_certificate_is_refused_after_a_reload() {
     let files = tempfile::tempdir().unwrap();
     let deny = files.path().join("deny.toml");
     std::fs::write(&deny, "").unwrap();
-    let cluster = Cluster::start_tls(3, &[("FENCED_TLS_DENY", deny.to_str().unwrap())]).await;
+    let cluster = Cluster::start_tls(3, |s| s.tls_deny = Some(deny.clone())).await;
     let pki = cluster.pki.clone().unwrap();
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let mallory = fenced_client::Client::with_tls(
@@ -431,12 +431,12 @@ async fn assert_retired(cluster: &Cluster, removed: u64, remaining: &[u64], when
 
 /// Kills `ids` and starts them again on their data (with `env`), waiting
 /// for a leader.
-async fn restart(cluster: &mut Cluster, ids: &[u64], env: &[(&str, &str)]) {
+async fn restart(cluster: &mut Cluster, ids: &[u64], settings: fn(&mut RunSettings)) {
     for id in ids {
         cluster.kill(*id);
     }
     for id in ids {
-        cluster.spawn_with_env(*id, env);
+        cluster.spawn_with(*id, settings);
     }
     cluster.wait_for_leader(Duration::from_secs(20)).await;
     cluster.wait_for_convergence(Duration::from_secs(20)).await;
@@ -462,7 +462,7 @@ async fn a_removed_node_id_never_returns_across_restarts_and_snapshots() {
     assert_retired(&cluster, removed, &remaining, "after the removal").await;
 
     // A restart replays the log: no snapshot covers the removal yet.
-    restart(&mut cluster, &remaining, &[]).await;
+    restart(&mut cluster, &remaining, |_| {}).await;
     for id in &remaining {
         let s = cluster.status(*id).await.unwrap();
         assert!(s.snapshot_index < removal, "{s:?}");
@@ -471,7 +471,7 @@ async fn a_removed_node_id_never_returns_across_restarts_and_snapshots() {
 
     // Snapshots past the removal, then a restart that loads them: the
     // retired id comes from the snapshot alone.
-    restart(&mut cluster, &remaining, &[("FENCED_SNAPSHOT_LOGS", "10")]).await;
+    restart(&mut cluster, &remaining, |s| s.snapshot_logs = Some(10)).await;
     let client = cluster.client();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     for i in 0.. {
@@ -500,7 +500,7 @@ async fn a_removed_node_id_never_returns_across_restarts_and_snapshots() {
         .iter()
         .map(|id| cluster.log_of(*id).len())
         .collect();
-    restart(&mut cluster, &remaining, &[]).await;
+    restart(&mut cluster, &remaining, |_| {}).await;
     for (id, logged) in remaining.iter().zip(logged) {
         assert!(
             cluster.log_of(*id)[logged..].contains("loaded snapshot"),

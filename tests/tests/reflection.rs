@@ -85,13 +85,10 @@ async fn with_auth_on_only_an_authenticated_caller_is_answered() {
         &[("reader", "reader-token", "billing-reader")],
         "[roles.billing-reader]\nread = [\"billing/\"]\n",
     );
-    let cluster = Cluster::start_with(
-        3,
-        &[
-            ("FENCED_AUTH_TOKENS", tokens.as_str()),
-            ("FENCED_AUTH_POLICY", policy.as_str()),
-        ],
-    )
+    let cluster = Cluster::start_with(3, |s| {
+        s.auth_tokens = Some(tokens.as_str().into());
+        s.auth_policy = Some(policy.as_str().into());
+    })
     .await;
     let list = || MessageRequest::ListServices(String::new());
     for bearer in [None, Some("wrong-token")] {

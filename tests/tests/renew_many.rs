@@ -68,7 +68,7 @@ async fn quiet_counts(client: &Client, metrics: &[String]) -> (Counts, fenced_cl
 async fn one_client_keeps_2000_leases_with_one_command_per_interval() {
     const LEASES: usize = 2_000;
     const TTL: Duration = Duration::from_secs(6);
-    let (cluster, metrics) = Cluster::start_with_metrics(3, &[]).await;
+    let (cluster, metrics) = Cluster::start_with_metrics(3, |_| {}).await;
     // Renew every 2 s (a third of the TTL, the default); leases of their
     // own, not in a session.
     let client = cluster.client().with_lease_options(batch_renewed());
@@ -298,13 +298,10 @@ fn write_auth(dir: &Path) -> (String, String) {
 async fn a_batch_naming_a_resource_not_permitted_renews_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (tokens, policy) = write_auth(dir.path());
-    let cluster = Cluster::start_with(
-        3,
-        &[
-            ("FENCED_AUTH_TOKENS", &tokens),
-            ("FENCED_AUTH_POLICY", &policy),
-        ],
-    )
+    let cluster = Cluster::start_with(3, |s| {
+        s.auth_tokens = Some(tokens.clone().into());
+        s.auth_policy = Some(policy.clone().into());
+    })
     .await;
     let alice = cluster.client().with_token("alice-token").unwrap();
     let owner = OwnerId::random();

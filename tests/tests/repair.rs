@@ -13,12 +13,14 @@ use std::{
 };
 
 use fenced_client::{Acquired, Lease};
-use fenced_tests::{acquire_all, bin, Cluster};
+use fenced_tests::{acquire_all, bin, Cluster, RunSettings};
 
 const TTL: Duration = Duration::from_secs(120);
 /// Snapshots every 20 entries: the repaired node gets a snapshot, then the
 /// log after it.
-const SETTINGS: &[(&str, &str)] = &[("FENCED_SNAPSHOT_LOGS", "20")];
+fn settings(s: &mut RunSettings) {
+    s.snapshot_logs = Some(20);
+}
 
 fn fenced(args: &[&str], dir: &Path) -> Output {
     Command::new(bin("fenced"))
@@ -108,7 +110,7 @@ async fn nothing_lost(cluster: &Cluster, leases: &[(String, u64)]) {
 /// is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_leader_is_rebuilt_from_its_peers_and_votes_again() {
-    let mut cluster = Cluster::start_tls(3, SETTINGS).await;
+    let mut cluster = Cluster::start_tls(3, settings).await;
     let (held, leases) = take_leases(&cluster, "repair-", 60).await;
     let damaged = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let dir = cluster.nodes()[(damaged - 1) as usize].data_dir.clone();
@@ -190,7 +192,7 @@ async fn a_damaged_leader_is_rebuilt_from_its_peers_and_votes_again() {
 /// other voter is back, the repair ends and writes go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_being_repaired_forms_no_majority_until_every_other_voter_answered() {
-    let mut cluster = Cluster::start_with(3, SETTINGS).await;
+    let mut cluster = Cluster::start_with(3, settings).await;
     let (held, leases) = take_leases(&cluster, "attack-", 30).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let mut followers = cluster
@@ -240,7 +242,7 @@ async fn a_node_being_repaired_forms_no_majority_until_every_other_voter_answere
 /// once caught up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_started_on_an_empty_directory_of_a_formed_cluster_repairs_itself() {
-    let mut cluster = Cluster::start_with(3, SETTINGS).await;
+    let mut cluster = Cluster::start_with(3, settings).await;
     let (held, leases) = take_leases(&cluster, "emptied-", 20).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let emptied = cluster

@@ -318,6 +318,7 @@ async fn worker_process_entry_point() {
     let granted = lock
         .clone()
         .acquire(AcquireRequest {
+            label: String::new(),
             resource: resource.as_bytes().to_vec(),
             owner_id: owner.as_bytes().to_vec(),
             ttl_ms: LEASE_TTL.as_millis() as u64,
@@ -1139,7 +1140,7 @@ async fn tokens_and_owners_the_cluster_did_not_issue_cannot_poison_a_key() {
 /// 64 concurrent writers make fewer calls than writes, and every write lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writes_share_cluster_checks() {
-    let (cluster, metrics) = Cluster::start_with_metrics(3, &[]).await;
+    let (cluster, metrics) = Cluster::start_with_metrics(3, |_| {}).await;
     let mut args = cluster_args(&cluster);
     args.extend(["--current-calls-in-flight".into(), "1".into()]);
     let svc = ServiceProc::start_with(cluster.dir.path(), &args, None).await;

@@ -18,7 +18,7 @@ use tonic::{metadata::MetadataValue, Code};
 async fn one_client_keeps_2000_leases_in_its_session_with_one_command_per_interval() {
     const LEASES: usize = 2_000;
     const TTL: Duration = Duration::from_secs(6);
-    let (cluster, metrics) = Cluster::start_with_metrics(3, &[]).await;
+    let (cluster, metrics) = Cluster::start_with_metrics(3, |_| {}).await;
     let client = cluster.client();
     let every = LeaseOptions::default().renew_interval(TTL);
 
@@ -103,6 +103,7 @@ fn open_req(session: SessionId, ttl_ms: u64) -> v1::OpenSessionRequest {
 
 fn in_session(resource: &str, owner: OwnerId, session: SessionId) -> v1::AcquireInSessionRequest {
     v1::AcquireInSessionRequest {
+        label: String::new(),
         resource: resource.as_bytes().to_vec(),
         owner_id: owner.as_bytes().to_vec(),
         session_id: session.as_bytes().to_vec(),
@@ -269,13 +270,10 @@ async fn only_the_identity_that_opened_a_session_may_use_it() {
         ],
         POLICY,
     );
-    let cluster = Cluster::start_with(
-        3,
-        &[
-            ("FENCED_AUTH_TOKENS", &tokens),
-            ("FENCED_AUTH_POLICY", &policy),
-        ],
-    )
+    let cluster = Cluster::start_with(3, |s| {
+        s.auth_tokens = Some(tokens.clone().into());
+        s.auth_policy = Some(policy.clone().into());
+    })
     .await;
     let mut lock = cluster.lock_client(1);
     let session = SessionId::random();
@@ -374,13 +372,10 @@ fn bearer<T>(msg: T, token: &str) -> tonic::Request<T> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_bounds_and_fields_are_refused_by_name() {
-    let cluster = Cluster::start_with(
-        3,
-        &[
-            ("FENCED_MAX_SESSIONS", "2"),
-            ("FENCED_MAX_SESSIONS_PER_IDENTITY", "5"),
-        ],
-    )
+    let cluster = Cluster::start_with(3, |s| {
+        s.max_sessions = Some(2);
+        s.max_sessions_per_identity = Some(5);
+    })
     .await;
     let mut lock = cluster.lock_client(1);
     let e = lock
@@ -412,6 +407,7 @@ async fn session_bounds_and_fields_are_refused_by_name() {
     assert!(e.message().starts_with("session_id: "), "{}", e.message());
     let e = lock
         .acquire_in_session(v1::AcquireInSessionRequest {
+            label: String::new(),
             resource: b"r".to_vec(),
             owner_id: OwnerId::random().as_bytes().to_vec(),
             session_id: vec![0; 16],

@@ -50,13 +50,10 @@ async fn secured() -> Secured {
     )
     .unwrap();
     std::fs::write(&policy, POLICY).unwrap();
-    let (cluster, metrics) = Cluster::start_with_metrics(
-        3,
-        &[
-            ("FENCED_AUTH_TOKENS", tokens.to_str().unwrap()),
-            ("FENCED_AUTH_POLICY", policy.to_str().unwrap()),
-        ],
-    )
+    let (cluster, metrics) = Cluster::start_with_metrics(3, |s| {
+        s.auth_tokens = Some(tokens.clone());
+        s.auth_policy = Some(policy.clone());
+    })
     .await;
     Secured {
         cluster,
@@ -127,10 +124,10 @@ async fn the_status_view_is_for_admins_and_escapes_resource_names() {
         "{body}"
     );
     assert!(body.contains("page/plain"), "{body}");
-    // Each lease names the identity holding it (never its owner id) and
-    // its grant date on the leader's clock.
+    // Each lease names the identity holding it (never its owner id), its
+    // job label (none here) and its grant date on the leader's clock.
     assert!(
-        body.contains("<td><code>app</code></td><td>20") && body.contains(" UTC</td>"),
+        body.contains("<td><code>app</code></td><td>–</td><td>20") && body.contains(" UTC</td>"),
         "{body}"
     );
     assert!(
@@ -200,14 +197,11 @@ async fn no_status_page_where_a_token_would_travel_in_clear() {
     let policy = files.path().join("policy.toml");
     std::fs::write(&policy, POLICY).unwrap();
     let port = fenced_tests::free_port();
-    let _cluster = Cluster::start_with(
-        1,
-        &[
-            ("FENCED_AUTH_TOKENS", tokens.to_str().unwrap()),
-            ("FENCED_AUTH_POLICY", policy.to_str().unwrap()),
-            ("FENCED_METRICS_LISTEN", &format!("0.0.0.0:{port}")),
-        ],
-    )
+    let _cluster = Cluster::start_with(1, |s| {
+        s.auth_tokens = Some(tokens.clone());
+        s.auth_policy = Some(policy.clone());
+        s.metrics_listen = Some(format!("0.0.0.0:{port}"));
+    })
     .await;
     let addr = format!("127.0.0.1:{port}");
     let (status, _, body) = get(&addr, "/status", &["Authorization: Bearer ops-token"]).await;
@@ -277,7 +271,13 @@ async fn a_browser_sees_leases_and_the_new_leader_after_the_old_one_dies() {
         return;
     };
     let mut s = secured().await;
-    let app = s.cluster.client().with_token("app-token").unwrap();
+    let app = s
+        .cluster
+        .client()
+        .with_token("app-token")
+        .unwrap()
+        .with_job_label("nightly <job>")
+        .unwrap();
     let token = acquire(&app, HOSTILE).await;
     let old = s.cluster.wait_for_leader(Duration::from_secs(10)).await;
     let follower = (1..=3).find(|id| *id != old).unwrap();
@@ -292,6 +292,20 @@ async fn a_browser_sees_leases_and_the_new_leader_after_the_old_one_dies() {
         "the view did not load:\n{dom}"
     );
     assert_eq!(leader_shown(&dom), Some(old.to_string()), "{dom}");
+    // A follower's page points at the leader's, and lists every member's.
+    let leaders_page = format!("http://{}/", s.metrics[(old - 1) as usize]);
+    assert!(
+        dom.contains(&format!("<a id=\"leader-page\" href=\"{leaders_page}\">")),
+        "no link to the leader's page {leaders_page}:\n{dom}"
+    );
+    for (i, metrics) in s.metrics.iter().enumerate() {
+        if i as u64 + 1 != follower {
+            assert!(
+                dom.contains(&format!("<a href=\"http://{metrics}/\">")),
+                "{metrics}:\n{dom}"
+            );
+        }
+    }
     // The lease, its name as text: no script element came from it.
     assert!(
         dom.contains("page/&lt;script&gt;alert(1)&lt;/script&gt;"),
@@ -303,14 +317,45 @@ async fn a_browser_sees_leases_and_the_new_leader_after_the_old_one_dies() {
         "only the shell's own script:\n{dom}"
     );
     assert!(dom.contains(&format!(">{token}</td>")), "{dom}");
+    // The job label its acquire gave, as text.
+    assert!(dom.contains("<td>nightly &lt;job&gt;</td>"), "{dom}");
     assert!(dom.contains("updated "), "{dom}");
     // Its grant is among the recent grants and ends.
     let recent = dom.split("id=\"recent\"").nth(1).unwrap_or_default();
     assert!(
-        recent.contains("page/&lt;script&gt;alert(1)&lt;/script&gt;</code></td><td>granted</td>")
+        recent
+            .contains("page/&lt;script&gt;alert(1)&lt;/script&gt;</code></a></td><td>granted</td>")
             && recent.contains(&format!("<td class=\"n\">{token}</td>")),
         "no recent grant of the lease:\n{dom}"
     );
+
+    // The resource's link opens its history: the grant, live, dated.
+    let link = dom
+        .split("<a href=\"/?resource=")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no resource link:\n{dom}"))
+        .replace("&amp;", "&");
+    assert!(link.starts_with("page%2F%3Cscript%3E"), "{link}");
+    let history_url = format!(
+        "http://{}/?resource={link}#token=ops-token",
+        s.metrics[(follower - 1) as usize]
+    );
+    let dom = load_in_browser(&chromium, &history_url).await;
+    let history = dom
+        .split("id=\"history\"")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no history view at {history_url}:\n{dom}"));
+    assert!(
+        dom.contains("History of <code>page/&lt;script&gt;alert(1)&lt;/script&gt;</code>"),
+        "{dom}"
+    );
+    assert!(
+        history.contains(&format!("<td class=\"n\">{token}</td><td>20"))
+            && history.contains("<td>live</td>"),
+        "{history}"
+    );
+    assert_eq!(dom.matches("<script").count(), 1, "{dom}");
 
     // Without the token the browser is told what is missing.
     let bare = load_in_browser(&chromium, &format!("http://{}/", s.metrics[0])).await;

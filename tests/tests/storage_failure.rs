@@ -95,7 +95,7 @@ async fn a_node_whose_disk_fills_exits_74_and_keeps_every_acknowledged_grant() {
         eprintln!("skipped: mounting a tmpfs for the full disk needs root");
         return;
     }
-    let mut cluster = Cluster::stopped(3, &[]);
+    let mut cluster = Cluster::stopped(3, |_| {});
     let data = cluster.nodes()[0].data_dir.clone();
     let _tmpfs = Tmpfs::mount(&data, "16m");
     cluster.start_all().await;

@@ -20,7 +20,7 @@ use tokio::{
     net::TcpStream,
 };
 
-/// What a Raft connection starts with (crates/fenced-server/src/network.rs).
+/// What a Raft connection starts with (crates/fenced-server/src/peer/network.rs).
 const PREFACE: &[u8; 8] = b"fncdrft2";
 
 async fn granted(client: &Client, resource: &str) -> Token {
@@ -41,7 +41,7 @@ async fn held(client: &Client, resource: &str) -> Lease {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_elects_grants_and_survives_a_leader_kill() {
-    let mut cluster = Cluster::start_tls(3, &[]).await;
+    let mut cluster = Cluster::start_tls(3, |_| {}).await;
     let client = cluster.client();
     let first = granted(&client, "tls-a").await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
@@ -96,7 +96,7 @@ async fn a_tls_cluster_elects_grants_and_survives_a_leader_kill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_certificates_are_checked_when_required_and_the_ca_always() {
-    let cluster = Cluster::start_tls(3, &[("FENCED_CLIENT_CERT_AUTH", "true")]).await;
+    let cluster = Cluster::start_tls(3, |s| s.client_cert_auth = true).await;
     let pki = cluster.pki.clone().unwrap();
     let endpoints = cluster.endpoints();
 
@@ -206,7 +206,7 @@ async fn state(cluster: &Cluster) -> Vec<(u64, u64, u64, u64, Vec<u64>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_peer_port_admits_member_nodes_only() {
-    let cluster = Cluster::start_tls(3, &[]).await;
+    let cluster = Cluster::start_tls(3, |_| {}).await;
     let pki = cluster.pki.clone().unwrap();
     let _lease = held(&cluster.client(), "peer-a").await;
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
@@ -264,7 +264,7 @@ async fn the_peer_port_admits_member_nodes_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plaintext_to_a_tls_port_is_refused() {
-    let cluster = Cluster::start_tls(3, &[]).await;
+    let cluster = Cluster::start_tls(3, |_| {}).await;
     // gRPC without TLS on the client port.
     let plain = Client::new(cluster.endpoints())
         .unwrap()
@@ -509,7 +509,7 @@ async fn wait_for_log(cluster: &Cluster, id: u64, needle: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_removed_from_the_membership_is_refused_on_the_peer_port() {
     use fenced_proto::v1::{cluster_client::ClusterClient, RemoveNodeRequest};
-    let mut cluster = Cluster::start_tls(3, &[]).await;
+    let mut cluster = Cluster::start_tls(3, |_| {}).await;
     let pki = cluster.pki.clone().unwrap();
     // A Raft connection node 3 holds open while it is removed.
     let (cert, key) = pki.node(3);
@@ -570,13 +570,10 @@ async fn a_node_removed_from_the_membership_is_refused_on_the_peer_port() {
 async fn metrics_tls_serves_https_only() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let cluster = Cluster::start_tls(
-        1,
-        &[
-            ("FENCED_METRICS_LISTEN", &listen),
-            ("FENCED_METRICS_TLS", "true"),
-        ],
-    )
+    let cluster = Cluster::start_tls(1, |s| {
+        s.metrics_listen = Some(listen.to_string());
+        s.metrics_tls = true;
+    })
     .await;
     let pki = cluster.pki.clone().unwrap();
     let (cert, key) = pki.client("scraper");
@@ -612,18 +609,8 @@ async fn metrics_tls_serves_https_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_is_an_identity_the_policy_grants_by_prefix() {
     let files = tempfile::tempdir().unwrap();
-    let policy = files.path().join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "[roles.orders]\nlock = [\"orders/\"]\nread = [\"orders/\"]\n\
-             [roles.harness]\nlock = [\"\"]\nread = [\"\"]\nadmin = true\n\
-             [identities]\nalice = [\"orders\"]\n{harness} = [\"harness\"]\n",
-            harness = fenced_tests::HARNESS_CLIENT
-        ),
-    )
-    .unwrap();
-    let cluster = Cluster::start_tls(3, &[("FENCED_AUTH_POLICY", policy.to_str().unwrap())]).await;
+    let policy = fenced_tests::alice_orders_policy(files.path());
+    let cluster = Cluster::start_tls(3, |s| s.auth_policy = Some(policy.as_str().into())).await;
     let pki = cluster.pki.clone().unwrap();
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
@@ -680,15 +667,12 @@ async fn the_status_page_takes_a_client_certificate_as_its_identity() {
     let deny = files.path().join("deny.toml");
     std::fs::write(&deny, "").unwrap();
     let listen = format!("127.0.0.1:{}", free_port());
-    let cluster = Cluster::start_tls(
-        1,
-        &[
-            ("FENCED_METRICS_LISTEN", &listen),
-            ("FENCED_METRICS_TLS", "true"),
-            ("FENCED_AUTH_POLICY", policy.to_str().unwrap()),
-            ("FENCED_TLS_DENY", deny.to_str().unwrap()),
-        ],
-    )
+    let cluster = Cluster::start_tls(1, |s| {
+        s.metrics_listen = Some(listen.to_string());
+        s.metrics_tls = true;
+        s.auth_policy = Some(policy.clone());
+        s.tls_deny = Some(deny.clone());
+    })
     .await;
     let pki = cluster.pki.clone().unwrap();
     let get_status = |name: &'static str| {
@@ -786,8 +770,7 @@ async fn leader_among(cluster: &Cluster, ids: &[u64], within: Duration) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_membership_lags_admits_a_leader_that_joined_after_it() {
     use fenced_proto::v1::{cluster_client::ClusterClient, PromoteLearnerRequest};
-    use nix::sys::signal::Signal;
-    let mut cluster = Cluster::start_tls(3, &[]).await;
+    let mut cluster = Cluster::start_tls(3, |_| {}).await;
     cluster.wait_for_leader(Duration::from_secs(20)).await;
     // Node 3 is down while nodes 4 and 5 join and become voters: its
     // membership names nodes 1, 2 and 3 only.
@@ -811,19 +794,22 @@ async fn a_node_whose_membership_lags_admits_a_leader_that_joined_after_it() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    // Pause leaders until node 4 or 5 leads (four of five voters run; a
-    // paused one leaves the three a majority needs).
+    // Stop leaders until node 4 or 5 leads (four of five voters run; a
+    // stopped one leaves the three a majority needs). Killed and started
+    // again rather than paused: a paused leader, resumed, may still deliver
+    // appends of its old term to node 3 when it starts, and node 3 would
+    // learn the new membership from them instead of from the new leader.
     let up = [1u64, 2, 4, 5];
     let mut leader = leader_among(&cluster, &up, Duration::from_secs(20)).await;
     for _ in 0..10 {
         if leader >= 4 {
             break;
         }
-        cluster.signal(leader, Signal::SIGSTOP);
+        cluster.kill(leader);
         let others: Vec<u64> = up.iter().copied().filter(|i| *i != leader).collect();
         leader_among(&cluster, &others, Duration::from_secs(20)).await;
-        cluster.signal(leader, Signal::SIGCONT);
-        // The resumed node follows the new leader before the next round.
+        cluster.spawn(leader);
+        // The restarted node follows the new leader before the next round.
         leader = leader_among(&cluster, &up, Duration::from_secs(20)).await;
     }
     assert!(leader >= 4, "node 4 or 5 never led");

@@ -35,7 +35,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 /// A one-node cluster whose node starts from the fixture's data directory.
 fn from_fixture() -> Cluster {
-    let cluster = Cluster::stopped(1, &[]);
+    let cluster = Cluster::stopped(1, |_| {});
     copy_dir(&fixture().join("data"), &cluster.nodes()[0].data_dir);
     cluster
 }
@@ -50,7 +50,7 @@ fn expected() -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes the committed fixture; run by hand when the formats change"]
 async fn regenerate_the_v1_fixture() {
-    let mut cluster = Cluster::start_with(1, &[("FENCED_SNAPSHOT_LOGS", "10")]).await;
+    let mut cluster = Cluster::start_with(1, |s| s.snapshot_logs = Some(10)).await;
     let client = cluster.client();
     let hour = Duration::from_secs(3600);
     let mut leases = Vec::new();
@@ -162,7 +162,7 @@ async fn a_data_dir_of_this_release_opens_with_its_tokens_and_leases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_of_this_release_restores() {
     let expected = expected();
-    let mut cluster = Cluster::stopped(1, &[]);
+    let mut cluster = Cluster::stopped(1, |_| {});
     let out = std::process::Command::new(bin("fenced"))
         .args(["restore", "--from"])
         .arg(fixture().join("backup.fncd"))

@@ -151,3 +151,18 @@ def test_no_node_is_unavailable_within_the_call_timeout(resource):
             c.acquire(resource, ttl=10)
         assert time.monotonic() - started < 3.0
         assert "127.0.0.1" in str(e.value)
+
+
+def test_a_job_label_rides_with_the_lease_while_it_lives(cluster, client, resource):
+    with cluster.client(job_label="statements 2026-07 #3") as labelled:
+        g = labelled.acquire(resource, ttl=10)
+        assert isinstance(g, Granted), g
+        assert client.describe(resource).label == "statements 2026-07 #3"
+        labelled.release(resource, g.owner_id, g.token)
+    assert client.describe(resource).label is None
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 65, "a\x1b[2Jb", 7])
+def test_a_bad_job_label_is_refused_naming_the_field(cluster, bad):
+    with pytest.raises(InvalidArgument, match="job_label"):
+        cluster.client(job_label=bad)

@@ -30,17 +30,6 @@ pub fn run_options(ttl: Duration) -> (LeaseOptions, Duration) {
     )
 }
 
-async fn interrupted() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
 fn granted_line(lease: &Lease, json_out: bool) {
     if json_out {
         println!(
@@ -85,7 +74,7 @@ pub async fn lock(
             lost_line(resource, lease.token(), &reason, json_out);
             Ok(EXIT_LEASE_LOST)
         }
-        _ = interrupted() => {
+        _ = fenced_os::stop_signal() => {
             let token = lease.token();
             lease.release().await?;
             if json_out {
@@ -212,7 +201,7 @@ pub async fn run(
             lost_line(resource, lease.token(), &reason, json_out);
             Ok(EXIT_LEASE_LOST)
         }
-        _ = interrupted() => {
+        _ = fenced_os::stop_signal() => {
             supervised.stop().await;
             lease.release().await?;
             Ok(130)

@@ -96,6 +96,11 @@ struct Cli {
     /// This client's private key (PEM).
     #[arg(long = "key", id = "tls_key", env = "FENCED_KEY", global = true)]
     tls_key: Option<PathBuf>,
+    /// What the job is, for people, sent with acquire, lock and run: the
+    /// status page and describe show it beside the lease while it lives
+    /// (1 to 64 bytes of UTF-8, no control characters; it decides nothing).
+    #[arg(long = "label", env = "FENCED_JOB_LABEL", global = true)]
+    job_label: Option<String>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -457,9 +462,7 @@ async fn execute(
                         "wall_time_unix_ms": wall_time_unix_ms}),
                     text: format!(
                         "granted {resource}: token {token}, owner_id {owner}, ttl {ttl_ms} ms{}",
-                        when::rfc3339(wall_time_unix_ms)
-                            .map(|t| format!(", at {t}"))
-                            .unwrap_or_default()
+                        when::at(wall_time_unix_ms)
                     ),
                     code: 0,
                 },
@@ -484,11 +487,17 @@ async fn execute(
             ttl,
         } => {
             let (owner, token) = (owner_id(&owner)?, token(value)?);
-            match client.renew(&resource, owner, token, ttl).await? {
+            let dated = client.renew_dated(&resource, owner, token, ttl).await?;
+            let at = dated.wall_time_unix_ms;
+            match dated.outcome {
                 RenewOutcome::Renewed { expires_at, ttl_ms } => Report {
                     value: json!({"status": "renewed", "resource": resource, "token": token,
-                        "ttl_ms": ttl_ms, "expires_at_ms": expires_at.as_millis()}),
-                    text: format!("renewed {resource}: token {token}, ttl {ttl_ms} ms"),
+                        "ttl_ms": ttl_ms, "expires_at_ms": expires_at.as_millis(),
+                        "renewed_at": when::rfc3339(at), "wall_time_unix_ms": at}),
+                    text: format!(
+                        "renewed {resource}: token {token}, ttl {ttl_ms} ms{}",
+                        when::at(at)
+                    ),
                     code: 0,
                 },
                 RenewOutcome::Lost(reason) => lost_report("lost", &resource, token, reason),
@@ -510,10 +519,13 @@ async fn execute(
             token: value,
         } => {
             let (owner, token) = (owner_id(&owner)?, token(value)?);
-            match client.release(&resource, owner, token).await? {
+            let dated = client.release_dated(&resource, owner, token).await?;
+            let at = dated.wall_time_unix_ms;
+            match dated.outcome {
                 ReleaseOutcome::Released => Report {
-                    value: json!({"status": "released", "resource": resource, "token": token}),
-                    text: format!("released {resource}: token {token}"),
+                    value: json!({"status": "released", "resource": resource, "token": token,
+                        "released_at": when::rfc3339(at), "wall_time_unix_ms": at}),
+                    text: format!("released {resource}: token {token}{}", when::at(at)),
                     code: 0,
                 },
                 ReleaseOutcome::NotHolder(reason) => {
@@ -527,11 +539,19 @@ async fn execute(
                 value: json!({"resource": resource, "last_token": d.last_token, "held": d.held,
                     "remaining_ms": d.remaining_ms, "waiters": d.waiters,
                     "cluster_time_ms": d.cluster_time_ms,
-                    "time": when::rfc3339(d.wall_time_unix_ms)}),
+                    "time": when::rfc3339(d.wall_time_unix_ms),
+                    "label": (!d.label.is_empty()).then_some(&d.label)}),
                 text: if d.held {
                     format!(
-                        "{resource}: held, token {}, {} ms left, {} waiting",
-                        d.last_token, d.remaining_ms, d.waiters
+                        "{resource}: held, token {}, {} ms left, {} waiting{}",
+                        d.last_token,
+                        d.remaining_ms,
+                        d.waiters,
+                        if d.label.is_empty() {
+                            String::new()
+                        } else {
+                            format!(", job {:?}", d.label)
+                        }
                     )
                 } else {
                     format!("{resource}: free, last token {}", d.last_token)
@@ -718,6 +738,9 @@ fn main() -> ExitCode {
         let bearer = bearer_token(&cli)?;
         if let Some(token) = &bearer {
             client = client.with_token(token)?;
+        }
+        if let Some(label) = &cli.job_label {
+            client = client.with_job_label(label)?;
         }
         execute(&client, tls.as_ref(), bearer.as_deref(), cli.command, out).await
     });

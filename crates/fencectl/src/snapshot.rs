@@ -2,14 +2,11 @@
 //! leader, written atomically (temporary file, fsync, rename, fsync of the
 //! directory) once its length and SHA-256 match what the leader announced.
 
-use std::{
-    io::Write,
-    os::unix::fs::OpenOptionsExt,
-    path::{Path, PathBuf},
-};
+use std::path::PathBuf;
 
 use clap::Subcommand;
 use fenced_client::{Client, ClientError};
+use fenced_os::write_atomically;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -64,34 +61,4 @@ pub async fn execute(
             ))
         }
     }
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("names no file"))?
-        .to_string_lossy()
-        .to_string();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        // 0600: the state holds every live owner id.
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }

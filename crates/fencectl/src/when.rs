@@ -16,6 +16,13 @@ pub fn when(unix_ms: u64, cluster_ms: u64) -> String {
     rfc3339(unix_ms).unwrap_or_else(|| format!("cluster time {cluster_ms} ms"))
 }
 
+/// `, at 2026-12-06T17:01:02.345Z` to end a line; nothing when unknown.
+pub fn at(unix_ms: u64) -> String {
+    rfc3339(unix_ms)
+        .map(|t| format!(", at {t}"))
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -28,6 +35,8 @@ mod tests {
         );
         assert_eq!(rfc3339(0), None);
         assert_eq!(when(0, 188_721), "cluster time 188721 ms");
+        assert_eq!(at(1_800_000_000_123), ", at 2027-01-15T08:00:00.123Z");
+        assert_eq!(at(0), "");
         // The latest time a node accepts still formats.
         assert_eq!(
             rfc3339(fenced_core::MAX_UNIX_MS).as_deref(),

@@ -198,7 +198,7 @@ async fn main() -> std::process::ExitCode {
     // started (they are killed when their handles drop).
     let outcome = tokio::select! {
         r = run(args) => r,
-        () = fenced_server::shutdown::signal() => Err(anyhow::anyhow!("interrupted; stopped what this run started")),
+        () = fenced_os::stop_signal() => Err(anyhow::anyhow!("interrupted; stopped what this run started")),
     };
     match outcome {
         Ok(true) => std::process::ExitCode::SUCCESS,

@@ -1,6 +1,8 @@
 //! Fenced writes to the cluster's own key-value store (the `Kv` service):
 //! a put carries a lease (resource, owner id, token) and is applied only if
 //! that lease is the resource's current one when the write is decided.
+//! The calls are [`Calls`] methods, so a [`Lease`] writes without a
+//! [`Client`]; `Client`'s and `Lease`'s kv methods are both over them.
 
 use fenced_core::{KvRefusal, OwnerId, Token};
 use fenced_proto::{
@@ -9,8 +11,9 @@ use fenced_proto::{
 };
 
 use crate::{
-    client::{answered_token, ATTEMPT_TIMEOUT},
-    Client, ClientError, Lease,
+    calls::{answered_token, Calls, ClientError, ATTEMPT_TIMEOUT},
+    client::Client,
+    lease::Lease,
 };
 
 /// The result of a fenced put or delete.
@@ -52,10 +55,9 @@ fn written(
     }
 }
 
-impl Client {
-    /// Writes `value` under `key` if (`resource`, `owner_id`, `token`) is the
-    /// resource's current lease when the write is applied.
-    pub async fn kv_put(
+impl Calls {
+    /// [`Client::kv_put`]'s call.
+    pub(crate) async fn kv_put(
         &self,
         key: &str,
         value: &[u8],
@@ -85,8 +87,8 @@ impl Client {
         written(outcome, resp.cluster_time_ms, "put")
     }
 
-    /// Removes `key` under the same rule as [`Client::kv_put`].
-    pub async fn kv_delete(
+    /// [`Client::kv_delete`]'s call.
+    pub(crate) async fn kv_delete(
         &self,
         key: &str,
         resource: &str,
@@ -114,9 +116,8 @@ impl Client {
         written(outcome, resp.cluster_time_ms, "delete")
     }
 
-    /// Reads `key`, linearizably (`allow_stale`: from whichever node
-    /// answers, possibly behind). `None`: the key has no value.
-    pub async fn kv_get_with(
+    /// [`Client::kv_get_with`]'s call.
+    pub(crate) async fn kv_get_with(
         &self,
         key: &str,
         allow_stale: bool,
@@ -143,6 +144,44 @@ impl Client {
             revision: resp.revision,
         }))
     }
+}
+
+impl Client {
+    /// Writes `value` under `key` if (`resource`, `owner_id`, `token`) is the
+    /// resource's current lease when the write is applied.
+    pub async fn kv_put(
+        &self,
+        key: &str,
+        value: &[u8],
+        resource: &str,
+        owner_id: OwnerId,
+        token: Token,
+    ) -> Result<KvWrite, ClientError> {
+        self.calls()
+            .kv_put(key, value, resource, owner_id, token)
+            .await
+    }
+
+    /// Removes `key` under the same rule as [`Client::kv_put`].
+    pub async fn kv_delete(
+        &self,
+        key: &str,
+        resource: &str,
+        owner_id: OwnerId,
+        token: Token,
+    ) -> Result<KvWrite, ClientError> {
+        self.calls().kv_delete(key, resource, owner_id, token).await
+    }
+
+    /// Reads `key`, linearizably (`allow_stale`: from whichever node
+    /// answers, possibly behind). `None`: the key has no value.
+    pub async fn kv_get_with(
+        &self,
+        key: &str,
+        allow_stale: bool,
+    ) -> Result<Option<KvRead>, ClientError> {
+        self.calls().kv_get_with(key, allow_stale).await
+    }
 
     /// Reads `key` linearizably.
     pub async fn kv_get(&self, key: &str) -> Result<Option<KvRead>, ClientError> {
@@ -154,14 +193,14 @@ impl Lease {
     /// Writes `value` under `key`, fenced by this lease: applied only while
     /// it is still the resource's current lease in the cluster.
     pub async fn kv_put(&self, key: &str, value: &[u8]) -> Result<KvWrite, ClientError> {
-        self.client()
+        self.calls()
             .kv_put(key, value, self.resource(), self.owner_id(), self.token())
             .await
     }
 
     /// Removes `key`, fenced by this lease.
     pub async fn kv_delete(&self, key: &str) -> Result<KvWrite, ClientError> {
-        self.client()
+        self.calls()
             .kv_delete(key, self.resource(), self.owner_id(), self.token())
             .await
     }

@@ -1,8 +1,10 @@
-//! Leases that renew themselves and say, at once, when they are lost.
+//! Leases that renew themselves and say, at once, when they are lost: the
+//! [`Lease`] a caller holds and the [`Keeper`] that renews every lease of
+//! one client. It sits on `calls` (and `session`), never on `client`: a
+//! lease renews and releases itself over the calls of the client that
+//! granted it, so the keeper needs no `Client` (tests/module_graph.rs).
 
 use std::{
-    fmt,
-    future::Future,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
@@ -12,11 +14,10 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    calls::{millis, Calls, ClientError, RenewItem},
     clock::Moment,
-    session::{
-        ended_reason, sessions_unsupported, ClientSession, InSession, SessionAnswer, SESSION_GONE,
-    },
-    AcquireOutcome, Client, ClientError, RenewItem,
+    loss::LeaseLoss,
+    session::{ended_reason, sessions_unsupported, ClientSession, SessionAnswer, SESSION_GONE},
 };
 
 /// How a lease's keeper renews it and how early it gives up.
@@ -58,43 +59,6 @@ impl LeaseOptions {
     }
 }
 
-/// Why a [`Lease`] ended for this client: the cluster's own reason when it
-/// refused a renewal, or what the client saw itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseLoss {
-    /// The cluster refused a renewal: the lease had expired, was released or
-    /// was granted to a newer owner.
-    Refused(LostReason),
-    /// The local deadline passed without a successful renewal (the cluster
-    /// was unreachable, or this process was paused). The cluster's own
-    /// expiry is later, so nobody else can hold the lease yet.
-    DeadlinePassed,
-    /// This client released it.
-    Released,
-    /// A renewal failed in a way retrying cannot fix.
-    Failed(String),
-}
-
-impl fmt::Display for LeaseLoss {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LeaseLoss::Refused(LostReason::Superseded { current_token }) => {
-                write!(f, "renewal refused: superseded by token {current_token}")
-            }
-            LeaseLoss::Refused(r) => write!(f, "renewal refused: {}", r.as_str()),
-            LeaseLoss::DeadlinePassed => {
-                f.write_str("no successful renewal before the local deadline")
-            }
-            LeaseLoss::Released => f.write_str("released"),
-            LeaseLoss::Failed(e) => write!(f, "renewal failed: {e}"),
-        }
-    }
-}
-
-/// So `lease.check()?` works in a function returning `Box<dyn Error>` or
-/// `anyhow::Result`.
-impl std::error::Error for LeaseLoss {}
-
 struct Shared {
     resource: String,
     owner: OwnerId,
@@ -112,6 +76,30 @@ struct Shared {
 }
 
 impl Shared {
+    /// A lease's state, to hand to [`Lease::kept`].
+    fn new(
+        resource: &str,
+        owner: OwnerId,
+        token: Token,
+        ttl: Duration,
+        session: Option<Arc<ClientSession>>,
+        (deadline, next_renew): (Moment, Moment),
+    ) -> Shared {
+        let (loss, _) = watch::channel(None);
+        Shared {
+            resource: resource.to_string(),
+            owner,
+            token,
+            ttl,
+            session,
+            deadline: Mutex::new(deadline),
+            next_renew: Mutex::new(next_renew),
+            loss,
+            cancel: CancellationToken::new(),
+            stop: CancellationToken::new(),
+        }
+    }
+
     fn deadline(&self) -> Moment {
         match &self.session {
             Some(session) => session.deadline(),
@@ -201,7 +189,10 @@ impl Shared {
 /// ```
 pub struct Lease {
     shared: Arc<Shared>,
-    client: Client,
+    /// The calls of the client that granted it: it is released over them.
+    calls: Calls,
+    /// That client's keeper, which renews it.
+    keeper: Arc<Keeper>,
     released: bool,
 }
 
@@ -237,75 +228,51 @@ impl LeaseHandle {
 
 impl Lease {
     /// A lease with its own expiry, granted by a request sent at `sent`.
-    fn start(
-        client: Client,
+    pub(crate) fn start(
+        calls: Calls,
+        keeper: Arc<Keeper>,
         resource: &str,
         owner: OwnerId,
         token: Token,
         ttl: Duration,
         sent: Moment,
     ) -> Lease {
-        let opts = client.lease_options();
+        let opts = keeper.options();
         let deadline = sent.plus(ttl).minus(opts.safety_margin(ttl));
         let next_renew = sent.plus(opts.jittered(opts.renew_interval(ttl)));
-        Self::kept(
-            client,
-            resource,
-            owner,
-            token,
-            ttl,
-            None,
-            (deadline, next_renew),
-        )
+        let shared = Shared::new(resource, owner, token, ttl, None, (deadline, next_renew));
+        Self::kept(calls, keeper, shared)
     }
 
     /// A lease that lives with `session`.
-    fn start_in(
-        client: Client,
+    pub(crate) fn start_in(
+        calls: Calls,
+        keeper: Arc<Keeper>,
         resource: &str,
         owner: OwnerId,
         token: Token,
         session: Arc<ClientSession>,
     ) -> Lease {
         let (ttl, deadline) = (session.ttl, session.deadline());
-        Self::kept(
-            client,
+        let shared = Shared::new(
             resource,
             owner,
             token,
             ttl,
             Some(session),
             (deadline, deadline),
-        )
+        );
+        Self::kept(calls, keeper, shared)
     }
 
     /// Hands the lease to the client's keeper.
-    fn kept(
-        client: Client,
-        resource: &str,
-        owner: OwnerId,
-        token: Token,
-        ttl: Duration,
-        session: Option<Arc<ClientSession>>,
-        (deadline, next_renew): (Moment, Moment),
-    ) -> Lease {
-        let (loss, _) = watch::channel(None);
-        let shared = Arc::new(Shared {
-            resource: resource.to_string(),
-            owner,
-            token,
-            ttl,
-            session,
-            deadline: Mutex::new(deadline),
-            next_renew: Mutex::new(next_renew),
-            loss,
-            cancel: CancellationToken::new(),
-            stop: CancellationToken::new(),
-        });
-        client.keeper().add(&client, Arc::clone(&shared));
+    fn kept(calls: Calls, keeper: Arc<Keeper>, shared: Shared) -> Lease {
+        let shared = Arc::new(shared);
+        keeper.add(&calls, Arc::clone(&shared));
         Lease {
             shared,
-            client,
+            calls,
+            keeper,
             released: false,
         }
     }
@@ -324,8 +291,9 @@ impl Lease {
         self.shared.token
     }
 
-    pub(crate) fn client(&self) -> &Client {
-        &self.client
+    /// The calls of the client that granted it (for its fenced writes).
+    pub(crate) fn calls(&self) -> &Calls {
+        &self.calls
     }
 
     pub fn ttl(&self) -> Duration {
@@ -374,12 +342,12 @@ impl Lease {
         self.stop_keeper();
         self.shared.lose(LeaseLoss::Released);
         let s = &self.shared;
-        self.client.release(&s.resource, s.owner, s.token).await
+        self.calls.release(&s.resource, s.owner, s.token).await
     }
 
     fn stop_keeper(&mut self) {
         self.shared.stop.cancel();
-        self.client.keeper().wake.notify_one();
+        self.keeper.wake.notify_one();
     }
 }
 
@@ -393,10 +361,10 @@ impl Drop for Lease {
         self.stop_keeper();
         self.shared.lose(LeaseLoss::Released);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
+            let calls = self.calls.clone();
             let s = Arc::clone(&self.shared);
             rt.spawn(async move {
-                let _ = client.release(&s.resource, s.owner, s.token).await;
+                let _ = calls.release(&s.resource, s.owner, s.token).await;
             });
         }
     }
@@ -413,7 +381,8 @@ impl LeaseOptions {
     }
 }
 
-/// What a client's keeper did so far ([`Client::keeper_stats`]).
+/// What a client's keeper did so far
+/// ([`Client::keeper_stats`](crate::Client::keeper_stats)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KeeperStats {
     /// Renewal calls made: session keep-alives, and batch renewals of
@@ -428,19 +397,23 @@ pub struct KeeperStats {
     pub failed_calls: u64,
 }
 
-/// The most call latencies kept for [`Client::take_renewal_latencies`].
+/// The most call latencies kept for
+/// [`crate::Client::take_renewal_latencies`].
 const MAX_LATENCY_SAMPLES: usize = 100_000;
 
-/// Keeps every lease held through one [`Client`] alive. A lease acquired
-/// without waiting lives with the client's session for its TTL, which one
-/// keep-alive per renewal interval extends, whatever the number of its
-/// leases (docs/DECISIONS.md, "Sessions"). Other leases (granted after a
+/// Keeps every lease held through one [`crate::Client`] alive. A lease
+/// acquired without waiting lives with the client's session for its TTL,
+/// which one keep-alive per renewal interval extends, whatever the number of
+/// its leases (docs/DECISIONS.md, "Sessions"). Other leases (granted after a
 /// wait, or by a cluster without sessions) are renewed together: whenever
 /// one is due, every one due within half its interval is renewed in the
 /// same `RenewMany` call (docs/DECISIONS.md, "Batch renewal"). One task per
 /// client, running while it keeps a lease.
 #[derive(Default)]
 pub(crate) struct Keeper {
+    /// How this keeper's leases are renewed: the client's, which makes a
+    /// new keeper when they change.
+    options: LeaseOptions,
     state: Mutex<KeeperState>,
     /// One session is opened at a time, so concurrent acquires share it.
     opening: tokio::sync::Mutex<()>,
@@ -484,7 +457,21 @@ enum Answer {
 }
 
 impl Keeper {
-    fn add(&self, client: &Client, lease: Arc<Shared>) {
+    /// A keeper that renews by `options`.
+    pub(crate) fn new(options: LeaseOptions) -> Keeper {
+        Keeper {
+            options,
+            ..Keeper::default()
+        }
+    }
+
+    pub(crate) fn options(&self) -> LeaseOptions {
+        self.options
+    }
+
+    /// Keeps `lease` alive over `calls`, starting the keeper's task if it
+    /// is not running.
+    fn add(self: &Arc<Self>, calls: &Calls, lease: Arc<Shared>) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         // A session let go while its first acquire was on the way is kept
         // again.
@@ -496,7 +483,7 @@ impl Keeper {
         state.leases.push(lease);
         if !state.running {
             state.running = true;
-            tokio::spawn(keep(client.clone()));
+            tokio::spawn(keep(calls.clone(), Arc::clone(self)));
         }
         drop(state);
         self.wake.notify_one();
@@ -506,7 +493,7 @@ impl Keeper {
     /// `None` when the cluster has no sessions.
     pub(crate) async fn session_for(
         &self,
-        client: &Client,
+        calls: &Calls,
         ttl: Duration,
     ) -> Result<Option<Arc<ClientSession>>, ClientError> {
         let _one_at_a_time = self.opening.lock().await;
@@ -524,16 +511,16 @@ impl Keeper {
             }
         }
         let id = fenced_core::SessionId::random();
-        match client.open_session_sent(id, ttl).await {
+        match calls.open_session_sent(id, ttl).await {
             Ok((SessionAnswer::Alive { .. }, sent)) => {
-                let opts = client.lease_options();
+                let opts = self.options;
                 let session = Arc::new(ClientSession::new(
                     id,
                     ttl,
                     sent.plus(ttl).minus(opts.safety_margin(ttl)),
                     sent.plus(opts.jittered(opts.renew_interval(ttl))),
                 ));
-                tracing::debug!(session = %id, ttl_ms = crate::client::millis(ttl), "session opened");
+                tracing::debug!(session = %id, ttl_ms = millis(ttl), "session opened");
                 let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
                 state.sessions.push(Arc::clone(&session));
                 Ok(Some(session))
@@ -680,36 +667,24 @@ impl Keeper {
     }
 }
 
-impl Client {
-    /// What this client's keeper did so far.
-    pub fn keeper_stats(&self) -> KeeperStats {
-        self.keeper()
-            .stats
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .0
+impl Keeper {
+    /// What this keeper did so far.
+    pub(crate) fn stats(&self) -> KeeperStats {
+        self.stats.lock().unwrap_or_else(PoisonError::into_inner).0
     }
 
-    /// The latency of each renewal call the keeper made since the last
-    /// take (at most 100,000 kept).
-    pub fn take_renewal_latencies(&self) -> Vec<Duration> {
-        std::mem::take(
-            &mut self
-                .keeper()
-                .stats
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .1,
-        )
+    /// The latency of each renewal call made since the last take (at most
+    /// 100,000 kept).
+    pub(crate) fn take_latencies(&self) -> Vec<Duration> {
+        std::mem::take(&mut self.stats.lock().unwrap_or_else(PoisonError::into_inner).1)
     }
 }
 
 /// The keeper's task: sleeps until a lease is due (or its deadline comes),
 /// renews every due lease in as few calls as the bounds allow, then records
 /// each lease's answer; a lost lease is told to its handle at once.
-async fn keep(client: Client) {
-    let keeper = client.keeper();
-    let opts = client.lease_options();
+async fn keep(calls: Calls, keeper: Arc<Keeper>) {
+    let opts = keeper.options;
     loop {
         let due = match keeper.plan(opts) {
             None => return,
@@ -722,24 +697,22 @@ async fn keep(client: Client) {
             }
             Some(Ok(due)) => due,
         };
-        let mut calls = tokio::task::JoinSet::new();
+        let mut in_flight = tokio::task::JoinSet::new();
         for (session, leases) in due.sessions {
-            let client = client.clone();
-            calls.spawn(async move {
+            let (calls, keeper) = (calls.clone(), Arc::clone(&keeper));
+            in_flight.spawn(async move {
                 let started = std::time::Instant::now();
-                let (answer, held) = keep_alive(&client, &session).await;
-                client
-                    .keeper()
-                    .note_keep_alive(started.elapsed(), &answer, leases);
+                let (answer, held) = keep_alive(&calls, &session).await;
+                keeper.note_keep_alive(started.elapsed(), &answer, leases);
                 Done::KeepAlive(session, answer, held)
             });
         }
         for chunk in chunks(due.leases) {
-            let client = client.clone();
-            calls.spawn(async move {
+            let (calls, keeper) = (calls.clone(), Arc::clone(&keeper));
+            in_flight.spawn(async move {
                 let started = std::time::Instant::now();
-                let answers = renew_chunk(&client, &chunk).await;
-                client.keeper().note(started.elapsed(), &answers);
+                let answers = renew_chunk(&calls, &chunk).await;
+                keeper.note(started.elapsed(), &answers);
                 Done::Renewals(chunk, answers)
             });
         }
@@ -748,7 +721,7 @@ async fn keep(client: Client) {
             let deadline = keeper.first_deadline();
             let wait = deadline.map_or(Duration::from_secs(3600), |d| d.remaining());
             let done = tokio::select! {
-                done = calls.join_next() => done,
+                done = in_flight.join_next() => done,
                 _ = tokio::time::sleep(wait), if deadline.is_some() => {
                     keeper.check_deadlines();
                     continue;
@@ -765,7 +738,7 @@ async fn keep(client: Client) {
                     settle_session(&session, answer, opts);
                     let kept = keeper.in_session(&session);
                     if held.is_some_and(|n| n < kept.len() as u64) {
-                        find_ended(&client, &session, kept).await;
+                        find_ended(&calls, &session, kept).await;
                     }
                 }
                 Some(Err(_)) => {}
@@ -778,13 +751,13 @@ async fn keep(client: Client) {
 /// this client (released or superseded by someone holding its owner id and
 /// token), as a renewal would have: the cluster counted fewer leases in the
 /// session than the client keeps. One `ValidateTokens` read per 256 leases.
-async fn find_ended(client: &Client, session: &ClientSession, kept: Vec<Arc<Shared>>) {
+async fn find_ended(calls: &Calls, session: &ClientSession, kept: Vec<Arc<Shared>>) {
     for chunk in kept.chunks(fenced_core::MAX_VALIDATE_BATCH) {
         let checks: Vec<(&str, Token)> = chunk
             .iter()
             .map(|s| (s.resource.as_str(), s.token))
             .collect();
-        match client.validate_tokens(&checks).await {
+        match calls.validate_tokens(&checks).await {
             Ok(resp) => {
                 for (s, v) in chunk.iter().zip(&resp.results) {
                     if let Some(reason) = ended_reason(v) {
@@ -803,9 +776,9 @@ async fn find_ended(client: &Client, session: &ClientSession, kept: Vec<Arc<Shar
 
 /// One keep-alive of `session`, within its deadline; with the number of
 /// leases the cluster says it holds.
-async fn keep_alive(client: &Client, session: &ClientSession) -> (Answer, Option<u64>) {
+async fn keep_alive(calls: &Calls, session: &ClientSession) -> (Answer, Option<u64>) {
     let budget = session.deadline().remaining();
-    match client.keep_alive_sent(session.id, budget).await {
+    match calls.keep_alive_sent(session.id, budget).await {
         Ok((SessionAnswer::Alive { leases }, sent)) => (Answer::Renewed(sent), Some(leases)),
         Ok((SessionAnswer::Gone, _)) => (Answer::Lost(LostReason::Expired), None),
         Err(e) if e.is_transient() => {
@@ -861,7 +834,7 @@ fn chunks(due: Vec<Arc<Shared>>) -> Vec<Vec<Arc<Shared>>> {
 /// call refused whole (a permission revoked on one resource, a server
 /// without `RenewMany`) is made again lease by lease, so each lease gets the
 /// answer a renewal of its own gets.
-async fn renew_chunk(client: &Client, chunk: &[Arc<Shared>]) -> Vec<Answer> {
+async fn renew_chunk(calls: &Calls, chunk: &[Arc<Shared>]) -> Vec<Answer> {
     let budget = chunk
         .iter()
         .map(|s| s.deadline().remaining())
@@ -876,7 +849,7 @@ async fn renew_chunk(client: &Client, chunk: &[Arc<Shared>]) -> Vec<Answer> {
             ttl: s.ttl,
         })
         .collect();
-    match client.renew_many_sent(&items, budget).await {
+    match calls.renew_many_sent(&items, budget).await {
         Ok((outcomes, sent)) => outcomes
             .into_iter()
             .map(|o| match o {
@@ -894,10 +867,10 @@ async fn renew_chunk(client: &Client, chunk: &[Arc<Shared>]) -> Vec<Answer> {
                 "batch renewal refused; renewing the leases one by one");
             let mut each = tokio::task::JoinSet::new();
             for (i, s) in chunk.iter().enumerate() {
-                let (client, s) = (client.clone(), Arc::clone(s));
+                let (calls, s) = (calls.clone(), Arc::clone(s));
                 each.spawn(async move {
                     let budget = s.deadline().remaining();
-                    let r = client
+                    let r = calls
                         .renew_sent(&s.resource, s.owner, s.token, s.ttl, budget)
                         .await;
                     (i, single_answer(r))
@@ -919,7 +892,7 @@ async fn renew_chunk(client: &Client, chunk: &[Arc<Shared>]) -> Vec<Answer> {
 
 /// A lease of a session is never renewed on its own: its keeper keeps the
 /// session alive instead (the server refuses such a renew).
-const KEPT_BY_SESSION: &str = "renew: the lease is kept by its session";
+pub(crate) const KEPT_BY_SESSION: &str = "renew: the lease is kept by its session";
 
 fn single_answer(r: Result<(RenewOutcome, Moment), ClientError>) -> Answer {
     match r {
@@ -946,183 +919,178 @@ fn settle(s: &Shared, answer: Answer, opts: LeaseOptions) {
     }
 }
 
-/// The token of a grant, or the answer for a resource held by another.
-fn granted(
-    resource: &str,
-    outcome: AcquireOutcome,
-) -> Result<Result<Token, Acquired>, ClientError> {
-    match outcome {
-        AcquireOutcome::Granted { token, .. } => Ok(Ok(token)),
-        AcquireOutcome::Held {
-            current_token,
-            remaining_ms,
-        } => Ok(Err(Acquired::Held {
-            current_token,
-            remaining_ms,
-        })),
-        // The owner id is fresh, so only a retry of this very attempt can
-        // find it spent: it was granted and lost before the reply came.
-        AcquireOutcome::Ended { reason } => Err(ClientError::AttemptEnded {
+/// The keeper's rules, without a cluster: what is renewed when, what a
+/// renewal's answer does to a lease, how due leases are cut into calls.
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(30);
+    const STEADY: LeaseOptions = LeaseOptions {
+        renew_every: None,
+        margin: None,
+        no_jitter: true,
+        no_sessions: false,
+    };
+
+    fn lease(resource: &str, deadline: Moment, next_renew: Moment) -> Arc<Shared> {
+        let (loss, _) = watch::channel(None);
+        Arc::new(Shared {
             resource: resource.to_string(),
-            reason: reason.as_str().to_string(),
-        }),
-    }
-}
-
-/// The answer to [`Client::acquire`].
-pub enum Acquired {
-    Granted(Lease),
-    /// Another owner holds the resource.
-    Held {
-        current_token: Token,
-        remaining_ms: u64,
-    },
-}
-
-impl Client {
-    /// Tries once to take the lease; a grant comes back as a self-renewing
-    /// [`Lease`].
-    pub async fn acquire(&self, resource: &str, ttl: Duration) -> Result<Acquired, ClientError> {
-        self.take(resource, ttl, Duration::ZERO).await
+            owner: OwnerId::random(),
+            token: Token::new(1).unwrap(),
+            ttl: TTL,
+            session: None,
+            deadline: Mutex::new(deadline),
+            next_renew: Mutex::new(next_renew),
+            loss,
+            cancel: CancellationToken::new(),
+            stop: CancellationToken::new(),
+        })
     }
 
-    /// Takes the lease, waiting on the server up to `wait` while it is held
-    /// (first come, first served). [`ClientError::NotGranted`] when the wait
-    /// ends first; nothing is left behind then.
-    pub async fn lock(
-        &self,
-        resource: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Lease, ClientError> {
-        match self.take(resource, ttl, wait).await? {
-            Acquired::Granted(lease) => Ok(lease),
-            Acquired::Held {
-                current_token,
-                remaining_ms,
-            } => Err(ClientError::NotGranted {
-                resource: resource.to_string(),
-                current_token,
-                remaining_ms,
-            }),
+    fn keeper_of(leases: &[Arc<Shared>]) -> Keeper {
+        let keeper = Keeper::default();
+        {
+            let mut state = keeper.state.lock().unwrap();
+            state.leases = leases.to_vec();
+            state.running = true;
+        }
+        keeper
+    }
+
+    fn names(leases: &[Arc<Shared>]) -> Vec<&str> {
+        leases.iter().map(|s| s.resource.as_str()).collect()
+    }
+
+    #[test]
+    fn a_lease_past_its_deadline_is_lost_never_renewed_and_the_keeper_stops() {
+        let now = Moment::now();
+        let late = lease(
+            "late",
+            now.minus(Duration::from_secs(1)),
+            now.minus(Duration::from_secs(2)),
+        );
+        let keeper = keeper_of(std::slice::from_ref(&late));
+        assert!(keeper.plan(STEADY).is_none(), "nothing left to keep");
+        assert!(!keeper.state.lock().unwrap().running);
+        assert_eq!(late.check(), Err(LeaseLoss::DeadlinePassed));
+        assert!(late.cancel.is_cancelled(), "the work is told to stop");
+    }
+
+    #[test]
+    fn with_nothing_due_the_keeper_looks_again_at_the_earliest_renewal_or_deadline() {
+        let now = Moment::now();
+        let soon = now.plus(Duration::from_secs(3));
+        let keeper = keeper_of(&[
+            lease(
+                "a",
+                now.plus(Duration::from_secs(20)),
+                now.plus(Duration::from_secs(5)),
+            ),
+            lease("b", now.plus(Duration::from_secs(20)), soon),
+            // A deadline before its next renewal: looked at by the deadline.
+            lease(
+                "c",
+                now.plus(Duration::from_secs(4)),
+                now.plus(Duration::from_secs(9)),
+            ),
+        ]);
+        match keeper.plan(STEADY) {
+            Some(Err(at)) => assert_eq!(at, soon),
+            Some(Ok(due)) => panic!("renewed early: {:?}", names(&due.leases)),
+            None => panic!("the keeper stopped with leases to keep"),
         }
     }
 
-    async fn take(
-        &self,
-        resource: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Acquired, ClientError> {
-        // Without a wait, in the client's session of this TTL; a session
-        // found gone is replaced once.
-        if wait.is_zero() && !self.lease_options().no_sessions {
-            for _ in 0..2 {
-                let Some(session) = self.keeper().session_for(self, ttl).await? else {
-                    break;
-                };
-                let owner = OwnerId::random();
-                match self
-                    .acquire_in_session_sent(resource, owner, session.id)
-                    .await?
-                {
-                    (InSession::Gone, _) => session.end(SESSION_GONE),
-                    (InSession::Outcome(outcome), _) => {
-                        let token = granted(resource, outcome)?;
-                        return Ok(match token {
-                            Ok(token) => Acquired::Granted(Lease::start_in(
-                                self.clone(),
-                                resource,
-                                owner,
-                                token,
-                                session,
-                            )),
-                            Err(held) => held,
-                        });
-                    }
-                }
-            }
-        }
-        let owner = OwnerId::random();
-        let (outcome, sent) = self.acquire_sent(resource, owner, ttl, wait).await?;
-        let token = match granted(resource, outcome)? {
-            Ok(token) => token,
-            Err(held) => return Ok(held),
+    #[test]
+    fn a_due_lease_takes_along_those_due_within_half_an_interval() {
+        // TTL 30 s: renewed every 10 s, so those due within 5 s join.
+        let now = Moment::now();
+        let deadline = now.plus(Duration::from_secs(20));
+        let keeper = keeper_of(&[
+            lease("due", deadline, now.minus(Duration::from_millis(1))),
+            lease("joins", deadline, now.plus(Duration::from_secs(4))),
+            lease("waits", deadline, now.plus(Duration::from_secs(6))),
+        ]);
+        let Some(Ok(due)) = keeper.plan(STEADY) else {
+            panic!("nothing due");
         };
-        // A grant that came after waiting is timed from a request sent long
-        // ago; one renewal now times it from a fresh request.
-        let margin = self.lease_options().safety_margin(ttl);
-        let sent = if sent.plus(margin / 4).has_passed() {
-            match self.renew_sent(resource, owner, token, ttl, ttl).await? {
-                (RenewOutcome::Renewed { .. }, renewed) => renewed,
-                (RenewOutcome::Lost(reason), _) => {
-                    return Err(ClientError::LeaseLost {
-                        resource: resource.to_string(),
-                        token,
-                        reason: LeaseLoss::Refused(reason).to_string(),
-                    })
-                }
-                (RenewOutcome::KeptBySession, _) => {
-                    return Err(ClientError::Server(KEPT_BY_SESSION.into()))
-                }
-            }
-        } else {
-            sent
-        };
-        Ok(Acquired::Granted(Lease::start(
-            self.clone(),
-            resource,
-            owner,
-            token,
-            ttl,
-            sent,
-        )))
+        assert_eq!(names(&due.leases), ["due", "joins"]);
+        assert!(due.sessions.is_empty());
     }
 
-    /// Takes the lease (waiting up to `wait`), runs `work` with a handle to
-    /// it, then releases it. If the lease is lost first, `work` is dropped at
-    /// its next await point and the loss is returned as
-    /// [`ClientError::LeaseLost`].
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), fenced_client::ClientError> {
-    /// use std::time::Duration;
-    /// let client = fenced_client::Client::new(fenced_client::DEV_ENDPOINTS)?;
-    /// let rows = client
-    ///     .with_lease("import:customers", Duration::from_secs(30), Duration::from_secs(5), |lease| async move {
-    ///         // write with lease.token(); check lease.check() before each write
-    ///         lease.token()
-    ///     })
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn with_lease<F, Fut, T>(
-        &self,
-        resource: &str,
-        ttl: Duration,
-        wait: Duration,
-        work: F,
-    ) -> Result<T, ClientError>
-    where
-        F: FnOnce(LeaseHandle) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let lease = self.lock(resource, ttl, wait).await?;
-        let handle = lease.handle();
-        let outcome = tokio::select! {
-            out = work(handle) => Ok(out),
-            reason = lease.lost() => Err(reason),
+    #[test]
+    fn a_renewal_times_the_lease_from_its_send_and_never_shortens_it() {
+        let now = Moment::now();
+        let s = lease(
+            "a",
+            now.plus(Duration::from_secs(5)),
+            now.minus(Duration::from_millis(1)),
+        );
+        settle(&s, Answer::Renewed(now), STEADY);
+        // 30 s from the send, less the 3 s margin; next renewal 10 s on.
+        assert_eq!(s.deadline(), now.plus(Duration::from_secs(27)));
+        assert_eq!(s.next_renew(), now.plus(Duration::from_secs(10)));
+        // An answer to an older send cannot pull the deadline back.
+        settle(
+            &s,
+            Answer::Renewed(now.minus(Duration::from_secs(20))),
+            STEADY,
+        );
+        assert_eq!(s.deadline(), now.plus(Duration::from_secs(27)));
+        assert!(s.check().is_ok());
+    }
+
+    #[test]
+    fn a_refusal_or_a_failure_ends_the_lease_with_its_reason_and_a_retry_does_not() {
+        let now = Moment::now();
+        let far = now.plus(Duration::from_secs(20));
+        let refused = lease("refused", far, now);
+        let newer = LostReason::Superseded {
+            current_token: Token::new(2).unwrap(),
         };
-        match outcome {
-            Ok(out) => {
-                lease.release().await?;
-                Ok(out)
-            }
-            Err(reason) => Err(ClientError::LeaseLost {
-                resource: resource.to_string(),
-                token: lease.token(),
-                reason: reason.to_string(),
-            }),
+        settle(&refused, Answer::Lost(newer), STEADY);
+        assert_eq!(refused.check(), Err(LeaseLoss::Refused(newer)));
+        assert!(refused.cancel.is_cancelled());
+
+        let failed = lease("failed", far, now);
+        settle(&failed, Answer::Failed("permission denied".into()), STEADY);
+        assert_eq!(
+            failed.check(),
+            Err(LeaseLoss::Failed("permission denied".into()))
+        );
+
+        let retried = lease("retried", far, now);
+        settle(&retried, Answer::Retry, STEADY);
+        assert!(retried.check().is_ok());
+        assert!(
+            retried.next_renew() > now,
+            "tried again shortly, not at once"
+        );
+        assert!(retried.next_renew() <= Moment::now().plus(Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn due_leases_are_cut_into_calls_within_the_servers_bounds() {
+        let now = Moment::now();
+        let many: Vec<Arc<Shared>> = (0..fenced_core::MAX_RENEW_BATCH + 1)
+            .map(|i| lease(&format!("r{i}"), now, now))
+            .collect();
+        let calls = chunks(many);
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].len(), fenced_core::MAX_RENEW_BATCH);
+
+        let long = "x".repeat(fenced_core::RESOURCE_NAME_MAX_BYTES);
+        let heavy: Vec<Arc<Shared>> = (0..fenced_core::MAX_RENEW_BATCH)
+            .map(|_| lease(&long, now, now))
+            .collect();
+        for call in chunks(heavy) {
+            let bytes: usize = call.iter().map(|s| s.resource.len() + 32).sum();
+            assert!(bytes <= fenced_core::MAX_RENEW_BATCH_BYTES, "{bytes}");
         }
+        assert!(chunks(Vec::new()).is_empty());
     }
 }

@@ -24,22 +24,35 @@
 //! # Ok(()) }
 //! ```
 
+// The modules import one another in one direction (tests/module_graph.rs):
+// `calls` (endpoints, retries, one method per RPC) at the bottom, over the
+// leaves `clock`, `leader`, `tls` and `transport`; `session`, `lease` (the
+// keeper) and `give_back` on `calls` (and the leaf `loss`); `client` on all
+// of them; `kv` and `members` add methods to `Client`.
+mod calls;
 mod client;
 mod clock;
+mod give_back;
 mod kv;
 mod leader;
 mod lease;
+mod loss;
 mod members;
 mod session;
 mod tls;
 mod transport;
 
-pub use client::*;
+pub use calls::{
+    wall_time, AcquireOutcome, ClientError, Dated, RenewItem, NO_CLUSTER_HINT, PERMISSION_HINT,
+    TOKEN_HINT,
+};
+pub use client::{Acquired, Client, DEV_ENDPOINTS};
 /// The core's own types, so a client's answers are the ones the cluster
 /// decides with.
 pub use fenced_core::{
     ClusterTime, KvRefusal, LostReason, OwnerId, ReleaseOutcome, RenewOutcome, Token,
 };
 pub use kv::{KvRead, KvWrite};
-pub use lease::{Acquired, KeeperStats, Lease, LeaseHandle, LeaseLoss, LeaseOptions};
+pub use lease::{KeeperStats, Lease, LeaseHandle, LeaseOptions};
+pub use loss::LeaseLoss;
 pub use tls::TlsOptions;

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use fenced_proto::v1::{self, cluster_client::ClusterClient};
 
-use crate::{Client, ClientError};
+use crate::{
+    calls::{Calls, ClientError},
+    client::Client,
+};
 
 /// One attempt of a membership change may take this long: a removal first
 /// checks which voters answer (up to about 1.5 s), then commits two
@@ -17,10 +20,11 @@ const CHANGE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(8);
 impl Client {
     /// Every member with its replication progress, from the leader.
     pub async fn list_members(&self) -> Result<v1::ListMembersResponse, ClientError> {
-        self.membership_call(v1::ListMembersRequest {}, |mut c, req| async move {
-            c.list_members(req).await
-        })
-        .await
+        self.calls()
+            .membership_call(v1::ListMembersRequest {}, |mut c, req| async move {
+                c.list_members(req).await
+            })
+            .await
     }
 
     /// Adds node `node_id` as a learner at these addresses.
@@ -35,7 +39,8 @@ impl Client {
             peer_addr: peer_addr.to_string(),
             client_addr: client_addr.to_string(),
         };
-        self.membership_call(msg, |mut c, req| async move { c.add_learner(req).await })
+        self.calls()
+            .membership_call(msg, |mut c, req| async move { c.add_learner(req).await })
             .await
     }
 
@@ -45,21 +50,31 @@ impl Client {
         node_id: u64,
     ) -> Result<v1::MembershipResponse, ClientError> {
         let msg = v1::PromoteLearnerRequest { node_id };
-        self.membership_call(
-            msg,
-            |mut c, req| async move { c.promote_learner(req).await },
-        )
-        .await
+        self.calls()
+            .membership_call(
+                msg,
+                |mut c, req| async move { c.promote_learner(req).await },
+            )
+            .await
     }
 
     /// Takes node `node_id` out of the voters and the membership.
     pub async fn remove_node(&self, node_id: u64) -> Result<v1::MembershipResponse, ClientError> {
         let msg = v1::RemoveNodeRequest { node_id };
-        self.membership_call(msg, |mut c, req| async move { c.remove_node(req).await })
+        self.calls()
+            .membership_call(msg, |mut c, req| async move { c.remove_node(req).await })
             .await
     }
+}
 
-    async fn membership_call<M, R, F, Fut>(&self, msg: M, call: F) -> Result<R, ClientError>
+impl Calls {
+    /// One membership RPC, retried like any call but with a longer
+    /// attempt timeout.
+    pub(crate) async fn membership_call<M, R, F, Fut>(
+        &self,
+        msg: M,
+        call: F,
+    ) -> Result<R, ClientError>
     where
         M: Clone,
         F: Fn(ClusterClient<tonic::transport::Channel>, tonic::Request<M>) -> Fut,

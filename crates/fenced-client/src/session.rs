@@ -1,7 +1,8 @@
-//! A client's sessions: leases acquired through a [`Client`] live with a
-//! session of that client, which its keeper keeps alive in one call per
-//! renewal interval however many leases it holds (docs/DECISIONS.md,
-//! "Sessions").
+//! A client's sessions: leases acquired through a [`crate::Client`] live
+//! with a session of that client, which its keeper keeps alive in one call
+//! per renewal interval however many leases it holds (docs/DECISIONS.md,
+//! "Sessions"). The session calls are [`Calls`] methods, so the keeper
+//! makes them without a `Client`.
 
 use std::{
     sync::{Mutex, PoisonError},
@@ -12,9 +13,10 @@ use fenced_core::{OwnerId, SessionId, Token};
 use fenced_proto::v1::{self, lock_client::LockClient, session_response};
 
 use crate::{
-    client::{acquire_outcome, millis, ATTEMPT_TIMEOUT},
+    calls::{acquire_outcome, millis, AcquireOutcome, Calls, ClientError, ATTEMPT_TIMEOUT},
     clock::Moment,
-    AcquireOutcome, Client, ClientError, LeaseLoss, LostReason,
+    loss::LeaseLoss,
+    LostReason,
 };
 
 /// One session as the client keeps it.
@@ -111,7 +113,7 @@ pub(crate) enum InSession {
 /// lease is in it).
 pub(crate) const SESSION_GONE: LeaseLoss = LeaseLoss::Refused(LostReason::Expired);
 
-impl Client {
+impl Calls {
     /// Opens session `id` for `ttl`; returns the answer and when the
     /// answered attempt was sent.
     pub(crate) async fn open_session_sent(
@@ -162,6 +164,7 @@ impl Client {
             resource: resource.as_bytes().to_vec(),
             owner_id: owner.as_bytes().to_vec(),
             session_id: id.as_bytes().to_vec(),
+            label: self.job_label().to_string(),
         };
         let (resp, sent) = self
             .with_retries(self.call_timeout(), |ch, left| {

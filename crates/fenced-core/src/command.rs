@@ -116,6 +116,14 @@ pub enum Command {
     /// anything (see [`crate::WallClock`]). Proposed by the leader itself,
     /// never by a client. Last in the enum so that older logs still decode.
     WallClock { unix_ms: u64 },
+    /// `command`, an acquire, with a job label for people: the lease it
+    /// grants (at once or after waiting) carries `label` while it lives
+    /// (see [`crate::JobLabel`]). Last in the enum so that older logs still
+    /// decode.
+    Labelled {
+        label: crate::JobLabel,
+        command: Box<Command>,
+    },
 }
 
 /// One lease of a [`Command::RenewMany`]: what a [`Command::Renew`] carries.
@@ -282,30 +290,49 @@ impl Command {
                 identity, command, ..
             } => {
                 check_identity(identity)?;
-                match &**command {
+                // A labelled acquire is checked as the acquire it labels.
+                let target = match &**command {
+                    Command::Labelled { command, .. } => &**command,
+                    other => other,
+                };
+                match target {
                     Command::AcquireInSession { identity: of, .. } if of != identity => {
                         return Err(InvalidArgument::new(
                             "command",
                             "an acquire in a session must be made by the identity it names",
                         ))
                     }
-                    Command::AsIdentity { .. }
-                    | Command::WallClock { .. }
-                    | Command::OpenSession { .. }
-                    | Command::KeepAlive { .. }
-                    | Command::CloseSession { .. } => {
+                    t if t.carries_identity()
+                        || matches!(
+                            t,
+                            Command::AsIdentity { .. }
+                                | Command::Labelled { .. }
+                                | Command::WallClock { .. }
+                        ) =>
+                    {
                         return Err(InvalidArgument::new(
                             "command",
                             "must be a lease or fenced-store command (sessions carry their \
                              own identity)",
                         ))
                     }
-                    inner => inner.validate(limits)?,
+                    _ => command.validate(limits)?,
                 }
             }
             Command::WallClock { unix_ms } => {
                 crate::wall::check_unix_ms(*unix_ms)?;
             }
+            Command::Labelled { command, .. } => match &**command {
+                Command::Acquire { .. }
+                | Command::AcquireBounded { .. }
+                | Command::AcquireInSession { .. } => command.validate(limits)?,
+                _ => {
+                    return Err(InvalidArgument::new(
+                        "label",
+                        "only an acquire carries a job label",
+                    ))
+                }
+            },
             // Keys and values are bounded by their types.
             Command::Release { .. } | Command::KvPut { .. } | Command::KvDelete { .. } => {}
         }
@@ -317,7 +344,9 @@ impl Command {
     /// open, keep-alive or close.
     pub fn resource(&self) -> Option<&ResourceName> {
         match self {
-            Command::AsIdentity { command, .. } => command.resource(),
+            Command::AsIdentity { command, .. } | Command::Labelled { command, .. } => {
+                command.resource()
+            }
             Command::RenewMany { leases } => Some(&leases.first().resource),
             Command::Acquire { resource, .. }
             | Command::AcquireBounded { resource, .. }
@@ -337,7 +366,9 @@ impl Command {
     /// lease's; none for a session's open, keep-alive or close.
     pub fn owner_id(&self) -> Option<OwnerId> {
         match self {
-            Command::AsIdentity { command, .. } => command.owner_id(),
+            Command::AsIdentity { command, .. } | Command::Labelled { command, .. } => {
+                command.owner_id()
+            }
             Command::RenewMany { leases } => Some(leases.first().owner_id),
             Command::Acquire { owner_id, .. }
             | Command::AcquireBounded { owner_id, .. }
@@ -363,7 +394,9 @@ impl Command {
     pub fn resources(&self) -> Box<dyn Iterator<Item = &ResourceName> + '_> {
         match self {
             Command::RenewMany { leases } => Box::new(leases.iter().map(|l| &l.resource)),
-            Command::AsIdentity { command, .. } => command.resources(),
+            Command::AsIdentity { command, .. } | Command::Labelled { command, .. } => {
+                command.resources()
+            }
             other => Box::new(other.resource().into_iter()),
         }
     }
@@ -376,7 +409,9 @@ impl Command {
             Command::KvPut { key, value, .. } => key.as_str().len() + value.len(),
             Command::KvDelete { key, .. } => key.as_str().len(),
             Command::RenewMany { leases } => leases.weight(),
-            Command::AsIdentity { command, .. } => command.kv_bytes(),
+            Command::AsIdentity { command, .. } | Command::Labelled { command, .. } => {
+                command.kv_bytes()
+            }
             _ => 0,
         }
     }
@@ -393,10 +428,35 @@ impl Command {
         }
     }
 
-    /// The command an [`Command::AsIdentity`] wraps, or the command itself.
+    /// Whether the command names the identity it is made by (a session's
+    /// open, keep-alive or close), so it is never wrapped in a
+    /// [`Command::AsIdentity`].
+    pub fn carries_identity(&self) -> bool {
+        matches!(
+            self,
+            Command::OpenSession { .. } | Command::KeepAlive { .. } | Command::CloseSession { .. }
+        )
+    }
+
+    /// `self`, an acquire, with a job label (see [`Command::Labelled`]);
+    /// itself without one.
+    pub fn labelled(self, label: Option<crate::JobLabel>) -> Command {
+        match label {
+            Some(label) => Command::Labelled {
+                label,
+                command: Box::new(self),
+            },
+            None => self,
+        }
+    }
+
+    /// The command an [`Command::AsIdentity`] or a [`Command::Labelled`]
+    /// wraps, or the command itself.
     pub fn inner(&self) -> &Command {
         match self {
-            Command::AsIdentity { command, .. } => command.inner(),
+            Command::AsIdentity { command, .. } | Command::Labelled { command, .. } => {
+                command.inner()
+            }
             other => other,
         }
     }

@@ -19,6 +19,7 @@ mod command;
 mod error;
 mod ids;
 mod kv;
+mod label;
 mod limits;
 mod name;
 mod observe;
@@ -35,6 +36,7 @@ pub use kv::{
     KvBound, KvBounds, KvEntry, KvKey, KvRefusal, KvSnapshot, KvStore, KvTombstone, KvValue,
     KV_KEY_MAX_BYTES, KV_SNAPSHOT_FORMAT_VERSION, KV_VALUE_MAX_BYTES,
 };
+pub use label::{JobLabel, JOB_LABEL_MAX_BYTES};
 pub use limits::{
     Capacity, CapacityBound, IdentityBounds, Limits, SessionBounds, MAX_BATCH_COMMANDS,
     MAX_IDLE_RECORDS, MAX_LOADED_REVISION, MAX_RENEW_BATCH, MAX_RENEW_BATCH_BYTES, MAX_TOKEN,
@@ -42,9 +44,9 @@ pub use limits::{
 };
 pub use name::{ResourceName, RESOURCE_NAME_MAX_BYTES};
 pub use observe::{
-    watch_prefix, Change, ChangeKind, ChangesAfter, Compacted, HistoryEntry, LeaseEnd, TokenState,
-    Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_VALIDATE_BATCH,
-    WATCH_WINDOW,
+    watch_prefix, Change, ChangeKind, ChangesAfter, Compacted, DatedHistoryEntry, HistoryEntry,
+    LeaseEnd, TokenState, Validation, DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE,
+    MAX_VALIDATE_BATCH, WATCH_WINDOW,
 };
 pub use outcome::{
     AcquireInSessionOutcome, AcquireOutcome, Applied, CloseSessionOutcome, CommandOutcome,

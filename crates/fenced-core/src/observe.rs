@@ -56,6 +56,16 @@ pub struct LeaseEnd {
     pub how: ChangeKind,
 }
 
+/// A remembered grant with the leader's wall clock (ms since the Unix
+/// epoch) at its grant and at its end, where the table knows them: what
+/// people read (the History call, the status page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DatedHistoryEntry {
+    pub entry: HistoryEntry,
+    pub granted_at_unix_ms: Option<u64>,
+    pub ended_at_unix_ms: Option<u64>,
+}
+
 /// One remembered grant of a resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HistoryEntry {

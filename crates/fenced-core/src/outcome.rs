@@ -330,6 +330,8 @@ pub struct LeaseView {
     pub granted_at: Option<crate::ClusterTime>,
     /// The leader's wall clock then (ms since the Unix epoch), if known.
     pub granted_at_unix_ms: Option<u64>,
+    /// The job label its acquire gave, if any.
+    pub label: Option<crate::JobLabel>,
 }
 
 /// Live leases under a name prefix, in name order: the first rows, and how

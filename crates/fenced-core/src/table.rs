@@ -10,7 +10,7 @@ use crate::{
     session::{Ends, Session, Term},
     AcquireInSessionOutcome, AcquireOutcome, Applied, Batch, Capacity, CapacityBound, Change,
     ChangeKind, ChangesAfter, CloseSessionOutcome, ClusterTime, Command, Compacted, Description,
-    Event, Grant, HistoryEntry, IdentityBounds, KvSnapshot, KvStore, LeaseEnd, LeaseList,
+    Event, Grant, HistoryEntry, IdentityBounds, JobLabel, KvSnapshot, KvStore, LeaseEnd, LeaseList,
     LeaseView, LostReason, Outcome, OwnerId, ReleaseOutcome, RenewOutcome, ResourceName, SessionId,
     SessionRefusal, Token, TokenState, Validation, WallAnchor, WallClock,
     DEFAULT_HISTORY_PER_RESOURCE, MAX_HISTORY_PER_RESOURCE, MAX_IDLE_RECORDS, MAX_TOKEN,
@@ -31,7 +31,7 @@ pub use load::TableSeed;
 /// sessions; version 4 the identity of each lease and waiter. Older
 /// snapshots still load (version 1 with no history and no changes kept,
 /// 1 and 2 with no sessions, 1 to 3 with every lease the empty identity's).
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 5;
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 6;
 
 /// The fields of a [`TableSnapshot`] in the order a sequence-based format
 /// (the node's codec) stores them; a version stores a prefix of them.
@@ -112,6 +112,10 @@ struct Waiter {
     /// ([`StoredIdentities`]).
     #[serde(skip)]
     identity: IdentityId,
+    /// Not in the record's layout either: a snapshot stores it last
+    /// ([`StoredLabels`]).
+    #[serde(skip)]
+    label: Option<JobLabel>,
 }
 
 /// One resource's state. Its size is the table's memory (a million live
@@ -490,6 +494,11 @@ pub struct LeaseTable {
     identities: Identities,
     /// The leader's wall clock by cluster time, for the times people read.
     wall: WallClock,
+    /// The job label of each labelled live lease, with its token: kept
+    /// apart from the records, which stay in the allocator's 96-byte class
+    /// (an entry whose token is not the holder's is stale and never read;
+    /// it goes when the resource falls idle).
+    labels: BTreeMap<ResourceName, (Token, JobLabel)>,
 }
 
 /// How many entries the records map and the expiry index held when they
@@ -533,6 +542,7 @@ impl LeaseTable {
             built_at: IndexSizes::default(),
             identities: Identities::default(),
             wall: WallClock::default(),
+            labels: BTreeMap::new(),
         }
     }
 
@@ -586,6 +596,18 @@ impl LeaseTable {
             .get(resource)
             .map(|r| r.history().rev().take(limit).collect())
             .unwrap_or_default()
+    }
+
+    /// [`LeaseTable::history`] with the wall clock at each grant and end.
+    pub fn dated_history(&self, resource: &str, limit: usize) -> Vec<crate::DatedHistoryEntry> {
+        self.history(resource, limit)
+            .into_iter()
+            .map(|entry| crate::DatedHistoryEntry {
+                granted_at_unix_ms: self.wall.unix_ms_at(entry.granted_at),
+                ended_at_unix_ms: entry.end.and_then(|end| self.wall.unix_ms_at(end.at)),
+                entry,
+            })
+            .collect()
     }
 
     /// Whether `token` is still the current lease of `resource` at cluster
@@ -714,6 +736,7 @@ impl LeaseTable {
         let who = Who {
             name: identity,
             checked: true,
+            label: None,
         };
         self.check_holder_by(resource, owner, token, who, now)
     }
@@ -784,6 +807,16 @@ impl LeaseTable {
         }
     }
 
+    /// The job label of `resource`'s live lease, if its acquire gave one.
+    pub fn label_of(&self, resource: &str) -> Option<&JobLabel> {
+        let rec = self.records.get(resource)?;
+        rec.holder.as_ref()?;
+        self.labels
+            .get(resource)
+            .filter(|(token, _)| *token == rec.last_token)
+            .map(|(_, label)| label)
+    }
+
     /// The leases live at `now` on resources whose names start with
     /// `prefix`, in name order: at most `limit` rows, and a count of the
     /// rest. Reads every record under the prefix (the table bounds how many
@@ -814,6 +847,7 @@ impl LeaseTable {
                     identity: self.identities.name(lease.term.identity()).to_string(),
                     granted_at,
                     granted_at_unix_ms: granted_at.and_then(|t| self.wall.unix_ms_at(t)),
+                    label: self.label_of(name.as_str()).cloned(),
                 });
             } else {
                 list.more += 1;
@@ -912,8 +946,19 @@ impl LeaseTable {
                 Who {
                     name: identity,
                     checked: true,
+                    label: who.label,
                 },
                 *bounds,
+                now,
+                events,
+            ),
+            Command::Labelled { label, command } => self.apply_command(
+                command,
+                Who {
+                    label: Some(label),
+                    ..who
+                },
+                bounds,
                 now,
                 events,
             ),
@@ -969,6 +1014,7 @@ impl LeaseTable {
                         Who {
                             name: identity,
                             checked: who.checked,
+                            label: who.label,
                         },
                         bounds,
                     ),
@@ -1292,6 +1338,7 @@ impl LeaseTable {
                     ttl_ms: ttl_ms.max(1),
                     deadline,
                     identity,
+                    label: who.label.cloned(),
                 });
                 self.deadlines.insert((deadline, name.clone(), owner));
                 AcquireOutcome::Waiting {
@@ -1328,7 +1375,7 @@ impl LeaseTable {
                 limit: 0,
             };
         };
-        match self.grant(name, owner, term_of(identity), now) {
+        match self.grant(name, owner, term_of(identity), who.label.cloned(), now) {
             Some(grant) => AcquireOutcome::Granted(grant),
             None => AcquireOutcome::TokensExhausted { limit: MAX_TOKEN },
         }
@@ -1513,10 +1560,19 @@ impl LeaseTable {
         name: &ResourceName,
         owner: OwnerId,
         term: Term,
+        label: Option<JobLabel>,
         now: ClusterTime,
     ) -> Option<Grant> {
         let token = self.next_token()?;
         self.last_token = token.get();
+        match label {
+            Some(label) => {
+                self.labels.insert(name.clone(), (token, label));
+            }
+            None => {
+                self.labels.remove(name);
+            }
+        }
         let granted_at = if self.history_len > 0 {
             now
         } else {
@@ -1575,7 +1631,7 @@ impl LeaseTable {
         };
         // Counted as a lease before it stops counting as a waiter, so its
         // identity keeps its number.
-        let grant = self.grant(name, waiter.owner, term, now);
+        let grant = self.grant(name, waiter.owner, term, waiter.label.clone(), now);
         self.identities.end_waiter(waiter.identity);
         let Some(grant) = grant else {
             // No waiter can ever be granted: every wait ends now, so no
@@ -1615,8 +1671,12 @@ impl LeaseTable {
 
     fn update_idle(&mut self, name: &ResourceName) {
         let Some(rec) = self.records.get_mut(name) else {
+            self.labels.remove(name);
             return;
         };
+        if rec.holder.is_none() {
+            self.labels.remove(name);
+        }
         match (rec.is_idle(), rec.idle_seq.get()) {
             (true, None) => {
                 let seq = self.next_idle_seq;
@@ -1641,6 +1701,7 @@ impl LeaseTable {
         while self.idle.len() > self.max_idle {
             if let Some((_, name)) = self.idle.pop_first() {
                 self.records.remove(&name);
+                self.labels.remove(&name);
             }
         }
     }
@@ -1726,6 +1787,13 @@ impl LeaseTable {
             ));
         }
         self.window.check()?;
+        // A label belongs to a live lease, by its token.
+        for (name, (token, _)) in &self.labels {
+            match self.records.get(name) {
+                Some(rec) if rec.holder.is_some() && rec.last_token == *token => {}
+                _ => return Err(format!("{name}: a job label kept for no live lease")),
+            }
+        }
         Ok(())
     }
 
@@ -1796,6 +1864,7 @@ impl LeaseTable {
                 .collect(),
             identities: self.stored_identities(),
             wall_clock: self.wall.anchors().copied().collect(),
+            labels: self.stored_labels(),
         }
     }
 }
@@ -1850,12 +1919,15 @@ struct Who<'a> {
     /// The identity a lease it grants or a wait it queues is recorded as.
     name: &'a str,
     checked: bool,
+    /// The job label a lease it grants or a wait it queues carries.
+    label: Option<&'a JobLabel>,
 }
 
 impl Who<'_> {
     const UNCHECKED: Who<'static> = Who {
         name: "",
         checked: false,
+        label: None,
     };
 
     /// Whether a lease or wait of identity `id` is this caller's.
@@ -1903,6 +1975,34 @@ pub struct TableSnapshot {
     identities: StoredIdentities,
     // Version 5:
     wall_clock: Vec<WallAnchor>,
+    // Version 6:
+    labels: StoredLabels,
+}
+
+/// The job labels of live leases and of waiters, each by its resource
+/// (and a waiter by its owner id). Stored last, so older versions still
+/// load (with no labels).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct StoredLabels {
+    holders: Vec<(ResourceName, JobLabel)>,
+    waiters: Vec<(ResourceName, OwnerId, JobLabel)>,
+}
+
+impl LeaseTable {
+    fn stored_labels(&self) -> StoredLabels {
+        let mut stored = StoredLabels::default();
+        for (name, rec) in &self.records {
+            if let Some(label) = self.label_of(name.as_str()) {
+                stored.holders.push((name.clone(), label.clone()));
+            }
+            for w in rec.waiters.iter() {
+                if let Some(label) = &w.label {
+                    stored.waiters.push((name.clone(), w.owner, label.clone()));
+                }
+            }
+        }
+        stored
+    }
 }
 
 /// Who holds each lease with its own expiry, and who waits, where that is
@@ -1967,7 +2067,7 @@ mod snapshot_format {
         Deserialize, Deserializer,
     };
 
-    use super::{Session, StoredIdentities, StoredRecord, TableSnapshot};
+    use super::{Session, StoredIdentities, StoredLabels, StoredRecord, TableSnapshot};
     use crate::{Change, ClusterTime, HistoryEntry, ResourceName, SessionId, WallAnchor};
 
     pub(super) const FIELDS: &[&str] = &[
@@ -1982,6 +2082,7 @@ mod snapshot_format {
         "sessions",
         "identities",
         "wall_clock",
+        "labels",
     ];
 
     /// A sequence that ends before the fields its format version has.
@@ -2034,6 +2135,7 @@ mod snapshot_format {
                 sessions: Vec::new(),
                 identities: StoredIdentities::default(),
                 wall_clock: Vec::new(),
+                labels: StoredLabels::default(),
             };
             if format_version >= 2 {
                 snapshot.revision = seq.next_element()?.ok_or_else(|| missing(5))?;
@@ -2048,6 +2150,9 @@ mod snapshot_format {
             }
             if format_version >= 5 {
                 snapshot.wall_clock = seq.next_element()?.ok_or_else(|| missing(10))?;
+            }
+            if format_version >= 6 {
+                snapshot.labels = seq.next_element()?.ok_or_else(|| missing(11))?;
             }
             Ok(snapshot)
         }
@@ -2068,6 +2173,7 @@ mod snapshot_format {
                 sessions: n.sessions,
                 identities: n.identities,
                 wall_clock: n.wall_clock,
+                labels: n.labels,
             })
         }
     }
@@ -2091,6 +2197,8 @@ mod snapshot_format {
         identities: StoredIdentities,
         #[serde(default)]
         wall_clock: Vec<WallAnchor>,
+        #[serde(default)]
+        labels: StoredLabels,
     }
 
     impl<'de> Deserialize<'de> for TableSnapshot {
@@ -2117,7 +2225,7 @@ impl Serialize for TableSnapshotRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let t = self.0;
-        let mut st = s.serialize_struct("TableSnapshot", 11)?;
+        let mut st = s.serialize_struct("TableSnapshot", 12)?;
         st.serialize_field("format_version", &SNAPSHOT_FORMAT_VERSION)?;
         st.serialize_field("now", &t.now)?;
         st.serialize_field("last_token", &t.last_token)?;
@@ -2129,6 +2237,7 @@ impl Serialize for TableSnapshotRef<'_> {
         st.serialize_field("sessions", &SessionsRef(t))?;
         st.serialize_field("identities", &t.stored_identities())?;
         st.serialize_field("wall_clock", &WallAnchorsRef(&t.wall))?;
+        st.serialize_field("labels", &t.stored_labels())?;
         st.end()
     }
 }

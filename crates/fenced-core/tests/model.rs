@@ -295,6 +295,7 @@ impl Model {
                 | Command::CloseSession { .. }
                 | Command::AcquireInSession { .. }
                 | Command::AsIdentity { .. }
+                | Command::Labelled { .. }
                 | Command::WallClock { .. } => {
                     unreachable!(
                         "the model sends no bounded acquire, fenced write, batch renewal, \

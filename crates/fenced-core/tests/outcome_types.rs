@@ -263,7 +263,9 @@ fn answers(command: &Command, outcome: Outcome) -> bool {
         Command::CloseSession { .. } => CloseSessionOutcome::from_outcome(outcome).is_ok(),
         Command::AcquireInSession { .. } => AcquireInSessionOutcome::from_outcome(outcome).is_ok(),
         // Answered as the command it wraps.
-        Command::AsIdentity { command, .. } => answers(command, outcome),
+        Command::AsIdentity { command, .. } | Command::Labelled { command, .. } => {
+            answers(command, outcome)
+        }
         Command::WallClock { .. } => matches!(outcome, Outcome::WallClockNoted),
     }
 }

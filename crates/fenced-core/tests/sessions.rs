@@ -639,3 +639,32 @@ proptest! {
         }
     }
 }
+
+/// The commands that name their own identity are exactly those a wrapper
+/// for an identity refuses, so a server that wraps every other command as
+/// its caller's never sends one that is refused for being wrapped.
+#[test]
+fn commands_that_carry_their_identity_are_the_ones_never_wrapped() {
+    let limits = Limits::default();
+    let s = SessionId::random();
+    let session_calls = [open(s, ME, TTL), keep_alive(s, ME), close(s, ME)];
+    for command in session_calls {
+        assert!(command.carries_identity(), "{command:?}");
+        let wrapped = command.as_identity(ME, IdentityBounds::UNBOUNDED);
+        assert!(wrapped.validate(&limits).is_err(), "{wrapped:?}");
+    }
+    let others = [
+        in_session("a", OwnerId::random(), s, ME),
+        Command::Acquire {
+            resource: name("a"),
+            owner_id: OwnerId::random(),
+            ttl_ms: TTL,
+            wait_ms: 0,
+        },
+    ];
+    for command in others {
+        assert!(!command.carries_identity(), "{command:?}");
+        let wrapped = command.as_identity(ME, IdentityBounds::UNBOUNDED);
+        assert_eq!(wrapped.validate(&limits), Ok(()), "{wrapped:?}");
+    }
+}

@@ -1,6 +1,6 @@
 //! Bytes a connection sends on the peer port after its preface: frames read
 //! as a Raft connection reads them, each split and decoded as the node
-//! answering it would (`fenced_server::fuzzing::raft_request`). The first
+//! answering it would (`fenced_server::testing::fuzzing::raft_request`). The first
 //! byte picks the connection's version.
 #![no_main]
 
@@ -12,8 +12,8 @@ use std::{
 };
 
 use fenced_server::{
-    fuzzing::raft_request,
-    network::{read_frame_within, PeerVersion},
+    peer::network::{read_frame_within, PeerVersion},
+    testing::fuzzing::raft_request,
 };
 use libfuzzer_sys::fuzz_target;
 

@@ -5,7 +5,7 @@
 #![no_main]
 
 use fenced_core::{KvStore, TableSeed, DEFAULT_HISTORY_PER_RESOURCE};
-use fenced_server::{codec, fuzzing, state_machine::inspect_export};
+use fenced_server::{codec, state_machine::inspect_export, testing::fuzzing};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

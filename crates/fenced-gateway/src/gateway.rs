@@ -13,7 +13,7 @@ use fenced_http::{
     Refusal, Serializer, Stage,
 };
 use fenced_resource::current::CurrentCheck;
-use fenced_server::auth::{Auth, Permission, Principal};
+use fenced_server::security::auth::{Auth, Permission, Principal};
 use http::{HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 

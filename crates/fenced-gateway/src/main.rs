@@ -10,7 +10,7 @@ use fenced_gateway::{
 };
 use fenced_http::{Serializer, SqliteLedger};
 use fenced_resource::current::{first_line_of, ClusterOptions, CurrentCheck};
-use fenced_server::auth::{Auth, AuthConfig};
+use fenced_server::security::auth::{Auth, AuthConfig};
 use http::{HeaderValue, Uri};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -217,7 +217,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             "upstream: must not carry a query; request paths and queries are appended".into(),
         );
     }
-    let revocations = Arc::new(fenced_server::revocation::Revocations::load(
+    let revocations = Arc::new(fenced_server::security::revocation::Revocations::load(
         cli.tls_deny.as_deref(),
     )?);
     let auth = Arc::new(Auth::load(auth_config)?.with_revocations(revocations));
@@ -323,7 +323,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             stop.clone(),
         ));
     }
-    tokio::spawn(fenced_server::auth::reload_on_sighup(
+    tokio::spawn(fenced_server::security::auth::reload_on_sighup(
         Arc::clone(&auth),
         stop.clone(),
     ));
@@ -335,7 +335,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         size(cli.max_connections),
         stop.clone(),
     ));
-    fenced_server::shutdown::signal().await;
+    fenced_os::stop_signal().await;
     stop.cancel();
     // Returns once the connections in progress have ended (or the grace).
     let _ = served.await;

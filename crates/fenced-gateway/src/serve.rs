@@ -4,7 +4,7 @@
 use std::{convert::Infallible, path::Path, sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use fenced_server::auth::Principal;
+use fenced_server::security::auth::Principal;
 
 use crate::gateway::Peer;
 use http::{Request, Response, StatusCode};
@@ -134,7 +134,7 @@ pub async fn serve_callers(
                         .and_then(|c| c.first())
                         .and_then(|c| {
                             Some(Peer {
-                                principal: Principal(fenced_server::tls::client_name(c)?),
+                                principal: Principal(fenced_server::security::tls::client_name(c)?),
                                 der: c.to_vec(),
                             })
                         });
@@ -193,7 +193,7 @@ pub async fn serve_metrics(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     metrics: Arc<Metrics>,
-    auth: Arc<fenced_server::auth::Auth>,
+    auth: Arc<fenced_server::security::auth::Auth>,
     stop: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(16));

@@ -147,9 +147,26 @@ impl<D: Deliver> Dispatcher<D> {
         let resource = self.settings.resource();
         let mut term: u64 = 0;
         loop {
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+            let lock = self
+                .client
+                .lock(&resource, self.settings.lease_ttl, STANDBY_WAIT);
+            tokio::pin!(lock);
             let taken = tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
-                taken = self.client.lock(&resource, self.settings.lease_ttl, STANDBY_WAIT) => taken,
+                biased;
+                _ = shutdown.cancelled() => {
+                    // A request already sent may still be granted: dropping
+                    // it would leave a lease nobody releases, held for its
+                    // whole TTL. The wait is bounded, so see it through and
+                    // give back whatever it brought.
+                    if let Ok(lease) = lock.await {
+                        release(lease).await;
+                    }
+                    return Ok(());
+                }
+                taken = &mut lock => taken,
             };
             match taken {
                 Ok(lease) => {

@@ -246,17 +246,7 @@ async fn dispatch(d: Dispatch) -> Result<(), String> {
 
 /// Cancels `shutdown` on SIGINT or SIGTERM.
 async fn signals(shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        tracing::warn!("SIGTERM cannot be caught: stop with SIGINT");
-        let _ = tokio::signal::ctrl_c().await;
-        shutdown.cancel();
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    fenced_os::stop_signal().await;
     tracing::info!("signal received: finishing the current delivery and releasing the lease");
     shutdown.cancel();
 }

@@ -404,6 +404,39 @@ async fn a_dispatcher_killed_mid_delivery_is_taken_over_and_the_key_applied_once
     second.stop().await;
 }
 
+/// A standby stopped while it waits for the lease leaves nothing behind:
+/// its request, already on the server, is granted when the holder lets go,
+/// and the standby gives that grant back before it returns, so the next
+/// owner is not kept waiting for a TTL nobody renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_stopped_while_waiting_leaves_no_lease_behind() {
+    let (_dir, cluster, db, _up) = setup().await;
+    let store = db.store().await;
+    let name = "stopped-standby";
+    let resource = format!("outbox-dispatcher:{name}");
+    let client = Client::new(cluster.endpoints()).unwrap();
+    let holder = client
+        .lock(&resource, Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    let standby = Running::start(dispatcher(&cluster, store, name));
+    // Its wait is on the server now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!standby.counts().active);
+    standby.shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(15), standby.task)
+        .await
+        .expect("the standby stops within its bounded wait")
+        .unwrap();
+    let next = client
+        .lock(&resource, Duration::from_secs(3), Duration::ZERO)
+        .await
+        .expect("granted at once: the stopped standby holds nothing");
+    next.release().await.unwrap();
+}
+
 /// Dispatcher 1 holds the lease and loses it (released under it);
 /// dispatcher 2, waiting, becomes active and delivers everything; a mark
 /// with dispatcher 1's token is refused afterwards.
@@ -742,7 +775,7 @@ async fn metrics_refuse_clients_without_a_certificate_and_show_the_backlog() {
     .await
     .unwrap();
     assert_eq!(status, 200);
-    fenced_server::exposition::check(&body).unwrap();
+    fenced_server::observe::exposition::check(&body).unwrap();
     assert!(body.contains("\nfenced_outbox_pending 2\n"), "{body}");
     assert!(
         body.contains("\nfenced_outbox_backlog_up 1\n")
@@ -800,7 +833,7 @@ async fn the_binary_delivers_reports_and_releases_on_sigterm() {
     let addr = metrics_addr.parse().unwrap();
     let (status, body) = upstream::plain_get(addr, "/metrics").await.unwrap();
     assert_eq!(status, 200);
-    fenced_server::exposition::check(&body).unwrap();
+    fenced_server::observe::exposition::check(&body).unwrap();
     assert!(
         body.contains("\nfenced_outbox_dispatcher_active 1\n"),
         "{body}"

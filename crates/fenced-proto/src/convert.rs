@@ -1,8 +1,8 @@
 use fenced_core::{
     AcquireInSessionOutcome, AcquireOutcome, CapacityBound, ChangeKind, CloseSessionOutcome,
-    ClusterTime, Command, Description, HistoryEntry, InvalidArgument, Limits, LostReason, OwnerId,
-    ReleaseOutcome, RenewLease, RenewLeases, RenewOutcome, ResourceName, SessionId, SessionOutcome,
-    SessionRefusal, Token, TokenState, Validation,
+    ClusterTime, Command, DatedHistoryEntry, Description, InvalidArgument, JobLabel, Limits,
+    LostReason, OwnerId, ReleaseOutcome, RenewLease, RenewLeases, RenewOutcome, ResourceName,
+    SessionId, SessionOutcome, SessionRefusal, Token, TokenState, Validation,
 };
 use tonic::Status;
 
@@ -19,7 +19,7 @@ pub fn invalid_argument(err: &InvalidArgument) -> Status {
 /// ```
 /// use fenced_core::Limits;
 /// use fenced_proto::{acquire_command, v1::AcquireRequest};
-/// let req = AcquireRequest { resource: b"".to_vec(), owner_id: vec![7; 16], ttl_ms: 5_000, wait_ms: 0 };
+/// let req = AcquireRequest { resource: b"".to_vec(), owner_id: vec![7; 16], ttl_ms: 5_000, wait_ms: 0, label: String::new() };
 /// let err = acquire_command(&req, &Limits::default()).unwrap_err();
 /// assert_eq!(err.field(), "resource");
 /// ```
@@ -27,15 +27,40 @@ pub fn acquire_command(
     req: &v1::AcquireRequest,
     limits: &Limits,
 ) -> Result<Command, InvalidArgument> {
+    acquire_call(req, limits).map(|call| call.command)
+}
+
+/// A lease call from the wire, read once: the command to propose and the
+/// resource and owner id it addresses, for the handler's checks and
+/// answer, so that nothing takes the command apart again.
+#[derive(Debug, Clone)]
+pub struct LeaseCall {
+    pub resource: ResourceName,
+    pub owner_id: OwnerId,
+    pub command: Command,
+}
+
+/// [`acquire_command`] with the resource and owner id beside it.
+pub fn acquire_call(
+    req: &v1::AcquireRequest,
+    limits: &Limits,
+) -> Result<LeaseCall, InvalidArgument> {
+    let resource = ResourceName::from_bytes(&req.resource)?;
+    let owner_id = OwnerId::from_bytes(&req.owner_id)?;
     let command = Command::AcquireBounded {
-        resource: ResourceName::from_bytes(&req.resource)?,
-        owner_id: OwnerId::from_bytes(&req.owner_id)?,
+        resource: resource.clone(),
+        owner_id,
         ttl_ms: req.ttl_ms,
         wait_ms: req.wait_ms,
         capacity: limits.capacity(),
-    };
+    }
+    .labelled(JobLabel::optional(&req.label)?);
     command.validate(limits)?;
-    Ok(command)
+    Ok(LeaseCall {
+        resource,
+        owner_id,
+        command,
+    })
 }
 
 /// A validated [`Command::AcquireInSession`] from the wire, for the caller
@@ -51,7 +76,8 @@ pub fn acquire_in_session_command(
         session: SessionId::from_bytes(&req.session_id)?,
         identity: identity.to_string(),
         capacity: limits.capacity(),
-    };
+    }
+    .labelled(JobLabel::optional(&req.label)?);
     command.validate(limits)?;
     Ok(command)
 }
@@ -176,14 +202,25 @@ pub fn close_session_reply(
 
 /// A validated [`Command::Renew`] from the wire.
 pub fn renew_command(req: &v1::RenewRequest, limits: &Limits) -> Result<Command, InvalidArgument> {
+    renew_call(req, limits).map(|call| call.command)
+}
+
+/// [`renew_command`] with the resource and owner id beside it.
+pub fn renew_call(req: &v1::RenewRequest, limits: &Limits) -> Result<LeaseCall, InvalidArgument> {
+    let resource = ResourceName::from_bytes(&req.resource)?;
+    let owner_id = OwnerId::from_bytes(&req.owner_id)?;
     let command = Command::Renew {
-        resource: ResourceName::from_bytes(&req.resource)?,
-        owner_id: OwnerId::from_bytes(&req.owner_id)?,
+        resource: resource.clone(),
+        owner_id,
         token: Token::new(req.token)?,
         ttl_ms: req.ttl_ms,
     };
     command.validate(limits)?;
-    Ok(command)
+    Ok(LeaseCall {
+        resource,
+        owner_id,
+        command,
+    })
 }
 
 /// A validated [`Command::RenewMany`] from the wire: 1 to
@@ -203,15 +240,7 @@ pub fn renew_many_command(
     req: &v1::RenewManyRequest,
     limits: &Limits,
 ) -> Result<Command, InvalidArgument> {
-    let max = fenced_core::MAX_RENEW_BATCH;
-    let n = req.leases.len();
-    // Counted before anything is parsed: an oversized call costs no more.
-    if n == 0 || n > max {
-        return Err(InvalidArgument::new(
-            "leases",
-            format!("must hold 1 to {max} leases, got {n}"),
-        ));
-    }
+    check_batch_size(req)?;
     let leases = req
         .leases
         .iter()
@@ -235,6 +264,45 @@ pub fn renew_many_command(
     Ok(command)
 }
 
+/// The resources a batch renewal names, read no further than a caller's
+/// permissions need (the node that serves the call makes the command).
+///
+/// ```
+/// use fenced_proto::{renew_many_resources, v1::{RenewManyRequest, RenewRequest}};
+/// let lease = |r: &[u8]| RenewRequest { resource: r.to_vec(), ..Default::default() };
+/// let names = renew_many_resources(&RenewManyRequest { leases: vec![lease(b"a"), lease(b"b")] }).unwrap();
+/// assert_eq!(names.iter().map(|n| n.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+/// let err = renew_many_resources(&RenewManyRequest { leases: vec![lease(b"")] }).unwrap_err();
+/// assert!(err.to_string().starts_with("leases: leases[0].resource"));
+/// ```
+pub fn renew_many_resources(
+    req: &v1::RenewManyRequest,
+) -> Result<Vec<ResourceName>, InvalidArgument> {
+    check_batch_size(req)?;
+    req.leases
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            ResourceName::from_bytes(&l.resource)
+                .map_err(|e| InvalidArgument::new("leases", format!("leases[{i}].{e}")))
+        })
+        .collect()
+}
+
+/// 1 to [`fenced_core::MAX_RENEW_BATCH`] leases, counted before anything
+/// is parsed: an oversized call costs no more.
+fn check_batch_size(req: &v1::RenewManyRequest) -> Result<(), InvalidArgument> {
+    let max = fenced_core::MAX_RENEW_BATCH;
+    let n = req.leases.len();
+    if n == 0 || n > max {
+        return Err(InvalidArgument::new(
+            "leases",
+            format!("must hold 1 to {max} leases, got {n}"),
+        ));
+    }
+    Ok(())
+}
+
 /// The reply to a batch renewal: one [`renew_reply`] per lease.
 pub fn renew_many_reply(
     each: &[RenewOutcome],
@@ -252,10 +320,22 @@ pub fn renew_many_reply(
 
 /// A validated [`Command::Release`] from the wire.
 pub fn release_command(req: &v1::ReleaseRequest) -> Result<Command, InvalidArgument> {
-    Ok(Command::Release {
-        resource: ResourceName::from_bytes(&req.resource)?,
-        owner_id: OwnerId::from_bytes(&req.owner_id)?,
+    release_call(req).map(|call| call.command)
+}
+
+/// [`release_command`] with the resource and owner id beside it.
+pub fn release_call(req: &v1::ReleaseRequest) -> Result<LeaseCall, InvalidArgument> {
+    let resource = ResourceName::from_bytes(&req.resource)?;
+    let owner_id = OwnerId::from_bytes(&req.owner_id)?;
+    let command = Command::Release {
+        resource: resource.clone(),
+        owner_id,
         token: Token::new(req.token)?,
+    };
+    Ok(LeaseCall {
+        resource,
+        owner_id,
+        command,
     })
 }
 
@@ -463,6 +543,7 @@ pub fn describe_reply(d: &Description, now: ClusterTime) -> v1::DescribeResponse
         waiters: d.waiters,
         cluster_time_ms: now.as_millis(),
         wall_time_unix_ms: 0, // set by the server: `WallTimed`
+        label: String::new(), // set by the server from the table
     }
 }
 
@@ -579,27 +660,26 @@ pub fn event_kind(kind: ChangeKind) -> v1::EventKind {
     }
 }
 
-/// The wire form of a resource's remembered grants; `wall` gives the
-/// leader's wall clock at a cluster time, when known.
-pub fn history_reply(
-    entries: &[HistoryEntry],
-    now: ClusterTime,
-    wall: impl Fn(ClusterTime) -> Option<u64>,
-) -> v1::HistoryResponse {
+/// The wire form of a resource's remembered grants, with the leader's wall
+/// clock at each grant and end where known.
+pub fn history_reply(entries: &[DatedHistoryEntry], now: ClusterTime) -> v1::HistoryResponse {
     v1::HistoryResponse {
         entries: entries
             .iter()
-            .map(|e| v1::HistoryEntry {
-                token: e.token.get(),
-                owner_id: e.owner_id.as_bytes().to_vec(),
-                granted_at_ms: e.granted_at.as_millis(),
-                ended_at_ms: e.end.map_or(0, |end| end.at.as_millis()),
-                ended: e
-                    .end
-                    .map_or(v1::EventKind::Unspecified, |end| event_kind(end.how))
-                    as i32,
-                granted_at_unix_ms: wall(e.granted_at).unwrap_or(0),
-                ended_at_unix_ms: e.end.and_then(|end| wall(end.at)).unwrap_or(0),
+            .map(|dated| {
+                let e = &dated.entry;
+                v1::HistoryEntry {
+                    token: e.token.get(),
+                    owner_id: e.owner_id.as_bytes().to_vec(),
+                    granted_at_ms: e.granted_at.as_millis(),
+                    ended_at_ms: e.end.map_or(0, |end| end.at.as_millis()),
+                    ended: e
+                        .end
+                        .map_or(v1::EventKind::Unspecified, |end| event_kind(end.how))
+                        as i32,
+                    granted_at_unix_ms: dated.granted_at_unix_ms.unwrap_or(0),
+                    ended_at_unix_ms: dated.ended_at_unix_ms.unwrap_or(0),
+                }
             })
             .collect(),
         cluster_time_ms: now.as_millis(),

@@ -8,6 +8,8 @@
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("fenced.v1");
+    #[cfg(feature = "json")]
+    include!(concat!(env!("OUT_DIR"), "/fenced.v1.serde.rs"));
 }
 
 /// Every method of the services in `proto/fenced/v1`, as

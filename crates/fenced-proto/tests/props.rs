@@ -49,7 +49,7 @@ proptest! {
         resource in bytes(300), owner_id in bytes(24), ttl_ms in number(), wait_ms in number(),
     ) {
         let limits = Limits::default();
-        let req = v1::AcquireRequest { resource: resource.clone(), owner_id, ttl_ms, wait_ms };
+        let req = v1::AcquireRequest { label: String::new(), resource: resource.clone(), owner_id, ttl_ms, wait_ms };
         if let Some(Command::AcquireBounded { resource: name, ttl_ms: t, capacity, .. }) =
             check(acquire_command(&req, &limits))
         {
@@ -77,6 +77,36 @@ proptest! {
         let describe = v1::DescribeRequest { resource: resource.clone(), allow_stale: false };
         if let Some(name) = check(describe_resource(&describe)) {
             prop_assert_eq!(name.as_str().as_bytes(), &resource[..]);
+        }
+    }
+
+    /// A lease call's resource and owner id are the ones its command
+    /// addresses: the handler authorizes and parks by what is proposed.
+    #[test]
+    fn a_lease_call_names_what_its_command_addresses(
+        resource in bytes(300), owner_id in bytes(24), token in number(), ttl_ms in number(), wait_ms in number(),
+    ) {
+        let limits = Limits::default();
+        let acquire = v1::AcquireRequest { label: String::new(), resource: resource.clone(), owner_id: owner_id.clone(), ttl_ms, wait_ms };
+        let renew = v1::RenewRequest { resource: resource.clone(), owner_id: owner_id.clone(), token, ttl_ms };
+        let release = v1::ReleaseRequest { resource, owner_id, token };
+        let calls = [
+            acquire_call(&acquire, &limits).ok(),
+            renew_call(&renew, &limits).ok(),
+            release_call(&release).ok(),
+        ];
+        let commands = [
+            acquire_command(&acquire, &limits).ok(),
+            renew_command(&renew, &limits).ok(),
+            release_command(&release).ok(),
+        ];
+        for (call, command) in calls.into_iter().zip(commands) {
+            prop_assert_eq!(call.is_some(), command.is_some());
+            if let Some(call) = call {
+                prop_assert_eq!(call.command.resource(), Some(&call.resource));
+                prop_assert_eq!(call.command.owner_id(), Some(call.owner_id));
+                prop_assert_eq!(Some(call.command), command);
+            }
         }
     }
 

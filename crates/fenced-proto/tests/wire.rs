@@ -12,6 +12,7 @@ fn decode_acquire(req: &v1::AcquireRequest) -> v1::AcquireRequest {
 
 fn good() -> v1::AcquireRequest {
     v1::AcquireRequest {
+        label: String::new(),
         resource: b"statement:account-1842:2026-07".to_vec(),
         owner_id: vec![0x42; 16],
         ttl_ms: 30_000,
@@ -208,6 +209,7 @@ fn an_acquire_from_the_wire_carries_the_servers_capacity() {
         ..fenced_core::Limits::default()
     };
     let req = v1::AcquireRequest {
+        label: String::new(),
         resource: b"r".to_vec(),
         owner_id: vec![7; 16],
         ttl_ms: 5_000,

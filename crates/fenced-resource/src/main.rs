@@ -8,7 +8,7 @@ use fenced_resource::{
     service::ResourceService,
     FenceStore, Mode,
 };
-use fenced_server::auth::{Auth, AuthConfig};
+use fenced_server::security::auth::{Auth, AuthConfig};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing_subscriber::EnvFilter;
 
@@ -282,7 +282,7 @@ fn main() -> ExitCode {
         }
         server
             .add_service(service.into_server())
-            .serve_with_shutdown(listen, fenced_server::shutdown::signal())
+            .serve_with_shutdown(listen, fenced_os::stop_signal())
             .await
     });
     match result {

@@ -6,7 +6,7 @@
 //! request it forwards. Writes run on tokio's blocking pool; the store
 //! serialises them per key and syncs each one before it is answered.
 //!
-//! With auth on (the lock nodes' files and identities, `fenced_server::auth`),
+//! With auth on (the lock nodes' files and identities, `fenced_server::security::auth`),
 //! a put needs `lock` on its lock resource and a get `read` on the key's
 //! bound resource. With the cluster check on, a put's token must be the
 //! current lease of its owner id on the lock cluster ([`crate::current`]).
@@ -18,7 +18,7 @@ use fenced_proto::v1::{
     self, fenced_resource_server::FencedResourceServer, put_response, FenceMode, PutAccepted,
     PutAlreadyApplied, PutRejected,
 };
-use fenced_server::auth::{Auth, Permission};
+use fenced_server::security::auth::{Auth, Permission};
 use tonic::{metadata::MetadataMap, Request, Response, Status};
 
 use crate::{

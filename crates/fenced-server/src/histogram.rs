@@ -1,6 +1,6 @@
 //! A Prometheus histogram over fixed bucket bounds, lock-free, and the
 //! bounds the node's histograms use. Updated where things happen, rendered
-//! by [`crate::metrics`].
+//! by [`crate::observe::metrics`].
 
 use std::{
     fmt::Write,

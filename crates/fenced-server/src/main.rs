@@ -4,13 +4,16 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use fenced_server::{
-    auth, backup, certs,
-    config::{self, RunSettings},
-    dev::{self, DevEnd, NodeLogFiles},
-    disk_check, health,
+    node::config::{self, RunSettings},
+    node::dev::{self, DevEnd, NodeLogFiles},
     node::{failed_path, RunningNode},
-    raft_noise::QuietRaftNoise,
-    tls::TlsSettings,
+    observe::health,
+    observe::raft_noise::QuietRaftNoise,
+    security::auth,
+    security::certs,
+    security::tls::TlsSettings,
+    tools::backup,
+    tools::disk_check,
 };
 use tracing_subscriber::{
     fmt::MakeWriter, layer::SubscriberExt, util::SubscriberInitExt, EnvFilter,
@@ -260,6 +263,11 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+    /// Print the OpenAPI document of the HTTP/JSON API (each node also serves
+    /// it at /v1/openapi.json on its client port).
+    #[command(after_help = "Examples:
+  fenced openapi > openapi.json")]
+    Openapi,
 }
 
 #[derive(Subcommand)]
@@ -326,7 +334,7 @@ fn colour_on_stderr() -> bool {
 }
 
 /// Logs to `writer`, without openraft's noise about unreachable peers and
-/// stale votes (fenced_server::raft_noise says why that is no loss).
+/// stale votes (fenced_server::observe::raft_noise says why that is no loss).
 fn init_logging<W>(format: LogFormat, writer: W, ansi: bool)
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
@@ -377,8 +385,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             let dir = dev_dir(data_dir);
             let layout = dev::layout(&dir, nodes, base_port);
             let default_ports = base_port == dev::DEFAULT_BASE_PORT;
-            return match dev::run(&layout, default_ports, fenced_server::shutdown::signal()).await?
-            {
+            return match dev::run(&layout, default_ports, fenced_os::stop_signal()).await? {
                 DevEnd::Stopped => {
                     println!(
                         "\nfenced dev: stopped {nodes} node{}; data kept in {} (--fresh starts empty)",
@@ -395,6 +402,12 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
                     Ok(ExitCode::from(EXIT_STORAGE_FAILED))
                 }
             };
+        }
+        Command::Openapi => {
+            let text = fenced_server::rpc::json::openapi::text()?;
+            std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())
+                .map_err(|e| format!("openapi: {e}"))?;
+            return Ok(ExitCode::SUCCESS);
         }
         Command::Completions { shell } => {
             // Into memory first: a closed stdout (`| head`) is an error, not a panic.
@@ -525,7 +538,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
     // a stop signal ends that wait too.
     let mut node = tokio::select! {
         started = RunningNode::start(cfg) => started.map_err(|e| format!("node {id}: {e}"))?,
-        _ = fenced_server::shutdown::signal() => {
+        _ = fenced_os::stop_signal() => {
             tracing::info!(node = id, "stopped before the node started");
             return Ok(ExitCode::SUCCESS);
         }
@@ -535,7 +548,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
     // A node whose storage failed is of no use until restarted: exit so
     // that systemd, compose or Kubernetes restart it.
     tokio::select! {
-        _ = fenced_server::shutdown::signal() => {}
+        _ = fenced_os::stop_signal() => {}
         reason = join_refused => {
             tracing::error!(node = id, "{reason}; stopping");
             node.shutdown().await;

@@ -3,8 +3,10 @@
 //! snapshot is purged). A restart loads the snapshot and openraft re-applies
 //! the committed log after it, which restores exactly the committed state.
 //! The snapshot files are `snapshots`'s: the state machine hands it the
-//! state to write and takes back the state a snapshot holds.
+//! state to write and takes back the state a snapshot holds. Blocking
+//! acquires wait in `parking` until the table grants them.
 
+pub mod parking;
 mod snapshots;
 
 use std::{
@@ -18,9 +20,9 @@ use std::{
 
 use fenced_core::{
     AcquireInSessionOutcome, AcquireOutcome, CapacityBound, ChangesAfter, CloseSessionOutcome,
-    ClusterTime, Compacted, Description, Event, HistoryEntry, KvBound, KvDeleteOutcome, KvEntry,
-    KvPutOutcome, KvSnapshot, LeaseTable, Outcome, ReleaseOutcome, RenewOutcome, SessionOutcome,
-    TableSnapshot, Token, Validation,
+    ClusterTime, Compacted, Description, Event, KvBound, KvDeleteOutcome, KvEntry, KvPutOutcome,
+    KvSnapshot, LeaseTable, Outcome, ReleaseOutcome, RenewOutcome, SessionOutcome, TableSnapshot,
+    Token, Validation,
 };
 use openraft::{
     storage::RaftStateMachine, AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder,
@@ -37,9 +39,9 @@ use crate::{
     clock::AppliedTime,
     codec,
     counters::Counters,
-    log_store::PurgeHorizon,
-    parking::Parking,
-    retired::{RetiredIds, Retirement},
+    peer::retired::{RetiredIds, Retirement},
+    state_machine::parking::Parking,
+    storage::log_store::PurgeHorizon,
     types::{
         Entry, LogId, Outcomes, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
     },
@@ -89,6 +91,19 @@ impl Shared {
 
     pub fn describe(&self, resource: &str, now: ClusterTime) -> Description {
         self.read().table.describe(resource, now)
+    }
+
+    /// [`Shared::describe`] and the live lease's job label, read together.
+    pub fn describe_labelled(
+        &self,
+        resource: &str,
+        now: ClusterTime,
+    ) -> (Description, Option<fenced_core::JobLabel>) {
+        let data = self.read();
+        (
+            data.table.describe(resource, now),
+            data.table.label_of(resource).cloned(),
+        )
     }
 
     /// A key of the fenced store, as of the latest applied entry.
@@ -156,8 +171,14 @@ impl Shared {
             .collect()
     }
 
-    pub fn history(&self, resource: &str, limit: usize) -> Vec<HistoryEntry> {
-        self.read().table.history(resource, limit)
+    /// The remembered grants of `resource`, newest first, with their wall
+    /// times, under one read of the table.
+    pub fn dated_history(
+        &self,
+        resource: &str,
+        limit: usize,
+    ) -> Vec<fenced_core::DatedHistoryEntry> {
+        self.read().table.dated_history(resource, limit)
     }
 
     pub fn history_len(&self) -> usize {
@@ -674,7 +695,7 @@ fn log_retirement(change: &Retirement, index: u64, term: u64) {
             nodes = ?change.over_bound,
             index,
             term,
-            bound = crate::retired::MAX_RETIRED_IDS,
+            bound = crate::peer::retired::MAX_RETIRED_IDS,
             "removed node ids not retired: the retired id list is full; revoke them \
              (--tls-deny nodes = [...])"
         );

@@ -15,11 +15,11 @@ use fenced_core::ClusterTime;
 use fenced_server::{
     clock::floor::LeaderTime,
     codec,
-    network::{
+    node::{NodeConfig, RunningNode},
+    peer::network::{
         read_frame, split_reply, write_frame, MessageTime, RaftCall, PREFACE, PREFACE_V2,
         REPLY_HEADER_LEN,
     },
-    node::{NodeConfig, RunningNode},
     types::{Node, TypeConfig},
 };
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest};
@@ -28,11 +28,10 @@ use tokio::{
     net::TcpStream,
 };
 
+/// Below the ephemeral range, so no outgoing connection takes it first.
 fn free_addr() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    let port = fenced_testkit::free_port().unwrap();
+    std::net::SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 async fn single_node(max_snapshot_bytes: u64) -> (RunningNode, tempfile::TempDir, String) {
@@ -96,7 +95,7 @@ async fn a_snapshot_chunk_past_max_snapshot_bytes_is_refused_before_raft_sees_it
     let counters = &node.ctx.counters.limits;
     assert_eq!(counters.snapshot_chunks.load(Relaxed), 1);
     // Nothing reached Raft: this node still leads in its own term.
-    let m = node.ctx.raft.metrics().borrow().clone();
+    let m = node.ctx.replica.raft.metrics().borrow().clone();
     assert_eq!(m.current_leader, Some(1));
     assert!(m.current_term < 1_000, "the forged vote reached raft");
     node.shutdown().await;
@@ -158,7 +157,7 @@ fn v3_head(term: u64, ms: u64) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn times_travel_with_their_term_and_a_version_2_peer_is_answered_in_its_frames() {
     let (node, _dir, peer) = single_node(1 << 20).await;
-    let floor = || node.ctx.time.floor().leader_time();
+    let floor = || node.ctx.replica.time.floor().leader_time();
 
     // Version 2: time without a term, then flags; the reply's floor is the
     // time alone, and the time is taken as of the heartbeat's term.

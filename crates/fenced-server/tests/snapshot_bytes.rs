@@ -21,7 +21,7 @@ async fn a_log_past_its_byte_budget_is_snapshotted() {
     .await
     .remove(0);
     let ctx = node.ctx.clone();
-    let snapshot = || ctx.raft.metrics().borrow().snapshot;
+    let snapshot = || ctx.replica.raft.metrics().borrow().snapshot;
     assert_eq!(snapshot(), None);
     // Long names: a few hundred small entries pass the budget.
     for i in 0..400 {
@@ -32,13 +32,20 @@ async fn a_log_past_its_byte_budget_is_snapshotted() {
             wait_ms: 0,
         };
         let (outcome, _) = ctx
+            .replica
             .proposer
             .propose::<AcquireOutcome>(command, None)
             .await
             .unwrap();
         assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
     }
-    let entries = ctx.raft.metrics().borrow().last_log_index.unwrap_or(0);
+    let entries = ctx
+        .replica
+        .raft
+        .metrics()
+        .borrow()
+        .last_log_index
+        .unwrap_or(0);
     assert!(entries < 1_000, "{entries} entries");
     let started = Instant::now();
     while snapshot().is_none() {

@@ -12,7 +12,8 @@ use std::{
 };
 
 use fenced_server::{
-    blocking::DiskWork, clock::floor, log_store::UnansweredTail, log_tail::is_chunk, types::NodeId,
+    blocking::DiskWork, clock::floor, storage::log_store::UnansweredTail,
+    storage::log_tail::is_chunk, types::NodeId,
 };
 
 use crate::Rng;
@@ -71,11 +72,12 @@ fn damageable(file: &Path, bytes: &[u8]) -> (u64, bool) {
     if is_chunk(file) {
         let last_chunk = file
             .parent()
-            .and_then(|d| fenced_server::log_tail::last_chunk(d).ok())
+            .and_then(|d| fenced_server::storage::log_tail::last_chunk(d).ok())
             .map(|(path, _)| path);
         if last_chunk.as_deref() == Some(file) {
-            let (starts, _) =
-                fenced_server::log_tail::whole_records::<fenced_server::log_store::WalTypes>(bytes);
+            let (starts, _) = fenced_server::storage::log_tail::whole_records::<
+                fenced_server::storage::log_store::WalTypes,
+            >(bytes);
             let last = starts.last().copied().unwrap_or(0);
             return (u64::try_from(last).unwrap_or(0), true);
         }

@@ -1,5 +1,5 @@
 //! The simulated network: every Raft call between nodes, as
-//! [`fenced_server::network::Wire`] carries it, delivered to the target's
+//! [`fenced_server::peer::network::Wire`] carries it, delivered to the target's
 //! real [`RaftPeer`] after a delay drawn from the run's seed, or lost to a
 //! partition, a stopped node or a frozen one.
 
@@ -13,7 +13,7 @@ use std::{
 use fenced_proto::v1::{self, cluster_server::Cluster as _};
 use fenced_server::{
     clock::floor::LeaderTime,
-    network::{MessageTime, PeerVersion, RaftCall, Wire, WireReply},
+    peer::network::{MessageTime, PeerVersion, RaftCall, Wire, WireReply},
     repair::run::{AskStatus, StatusAnswer},
     replication::RaftPeer,
     rpc::{ClusterService, NodeContext},

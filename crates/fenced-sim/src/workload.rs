@@ -194,6 +194,7 @@ impl Worker {
         e.owner = Some(owner.to_string());
         e.ttl_ms = Some(ttl_ms);
         let req = AcquireRequest {
+            label: String::new(),
             resource: resource.as_bytes().to_vec(),
             owner_id: owner.as_bytes().to_vec(),
             ttl_ms,

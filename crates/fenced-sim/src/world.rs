@@ -14,13 +14,13 @@ use std::{
 
 use fenced_jepsen::check::invariants::NodeFinal;
 use fenced_server::{
-    data_format::{LOG_DIR, STATE_DIR},
-    log_store::LogStore,
     node::{NodeConfig, NodeCore, Simulated},
-    parking::Parking,
     repair::RepairGate,
     rpc::{LockService, NodeContext},
+    state_machine::parking::Parking,
     state_machine::{self, StateMachine},
+    storage::data_format::{LOG_DIR, STATE_DIR},
+    storage::log_store::LogStore,
     types::{Node, NodeId},
 };
 use openraft::storage::RaftLogStorage;
@@ -287,10 +287,11 @@ impl Cluster {
                 let Some(ctx) = self.context(id) else {
                     continue;
                 };
-                let Ok(state) = RaftLogStorage::get_log_state(&mut ctx.log.clone()).await else {
+                let Ok(state) = RaftLogStorage::get_log_state(&mut ctx.replica.log.clone()).await
+                else {
                     continue;
                 };
-                let snapshot = ctx.shared.snapshot_on_disk();
+                let snapshot = ctx.replica.shared.snapshot_on_disk();
                 if state.last_purged_log_id > snapshot && reported.insert(id) {
                     self.finding(format!(
                         "n{id} ran with its log purged to {:?} past its snapshot on disk at \
@@ -327,17 +328,18 @@ impl Cluster {
             // are still on their way wrote, which the crash may tear.
             let torn = r
                 .ctx
+                .replica
                 .log
                 .unanswered_tail()
                 .filter(|_| self.rng.lock().bool());
             // Before anything yields: a snapshot write waiting on the
             // simulated disk must not land after the crash.
-            r.ctx.shared.halt_writes();
+            r.ctx.replica.shared.halt_writes();
             r.stop.cancel();
             for t in &r.tasks {
                 t.abort();
             }
-            let _ = r.ctx.raft.shutdown().await;
+            let _ = r.ctx.replica.raft.shutdown().await;
             drop(r);
             if let Some(tail) = torn {
                 self.tear(id, &tail).await;
@@ -347,10 +349,11 @@ impl Cluster {
     }
 
     /// Tears the tail of a crashed node's log, once its last tasks let go.
-    async fn tear(&self, id: NodeId, tail: &fenced_server::log_store::UnansweredTail) {
+    async fn tear(&self, id: NodeId, tail: &fenced_server::storage::log_store::UnansweredTail) {
         let dir = self.data_dir(id).join(LOG_DIR);
         let locked =
-            once_unlocked(|| async { fenced_server::log_store::LockedLog::lock(&dir) }).await;
+            once_unlocked(|| async { fenced_server::storage::log_store::LockedLog::lock(&dir) })
+                .await;
         drop(locked);
         match disk::tear(tail, &self.rng) {
             Ok(Some(what)) => self.note(format!("n{id} crashed mid-flush: {what}")),
@@ -380,10 +383,10 @@ impl Cluster {
             };
             if !built && started.elapsed() >= build_after {
                 built = true;
-                let _ = ctx.raft.trigger().snapshot().await;
+                let _ = ctx.replica.raft.trigger().snapshot().await;
             }
-            let m = ctx.raft.metrics().borrow().clone();
-            if m.purged.is_some() && m.purged > ctx.shared.last_applied() {
+            let m = ctx.replica.raft.metrics().borrow().clone();
+            if m.purged.is_some() && m.purged > ctx.replica.shared.last_applied() {
                 if at_purge {
                     return "its log purged past its applied state";
                 }
@@ -401,7 +404,7 @@ impl Cluster {
     fn leader(&self) -> Option<NodeId> {
         let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         running.values().find_map(|r| {
-            let m = r.ctx.raft.metrics().borrow().clone();
+            let m = r.ctx.replica.raft.metrics().borrow().clone();
             (m.state == openraft::ServerState::Leader).then_some(m.id)
         })
     }
@@ -453,12 +456,18 @@ impl Cluster {
                 .iter()
                 .map(|id| {
                     self.context(*id)
-                        .and_then(|c| c.shared.last_applied().map(|l| l.index))
+                        .and_then(|c| c.replica.shared.last_applied().map(|l| l.index))
                 })
                 .collect();
             let leader = self.leader().and_then(|l| self.context(l));
-            let committed =
-                leader.and_then(|c| c.raft.metrics().borrow().last_applied.map(|l| l.index));
+            let committed = leader.and_then(|c| {
+                c.replica
+                    .raft
+                    .metrics()
+                    .borrow()
+                    .last_applied
+                    .map(|l| l.index)
+            });
             if committed.is_some() && applied.iter().all(|a| *a == committed) {
                 break;
             }
@@ -470,12 +479,17 @@ impl Cluster {
         let mut finals = Vec::new();
         for id in IDS {
             let Some(c) = self.context(id) else { continue };
-            let (applied, snapshot) = c.shared.table_snapshot();
-            let now = c.shared.now();
+            let (applied, snapshot) = c.replica.shared.table_snapshot();
+            let now = c.replica.shared.now();
             let last_tokens = resources
                 .iter()
                 .map(|r| {
-                    let t = c.shared.describe(r, now).last_token.map_or(0, |t| t.get());
+                    let t = c
+                        .replica
+                        .shared
+                        .describe(r, now)
+                        .last_token
+                        .map_or(0, |t| t.get());
                     (r.clone(), t)
                 })
                 .collect();

@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use fenced_proto::v1::{cluster_client::ClusterClient, StatusRequest, StatusResponse};
-use fenced_server::config::RunSettings;
+use fenced_server::node::config::RunSettings;
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,

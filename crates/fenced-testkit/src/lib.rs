@@ -7,7 +7,7 @@
 //! on. A [`Cluster`] starts, stops, kills, pauses and restarts its nodes,
 //! finds the leader, and kills whatever still runs when it is dropped. Node
 //! command lines come from `fenced run`'s own settings
-//! ([`fenced_server::config::RunSettings`]), so a flag renamed there is
+//! ([`fenced_server::node::config::RunSettings`]), so a flag renamed there is
 //! renamed here.
 
 mod cluster;
@@ -16,7 +16,7 @@ mod ports;
 mod procfs;
 
 pub use cluster::{Cluster, ClusterSpec, NodeSpec, Tls};
-pub use fenced_server::config::RunSettings;
+pub use fenced_server::node::config::RunSettings;
 pub use pki::Pki;
 pub use ports::{free_port, port_range};
 pub use procfs::{is_stopped, pid_alive, status_kib};

@@ -4,6 +4,7 @@ import ipaddress
 import logging
 import math
 import os
+import unicodedata
 import random
 import threading
 import time
@@ -191,8 +192,15 @@ class Client:
         call_timeout: float = 10.0,
         lease_options: "Optional[LeaseOptions]" = None,
         interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] = (),
+        job_label: Optional[str] = None,
     ):
         from .lease import LeaseOptions
+
+        if job_label is None and env:
+            job_label = os.environ.get("FENCED_JOB_LABEL") or None
+        #: Sent with every acquire: what the job is, for people (the status
+        #: page and describe show it beside the lease; it decides nothing).
+        self.job_label = _check_job_label(job_label)
 
         if endpoints is None:
             endpoints = os.environ.get("FENCED_ENDPOINTS", "") if env else ""
@@ -351,6 +359,7 @@ class Client:
                 owner_id=owner.bytes,
                 ttl_ms=ttl_ms,
                 wait_ms=int(wait_left * 1000),
+                label=self.job_label or "",
             )
             return self._unary(e.lock.Acquire, req, min(left, wait_left + ATTEMPT_TIMEOUT))
 
@@ -457,6 +466,7 @@ class Client:
             remaining_ms=resp.remaining_ms,
             waiters=resp.waiters,
             cluster_time_ms=resp.cluster_time_ms,
+            label=resp.label or None,
         )
 
     def status(self) -> cluster_pb2.StatusResponse:
@@ -656,3 +666,22 @@ def _raise_unless_retried(code: grpc.StatusCode, details: str, endpoint: str) ->
 
 
 __all__ = ["Client", "DEV_ENDPOINTS", "bearer_token_from_env", "FencedError"]
+
+
+#: The longest job label, in bytes of UTF-8 (the server's bound).
+JOB_LABEL_MAX_BYTES = 64
+
+
+def _check_job_label(label: Optional[str]) -> Optional[str]:
+    """A job label as the server takes it: 1 to 64 bytes of UTF-8, no
+    control characters; None for none."""
+    if label is None:
+        return None
+    if not isinstance(label, str):
+        raise InvalidArgument(f"job_label: must be a str, got {type(label).__name__}")
+    size = len(label.encode("utf-8"))
+    if not 1 <= size <= JOB_LABEL_MAX_BYTES:
+        raise InvalidArgument(f"job_label: must be 1 to {JOB_LABEL_MAX_BYTES} bytes of UTF-8, got {size}")
+    if any(unicodedata.category(c) == "Cc" for c in label):
+        raise InvalidArgument("job_label: must not contain control characters")
+    return label

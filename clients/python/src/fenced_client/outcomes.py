@@ -136,6 +136,8 @@ class Description:
     remaining_ms: int
     waiters: int
     cluster_time_ms: int
+    #: The job label the live lease's acquire gave, or None.
+    label: Optional[str] = None
 
 
 class TokenState(enum.Enum):

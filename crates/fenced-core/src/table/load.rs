@@ -13,8 +13,8 @@ use serde::de::{
 
 use super::{
     snapshot_format::{missing, Header},
-    IdentityId, IdleSeq, LeaseTable, Record, SnapshotError, StoredIdentities, StoredRecord,
-    TableSnapshot, Term, Waiters, NOT_REMEMBERED, SNAPSHOT_FORMAT_VERSION,
+    IdentityId, IdleSeq, LeaseTable, Record, SnapshotError, StoredIdentities, StoredLabels,
+    StoredRecord, TableSnapshot, Term, Waiters, NOT_REMEMBERED, SNAPSHOT_FORMAT_VERSION,
 };
 use crate::{
     Change, ClusterTime, HistoryEntry, ResourceName, SessionId, WallAnchor, WallClock,
@@ -353,6 +353,48 @@ impl Builder {
     /// Checks every record against the table's counter, clock and sessions
     /// and builds the indexes from them in the same pass: an index built
     /// from the records matches them by construction.
+    /// The job labels (version 6; none before): each of a live lease the
+    /// snapshot holds, or of one of its waiters, once.
+    pub(super) fn labels(&mut self, stored: StoredLabels) -> Result<(), SnapshotError> {
+        self.cursor = 0;
+        for (name, label) in stored.holders {
+            let at = self.find(name.as_str()).ok_or_else(|| {
+                invariant(format!("label kept for {name}, which is not remembered"))
+            })?;
+            let rec = &self.records[at].1;
+            if rec.holder.is_none() {
+                return Err(invariant(format!("{name}: a label kept for no lease")));
+            }
+            let token = rec.last_token;
+            if self
+                .table
+                .labels
+                .insert(name.clone(), (token, label))
+                .is_some()
+            {
+                return Err(invariant(format!("{name}: a lease's label kept twice")));
+            }
+        }
+        self.cursor = 0;
+        for (name, owner, label) in stored.waiters {
+            let at = self.find(name.as_str()).ok_or_else(|| {
+                invariant(format!("label kept for {name}, which is not remembered"))
+            })?;
+            let waiter = self.records[at]
+                .1
+                .waiters
+                .0
+                .as_mut()
+                .and_then(|q| q.iter_mut().find(|w| w.owner == owner))
+                .filter(|w| w.label.is_none())
+                .ok_or_else(|| {
+                    invariant(format!("{name}: a label kept for no waiter, or twice"))
+                })?;
+            waiter.label = Some(label);
+        }
+        Ok(())
+    }
+
     /// The wall-clock anchors (version 5; none before), checked.
     pub(super) fn wall_clock(&mut self, anchors: Vec<WallAnchor>) -> Result<(), SnapshotError> {
         self.table.wall = WallClock::from_stored(anchors).map_err(invariant)?;
@@ -467,6 +509,7 @@ impl LeaseTable {
         }
         b.identities(snapshot.identities)?;
         b.wall_clock(snapshot.wall_clock)?;
+        b.labels(snapshot.labels)?;
         b.finish()
     }
 }
@@ -522,6 +565,10 @@ impl<'de> Visitor<'de> for TableSeed {
         if format_version >= 5 {
             let anchors = seq.next_element()?.ok_or_else(|| missing(10))?;
             b.wall_clock(anchors).map_err(A::Error::custom)?;
+        }
+        if format_version >= 6 {
+            let labels = seq.next_element()?.ok_or_else(|| missing(11))?;
+            b.labels(labels).map_err(A::Error::custom)?;
         }
         b.finish().map_err(A::Error::custom)
     }

@@ -2,7 +2,7 @@
 //! new leader's clock starts from (`fenced_core::LeaderClock::take_over`).
 //!
 //! It rises with every leader time this node accepts (the time rides on
-//! every Raft message, [`crate::network`]), issues as leader, or hears from
+//! every Raft message, [`crate::peer::network`]), issues as leader, or hears from
 //! a voter that elected it. Votes are granted under [`TimeFloor::gate`] held
 //! for writing and accepted messages are recorded under it held for reading,
 //! so a voter's answer carries every time it accepted before the vote.

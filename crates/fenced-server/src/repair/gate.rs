@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::marker::Step;
-use crate::network::RaftCall;
+use crate::peer::network::RaftCall;
 
 const REPAIRED: u8 = 0;
 const FENCE: u8 = 1;

@@ -5,12 +5,12 @@
 
 use std::{io, path::Path};
 
+use fenced_os::write_atomically;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    checksum::{self, Damaged},
     codec,
-    data_format::write_atomically,
+    storage::checksum::{self, Damaged},
     types::NodeId,
 };
 

@@ -15,8 +15,8 @@ use std::{
 
 use super::marker::{self, Marker, Step};
 use crate::{
-    data_format::{self, LOG_DIR, STATE_DIR},
-    log_store::LockedLog,
+    storage::data_format::{self, LOG_DIR, STATE_DIR},
+    storage::log_store::LockedLog,
     types::NodeId,
 };
 

@@ -20,10 +20,10 @@ use super::{
 };
 use crate::{
     clock::floor::TimeFloor,
-    log_store::LogStore,
-    peer_channel::peer_channel,
+    peer::peer_channel::peer_channel,
+    security::tls::{Members, NodeTls},
     state_machine::Shared,
-    tls::{Members, NodeTls},
+    storage::log_store::LogStore,
     types::{NodeId, Raft},
 };
 

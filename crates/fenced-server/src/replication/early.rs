@@ -67,9 +67,9 @@ use tokio::{
 use super::copies::{self, Kept, Need, Sent};
 use crate::{
     codec,
-    log_store::{AppendSink, Appended},
-    network::{Peer, RaftCall, Wire},
-    tls::NodeTls,
+    peer::network::{Peer, RaftCall, Wire},
+    security::tls::NodeTls,
+    storage::log_store::{AppendSink, Appended},
     types::{Node, NodeId, TypeConfig},
 };
 
@@ -390,7 +390,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::super::transport::RaftClient;
-    use crate::{network::fake_peer, types::Entry};
+    use crate::{peer::network::fake_peer, types::Entry};
 
     /// A follower that hands every AppendEntries it gets to the test and
     /// answers with `answer`, or never when `None`.

@@ -32,10 +32,10 @@ use tokio_util::sync::CancellationToken;
 use super::pre_vote::{self, Check, PreVoteRequest, PreVoteResponse, Tally};
 use crate::{
     codec,
-    log_store::LogStore,
-    network::{Peer, RaftCall, Reachability, Wire},
+    peer::network::{Peer, RaftCall, Reachability, Wire},
     repair::RepairGate,
-    tls::NodeTls,
+    security::tls::NodeTls,
+    storage::log_store::LogStore,
     types::{NodeId, Raft},
 };
 
@@ -275,7 +275,7 @@ mod tests {
     /// A voter at a local port that answers every pre-vote with `granted`,
     /// or never answers when `granted` is `None`.
     async fn voter(granted: Option<bool>) -> String {
-        crate::network::fake_peer(move |_| {
+        crate::peer::network::fake_peer(move |_| {
             std::future::ready(
                 granted.map(|granted| {
                     codec::encode("pre_vote", &PreVoteResponse { granted }).unwrap()

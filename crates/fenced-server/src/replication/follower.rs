@@ -2,7 +2,7 @@
 //! votes and snapshot chunks, and fenced's pre-vote, each answered by
 //! openraft or [`super::election`] and followed by the actions
 //! [`super::stream`] decides (restart the pre-vote's lease, take the
-//! leader's time). [`crate::peer_listener`] routes connections and frames
+//! leader's time). [`crate::node::peer_listener`] routes connections and frames
 //! here.
 
 use std::{
@@ -18,11 +18,13 @@ use super::{
 };
 use crate::{
     clock::floor::{LeaderTime, TimeFloor},
-    handoff,
-    limits::LimitCounters,
-    network::{check_snapshot_chunk, decode_call, encode_call, MessageTime, PeerVersion, RaftCall},
+    peer::handoff,
+    peer::network::{
+        check_snapshot_chunk, decode_call, encode_call, MessageTime, PeerVersion, RaftCall,
+    },
     repair::RepairGate,
-    tls::Members,
+    security::limits::LimitCounters,
+    security::tls::Members,
     types::{NodeId, Raft, TypeConfig},
 };
 

@@ -24,9 +24,9 @@
 //! (the stored vote).
 //!
 //! Storage does not drive the network: the log store tells an
-//! [`crate::log_store::AppendSink`] of each append, and [`early::EarlyReplication`],
+//! [`crate::storage::log_store::AppendSink`] of each append, and [`early::EarlyReplication`],
 //! set as that sink by `node.rs`, decides and sends. The transport below
-//! ([`crate::network`]) knows nothing of replication.
+//! ([`crate::peer::network`]) knows nothing of replication.
 //!
 //! # Why it is safe, and what it takes from openraft
 //!

@@ -13,7 +13,7 @@
 use std::io;
 
 use super::copies;
-use crate::{log_store::LogStore, types::NodeId};
+use crate::{storage::log_store::LogStore, types::NodeId};
 
 /// When this node led under the vote in `log` in its last run, replaces that
 /// vote with its own uncommitted vote for the next term, durably; returns

@@ -1,6 +1,6 @@
 //! openraft's transport ([`RaftNetworkFactory`]): one [`RaftClient`] per
 //! replication stream or leadership check, each on its own connection
-//! ([`crate::network::Peer`]). It executes [`super::stream::Stream`]'s plan
+//! ([`crate::peer::network::Peer`]). It executes [`super::stream::Stream`]'s plan
 //! for each AppendEntries: answered from a stored early copy
 //! ([`super::early::EarlyAnswers`]) or sent, stamped with this node's
 //! cluster time.
@@ -31,8 +31,8 @@ use super::{
 use crate::{
     clock::{floor::LeaderTime, ClusterClock},
     codec,
-    network::{MessageTime, Peer, RaftCall, Reachability, Wire},
-    tls::NodeTls,
+    peer::network::{MessageTime, Peer, RaftCall, Reachability, Wire},
+    security::tls::NodeTls,
     types::{Node, NodeId, TypeConfig},
 };
 
@@ -167,7 +167,7 @@ impl RaftClient {
             Ok(Ok(reply)) => reply,
             Ok(Err(e)) => {
                 // Logged by exchange_timed, once per outage; openraft's own
-                // error line for an Unreachable is dropped (crate::raft_noise).
+                // error line for an Unreachable is dropped (crate::observe::raft_noise).
                 return Err(RPCError::Unreachable(Unreachable::new(
                     &self.failed(call, e.to_string()),
                 )));

@@ -6,20 +6,18 @@ use std::{
     time::Duration,
 };
 
-use fenced_proto::v1::{self, cluster_client::ClusterClient, cluster_server};
+use fenced_proto::v1::{self, cluster_server};
 use openraft::{ChangeMembers, ServerState};
 use tonic::{Request, Response, Status};
 
 use crate::{
-    auth::Permission,
     deadline::deadline_of,
-    membership,
+    peer::membership,
     proposer::leader_of,
+    security::auth::Permission,
     state_machine::{self},
     types::{Node, NodeId},
 };
-
-use crate::forward_or;
 
 use super::{context::NodeContext, forward::not_leader};
 
@@ -52,22 +50,36 @@ pub struct ClusterService {
     ctx: NodeContext,
     /// Served on the peer port, where forwarded identities are trusted.
     peer: bool,
+    /// This node's status page, told in Status so that the other nodes'
+    /// pages link to it; empty when it serves none.
+    status_page_url: String,
 }
 
 impl ClusterService {
     pub fn new(ctx: NodeContext, peer: bool) -> Self {
-        Self { ctx, peer }
+        Self {
+            ctx,
+            peer,
+            status_page_url: String::new(),
+        }
+    }
+
+    /// Tells callers of Status where this node's status page is.
+    pub fn with_status_page(mut self, url: Option<String>) -> Self {
+        self.status_page_url = url.unwrap_or_default();
+        self
     }
 
     /// Membership changes and the state digest are for admins only.
     fn admin<T>(&self, req: &Request<T>, operation: &str) -> Result<Option<String>, Status> {
         self.ctx
+            .policy
             .auth
             .authorize(req, self.peer, Permission::Admin, operation, None)
     }
 
     fn members(&self) -> Vec<v1::Member> {
-        let m = self.ctx.raft.metrics().borrow().clone();
+        let m = self.ctx.replica.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         membership
@@ -102,21 +114,21 @@ impl ClusterService {
             self.admin(&req, "Status with digest")?;
         }
         let (last_applied, state_digest) = if req.get_ref().with_digest {
-            let (applied, snapshot) = self.ctx.shared.table_snapshot();
+            let (applied, snapshot) = self.ctx.replica.shared.table_snapshot();
             let digest = tokio::task::spawn_blocking(move || state_machine::digest(&snapshot))
                 .await
                 .map_err(|e| Status::internal(format!("state digest: {e}")))?;
             (applied, digest)
         } else {
-            (self.ctx.shared.last_applied(), 0)
+            (self.ctx.replica.shared.last_applied(), 0)
         };
-        let m = self.ctx.raft.metrics().borrow().clone();
-        let leader = leader_of(&self.ctx.raft);
+        let m = self.ctx.replica.raft.metrics().borrow().clone();
+        let leader = leader_of(&self.ctx.replica.raft);
         let role = role_name(m.state);
         let c = &self.ctx.counters;
         use std::sync::atomic::Ordering::Relaxed;
         Ok(Response::new(v1::StatusResponse {
-            node_id: self.ctx.id,
+            node_id: self.ctx.replica.id,
             leader_id: leader.as_ref().map_or(0, |l| l.0),
             leader_addr: leader.map(|l| l.1.client_addr).unwrap_or_default(),
             term: m.current_term,
@@ -124,13 +136,14 @@ impl ClusterService {
             last_applied: last_applied.map_or(0, |l| l.index),
             last_log_index: m.last_log_index.unwrap_or(0),
             role: role.to_string(),
-            live_leases: self.ctx.shared.live_leases() as u64,
+            live_leases: self.ctx.replica.shared.live_leases() as u64,
             last_token: self
                 .ctx
+                .replica
                 .shared
                 .last_token()
                 .map_or(0, fenced_core::Token::get),
-            log_syncs: self.ctx.log.sync_count(),
+            log_syncs: self.ctx.replica.log.sync_count(),
             applied_entries: c.entries.load(Relaxed),
             applied_commands: c.commands.load(Relaxed),
             snapshot_index: m.snapshot.map_or(0, |l| l.index),
@@ -139,6 +152,7 @@ impl ClusterService {
             membership_index: m.membership_config.log_id().map_or(0, |l| l.index),
             last_applied_term: last_applied.map_or(0, |l| l.leader_id.term),
             repairing: self.ctx.repair.repairing(),
+            status_page_url: self.status_page_url.clone(),
         }))
     }
 
@@ -151,8 +165,8 @@ impl ClusterService {
     /// cluster's membership, not the stale view of a leader that was cut
     /// off and has not noticed yet.
     async fn confirmed_leader(&self) -> Result<(), Status> {
-        if self.ctx.raft.metrics().borrow().state != ServerState::Leader {
-            return Err(not_leader(leader_of(&self.ctx.raft).as_ref()));
+        if self.ctx.replica.raft.metrics().borrow().state != ServerState::Leader {
+            return Err(not_leader(leader_of(&self.ctx.replica.raft).as_ref()));
         }
         self.ctx.confirm_leadership("membership change").await
     }
@@ -165,10 +179,11 @@ impl ClusterService {
         // Only an admin adds a node, a joining node's own certificate
         // included (docs/DECISIONS.md, "Only an admin adds a node").
         let identity = self.admin(&req, "AddLearner").inspect_err(|_| {
-            if let Some(named) = req
-                .peer_certs()
-                .and_then(|certs| certs.first().and_then(|c| crate::tls::node_id_of(c)))
-            {
+            if let Some(named) = req.peer_certs().and_then(|certs| {
+                certs
+                    .first()
+                    .and_then(|c| crate::security::tls::node_id_of(c))
+            }) {
                 tracing::info!(
                     certificate_node = named,
                     node = node_id,
@@ -183,23 +198,22 @@ impl ClusterService {
         // The addresses are checked here too, so bad input is refused
         // before anything is forwarded.
         membership::check_add(&BTreeMap::new(), node_id, &node)?;
-        forward_or!(
-            self.ctx,
-            req,
-            deadline_of(&req),
-            identity,
-            ClusterClient,
-            add_learner
-        );
+        if let Some(answer) = self
+            .ctx
+            .to_leader(&req, deadline_of(&req), identity.as_deref())
+            .await
+        {
+            return answer;
+        }
         self.confirmed_leader().await?;
         // Against everything committed before the call, applied here (see
         // confirmed_leader); the window left is in docs/DECISIONS.md.
-        membership::check_not_retired(&self.ctx.shared.retired_ids(), node_id)?;
-        let members = membership::members_of(&self.ctx.raft);
+        membership::check_not_retired(&self.ctx.replica.shared.retired_ids(), node_id)?;
+        let members = membership::members_of(&self.ctx.replica.raft);
         if membership::check_add(&members, node_id, &node)? == membership::AddPlan::AlreadyLearner {
             // A joining node stops asking at this answer: it must mean a
             // committed addition, not one only in this leader's log.
-            if !membership::is_member(&self.ctx.raft, node_id) {
+            if !membership::is_member(&self.ctx.replica.raft, node_id) {
                 return Err(Status::unavailable(format!(
                     "node_id: the addition of learner {node_id} is not committed yet; retry"
                 )));
@@ -219,6 +233,7 @@ impl ClusterService {
         // starting it), and it catches up on its own once it does.
         let resp = self
             .ctx
+            .replica
             .raft
             .add_learner(node_id, node, false)
             .await
@@ -236,27 +251,27 @@ impl ClusterService {
                 "voter_ids: must name at least one node",
             ));
         }
-        forward_or!(
-            self.ctx,
-            req,
-            deadline_of(&req),
-            identity,
-            ClusterClient,
-            change_membership
-        );
+        if let Some(answer) = self
+            .ctx
+            .to_leader(&req, deadline_of(&req), identity.as_deref())
+            .await
+        {
+            return answer;
+        }
         let voters: BTreeSet<NodeId> = req.into_inner().voter_ids.into_iter().collect();
         self.confirmed_leader().await?;
-        let retired = self.ctx.shared.retired_ids();
+        let retired = self.ctx.replica.shared.retired_ids();
         for id in &voters {
             membership::check_not_retired(&retired, *id)?;
         }
-        let leaving = membership::members_of(&self.ctx.raft)
+        let leaving = membership::members_of(&self.ctx.replica.raft)
             .into_iter()
             .filter(|(id, m)| m.voter && !voters.contains(id) && !retired.contains(*id))
             .count();
         membership::check_retire_room(&retired, leaving)?;
         let resp = self
             .ctx
+            .replica
             .raft
             .change_membership(voters, false)
             .await
@@ -270,16 +285,15 @@ impl ClusterService {
     ) -> Result<Response<v1::MembershipResponse>, Status> {
         let identity = self.admin(&req, "RemoveNode")?;
         let id = req.get_ref().node_id;
-        forward_or!(
-            self.ctx,
-            req,
-            deadline_of(&req),
-            identity,
-            ClusterClient,
-            remove_node
-        );
+        if let Some(answer) = self
+            .ctx
+            .to_leader(&req, deadline_of(&req), identity.as_deref())
+            .await
+        {
+            return answer;
+        }
         self.confirmed_leader().await?;
-        let members = membership::members_of(&self.ctx.raft);
+        let members = membership::members_of(&self.ctx.replica.raft);
         let voter = members.get(&id).is_some_and(|m| m.voter);
         let in_contact = if voter {
             self.voters_in_contact().await
@@ -287,7 +301,7 @@ impl ClusterService {
             BTreeSet::new()
         };
         membership::check_remove(&members, id, &in_contact)?;
-        let retired = self.ctx.shared.retired_ids();
+        let retired = self.ctx.replica.shared.retired_ids();
         membership::check_retire_room(&retired, usize::from(!retired.contains(id)))?;
         tracing::info!(
             node = id,
@@ -306,14 +320,16 @@ impl ClusterService {
         };
         let mut resp = self
             .ctx
+            .replica
             .raft
             .change_membership(change, false)
             .await
             .map_err(write_status)?;
-        if voter && membership::members_of(&self.ctx.raft).contains_key(&id) {
+        if voter && membership::members_of(&self.ctx.replica.raft).contains_key(&id) {
             // openraft keeps a removed voter as a learner: take it out.
             resp = self
                 .ctx
+                .replica
                 .raft
                 .change_membership(ChangeMembers::RemoveNodes([id].into()), false)
                 .await
@@ -328,17 +344,16 @@ impl ClusterService {
     ) -> Result<Response<v1::MembershipResponse>, Status> {
         let identity = self.admin(&req, "PromoteLearner")?;
         let id = req.get_ref().node_id;
-        forward_or!(
-            self.ctx,
-            req,
-            deadline_of(&req),
-            identity,
-            ClusterClient,
-            promote_learner
-        );
+        if let Some(answer) = self
+            .ctx
+            .to_leader(&req, deadline_of(&req), identity.as_deref())
+            .await
+        {
+            return answer;
+        }
         self.confirmed_leader().await?;
-        membership::check_not_retired(&self.ctx.shared.retired_ids(), id)?;
-        let members = membership::members_of(&self.ctx.raft);
+        membership::check_not_retired(&self.ctx.replica.shared.retired_ids(), id)?;
+        let members = membership::members_of(&self.ctx.replica.raft);
         let (matched, last) = self.progress_of(id);
         if membership::check_promote(&members, id, matched, last)?
             == membership::PromotePlan::AlreadyVoter
@@ -356,6 +371,7 @@ impl ClusterService {
         );
         let resp = self
             .ctx
+            .replica
             .raft
             .change_membership(ChangeMembers::AddVoterIds([id].into()), false)
             .await
@@ -368,17 +384,16 @@ impl ClusterService {
         req: Request<v1::ListMembersRequest>,
     ) -> Result<Response<v1::ListMembersResponse>, Status> {
         let identity = self.admin(&req, "ListMembers")?;
-        forward_or!(
-            self.ctx,
-            req,
-            deadline_of(&req),
-            identity,
-            ClusterClient,
-            list_members
-        );
-        let m = self.ctx.raft.metrics().borrow().clone();
+        if let Some(answer) = self
+            .ctx
+            .to_leader(&req, deadline_of(&req), identity.as_deref())
+            .await
+        {
+            return answer;
+        }
+        let m = self.ctx.replica.raft.metrics().borrow().clone();
         if m.state != ServerState::Leader {
-            return Err(not_leader(leader_of(&self.ctx.raft).as_ref()));
+            return Err(not_leader(leader_of(&self.ctx.replica.raft).as_ref()));
         }
         let last = m.last_log_index.unwrap_or(0);
         let members = self
@@ -387,7 +402,7 @@ impl ClusterService {
             .map(|member| {
                 let (matched, _) = self.progress_of(member.id);
                 v1::MemberProgress {
-                    leader: member.id == self.ctx.id,
+                    leader: member.id == self.ctx.replica.id,
                     matched: matched.is_some(),
                     match_index: matched.unwrap_or(0),
                     lag: last.saturating_sub(matched.unwrap_or(0)),
@@ -396,13 +411,14 @@ impl ClusterService {
             })
             .collect();
         Ok(Response::new(v1::ListMembersResponse {
-            leader_id: self.ctx.id,
+            leader_id: self.ctx.replica.id,
             term: m.current_term,
             last_log_index: last,
             members,
             promote_max_lag: membership::PROMOTE_MAX_LAG,
             retired_ids: self
                 .ctx
+                .replica
                 .shared
                 .retired_ids()
                 .ids()
@@ -417,6 +433,7 @@ impl ClusterService {
     /// The index of the membership in force.
     fn membership_index(&self) -> u64 {
         self.ctx
+            .replica
             .raft
             .metrics()
             .borrow()
@@ -428,10 +445,10 @@ impl ClusterService {
     /// The last index the leader knows matches on node `id` (its own last
     /// index for itself), and the leader's last log index.
     fn progress_of(&self, id: NodeId) -> (Option<u64>, u64) {
-        let m = self.ctx.raft.metrics();
+        let m = self.ctx.replica.raft.metrics();
         let m = m.borrow();
         let last = m.last_log_index.unwrap_or(0);
-        if id == self.ctx.id {
+        if id == self.ctx.replica.id {
             return (Some(last), last);
         }
         let matched = m
@@ -446,10 +463,18 @@ impl ClusterService {
     /// is appended and each voter that has it within a second counts, the
     /// leader always.
     async fn voters_in_contact(&self) -> BTreeSet<NodeId> {
-        let before = self.ctx.raft.metrics().borrow().last_log_index.unwrap_or(0);
-        self.ctx.proposer.tick();
+        let before = self
+            .ctx
+            .replica
+            .raft
+            .metrics()
+            .borrow()
+            .last_log_index
+            .unwrap_or(0);
+        self.ctx.replica.proposer.tick();
         let target = self
             .ctx
+            .replica
             .raft
             .wait(Some(Duration::from_millis(500)))
             .metrics(
@@ -458,7 +483,7 @@ impl ClusterService {
             )
             .await
             .map_or(before, |m| m.last_log_index.unwrap_or(before));
-        let voters: BTreeSet<NodeId> = membership::members_of(&self.ctx.raft)
+        let voters: BTreeSet<NodeId> = membership::members_of(&self.ctx.replica.raft)
             .into_iter()
             .filter(|(_, m)| m.voter)
             .map(|(id, _)| id)
@@ -469,7 +494,7 @@ impl ClusterService {
                 .iter()
                 .copied()
                 .filter(|v| {
-                    *v == self.ctx.id
+                    *v == self.ctx.replica.id
                         || r.get(v)
                             .copied()
                             .flatten()
@@ -479,6 +504,7 @@ impl ClusterService {
         };
         let _ = self
             .ctx
+            .replica
             .raft
             .wait(Some(Duration::from_secs(1)))
             .metrics(
@@ -486,7 +512,7 @@ impl ClusterService {
                 "every voter has the probe",
             )
             .await;
-        reached(&self.ctx.raft.metrics().borrow())
+        reached(&self.ctx.replica.raft.metrics().borrow())
     }
 }
 

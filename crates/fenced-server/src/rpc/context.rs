@@ -11,42 +11,56 @@ use fenced_proto::WallTimed;
 use tonic::{Response, Status};
 
 use crate::{
-    auth::Auth,
     clock::{floor::LeaderTime, ClusterClock},
     counters::Counters,
-    log_store::LogStore,
-    network::Reachability,
-    parking::Parking,
+    peer::network::Reachability,
     proposer::{ProposeError, Proposer},
     replication::EarlyAnswers,
+    rpc::watch::Watchers,
+    security::auth::Auth,
+    security::tls::NodeTls,
+    state_machine::parking::Parking,
     state_machine::Shared,
-    tls::NodeTls,
+    storage::log_store::LogStore,
     types::{NodeId, Raft},
-    watch::Watchers,
 };
 
 use super::forward::{not_leader, Forwarding};
 
-/// Everything the services of one node share.
+/// This node's share of the cluster: its id, its Raft, the applied state,
+/// the leader's write path and clock, and the log.
 #[derive(Clone)]
-pub struct NodeContext {
+pub struct Replica {
     pub id: NodeId,
     pub raft: Raft,
     pub shared: Arc<Shared>,
+    pub proposer: Proposer,
+    pub time: Arc<ClusterClock>,
+    pub log: LogStore,
+}
+
+/// What a caller may ask and how long it is served: auth, the request
+/// bounds and the time a call may take.
+#[derive(Clone)]
+pub struct CallPolicy {
+    /// Who may call what; off unless the node was given auth files.
+    pub auth: Arc<Auth>,
+    pub limits: Limits,
+    /// Per-identity limits, carried in each command an identity makes and
+    /// decided by the table.
+    pub identity_bounds: IdentityBounds,
+    pub request_timeout: Duration,
+}
+
+/// Everything the services of one node share, in owned parts.
+#[derive(Clone)]
+pub struct NodeContext {
+    pub replica: Replica,
+    pub policy: CallPolicy,
     /// Callers waiting for a resource; the state machine wakes them.
     pub parking: Arc<Parking>,
     /// The node's counters, read by /metrics.
     pub counters: Arc<Counters>,
-    pub proposer: Proposer,
-    pub time: Arc<ClusterClock>,
-    pub limits: Limits,
-    pub log: LogStore,
-    pub request_timeout: Duration,
-    /// Who may call what; off unless the node was given auth files.
-    pub auth: Arc<Auth>,
-    /// Per-identity limits, carried in each command an identity makes and
-    /// decided by the table.
-    pub identity_bounds: IdentityBounds,
     /// Watch streams served by this node, and their bounds.
     pub watchers: Arc<Watchers>,
     /// Sending calls on to the leader.
@@ -61,57 +75,42 @@ impl NodeContext {
     /// Read index: leadership confirmed by a quorum, and everything
     /// committed before the call applied, within the request timeout.
     pub(crate) async fn confirm_leadership(&self, what: &str) -> Result<(), Status> {
-        tokio::time::timeout(self.request_timeout, self.raft.ensure_linearizable())
-            .await
-            .map_err(|_| {
-                Status::unavailable(format!(
-                    "{what}: no quorum confirmed leadership in time; retry"
-                ))
-            })?
-            .map_err(|e| {
-                not_leader(
-                    e.forward_to_leader()
-                        .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
-                        .as_ref(),
-                )
-            })?;
+        tokio::time::timeout(
+            self.policy.request_timeout,
+            self.replica.raft.ensure_linearizable(),
+        )
+        .await
+        .map_err(|_| {
+            Status::unavailable(format!(
+                "{what}: no quorum confirmed leadership in time; retry"
+            ))
+        })?
+        .map_err(|e| {
+            not_leader(
+                e.forward_to_leader()
+                    .and_then(|f| f.leader_id.zip(f.leader_node.clone()))
+                    .as_ref(),
+            )
+        })?;
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
-        id: NodeId,
-        raft: Raft,
-        shared: Arc<Shared>,
+        replica: Replica,
+        policy: CallPolicy,
         parking: Arc<Parking>,
         counters: Arc<Counters>,
-        proposer: Proposer,
-        time: Arc<ClusterClock>,
-        limits: Limits,
-        log: LogStore,
-        request_timeout: Duration,
     ) -> Self {
         Self {
-            id,
-            raft,
-            shared,
+            replica,
+            policy,
             parking,
             counters,
-            proposer,
-            time,
-            limits,
-            log,
-            request_timeout,
-            auth: Arc::new(Auth::disabled()),
-            identity_bounds: IdentityBounds {
-                max_leases_per_identity: crate::limits::DEFAULT_MAX_LEASES_PER_IDENTITY,
-                max_waiters_per_identity: crate::limits::DEFAULT_MAX_WAITERS_PER_IDENTITY,
-            },
             forwarding: Arc::default(),
             watchers: Arc::new(Watchers::new(
-                crate::watch::DEFAULT_MAX_WATCHERS,
-                crate::watch::DEFAULT_MAX_WATCHERS_PER_IDENTITY,
-                crate::watch::DEFAULT_WATCH_BUFFER,
+                crate::rpc::watch::DEFAULT_MAX_WATCHERS,
+                crate::rpc::watch::DEFAULT_MAX_WATCHERS_PER_IDENTITY,
+                crate::rpc::watch::DEFAULT_WATCH_BUFFER,
             )),
             early: Arc::default(),
             repair: Arc::default(),
@@ -149,21 +148,16 @@ impl NodeContext {
         }
     }
 
-    /// The same context with auth and per-identity limits.
-    pub fn with_auth(self, auth: Arc<Auth>, identity_bounds: IdentityBounds) -> Self {
-        Self {
-            auth,
-            identity_bounds,
-            ..self
-        }
-    }
-
     /// `command` made by the caller as authenticated here (`None` with
     /// auth off: the empty identity, without per-identity bounds): the
-    /// table records the lease as that identity's and refuses any other.
+    /// table records the lease as that identity's and refuses any other. A
+    /// session command already names its identity and goes as it is.
     pub(crate) fn as_caller(&self, command: Command, identity: Option<&str>) -> Command {
+        if command.carries_identity() {
+            return command;
+        }
         match identity {
-            Some(id) => command.as_identity(id, self.identity_bounds),
+            Some(id) => command.as_identity(id, self.policy.identity_bounds),
             None => command.as_identity("", IdentityBounds::UNBOUNDED),
         }
     }
@@ -175,8 +169,8 @@ impl NodeContext {
     /// Cluster time now for a read, and the leader time to make durable
     /// before the read reveals it ([`ClusterClock::for_read`]).
     pub(crate) fn read_time(&self) -> (ClusterTime, LeaderTime) {
-        let term = self.raft.metrics().borrow().current_term;
-        self.time.for_read(term)
+        let term = self.replica.raft.metrics().borrow().current_term;
+        self.replica.time.for_read(term)
     }
 
     /// Proposes `command` as [`Self::propose`] does, a refusal turned into
@@ -211,7 +205,7 @@ impl NodeContext {
     /// then for the people who read it (0 before the cluster's first
     /// anchor).
     pub(crate) fn dated<R: WallTimed>(&self, reply: R, now: ClusterTime) -> Response<R> {
-        Response::new(reply.with_wall_time(self.shared.wall_ms_at(now).unwrap_or(0)))
+        Response::new(reply.with_wall_time(self.replica.shared.wall_ms_at(now).unwrap_or(0)))
     }
 
     /// Proposes `command` and waits for its outcome, of the command's own
@@ -222,15 +216,15 @@ impl NodeContext {
         deadline: Option<Instant>,
     ) -> Result<(T, ClusterTime), ProposeError> {
         match tokio::time::timeout(
-            self.request_timeout,
-            self.proposer.propose(command, deadline),
+            self.policy.request_timeout,
+            self.replica.proposer.propose(command, deadline),
         )
         .await
         {
             Ok(r) => r,
             Err(_) => Err(ProposeError::Unknown(format!(
                 "not committed within {} ms",
-                self.request_timeout.as_millis()
+                self.policy.request_timeout.as_millis()
             ))),
         }
     }
@@ -257,8 +251,8 @@ impl NodeContext {
             ))
         };
         let term = match tokio::time::timeout(
-            self.request_timeout,
-            crate::proposer::ensure_clock(&self.raft, &self.time),
+            self.policy.request_timeout,
+            crate::proposer::ensure_clock(&self.replica.raft, &self.replica.time),
         )
         .await
         {
@@ -268,14 +262,17 @@ impl NodeContext {
             }
             Ok(Err(_)) | Err(_) => return Err(unconfirmed()),
         };
-        let Some(revealed) = self.time.stamp(term) else {
+        let Some(revealed) = self.replica.time.stamp(term) else {
             // Leadership moved on between the two lines.
-            return Err(self.not_leader(crate::proposer::leader_of(&self.raft).as_ref()));
+            return Err(self.not_leader(crate::proposer::leader_of(&self.replica.raft).as_ref()));
         };
         let as_leader_time = LeaderTime::new(term, revealed);
         let (confirmed, durable) = tokio::join!(
-            tokio::time::timeout(self.request_timeout, self.raft.ensure_linearizable()),
-            self.time.floor().make_durable(as_leader_time),
+            tokio::time::timeout(
+                self.policy.request_timeout,
+                self.replica.raft.ensure_linearizable()
+            ),
+            self.replica.time.floor().make_durable(as_leader_time),
         );
         durable.map_err(|e| {
             tracing::error!(error = %e, "cannot make the cluster time durable");
@@ -291,6 +288,6 @@ impl NodeContext {
             )
         })?;
         // Entries applied since carry later stamps, durable in the log.
-        Ok(revealed.max(self.time.applied()))
+        Ok(revealed.max(self.replica.time.applied()))
     }
 }

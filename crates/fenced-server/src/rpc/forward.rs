@@ -4,6 +4,7 @@
 
 use std::{
     collections::HashMap,
+    future::Future,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
@@ -11,6 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use fenced_proto::v1::{
+    self, cluster_client::ClusterClient, kv_client::KvClient, lock_client::LockClient,
+};
 use openraft::ServerState;
 use tonic::{
     metadata::{Ascii, MetadataMap, MetadataValue},
@@ -19,12 +23,12 @@ use tonic::{
 };
 
 use crate::{
-    auth::FORWARDED_IDENTITY,
     headers::{LEADER_HEADER, NODE_HEADER},
-    network::Reachability,
-    peer_channel::peer_channel,
+    peer::network::Reachability,
+    peer::peer_channel::peer_channel,
     proposer::{leader_of, ProposeError},
-    tls::NodeTls,
+    security::auth::FORWARDED_IDENTITY,
+    security::tls::NodeTls,
     types::{Node, NodeId},
 };
 
@@ -69,15 +73,15 @@ impl NodeContext {
             return not_leader(leader);
         }
         let voters: Vec<NodeId> = {
-            let metrics = self.raft.metrics();
+            let metrics = self.replica.raft.metrics();
             let m = metrics.borrow();
             m.membership_config.membership().voter_ids().collect()
         };
         let reachable = voters
             .iter()
-            .filter(|id| **id == self.id || self.forwarding.reachability.is_reachable(**id))
+            .filter(|id| **id == self.replica.id || self.forwarding.reachability.is_reachable(**id))
             .count();
-        Status::unavailable(no_leader_message(self.id, reachable, voters.len()))
+        Status::unavailable(no_leader_message(self.replica.id, reachable, voters.len()))
     }
 
     pub(crate) fn propose_status(&self, e: ProposeError) -> Status {
@@ -91,10 +95,10 @@ impl NodeContext {
     pub(crate) fn other_leader(&self) -> Option<(NodeId, Node)> {
         // Read in place: cloning the metrics (membership included) on every
         // request costs more than the check.
-        if self.raft.metrics().borrow().state == ServerState::Leader {
+        if self.replica.raft.metrics().borrow().state == ServerState::Leader {
             return None;
         }
-        leader_of(&self.raft)
+        leader_of(&self.replica.raft)
     }
 
     pub(crate) fn channel_to(&self, leader: &(NodeId, Node)) -> Result<Channel, Status> {
@@ -122,14 +126,14 @@ impl NodeContext {
     }
 
     /// Counts a call sent on to the leader.
-    pub(crate) fn count_forward(&self) {
+    fn count_forward(&self) {
         self.forwarding.sent.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The leader hint, `<id>,<client address>`, as this node knows it now.
     fn leader_hint(&self) -> Option<MetadataValue<Ascii>> {
         // Read in place, like `other_leader`: this runs on every answer.
-        let metrics = self.raft.metrics();
+        let metrics = self.replica.raft.metrics();
         let m = metrics.borrow();
         let id = m.current_leader?;
         let node = m.membership_config.membership().get_node(&id)?;
@@ -142,7 +146,7 @@ impl NodeContext {
         &self,
         answer: Result<Response<T>, Status>,
     ) -> Result<Response<T>, Status> {
-        let node = MetadataValue::from(self.id);
+        let node = MetadataValue::from(self.replica.id);
         match answer {
             Ok(mut resp) => {
                 self.add_hint(resp.metadata_mut(), node);
@@ -174,7 +178,7 @@ fn leader_hint_value(id: NodeId, client_addr: &str) -> Option<MetadataValue<Asci
     MetadataValue::try_from(format!("{id},{client_addr}")).ok()
 }
 
-pub(crate) fn is_forwarded<T>(req: &Request<T>) -> bool {
+fn is_forwarded<T>(req: &Request<T>) -> bool {
     req.metadata().contains_key(FORWARDED)
 }
 
@@ -183,7 +187,7 @@ pub(crate) fn is_forwarded<T>(req: &Request<T>) -> bool {
 /// The forwarded request carries the caller's own bearer token when it had
 /// one, so the leader authenticates it itself; a certificate identity goes
 /// by name, believed only over the peer port's mutual TLS.
-pub(crate) fn forwarded<T>(
+fn forwarded<T>(
     msg: T,
     timeout: Duration,
     authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
@@ -247,7 +251,7 @@ pub(crate) fn propose_status(e: ProposeError) -> Status {
 /// The timeout of a forwarded call: what is left of the caller's deadline
 /// (so the leader drops the command once the caller gave up), at most
 /// `budget`. `None` when the deadline has already passed.
-pub(crate) fn forward_timeout(deadline: Option<Instant>, budget: Duration) -> Option<Duration> {
+fn forward_timeout(deadline: Option<Instant>, budget: Duration) -> Option<Duration> {
     match deadline {
         None => Some(budget),
         Some(d) => {
@@ -257,59 +261,117 @@ pub(crate) fn forward_timeout(deadline: Option<Instant>, budget: Duration) -> Op
     }
 }
 
-/// Runs `call` against the leader when this node is not it, with what is
-/// left of the caller's `deadline`; a call whose deadline passed before it
-/// could be forwarded (this node was paused, say) is answered
-/// DEADLINE_EXCEEDED unforwarded. It goes as `identity` (already authorized
-/// here; the leader checks it again). `extra` is added to the forwarded call's
-/// timeout budget (a blocking acquire's wait).
-#[macro_export]
-#[doc(hidden)]
-macro_rules! forward_or {
-    ($ctx:expr, $req:expr, $deadline:expr, $identity:expr, $client:ident, $method:ident) => {
-        $crate::forward_or!(
-            $ctx,
-            $req,
-            $deadline,
-            $identity,
-            $client,
-            $method,
-            std::time::Duration::ZERO
-        )
-    };
-    ($ctx:expr, $req:expr, $deadline:expr, $identity:expr, $client:ident, $method:ident, $extra:expr) => {
-        if let Some(leader) = $ctx.other_leader() {
-            if $crate::rpc::forward::is_forwarded(&$req) {
-                return Err($crate::rpc::forward::not_leader(Some(&leader)));
+/// A call a follower can hand to the leader: the generated client method
+/// that carries it there, and its name for the log.
+pub(crate) trait ToLeader: Clone + Send + Sync + 'static {
+    type Reply: Send + 'static;
+    const RPC: &'static str;
+    fn send(
+        leader: Channel,
+        req: Request<Self>,
+    ) -> impl Future<Output = Result<Response<Self::Reply>, Status>> + Send;
+}
+
+/// One line per forwardable call: `Client::method(Request) -> Reply`.
+macro_rules! to_leader {
+    ($($client:ident :: $method:ident ($req:ty) -> $reply:ty;)*) => {$(
+        impl ToLeader for $req {
+            type Reply = $reply;
+            const RPC: &'static str = stringify!($method);
+            fn send(
+                leader: Channel,
+                req: Request<Self>,
+            ) -> impl Future<Output = Result<Response<$reply>, Status>> + Send {
+                async move { $client::new(leader).$method(req).await }
             }
-            let Some(timeout) = $crate::rpc::forward::forward_timeout(
-                $deadline,
-                $ctx.request_timeout + $crate::rpc::forward::WAIT_GRACE + $extra,
-            ) else {
-                $ctx.proposer.note_deadline_drop();
-                tracing::info!(
-                    rpc = stringify!($method),
-                    leader = leader.0,
-                    "request not forwarded: its caller's deadline passed"
-                );
-                return Err(tonic::Status::deadline_exceeded(
-                    "the caller's deadline passed before the request reached the leader; \
-                     nothing was written",
-                ));
-            };
-            let ch = $ctx.channel_to(&leader)?;
-            $ctx.count_forward();
-            let authorization = $req.metadata().get("authorization").cloned();
-            return $client::new(ch)
-                .$method($crate::rpc::forward::forwarded(
-                    $req.into_inner(),
-                    timeout,
-                    authorization,
-                    $identity.as_deref(),
-                )?)
-                .await;
         }
-    };
+    )*};
+}
+
+to_leader! {
+    LockClient::acquire(v1::AcquireRequest) -> v1::AcquireResponse;
+    LockClient::renew(v1::RenewRequest) -> v1::RenewResponse;
+    LockClient::renew_many(v1::RenewManyRequest) -> v1::RenewManyResponse;
+    LockClient::release(v1::ReleaseRequest) -> v1::ReleaseResponse;
+    LockClient::acquire_in_session(v1::AcquireInSessionRequest) -> v1::AcquireResponse;
+    LockClient::open_session(v1::OpenSessionRequest) -> v1::SessionResponse;
+    LockClient::keep_alive(v1::KeepAliveRequest) -> v1::SessionResponse;
+    LockClient::close_session(v1::CloseSessionRequest) -> v1::CloseSessionResponse;
+    LockClient::describe(v1::DescribeRequest) -> v1::DescribeResponse;
+    LockClient::validate_token(v1::ValidateTokenRequest) -> v1::ValidateTokenResponse;
+    LockClient::validate_tokens(v1::ValidateTokensRequest) -> v1::ValidateTokensResponse;
+    LockClient::history(v1::HistoryRequest) -> v1::HistoryResponse;
+    KvClient::put(v1::KvPutRequest) -> v1::KvPutResponse;
+    KvClient::delete(v1::KvDeleteRequest) -> v1::KvDeleteResponse;
+    KvClient::get(v1::KvGetRequest) -> v1::KvGetResponse;
+    ClusterClient::add_learner(v1::AddLearnerRequest) -> v1::MembershipResponse;
+    ClusterClient::change_membership(v1::ChangeMembershipRequest) -> v1::MembershipResponse;
+    ClusterClient::remove_node(v1::RemoveNodeRequest) -> v1::MembershipResponse;
+    ClusterClient::promote_learner(v1::PromoteLearnerRequest) -> v1::MembershipResponse;
+    ClusterClient::list_members(v1::ListMembersRequest) -> v1::ListMembersResponse;
+}
+
+impl NodeContext {
+    /// The leader's answer to `req` when another node leads; `None` when
+    /// the call is this node's to serve. It goes as `identity` (authorized
+    /// here; the leader checks it again), with what is left of the caller's
+    /// `deadline`: a call whose deadline passed before it could be
+    /// forwarded (this node was paused, say) is answered DEADLINE_EXCEEDED
+    /// unforwarded, and a call already forwarded once is refused, never sent
+    /// on again.
+    pub(crate) async fn to_leader<T: ToLeader>(
+        &self,
+        req: &Request<T>,
+        deadline: Option<Instant>,
+        identity: Option<&str>,
+    ) -> Option<Result<Response<T::Reply>, Status>> {
+        self.to_leader_within(req, deadline, identity, Duration::ZERO)
+            .await
+    }
+
+    /// As [`NodeContext::to_leader`], for a call that may take `extra` past
+    /// the request timeout at the leader (a blocking acquire's wait).
+    pub(crate) async fn to_leader_within<T: ToLeader>(
+        &self,
+        req: &Request<T>,
+        deadline: Option<Instant>,
+        identity: Option<&str>,
+        extra: Duration,
+    ) -> Option<Result<Response<T::Reply>, Status>> {
+        let leader = self.other_leader()?;
+        Some(self.forward(&leader, req, deadline, identity, extra).await)
+    }
+
+    async fn forward<T: ToLeader>(
+        &self,
+        leader: &(NodeId, Node),
+        req: &Request<T>,
+        deadline: Option<Instant>,
+        identity: Option<&str>,
+        extra: Duration,
+    ) -> Result<Response<T::Reply>, Status> {
+        if is_forwarded(req) {
+            return Err(not_leader(Some(leader)));
+        }
+        let budget = self.policy.request_timeout + WAIT_GRACE + extra;
+        let Some(timeout) = forward_timeout(deadline, budget) else {
+            self.replica.proposer.note_deadline_drop();
+            tracing::info!(
+                rpc = T::RPC,
+                leader = leader.0,
+                "request not forwarded: its caller's deadline passed"
+            );
+            return Err(Status::deadline_exceeded(
+                "the caller's deadline passed before the request reached the leader; \
+                 nothing was written",
+            ));
+        };
+        let channel = self.channel_to(leader)?;
+        self.count_forward();
+        let authorization = req.metadata().get("authorization").cloned();
+        let sent = forwarded(req.get_ref().clone(), timeout, authorization, identity)?;
+        T::send(channel, sent).await
+    }
 }
 
 #[cfg(test)]

@@ -3,15 +3,22 @@
 //! linearizable path as `Describe`. Decides nothing: the fencing rule is
 //! `LeaseTable::apply`.
 
-use fenced_core::{ClusterTime, KvKey};
+use fenced_core::{ClusterTime, InvalidArgument, KvKey, ResourceName};
 use fenced_proto::{
     invalid_argument, kv_delete_command, kv_delete_reply, kv_get_key, kv_get_reply, kv_put_command,
     kv_put_reply,
-    v1::{self, kv_client::KvClient, kv_server},
+    v1::{self, kv_server},
 };
 use tonic::{Request, Response, Status};
 
-use crate::{auth::Permission, deadline::deadline_of, rpc::NodeContext};
+use crate::{
+    deadline::deadline_of,
+    rpc::{
+        write::{Make, Names},
+        NodeContext,
+    },
+    security::auth::Permission,
+};
 
 /// The largest Kv request accepted, in bytes: room for a value one byte
 /// past its bound and a long key, so that an oversized value is answered
@@ -31,31 +38,8 @@ impl KvService {
 
     /// A write needs the `lock` role on its resource AND on its key: holding
     /// a lease does not by itself open every key to its holder.
-    fn authorize_write<T>(
-        &self,
-        req: &Request<T>,
-        operation: &str,
-        command: &fenced_core::Command,
-    ) -> Result<Option<String>, Status> {
-        let (key, resource) = match command {
-            fenced_core::Command::KvPut { key, resource, .. }
-            | fenced_core::Command::KvDelete { key, resource, .. } => (key.as_str(), resource),
-            _ => return Err(Status::internal("not a fenced write")),
-        };
-        let auth = &self.ctx.auth;
-        let identity = auth.authorize(
-            req,
-            self.peer,
-            Permission::Lock,
-            operation,
-            Some(resource.as_str()),
-        )?;
-        auth.authorize(req, self.peer, Permission::Lock, operation, Some(key))?;
-        Ok(identity)
-    }
-
     fn read(&self, key: &KvKey, now: ClusterTime) -> Response<v1::KvGetResponse> {
-        let reply = kv_get_reply(self.ctx.shared.kv_get(key.as_str()).as_ref(), now);
+        let reply = kv_get_reply(self.ctx.replica.shared.kv_get(key.as_str()).as_ref(), now);
         self.ctx.dated(reply, now)
     }
 }
@@ -65,25 +49,22 @@ impl KvService {
         &self,
         req: Request<v1::KvPutRequest>,
     ) -> Result<Response<v1::KvPutResponse>, Status> {
-        let deadline = deadline_of(&req);
-        let command =
-            kv_put_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
-        let identity = self.authorize_write(&req, "kv_put", &command)?;
-        crate::forward_or!(self.ctx, req, deadline, identity, KvClient, put);
-        let command = self.ctx.as_caller(command, identity.as_deref());
-        self.ctx.decide(command, deadline, kv_put_reply).await
+        let names: Names<v1::KvPutRequest> = |r| key_and_resource(&r.key, &r.resource);
+        let make: Make<v1::KvPutRequest> = |r, _, limits| kv_put_command(r, limits);
+        self.ctx
+            .write(req, ("kv_put", self.peer), names, make, kv_put_reply)
+            .await
     }
 
     async fn answer_delete(
         &self,
         req: Request<v1::KvDeleteRequest>,
     ) -> Result<Response<v1::KvDeleteResponse>, Status> {
-        let deadline = deadline_of(&req);
-        let command = kv_delete_command(req.get_ref()).map_err(|e| invalid_argument(&e))?;
-        let identity = self.authorize_write(&req, "kv_delete", &command)?;
-        crate::forward_or!(self.ctx, req, deadline, identity, KvClient, delete);
-        let command = self.ctx.as_caller(command, identity.as_deref());
-        self.ctx.decide(command, deadline, kv_delete_reply).await
+        let names: Names<v1::KvDeleteRequest> = |r| key_and_resource(&r.key, &r.resource);
+        let make: Make<v1::KvDeleteRequest> = |r, _, _| kv_delete_command(r);
+        self.ctx
+            .write(req, ("kv_delete", self.peer), names, make, kv_delete_reply)
+            .await
     }
 
     async fn answer_get(
@@ -91,7 +72,7 @@ impl KvService {
         req: Request<v1::KvGetRequest>,
     ) -> Result<Response<v1::KvGetResponse>, Status> {
         let key = kv_get_key(req.get_ref()).map_err(|e| invalid_argument(&e))?;
-        let identity = self.ctx.auth.authorize(
+        let identity = self.ctx.policy.auth.authorize(
             &req,
             self.peer,
             Permission::Read,
@@ -99,12 +80,27 @@ impl KvService {
             Some(key.as_str()),
         )?;
         if req.get_ref().allow_stale {
-            return Ok(self.read(&key, self.ctx.time.applied()));
+            return Ok(self.read(&key, self.ctx.replica.time.applied()));
         }
-        crate::forward_or!(self.ctx, req, deadline_of(&req), identity, KvClient, get);
+        if let Some(answer) = self
+            .ctx
+            .to_leader(&req, deadline_of(&req), identity.as_deref())
+            .await
+        {
+            return answer;
+        }
         let now = self.ctx.linearizable_read("kv get").await?;
         Ok(self.read(&key, now))
     }
+}
+
+/// A fenced write needs `lock` on its key and on the resource whose token
+/// fences it.
+fn key_and_resource(key: &[u8], resource: &[u8]) -> Result<Vec<String>, InvalidArgument> {
+    Ok(vec![
+        KvKey::from_bytes(key)?.as_str().to_string(),
+        ResourceName::from_bytes(resource)?.as_str().to_string(),
+    ])
 }
 
 // Every answer carries this node's id and the leader hint, as the Lock

@@ -2,24 +2,25 @@
 
 use std::{sync::Arc, time::Duration};
 
-use fenced_core::{
-    AcquireInSessionOutcome, AcquireOutcome, Command, Limits, OwnerId, ResourceName,
-};
+use fenced_core::{AcquireInSessionOutcome, AcquireOutcome, InvalidArgument, ResourceName};
 use fenced_proto::{
-    acquire_command, acquire_in_session_command, acquire_in_session_reply, acquire_reply,
+    acquire_call, acquire_in_session_command, acquire_in_session_reply, acquire_reply,
     close_session_command, close_session_reply, describe_reply, describe_resource, history_reply,
-    history_request, invalid_argument, keep_alive_command, open_session_command, release_command,
-    release_reply, renew_command, renew_many_command, renew_many_reply, renew_reply, session_reply,
-    v1::{self, lock_client::LockClient, lock_server},
-    validate_check, validate_checks, validate_reply,
+    history_request, invalid_argument, keep_alive_command, open_session_command, release_call,
+    release_reply, renew_call, renew_many_command, renew_many_reply, renew_many_resources,
+    renew_reply, session_reply,
+    v1::{self, lock_server},
+    validate_check, validate_checks, validate_reply, LeaseCall,
 };
 use tonic::{Request, Response, Status};
 
-use crate::{auth::Permission, deadline::deadline_of, parking::WaitEnd};
+use crate::{deadline::deadline_of, security::auth::Permission, state_machine::parking::WaitEnd};
 
-use crate::forward_or;
-
-use super::{context::NodeContext, forward::WAIT_GRACE};
+use super::{
+    context::NodeContext,
+    forward::WAIT_GRACE,
+    write::{Make, Names},
+};
 
 pub struct LockService {
     ctx: NodeContext,
@@ -32,32 +33,18 @@ impl LockService {
         Self { ctx, peer }
     }
 
-    /// The resource and owner id of an acquire.
-    fn acquire_parts(command: &Command) -> Result<(ResourceName, OwnerId), Status> {
-        command
-            .resource()
-            .cloned()
-            .zip(command.owner_id())
-            .ok_or_else(|| Status::internal("an acquire without a resource"))
-    }
-
-    /// A session's open, keep-alive or close, for the caller: its identity
-    /// (none without auth; the command records it as empty), which needs
-    /// `lock` on some prefix, and the command `build` makes for it.
-    fn session_command<T>(
+    /// Authorizes `operation` on the resource named by `bytes`, read here
+    /// only as far as the permission needs: the whole request becomes a
+    /// command once, on the node that serves it.
+    fn authorize_named<T>(
         &self,
         req: &Request<T>,
+        permission: Permission,
         operation: &str,
-        build: fn(&T, &str, &Limits) -> Result<Command, fenced_core::InvalidArgument>,
-    ) -> Result<(Option<String>, Command), Status> {
-        let identity =
-            self.ctx
-                .auth
-                .authorize(req, self.peer, Permission::Lock, operation, None)?;
-        let who = identity.as_deref().unwrap_or("");
-        let command =
-            build(req.get_ref(), who, &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
-        Ok((identity, command))
+        bytes: &[u8],
+    ) -> Result<Option<String>, Status> {
+        let resource = ResourceName::from_bytes(bytes).map_err(|e| invalid_argument(&e))?;
+        self.authorize(req, permission, operation, &resource)
     }
 
     fn authorize<T>(
@@ -67,7 +54,7 @@ impl LockService {
         operation: &str,
         resource: &fenced_core::ResourceName,
     ) -> Result<Option<String>, Status> {
-        self.ctx.auth.authorize(
+        self.ctx.policy.auth.authorize(
             req,
             self.peer,
             permission,
@@ -81,20 +68,25 @@ impl LockService {
         req: Request<v1::AcquireRequest>,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
         let deadline = deadline_of(&req);
-        let command =
-            acquire_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
-        let (resource, owner) = Self::acquire_parts(&command)?;
-        let identity = self.authorize(&req, Permission::Lock, "acquire", &resource)?;
+        let identity =
+            self.authorize_named(&req, Permission::Lock, "acquire", &req.get_ref().resource)?;
         let wait_ms = req.get_ref().wait_ms;
-        forward_or!(
-            self.ctx,
-            req,
-            deadline,
-            identity,
-            LockClient,
-            acquire,
-            Duration::from_millis(wait_ms)
-        );
+        // The forwarded call's budget: a wait past the bound is the
+        // leader's to refuse, not this node's to wait for.
+        let wait = Duration::from_millis(wait_ms.min(self.ctx.policy.limits.wait_max_ms));
+        if let Some(answer) = self
+            .ctx
+            .to_leader_within(&req, deadline, identity.as_deref(), wait)
+            .await
+        {
+            return answer;
+        }
+        let LeaseCall {
+            resource,
+            owner_id: owner,
+            command,
+        } = acquire_call(req.get_ref(), &self.ctx.policy.limits)
+            .map_err(|e| invalid_argument(&e))?;
         let command = self.ctx.as_caller(command, identity.as_deref());
         let parked = if wait_ms > 0 {
             Some(
@@ -144,14 +136,11 @@ impl LockService {
         &self,
         req: Request<v1::RenewRequest>,
     ) -> Result<Response<v1::RenewResponse>, Status> {
-        let deadline = deadline_of(&req);
-        let command =
-            renew_command(req.get_ref(), &self.ctx.limits).map_err(|e| invalid_argument(&e))?;
-        let (resource, _) = Self::acquire_parts(&command)?;
-        let identity = self.authorize(&req, Permission::Lock, "renew", &resource)?;
-        forward_or!(self.ctx, req, deadline, identity, LockClient, renew);
-        let command = self.ctx.as_caller(command, identity.as_deref());
-        self.ctx.decide(command, deadline, renew_reply).await
+        let names: Names<v1::RenewRequest> = |r| resource_named(&r.resource);
+        let make: Make<v1::RenewRequest> = |r, _, limits| renew_call(r, limits).map(|c| c.command);
+        self.ctx
+            .write(req, ("renew", self.peer), names, make, renew_reply)
+            .await
     }
 
     /// Every lease of the call in one command, hence one log entry at one
@@ -162,19 +151,19 @@ impl LockService {
         &self,
         req: Request<v1::RenewManyRequest>,
     ) -> Result<Response<v1::RenewManyResponse>, Status> {
-        let deadline = deadline_of(&req);
-        let command = renew_many_command(req.get_ref(), &self.ctx.limits)
-            .map_err(|e| invalid_argument(&e))?;
-        let mut identity = None;
-        for resource in command.resources() {
-            identity = self.authorize(&req, Permission::Lock, "renew", resource)?;
-        }
-        forward_or!(self.ctx, req, deadline, identity, LockClient, renew_many);
-        let command = self.ctx.as_caller(command, identity.as_deref());
+        let names: Names<v1::RenewManyRequest> = |r| {
+            let resources = renew_many_resources(r)?;
+            Ok(resources.iter().map(|n| n.as_str().to_string()).collect())
+        };
+        let make: Make<v1::RenewManyRequest> = |r, _, limits| renew_many_command(r, limits);
         self.ctx
-            .decide(command, deadline, |outcomes: &Vec<_>, now| {
-                renew_many_reply(outcomes, now)
-            })
+            .write(
+                req,
+                ("renew", self.peer),
+                names,
+                make,
+                |outcomes: &Vec<_>, now| renew_many_reply(outcomes, now),
+            )
             .await
     }
 
@@ -182,14 +171,10 @@ impl LockService {
         &self,
         req: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
-        let deadline = deadline_of(&req);
-        let command = release_command(req.get_ref()).map_err(|e| invalid_argument(&e))?;
-        let (resource, _) = Self::acquire_parts(&command)?;
-        let identity = self.authorize(&req, Permission::Lock, "release", &resource)?;
-        forward_or!(self.ctx, req, deadline, identity, LockClient, release);
-        let command = self.ctx.as_caller(command, identity.as_deref());
+        let names: Names<v1::ReleaseRequest> = |r| resource_named(&r.resource);
+        let make: Make<v1::ReleaseRequest> = |r, _, _| release_call(r).map(|c| c.command);
         self.ctx
-            .decide(command, deadline, |outcome, now| {
+            .write(req, ("release", self.peer), names, make, |outcome, now| {
                 Ok(release_reply(outcome, now))
             })
             .await
@@ -200,31 +185,17 @@ impl LockService {
         &self,
         req: Request<v1::AcquireInSessionRequest>,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
-        let deadline = deadline_of(&req);
-        let resource =
-            ResourceName::from_bytes(&req.get_ref().resource).map_err(|e| invalid_argument(&e))?;
-        let identity = self.authorize(&req, Permission::Lock, "acquire_in_session", &resource)?;
-        let command = acquire_in_session_command(
-            req.get_ref(),
-            identity.as_deref().unwrap_or(""),
-            &self.ctx.limits,
-        )
-        .map_err(|e| invalid_argument(&e))?;
-        forward_or!(
-            self.ctx,
-            req,
-            deadline,
-            identity,
-            LockClient,
-            acquire_in_session
-        );
-        let command = self.ctx.as_caller(command, identity.as_deref());
+        // Named in a granted lease's answer; refused by `names` unless valid.
+        let resource = String::from_utf8_lossy(&req.get_ref().resource).into_owned();
+        let names: Names<v1::AcquireInSessionRequest> = |r| resource_named(&r.resource);
         self.ctx
-            .decide(
-                command,
-                deadline,
+            .write(
+                req,
+                ("acquire_in_session", self.peer),
+                names,
+                acquire_in_session_command,
                 |outcome: &AcquireInSessionOutcome, now| {
-                    acquire_in_session_reply(outcome, resource.as_str(), now)
+                    acquire_in_session_reply(outcome, &resource, now)
                 },
             )
             .await
@@ -234,33 +205,44 @@ impl LockService {
         &self,
         req: Request<v1::OpenSessionRequest>,
     ) -> Result<Response<v1::SessionResponse>, Status> {
-        let deadline = deadline_of(&req);
-        let (identity, command) =
-            self.session_command(&req, "open_session", open_session_command)?;
-        forward_or!(self.ctx, req, deadline, identity, LockClient, open_session);
-        self.ctx.decide(command, deadline, session_reply).await
+        self.ctx
+            .write(
+                req,
+                ("open_session", self.peer),
+                no_names,
+                open_session_command,
+                session_reply,
+            )
+            .await
     }
 
     async fn answer_keep_alive(
         &self,
         req: Request<v1::KeepAliveRequest>,
     ) -> Result<Response<v1::SessionResponse>, Status> {
-        let deadline = deadline_of(&req);
-        let (identity, command) = self.session_command(&req, "keep_alive", keep_alive_command)?;
-        forward_or!(self.ctx, req, deadline, identity, LockClient, keep_alive);
-        self.ctx.decide(command, deadline, session_reply).await
+        self.ctx
+            .write(
+                req,
+                ("keep_alive", self.peer),
+                no_names,
+                keep_alive_command,
+                session_reply,
+            )
+            .await
     }
 
     async fn answer_close_session(
         &self,
         req: Request<v1::CloseSessionRequest>,
     ) -> Result<Response<v1::CloseSessionResponse>, Status> {
-        let deadline = deadline_of(&req);
-        let (identity, command) =
-            self.session_command(&req, "close_session", close_session_command)?;
-        forward_or!(self.ctx, req, deadline, identity, LockClient, close_session);
         self.ctx
-            .decide(command, deadline, close_session_reply)
+            .write(
+                req,
+                ("close_session", self.peer),
+                no_names,
+                close_session_command,
+                close_session_reply,
+            )
             .await
     }
 
@@ -275,21 +257,35 @@ impl LockService {
         if req.get_ref().allow_stale
             || fenced_core::canary::on(fenced_core::canary::Canary::LocalDescribe)
         {
-            let now = self.ctx.time.applied();
-            let d = self.ctx.shared.describe(resource.as_str(), now);
-            return Ok(self.ctx.dated(describe_reply(&d, now), now));
+            let now = self.ctx.replica.time.applied();
+            return Ok(self.described(&resource, now));
         }
-        forward_or!(
-            self.ctx,
-            req,
-            deadline_of(&req),
-            identity,
-            LockClient,
-            describe
-        );
+        if let Some(answer) = self
+            .ctx
+            .to_leader(&req, deadline_of(&req), identity.as_deref())
+            .await
+        {
+            return answer;
+        }
         let now = self.ctx.linearizable_read("describe").await?;
-        let d = self.ctx.shared.describe(resource.as_str(), now);
-        Ok(self.ctx.dated(describe_reply(&d, now), now))
+        Ok(self.described(&resource, now))
+    }
+
+    /// The Describe answer for `resource` at `now`, with its lease's job
+    /// label and dated.
+    fn described(
+        &self,
+        resource: &ResourceName,
+        now: fenced_core::ClusterTime,
+    ) -> Response<v1::DescribeResponse> {
+        let (d, label) = self
+            .ctx
+            .replica
+            .shared
+            .describe_labelled(resource.as_str(), now);
+        let mut reply = describe_reply(&d, now);
+        reply.label = label.map(|l| l.as_str().to_string()).unwrap_or_default();
+        self.ctx.dated(reply, now)
     }
 
     async fn answer_validate_token(
@@ -298,17 +294,17 @@ impl LockService {
     ) -> Result<Response<v1::ValidateTokenResponse>, Status> {
         let check = validate_check(req.get_ref()).map_err(|e| invalid_argument(&e))?;
         let identity = self.authorize(&req, Permission::Read, "validate_token", &check.0)?;
-        forward_or!(
-            self.ctx,
-            req,
-            deadline_of(&req),
-            identity,
-            LockClient,
-            validate_token
-        );
+        if let Some(answer) = self
+            .ctx
+            .to_leader(&req, deadline_of(&req), identity.as_deref())
+            .await
+        {
+            return answer;
+        }
         let now = self.ctx.linearizable_read("validate_token").await?;
         let answers = self
             .ctx
+            .replica
             .shared
             .validate_all(std::slice::from_ref(&check), now);
         let (v, owner) = answers
@@ -327,17 +323,17 @@ impl LockService {
         for (resource, _, _) in &checks {
             identity = self.authorize(&req, Permission::Read, "validate_tokens", resource)?;
         }
-        forward_or!(
-            self.ctx,
-            req,
-            deadline_of(&req),
-            identity,
-            LockClient,
-            validate_tokens
-        );
+        if let Some(answer) = self
+            .ctx
+            .to_leader(&req, deadline_of(&req), identity.as_deref())
+            .await
+        {
+            return answer;
+        }
         let now = self.ctx.linearizable_read("validate_tokens").await?;
         let results = self
             .ctx
+            .replica
             .shared
             .validate_all(&checks, now)
             .iter()
@@ -356,7 +352,7 @@ impl LockService {
         let prefix =
             fenced_core::watch_prefix(&req.get_ref().prefix).map_err(|e| invalid_argument(&e))?;
         // The permission covers the prefix: every resource under it.
-        let identity = self.ctx.auth.authorize(
+        let identity = self.ctx.policy.auth.authorize(
             &req,
             self.peer,
             Permission::Read,
@@ -369,7 +365,7 @@ impl LockService {
             .ctx
             .watchers
             .admit(identity.as_deref())?
-            .showing_owners(self.ctx.auth.shows_owner_ids(identity.as_deref()));
+            .showing_owners(self.ctx.policy.auth.shows_owner_ids(identity.as_deref()));
         tracing::debug!(
             prefix,
             from_revision = req.get_ref().from_revision,
@@ -379,8 +375,8 @@ impl LockService {
         // The stream outlives this check: its caller is authorized again
         // while it is open, from the same credentials.
         let credentials = Request::from_parts(req.metadata().clone(), req.extensions().clone(), ());
-        let (auth, peer, watched) = (Arc::clone(&self.ctx.auth), self.peer, prefix.clone());
-        let recheck: crate::watch::Recheck = Box::new(move || {
+        let (auth, peer, watched) = (Arc::clone(&self.ctx.policy.auth), self.peer, prefix.clone());
+        let recheck: crate::rpc::watch::Recheck = Box::new(move || {
             auth.authorize(
                 &credentials,
                 peer,
@@ -390,8 +386,8 @@ impl LockService {
             )
             .map(|_| ())
         });
-        let rx = crate::watch::start(
-            Arc::clone(&self.ctx.shared),
+        let rx = crate::rpc::watch::start(
+            Arc::clone(&self.ctx.replica.shared),
             slot,
             prefix,
             req.get_ref().from_revision,
@@ -408,26 +404,39 @@ impl LockService {
     ) -> Result<Response<v1::HistoryResponse>, Status> {
         let (resource, limit) = history_request(req.get_ref()).map_err(|e| invalid_argument(&e))?;
         let identity = self.authorize(&req, Permission::Read, "history", &resource)?;
-        forward_or!(
-            self.ctx,
-            req,
-            deadline_of(&req),
-            identity,
-            LockClient,
-            history
-        );
+        if let Some(answer) = self
+            .ctx
+            .to_leader(&req, deadline_of(&req), identity.as_deref())
+            .await
+        {
+            return answer;
+        }
         let now = self.ctx.linearizable_read("history").await?;
-        let entries = self.ctx.shared.history(resource.as_str(), limit);
-        let mut reply = history_reply(&entries, now, |t| self.ctx.shared.wall_ms_at(t));
+        let entries = self
+            .ctx
+            .replica
+            .shared
+            .dated_history(resource.as_str(), limit);
+        let mut reply = history_reply(&entries, now);
         // Owner ids only to an admin (docs/DECISIONS.md, "Owner ids are
         // shown to admins only").
-        if !self.ctx.auth.shows_owner_ids(identity.as_deref()) {
+        if !self.ctx.policy.auth.shows_owner_ids(identity.as_deref()) {
             for e in &mut reply.entries {
                 e.owner_id.clear();
             }
         }
         Ok(self.ctx.dated(reply, now))
     }
+}
+
+/// The resource a lease call names, as the permission check reads it.
+fn resource_named(bytes: &[u8]) -> Result<Vec<String>, InvalidArgument> {
+    Ok(vec![ResourceName::from_bytes(bytes)?.as_str().to_string()])
+}
+
+/// A session call names no resource: its caller needs `lock` on some prefix.
+fn no_names<T>(_: &T) -> Result<Vec<String>, InvalidArgument> {
+    Ok(Vec::new())
 }
 
 #[tonic::async_trait]

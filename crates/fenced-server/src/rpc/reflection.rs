@@ -12,7 +12,7 @@ use tonic_reflection::{
     server::Builder,
 };
 
-use crate::auth::Auth;
+use crate::security::auth::Auth;
 
 /// Lets through a caller that authenticates (anyone, with auth off).
 #[derive(Clone)]

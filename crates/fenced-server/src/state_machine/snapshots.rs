@@ -21,12 +21,12 @@ use serde::{Deserialize, Serialize};
 
 use super::Data;
 use crate::{
-    checksum::{self, Damaged, FramedWriter},
     codec,
     counters::Counters,
-    data_format,
-    log_store::PurgeHorizon,
-    retired::RetiredIds,
+    peer::retired::RetiredIds,
+    storage::checksum::{self, Damaged, FramedWriter},
+    storage::data_format,
+    storage::log_store::PurgeHorizon,
     types::{LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership},
 };
 
@@ -577,7 +577,7 @@ fn decode_file(bytes: &[u8], history_len: usize) -> Result<(SnapshotMeta, Data),
 }
 
 /// The meta and table of a snapshot file's bytes, decoded as a node loads
-/// them at open (for [`crate::fuzzing`]).
+/// them at open (for [`crate::testing::fuzzing`]).
 pub(crate) fn file_table(
     bytes: &[u8],
     history_len: usize,
@@ -925,12 +925,12 @@ mod tests {
 
     use super::*;
     use crate::{
-        log_store::{
+        state_machine::parking::Parking,
+        state_machine::StateMachine,
+        storage::log_store::{
             testing::{log_with_blanks, log_with_payloads, open_state as open, restart},
             LogStore,
         },
-        parking::Parking,
-        state_machine::StateMachine,
     };
 
     fn log_id(index: u64) -> LogId {
@@ -1186,11 +1186,11 @@ mod tests {
             let e = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE);
             e.err().expect("refused").to_string()
         };
-        let max = crate::retired::MAX_RETIRED_IDS as u64;
+        let max = crate::peer::retired::MAX_RETIRED_IDS as u64;
         let full: Vec<u64> = (1..=max).collect();
         let bytes = body_with_retired(&table, &full);
         let data = decode_body(&bytes, fenced_core::DEFAULT_HISTORY_PER_RESOURCE).unwrap();
-        assert_eq!(data.retired.len(), crate::retired::MAX_RETIRED_IDS);
+        assert_eq!(data.retired.len(), crate::peer::retired::MAX_RETIRED_IDS);
         let e = refusal(1, (1..=max + 1).collect());
         assert!(
             e.contains("retired node ids: 4097 ids, at most 4096"),
@@ -1735,7 +1735,9 @@ mod old_formats {
     use openraft::storage::RaftStateMachine;
 
     use super::*;
-    use crate::{log_store::LogStore, parking::Parking, state_machine::StateMachine};
+    use crate::{
+        state_machine::parking::Parking, state_machine::StateMachine, storage::log_store::LogStore,
+    };
 
     /// A snapshot of the layout before the checksum frame loads once, and
     /// is rewritten in its frame with the same content.
@@ -1768,7 +1770,7 @@ mod old_formats {
     #[tokio::test]
     async fn an_unframed_snapshot_in_a_framed_data_dir_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        crate::data_format::write(dir.path()).unwrap();
+        crate::storage::data_format::write(dir.path()).unwrap();
         let state = dir.path().join("state");
         std::fs::create_dir_all(&state).unwrap();
         std::fs::write(state.join(SNAPSHOT_FILE), V1).unwrap();
@@ -1814,7 +1816,7 @@ mod old_formats {
         assert_eq!(b.state, TokenState::Released);
         assert!(shared.holds("jobs/a", OwnerId::from_bytes(&[1; 16]).unwrap()));
         assert_eq!(shared.revision(), 0, "format 1 kept no changes");
-        assert!(shared.history("jobs/a", 16).is_empty());
+        assert!(shared.dated_history("jobs/a", 16).is_empty());
         // Its next snapshot is format 2, and loads as such.
         let (_, (table, _kv)) = shared.table_snapshot();
         assert_eq!(table.format_version(), fenced_core::SNAPSHOT_FORMAT_VERSION);
@@ -1836,7 +1838,7 @@ mod load_timing {
     use fenced_core::{Batch, Command, OwnerId, ResourceName};
 
     use super::*;
-    use crate::log_store::LogStore;
+    use crate::storage::log_store::LogStore;
 
     #[test]
     #[ignore = "a measurement: run it in release with --nocapture"]

@@ -1,19 +1,18 @@
 //! Nodes of one cluster started in the test's process.
 
-use std::{
-    collections::BTreeMap,
-    net::{SocketAddr, TcpListener},
-    time::Duration,
-};
+use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use fenced_server::{
     node::{NodeConfig, RunningNode},
     types::Node,
 };
 
+/// A loopback address no test running at the same time picks: a port from
+/// `bind(0)` is in the ephemeral range, where another process's outgoing
+/// connection can take it before the node binds it.
 fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    l.local_addr().expect("its address")
+    let port = fenced_testkit::free_port().expect("a free loopback port");
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 /// Starts nodes `1..=n` of one cluster in this process, each configured by
@@ -48,7 +47,7 @@ pub async fn cluster(
                 .await
                 .is_some(),
             "node {} knows a leader",
-            node.ctx.id
+            node.ctx.replica.id
         );
     }
     nodes
