@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context, Result};
 use fenced_proto::v1::{kv_client::KvClient, lock_client::LockClient};
 use fenced_resource::FenceStore;
-use fenced_testkit::RunSettings;
+use fenced_testkit::{RunSettings, Within};
 use serde::Serialize;
 
 use crate::{
@@ -253,8 +253,8 @@ pub async fn run(cfg: &RunConfig) -> Result<Summary> {
         // Often enough that a node killed a few seconds into a run
         // restarts from a snapshot (and a lagging one is sent one), not
         // only by replaying the whole log.
-        snapshot_logs: Some(snapshot_logs),
-        request_timeout_ms: Some(3000),
+        snapshot_logs: Some(Within::new(snapshot_logs)?),
+        request_timeout_ms: Some(Within::new(3000)?),
         auth_tokens: Some(auth_tokens),
         auth_policy: Some(auth_policy),
         ..RunSettings::default()

@@ -15,7 +15,7 @@ use std::{
 use fenced_client::{Acquired, Client, Lease, TlsOptions};
 use fenced_proto::v1::{lock_client::LockClient, StatusResponse};
 use fenced_testkit::ClusterSpec;
-pub use fenced_testkit::{NodeSpec, RunSettings};
+pub use fenced_testkit::{NodeSpec, RunSettings, Within};
 use nix::sys::signal::Signal;
 use rustls::pki_types::pem::PemObject;
 use tonic::transport::Channel;
@@ -154,15 +154,11 @@ pub fn hash_token(token: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-/// Writes `tokens.toml` (each `(name, token, role)`, stored hashed as a
-/// node reads it) and `policy.toml` into `dir`; returns their paths, for
-/// `FENCED_AUTH_TOKENS` and `FENCED_AUTH_POLICY`.
-pub fn write_auth_files(
-    dir: &Path,
-    tokens: &[(&str, &str, &str)],
-    policy: &str,
-) -> (String, String) {
-    let text: String = tokens
+/// Writes a tokens file at `path` (each `(name, token, role)`, stored
+/// hashed as a node reads it); at a given path, so a test can rewrite it
+/// and send SIGHUP.
+pub fn write_tokens(path: &Path, entries: &[(&str, &str, &str)]) {
+    let text: String = entries
         .iter()
         .map(|(name, token, role)| {
             format!(
@@ -171,11 +167,34 @@ pub fn write_auth_files(
             )
         })
         .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+/// Writes `tokens.toml` (see [`write_tokens`]) and `policy.toml` into
+/// `dir`; returns their paths, for `FENCED_AUTH_TOKENS` and
+/// `FENCED_AUTH_POLICY`.
+pub fn write_auth_files(
+    dir: &Path,
+    tokens: &[(&str, &str, &str)],
+    policy: &str,
+) -> (String, String) {
     let (t, p) = (dir.join("tokens.toml"), dir.join("policy.toml"));
-    std::fs::write(&t, text).unwrap();
+    write_tokens(&t, tokens);
     std::fs::write(&p, policy).unwrap();
     (t.to_str().unwrap().into(), p.to_str().unwrap().into())
 }
+
+/// The policy most auth tests share: role `orders` may lock and read
+/// `orders/`, role `ops` is admin and may read everything.
+pub const ORDERS_AND_OPS_POLICY: &str = r#"
+[roles.orders]
+lock = ["orders/"]
+read = ["orders/"]
+
+[roles.ops]
+admin = true
+read = [""]
+"#;
 
 /// A policy in `dir` for a TLS cluster: the client certificate named
 /// `alice` may lock and read `orders/`, the harness's may do anything.

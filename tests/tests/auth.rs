@@ -4,42 +4,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
 use fenced_client::{AcquireOutcome, Client, ClientError};
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, cluster_client::ClusterClient};
-use fenced_tests::{bin, free_port, hash_token as hash, http_get, Cluster, RunSettings};
+use fenced_tests::{
+    bin, free_port, http_get, write_auth_files, write_tokens, Cluster, RunSettings, Within,
+    ORDERS_AND_OPS_POLICY,
+};
 use nix::sys::signal::Signal;
 use tonic::{metadata::MetadataValue, Code};
 
 const TTL: Duration = Duration::from_secs(30);
-
-const POLICY: &str = r#"
-[roles.orders]
-lock = ["orders/"]
-read = ["orders/"]
-
-[roles.ops]
-admin = true
-read = [""]
-"#;
-
-/// A tokens file naming `(name, token, role)` entries.
-fn write_tokens(path: &Path, entries: &[(&str, &str, &str)]) {
-    let text: String = entries
-        .iter()
-        .map(|(name, token, role)| {
-            format!(
-                "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"{role}\"]\n\n",
-                hash(token)
-            )
-        })
-        .collect();
-    std::fs::write(path, text).unwrap();
-}
 
 struct Files {
     _dir: tempfile::TempDir,
@@ -55,14 +34,11 @@ const EVERYONE: &[(&str, &str, &str)] = &[
 
 fn files() -> Files {
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.toml");
-    let policy = dir.path().join("policy.toml");
-    write_tokens(&tokens, EVERYONE);
-    std::fs::write(&policy, POLICY).unwrap();
+    let (tokens, policy) = write_auth_files(dir.path(), EVERYONE, ORDERS_AND_OPS_POLICY);
     Files {
         _dir: dir,
-        tokens,
-        policy,
+        tokens: tokens.into(),
+        policy: policy.into(),
     }
 }
 
@@ -335,8 +311,8 @@ async fn one_identity_at_its_lease_limit_is_refused_while_others_acquire() {
     let mut cluster = Cluster::stopped(3, |s| {
         s.auth_tokens = Some(tokens.clone().into());
         s.auth_policy = Some(policy.clone().into());
-        s.max_leases_per_identity = Some(3);
-        s.max_waiters_per_identity = Some(1);
+        s.max_leases_per_identity = Some(Within::new(3).unwrap());
+        s.max_waiters_per_identity = Some(Within::new(1).unwrap());
     });
     let metrics: Vec<String> = (1..=3)
         .map(|_| format!("127.0.0.1:{}", free_port()))

@@ -14,7 +14,7 @@ use std::{
 
 use fenced_client::{AcquireOutcome, Client};
 use fenced_core::{OwnerId, Token};
-use fenced_tests::{bin, Cluster};
+use fenced_tests::{bin, write_auth_files, Cluster, ORDERS_AND_OPS_POLICY};
 use serde_json::Value;
 
 fn fenced(args: &[&str]) -> Output {
@@ -442,44 +442,20 @@ async fn a_token_floor_past_its_bound_is_refused_and_one_at_it_never_goes_backwa
     }
 }
 
-/// The SHA-256 of `token`, as `fenced auth hash-token` prints it.
-fn hash(token: &str) -> String {
-    use std::io::Write;
-    let mut child = std::process::Command::new(bin("fenced"))
-        .args(["auth", "hash-token"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_save_needs_the_admin_role_and_a_refusal_writes_nothing() {
     let files = tempfile::tempdir().unwrap();
-    let tokens = files.path().join("tokens.toml");
-    let policy = files.path().join("policy.toml");
-    std::fs::write(
-        &tokens,
-        format!(
-            "[[token]]\nname = \"worker\"\nsha256 = \"{}\"\nroles = [\"orders\"]\n\n\
-             [[token]]\nname = \"root\"\nsha256 = \"{}\"\nroles = [\"ops\"]\n",
-            hash("worker-token"),
-            hash("root-token")
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        &policy,
-        "[roles.orders]\nlock = [\"orders/\"]\nread = [\"orders/\"]\n\n\
-         [roles.ops]\nadmin = true\nread = [\"\"]\n",
-    )
-    .unwrap();
+    let (tokens, policy) = write_auth_files(
+        files.path(),
+        &[
+            ("worker", "worker-token", "orders"),
+            ("root", "root-token", "ops"),
+        ],
+        ORDERS_AND_OPS_POLICY,
+    );
     let cluster = Cluster::start_with(3, |s| {
-        s.auth_tokens = Some(tokens.clone());
-        s.auth_policy = Some(policy.clone());
+        s.auth_tokens = Some(tokens.clone().into());
+        s.auth_policy = Some(policy.clone().into());
     })
     .await;
     let file = files.path().join("backup.fncd");

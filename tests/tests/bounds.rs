@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fenced_core::OwnerId;
 use fenced_proto::v1;
-use fenced_tests::Cluster;
+use fenced_tests::{Cluster, Within};
 
 fn acquire(resource: &str, wait_ms: u64) -> v1::AcquireRequest {
     v1::AcquireRequest {
@@ -44,7 +44,7 @@ async fn acquire_concurrently(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_never_holds_more_than_max_batch_commands() {
-    let cluster = Cluster::start_with(3, |s| s.max_batch = Some(2)).await;
+    let cluster = Cluster::start_with(3, |s| s.max_batch = Some(Within::new(2).unwrap())).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let before = cluster.status(leader).await.unwrap();
     acquire_concurrently(&cluster, leader, "batch", 60).await;
@@ -77,8 +77,8 @@ async fn concurrent_commands_share_log_entries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proposal_queue_is_bounded_by_max_pending() {
     let cluster = Cluster::start_with(3, |s| {
-        s.max_pending = Some(1);
-        s.max_batch = Some(1);
+        s.max_pending = Some(Within::new(1).unwrap());
+        s.max_batch = Some(Within::new(1).unwrap());
     })
     .await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
@@ -118,7 +118,7 @@ async fn the_proposal_queue_is_bounded_by_max_pending() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parked_acquires_are_bounded_by_max_parked() {
-    let cluster = Cluster::start_with(3, |s| s.max_parked = Some(1)).await;
+    let cluster = Cluster::start_with(3, |s| s.max_parked = Some(Within::new(1).unwrap())).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;
     let mut lock = cluster.lock_client(leader);
     lock.acquire(acquire("parked", 0)).await.unwrap();

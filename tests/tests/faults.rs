@@ -11,7 +11,7 @@ use std::{
 
 use fenced_client::{AcquireOutcome, Client, Token};
 use fenced_core::OwnerId;
-use fenced_tests::Cluster;
+use fenced_tests::{Cluster, Within};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -203,7 +203,8 @@ async fn garbage_on_the_client_and_peer_ports_does_not_crash_a_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_node_recovers_from_snapshot_plus_log_with_identical_state() {
-    let mut cluster = Cluster::start_with(3, |s| s.snapshot_logs = Some(50)).await;
+    let mut cluster =
+        Cluster::start_with(3, |s| s.snapshot_logs = Some(Within::new(50).unwrap())).await;
     let client = cluster.client();
     for i in 0..10 {
         grant(&client, &format!("snap-held-{i}")).await;
@@ -256,7 +257,8 @@ async fn a_restarted_node_recovers_from_snapshot_plus_log_with_identical_state()
 /// kill -9 and a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_catches_up_by_snapshot_restarts_with_identical_state() {
-    let mut cluster = Cluster::start_with(3, |s| s.snapshot_logs = Some(50)).await;
+    let mut cluster =
+        Cluster::start_with(3, |s| s.snapshot_logs = Some(Within::new(50).unwrap())).await;
     let client = cluster.client();
     cycle(&client, "install-churn", 60).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5)).await;

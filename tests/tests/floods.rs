@@ -17,7 +17,7 @@ use std::{
 
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, acquire_response, lock_client::LockClient, renew_response};
-use fenced_tests::{http_get, Cluster, RunSettings};
+use fenced_tests::{http_get, Cluster, RunSettings, Within};
 use tokio::{net::TcpStream, task::JoinSet};
 use tonic::{transport::Channel, Code};
 
@@ -217,7 +217,8 @@ fn closed_by_peer(conns: &[TcpStream]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_connections_are_refused_beyond_max_connections() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let (cluster, metrics, leader) = flood_cluster(|s| s.max_connections = Some(1000)).await;
+    let (cluster, metrics, leader) =
+        flood_cluster(|s| s.max_connections = Some(Within::new(1000).unwrap())).await;
     let mut bystander = Bystander::start(&cluster, leader, "bystander").await;
     let started = Instant::now();
 
@@ -307,8 +308,8 @@ async fn a_hundred_thousand_streams_are_served_without_starving_another_client()
     // three nodes together, delays heartbeats by more than the default
     // election timeout: a longer one keeps this test about streams.
     let (cluster, _, leader) = flood_cluster(|s| {
-        s.max_concurrent_streams = Some(100);
-        s.election_timeout_ms = Some(3000);
+        s.max_concurrent_streams = Some(Within::new(100).unwrap());
+        s.election_timeout_ms = Some(Within::new(3000).unwrap());
     })
     .await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -420,8 +421,8 @@ async fn one_client_asking_for_a_million_leases_gets_max_live_leases_and_no_more
     const ASKED: u64 = 1_000_000;
     const IN_FLIGHT: u64 = 512;
     let (cluster, metrics, leader) = flood_cluster(|s| {
-        s.max_live_leases = Some(10_000);
-        s.max_waiters = Some(1000);
+        s.max_live_leases = Some(Within::new(10_000).unwrap());
+        s.max_waiters = Some(Within::new(1000).unwrap());
     })
     .await;
     let mut bystander = Bystander::start(&cluster, leader, "bystander").await;
@@ -574,9 +575,9 @@ async fn one_client_asking_for_a_million_leases_gets_max_live_leases_and_no_more
 async fn a_silent_connection_is_closed_after_idle_timeout_and_an_idle_client_is_not() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let (cluster, metrics, leader) = flood_cluster(|s| {
-        s.http2_keepalive_interval_ms = Some(1000);
-        s.http2_keepalive_timeout_ms = Some(1000);
-        s.idle_timeout_ms = Some(2000);
+        s.http2_keepalive_interval_ms = Some(Within::new(1000).unwrap());
+        s.http2_keepalive_timeout_ms = Some(Within::new(1000).unwrap());
+        s.idle_timeout_ms = Some(Within::new(2000).unwrap());
     })
     .await;
     let addr = cluster.nodes()[leader as usize - 1].client_addr();
@@ -735,7 +736,8 @@ async fn handshaken_silent_connections_take_no_connection_slot() {
     // on the client port, so anyone can), then nothing sent. Until they
     // speak HTTP/2 they hold only pending slots: with 16 connections
     // allowed, 40 of them leave room for new clients.
-    let cluster = Cluster::start_tls(1, |s| s.max_connections = Some(16)).await;
+    let cluster =
+        Cluster::start_tls(1, |s| s.max_connections = Some(Within::new(16).unwrap())).await;
     let pki = cluster.pki.clone().unwrap();
     let addr = cluster.nodes()[0].client_addr();
     let (cert, key) = pki.client("silent");

@@ -16,7 +16,7 @@ use std::{
 
 use fenced_client::{AcquireOutcome, Client};
 use fenced_core::{OwnerId, Token};
-use fenced_tests::Cluster;
+use fenced_tests::{Cluster, Within};
 use nix::sys::signal::Signal;
 
 const ELECTION_TIMEOUT_MS: u64 = 1_000;
@@ -61,8 +61,10 @@ async fn leader_among(cluster: &Cluster, ids: &[u64]) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_leader_hands_over_within_a_fraction_of_an_election_timeout() {
-    let mut cluster =
-        Cluster::start_with(3, |s| s.election_timeout_ms = Some(ELECTION_TIMEOUT_MS)).await;
+    let mut cluster = Cluster::start_with(3, |s| {
+        s.election_timeout_ms = Some(Within::new(ELECTION_TIMEOUT_MS).unwrap())
+    })
+    .await;
     let leader = leader_among(&cluster, &[1, 2, 3]).await.expect("a leader");
     let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
 

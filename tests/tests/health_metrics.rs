@@ -11,7 +11,7 @@ use std::{
 
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, acquire_response, release_response, renew_response};
-use fenced_tests::{bin, free_port, http_get, Cluster};
+use fenced_tests::{bin, free_port, http_get, Cluster, Within};
 
 /// Runs `fenced healthcheck`; returns its exit code and stdout.
 fn healthcheck(endpoint: &str, service: &str) -> (i32, String) {
@@ -171,7 +171,7 @@ async fn metrics_count_what_the_cluster_did() {
         // Snapshots every 10 entries, so the snapshot metrics move.
         cluster.spawn_with(id, |s| {
             s.metrics_listen = Some(addr.clone());
-            s.snapshot_logs = Some(10);
+            s.snapshot_logs = Some(Within::new(10).unwrap());
         });
         metrics.insert(id, addr);
     }

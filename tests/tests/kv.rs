@@ -11,7 +11,7 @@ use fenced_client::{
     AcquireOutcome, Acquired, Client, ClientError, KvRefusal, KvWrite, LostReason, Token,
 };
 use fenced_core::{OwnerId, KV_VALUE_MAX_BYTES};
-use fenced_tests::{bin, Cluster};
+use fenced_tests::{bin, write_auth_files, Cluster, Within};
 use serde_json::Value;
 
 async fn grant(client: &Client, resource: &str, owner: OwnerId, ttl: Duration) -> Token {
@@ -149,7 +149,7 @@ async fn an_expired_or_superseded_token_never_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn values_keys_and_the_store_bounds_refuse_naming_field_and_bound() {
-    let cluster = Cluster::start_with(3, |s| s.kv_max_keys = Some(2)).await;
+    let cluster = Cluster::start_with(3, |s| s.kv_max_keys = Some(Within::new(2).unwrap())).await;
     let client = cluster.client();
     let owner = OwnerId::random();
     let token = grant(&client, "big", owner, Duration::from_secs(30)).await;
@@ -202,7 +202,8 @@ async fn values_keys_and_the_store_bounds_refuse_naming_field_and_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_values_survive_snapshots_and_a_whole_cluster_restart() {
-    let mut cluster = Cluster::start_with(3, |s| s.snapshot_logs = Some(10)).await;
+    let mut cluster =
+        Cluster::start_with(3, |s| s.snapshot_logs = Some(Within::new(10).unwrap())).await;
     let client = cluster.client();
     let owner = OwnerId::random();
     let token = grant(&client, "persist", owner, Duration::from_secs(3600)).await;
@@ -335,20 +336,6 @@ read = ["orders/"]
 read = ["orders/"]
 "#;
 
-/// The SHA-256 of `token`, as `fenced auth hash-token` prints it.
-fn hash(token: &str) -> String {
-    let mut child = std::process::Command::new(bin("fenced"))
-        .args(["auth", "hash-token"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    writeln!(child.stdin.take().unwrap(), "{token}").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 fn denied(r: Result<KvWrite, ClientError>, what: &str) {
     assert!(
         matches!(r, Err(ClientError::PermissionDenied(_))),
@@ -359,27 +346,17 @@ fn denied(r: Result<KvWrite, ClientError>, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_put_needs_lock_on_resource_and_key_and_a_get_needs_read() {
     let dir = tempfile::tempdir().unwrap();
-    let (tokens, policy) = (
-        dir.path().join("tokens.toml"),
-        dir.path().join("policy.toml"),
+    let (tokens, policy) = write_auth_files(
+        dir.path(),
+        &[
+            ("alice", "alice-token", "orders"),
+            ("rita", "rita-token", "reader"),
+        ],
+        POLICY,
     );
-    let entries: String = [
-        ("alice", "alice-token", "orders"),
-        ("rita", "rita-token", "reader"),
-    ]
-    .iter()
-    .map(|(name, token, role)| {
-        format!(
-            "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\nroles = [\"{role}\"]\n\n",
-            hash(token)
-        )
-    })
-    .collect();
-    std::fs::write(&tokens, entries).unwrap();
-    std::fs::write(&policy, POLICY).unwrap();
     let cluster = Cluster::start_with(3, |s| {
-        s.auth_tokens = Some(tokens.clone());
-        s.auth_policy = Some(policy.clone());
+        s.auth_tokens = Some(tokens.clone().into());
+        s.auth_policy = Some(policy.clone().into());
     })
     .await;
     let alice = cluster.client().with_token("alice-token").unwrap();
@@ -517,7 +494,8 @@ async fn a_holder_of_another_resource_cannot_write_a_key_even_with_a_newer_token
 /// back; after snapshots and a restart of the whole cluster too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_delete_an_older_holders_put_is_refused_across_a_restart() {
-    let mut cluster = Cluster::start_with(3, |s| s.snapshot_logs = Some(10)).await;
+    let mut cluster =
+        Cluster::start_with(3, |s| s.snapshot_logs = Some(Within::new(10).unwrap())).await;
     let client = cluster.client();
     let (a, b, c) = (OwnerId::random(), OwnerId::random(), OwnerId::random());
     let long = Duration::from_secs(3600);

@@ -17,7 +17,7 @@ use std::{
 use fenced_client::{AcquireOutcome, Client, LostReason, ReleaseOutcome};
 use fenced_core::OwnerId;
 use fenced_proto::v1::{self, cluster_client::ClusterClient};
-use fenced_tests::{bin, Cluster};
+use fenced_tests::{bin, write_auth_files, Cluster};
 use nix::sys::signal::Signal;
 use tonic::{transport::Channel, Code};
 
@@ -506,33 +506,6 @@ harness = ["ops"]
 alice = ["orders"]
 "#;
 
-fn tokens_file(dir: &Path) -> std::path::PathBuf {
-    let hash = |t: &str| {
-        use std::io::Write;
-        let mut child = std::process::Command::new(bin("fenced"))
-            .args(["auth", "hash-token"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        writeln!(child.stdin.take().unwrap(), "{t}").unwrap();
-        String::from_utf8(child.wait_with_output().unwrap().stdout)
-            .unwrap()
-            .trim()
-            .to_string()
-    };
-    let path = dir.join("tokens.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[[token]]\nname = \"bob\"\nsha256 = \"{}\"\nroles = [\"orders\"]\n",
-            hash("bob-token")
-        ),
-    )
-    .unwrap();
-    path
-}
-
 /// A channel to `addr` showing node `id`'s certificate.
 fn as_node(cluster: &Cluster, addr: &str, id: u64) -> ClusterClient<Channel> {
     ClusterClient::new(cluster.pki.as_ref().unwrap().node_channel(addr, id))
@@ -541,12 +514,11 @@ fn as_node(cluster: &Cluster, addr: &str, id: u64) -> ClusterClient<Channel> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_admins_change_members_even_a_node_s_own_addition() {
     let files = tempfile::tempdir().unwrap();
-    let policy = files.path().join("policy.toml");
-    std::fs::write(&policy, POLICY).unwrap();
-    let tokens = tokens_file(files.path());
+    let (tokens, policy) =
+        write_auth_files(files.path(), &[("bob", "bob-token", "orders")], POLICY);
     let mut cluster = Cluster::start_tls(3, |s| {
-        s.auth_policy = Some(policy.clone());
-        s.auth_tokens = Some(tokens.clone());
+        s.auth_policy = Some(policy.clone().into());
+        s.auth_tokens = Some(tokens.clone().into());
     })
     .await;
     let pki = cluster.pki.clone().unwrap();

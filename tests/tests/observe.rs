@@ -18,7 +18,7 @@ use std::{
 use fenced_client::{AcquireOutcome, Client, ClientError, ReleaseOutcome};
 use fenced_core::{OwnerId, Token};
 use fenced_proto::v1::{self, watch_response::Body};
-use fenced_tests::{bin, write_auth_files, Cluster};
+use fenced_tests::{bin, write_auth_files, Cluster, Within, ORDERS_AND_OPS_POLICY};
 use tonic::{metadata::MetadataValue, Code};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -147,7 +147,7 @@ async fn validate_token_tells_current_superseded_expired_and_released() {
 async fn validate_token_compares_the_owner_id_when_given() {
     // Also on nodes that keep no grant history: the owner is read from the
     // live lease, not the history.
-    for history in [None, Some(0)] {
+    for history in [None, Some(Within::new(0).unwrap())] {
         owner_checks(&Cluster::start_with(3, |s| s.history_per_resource = history).await).await;
     }
 }
@@ -225,8 +225,8 @@ async fn owner_checks(cluster: &Cluster) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_keeps_the_last_grants_through_a_restart_of_every_node() {
     let mut cluster = Cluster::start_with(3, |s| {
-        s.history_per_resource = Some(3);
-        s.snapshot_logs = Some(10);
+        s.history_per_resource = Some(Within::new(3).unwrap());
+        s.snapshot_logs = Some(Within::new(10).unwrap());
     })
     .await;
     let client = cluster.client();
@@ -450,7 +450,7 @@ async fn a_watch_resumed_across_leader_kills_misses_nothing_and_repeats_nothing(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watcher_that_does_not_read_is_cut_off_with_fell_behind() {
-    let cluster = Cluster::start_with(1, |s| s.watch_buffer = Some(4)).await;
+    let cluster = Cluster::start_with(1, |s| s.watch_buffer = Some(Within::new(4).unwrap())).await;
     let client = cluster.client();
     // A small HTTP/2 window, so the node's buffer fills soon.
     let channel =
@@ -523,16 +523,6 @@ async fn a_watcher_that_does_not_read_is_cut_off_with_fell_behind() {
     assert!(log.contains("watcher fell behind"), "no log line");
 }
 
-const POLICY: &str = r#"
-[roles.orders]
-lock = ["orders/"]
-read = ["orders/"]
-
-[roles.ops]
-admin = true
-read = [""]
-"#;
-
 fn write_auth(dir: &Path) -> (String, String) {
     write_auth_files(
         dir,
@@ -540,7 +530,7 @@ fn write_auth(dir: &Path) -> (String, String) {
             ("alice", "alice-token", "orders"),
             ("root", "root-token", "ops"),
         ],
-        POLICY,
+        ORDERS_AND_OPS_POLICY,
     )
 }
 
@@ -563,8 +553,8 @@ async fn reads_need_the_read_role_and_watchers_are_bounded() {
     let cluster = Cluster::start_with(1, |s| {
         s.auth_tokens = Some(tokens.clone().into());
         s.auth_policy = Some(policy.clone().into());
-        s.max_watchers = Some(3);
-        s.max_watchers_per_identity = Some(2);
+        s.max_watchers = Some(Within::new(3).unwrap());
+        s.max_watchers_per_identity = Some(Within::new(2).unwrap());
     })
     .await;
     let alice = cluster.client().with_token("alice-token").unwrap();

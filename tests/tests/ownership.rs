@@ -11,7 +11,7 @@ use std::time::Duration;
 use fenced_client::{AcquireOutcome, Client, ClientError, ReleaseOutcome, RenewOutcome};
 use fenced_core::{OwnerId, Token};
 use fenced_proto::v1::{self, watch_response::Body};
-use fenced_tests::{write_auth_files, Cluster, RunSettings};
+use fenced_tests::{write_auth_files, Cluster, RunSettings, Within};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -177,7 +177,8 @@ async fn another_identity_cannot_renew_or_release_a_lease_it_did_not_take() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_per_identity_lease_limit_holds_after_the_leader_is_killed() {
-    let (_files, mut cluster) = secured(|s| s.max_leases_per_identity = Some(2)).await;
+    let (_files, mut cluster) =
+        secured(|s| s.max_leases_per_identity = Some(Within::new(2).unwrap())).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
     let alice = as_user(cluster.client(), "alice-token");
     grant(&alice, "billing/a").await;

@@ -13,7 +13,7 @@ use fenced_server::{
     peer::network::{request_frame, MessageTime, RaftCall, PREFACE},
     types::{NodeId, TypeConfig},
 };
-use fenced_tests::{tls_connect, Cluster, RunSettings};
+use fenced_tests::{tls_connect, Cluster, RunSettings, Within};
 use openraft::{raft::AppendEntriesRequest, raft::VoteRequest, Vote};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::{metadata::MetadataValue, Code};
@@ -471,7 +471,10 @@ async fn a_removed_node_id_never_returns_across_restarts_and_snapshots() {
 
     // Snapshots past the removal, then a restart that loads them: the
     // retired id comes from the snapshot alone.
-    restart(&mut cluster, &remaining, |s| s.snapshot_logs = Some(10)).await;
+    restart(&mut cluster, &remaining, |s| {
+        s.snapshot_logs = Some(Within::new(10).unwrap())
+    })
+    .await;
     let client = cluster.client();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     for i in 0.. {

@@ -10,7 +10,9 @@ use std::{path::Path, time::Duration};
 use fenced_client::{Acquired, Client, LeaseOptions};
 use fenced_core::{OwnerId, Token};
 use fenced_proto::v1::{self, renew_response};
-use fenced_tests::{acquire_all, lock_rpcs_ok as rpc_ok, metric, write_auth_files, Cluster};
+use fenced_tests::{
+    acquire_all, lock_rpcs_ok as rpc_ok, metric, write_auth_files, Cluster, ORDERS_AND_OPS_POLICY,
+};
 use tonic::{metadata::MetadataValue, Code};
 
 /// A keeper that renews leases of their own in batches (no session).
@@ -273,16 +275,6 @@ async fn a_batch_past_a_bound_is_refused_naming_the_field_and_the_bound() {
     assert_eq!(full.results.len(), 4_096);
 }
 
-const POLICY: &str = r#"
-[roles.orders]
-lock = ["orders/"]
-read = ["orders/"]
-
-[roles.ops]
-admin = true
-read = [""]
-"#;
-
 fn write_auth(dir: &Path) -> (String, String) {
     write_auth_files(
         dir,
@@ -290,7 +282,7 @@ fn write_auth(dir: &Path) -> (String, String) {
             ("alice", "alice-token", "orders"),
             ("root", "root-token", "ops"),
         ],
-        POLICY,
+        ORDERS_AND_OPS_POLICY,
     )
 }
 

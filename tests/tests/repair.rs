@@ -13,13 +13,13 @@ use std::{
 };
 
 use fenced_client::{Acquired, Lease};
-use fenced_tests::{acquire_all, bin, Cluster, RunSettings};
+use fenced_tests::{acquire_all, bin, Cluster, RunSettings, Within};
 
 const TTL: Duration = Duration::from_secs(120);
 /// Snapshots every 20 entries: the repaired node gets a snapshot, then the
 /// log after it.
 fn settings(s: &mut RunSettings) {
-    s.snapshot_logs = Some(20);
+    s.snapshot_logs = Some(Within::new(20).unwrap());
 }
 
 fn fenced(args: &[&str], dir: &Path) -> Output {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use fenced_client::LeaseOptions;
 use fenced_core::{OwnerId, SessionId, Token};
 use fenced_proto::v1::{self, acquire_response, session_response};
-use fenced_tests::{acquire_all, lock_rpcs_ok, metric, write_auth_files, Cluster};
+use fenced_tests::{acquire_all, lock_rpcs_ok, metric, write_auth_files, Cluster, Within};
 use tonic::{metadata::MetadataValue, Code};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -373,8 +373,8 @@ fn bearer<T>(msg: T, token: &str) -> tonic::Request<T> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_bounds_and_fields_are_refused_by_name() {
     let cluster = Cluster::start_with(3, |s| {
-        s.max_sessions = Some(2);
-        s.max_sessions_per_identity = Some(5);
+        s.max_sessions = Some(Within::new(2).unwrap());
+        s.max_sessions_per_identity = Some(Within::new(5).unwrap());
     })
     .await;
     let mut lock = cluster.lock_client(1);

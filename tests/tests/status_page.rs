@@ -11,7 +11,7 @@ use std::{
 
 use fenced_client::{AcquireOutcome, Client};
 use fenced_core::OwnerId;
-use fenced_tests::{hash_token, http_get_with as get, Cluster};
+use fenced_tests::{http_get_with as get, write_auth_files, Cluster};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const POLICY: &str = r#"
@@ -37,22 +37,14 @@ struct Secured {
 /// read everything, `ops-token` is admin.
 async fn secured() -> Secured {
     let files = tempfile::tempdir().unwrap();
-    let tokens = files.path().join("tokens.toml");
-    let policy = files.path().join("policy.toml");
-    std::fs::write(
-        &tokens,
-        format!(
-            "[[token]]\nname = \"app\"\nsha256 = \"{}\"\nroles = [\"app\"]\n\n\
-             [[token]]\nname = \"ops\"\nsha256 = \"{}\"\nroles = [\"ops\"]\n",
-            hash_token("app-token"),
-            hash_token("ops-token")
-        ),
-    )
-    .unwrap();
-    std::fs::write(&policy, POLICY).unwrap();
+    let (tokens, policy) = write_auth_files(
+        files.path(),
+        &[("app", "app-token", "app"), ("ops", "ops-token", "ops")],
+        POLICY,
+    );
     let (cluster, metrics) = Cluster::start_with_metrics(3, |s| {
-        s.auth_tokens = Some(tokens.clone());
-        s.auth_policy = Some(policy.clone());
+        s.auth_tokens = Some(tokens.clone().into());
+        s.auth_policy = Some(policy.clone().into());
     })
     .await;
     Secured {
@@ -185,21 +177,11 @@ async fn the_status_view_is_for_admins_and_escapes_resource_names() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_status_page_where_a_token_would_travel_in_clear() {
     let files = tempfile::tempdir().unwrap();
-    let tokens = files.path().join("tokens.toml");
-    std::fs::write(
-        &tokens,
-        format!(
-            "[[token]]\nname = \"ops\"\nsha256 = \"{}\"\nroles = [\"ops\"]\n",
-            hash_token("ops-token")
-        ),
-    )
-    .unwrap();
-    let policy = files.path().join("policy.toml");
-    std::fs::write(&policy, POLICY).unwrap();
+    let (tokens, policy) = write_auth_files(files.path(), &[("ops", "ops-token", "ops")], POLICY);
     let port = fenced_tests::free_port();
     let _cluster = Cluster::start_with(1, |s| {
-        s.auth_tokens = Some(tokens.clone());
-        s.auth_policy = Some(policy.clone());
+        s.auth_tokens = Some(tokens.clone().into());
+        s.auth_policy = Some(policy.clone().into());
         s.metrics_listen = Some(format!("0.0.0.0:{port}"));
     })
     .await;

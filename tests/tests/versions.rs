@@ -13,7 +13,7 @@ use std::{
 
 use fenced_client::{AcquireOutcome, RenewOutcome};
 use fenced_core::{OwnerId, Token};
-use fenced_tests::{bin, Cluster};
+use fenced_tests::{bin, Cluster, Within};
 use serde_json::{json, Value};
 
 fn fixture() -> PathBuf {
@@ -50,7 +50,8 @@ fn expected() -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes the committed fixture; run by hand when the formats change"]
 async fn regenerate_the_v1_fixture() {
-    let mut cluster = Cluster::start_with(1, |s| s.snapshot_logs = Some(10)).await;
+    let mut cluster =
+        Cluster::start_with(1, |s| s.snapshot_logs = Some(Within::new(10).unwrap())).await;
     let client = cluster.client();
     let hour = Duration::from_secs(3600);
     let mut leases = Vec::new();

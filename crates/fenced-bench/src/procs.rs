@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use fenced_testkit::{free_port, Cluster, ClusterSpec};
+use fenced_testkit::{free_port, Cluster, ClusterSpec, Within};
 
 /// A process this benchmark started; killed when dropped.
 pub struct Proc {
@@ -131,7 +131,7 @@ pub fn fenced_cluster(bin: &Path, dir: &Path, tls: bool) -> Result<Cluster> {
     spec.set_env("FENCED_LOG", "warn");
     // S4 holds 100,000 leases while S2 takes more: the table-wide bound
     // (default 100,000) is not what is measured.
-    spec.settings.max_live_leases = Some(1_000_000);
+    spec.settings.max_live_leases = Some(Within::new(1_000_000)?);
     if tls {
         spec = spec.with_tls(&dir.join("pki"), "bench")?;
         if let Some(t) = &spec.tls {

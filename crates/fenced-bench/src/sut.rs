@@ -8,6 +8,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use fenced_client::Client;
+use fenced_testkit::Within;
 
 use crate::{
     load::Run,
@@ -168,7 +169,8 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
             let (endpoints, cluster) = if args.fenced_endpoints.is_empty() {
                 let mut c = procs::fenced_cluster(&fenced_bin(args)?, dir, args.fenced_tls)?;
                 if let Some(n) = args.fenced_snapshot_logs {
-                    c.spec_mut().settings.snapshot_logs = Some(n);
+                    c.spec_mut().settings.snapshot_logs =
+                        Some(Within::new(n).context("--fenced-snapshot-logs")?);
                     println!("fenced: a snapshot every {n} log entries");
                 }
                 if args.fenced_tls {

@@ -541,11 +541,12 @@ fn signal_pid(pid: u32, signal: Signal) -> Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::Within;
 
     fn spec(dir: &Path) -> ClusterSpec {
         let mut spec = ClusterSpec::loopback(Path::new("/bin/fenced"), dir, 3).unwrap();
-        spec.settings.max_batch = Some(8);
-        spec.nodes[1].settings.max_batch = Some(2);
+        spec.settings.max_batch = Some(Within::new(8).unwrap());
+        spec.nodes[1].settings.max_batch = Some(Within::new(2).unwrap());
         spec
     }
 

@@ -16,7 +16,7 @@ mod ports;
 mod procfs;
 
 pub use cluster::{Cluster, ClusterSpec, NodeSpec, Tls};
-pub use fenced_server::node::config::RunSettings;
+pub use fenced_server::node::config::{RunSettings, Within};
 pub use pki::Pki;
 pub use ports::{free_port, port_range};
 pub use procfs::{is_stopped, pid_alive, status_kib};

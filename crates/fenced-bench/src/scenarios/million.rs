@@ -13,6 +13,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use fenced_client::{AcquireOutcome, Client, OwnerId, Token};
 use fenced_proto::v1::TokenState;
+use fenced_testkit::Within;
 
 use super::Ctx;
 use crate::{
@@ -282,7 +283,9 @@ pub(super) fn cluster_for(
     let sub = dir.join(name);
     std::fs::create_dir_all(&sub)?;
     let mut c = procs::fenced_cluster(bin, &sub, false)?;
-    c.spec_mut().settings.max_live_leases = Some(u64::try_from(n)? + 10_000);
+    let leases = u64::try_from(n)?.saturating_add(10_000);
+    c.spec_mut().settings.max_live_leases =
+        Some(Within::new(leases).context("the scenario's lease count")?);
     Ok(c)
 }
 

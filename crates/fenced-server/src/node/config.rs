@@ -11,6 +11,8 @@ use std::{
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+pub use crate::node::within::{OutOfBounds, Within};
+
 use crate::{
     node::NodeConfig,
     peer::membership::Join,
@@ -53,38 +55,40 @@ pub struct RunSettings {
     /// --listen).
     #[arg(long, env = "FENCED_ADVERTISE_CLIENT")]
     pub advertise_client: Option<String>,
-    /// Shortest lease a client may ask for, ms.
+    /// Shortest lease a client may ask for, ms. 1 to 86400000, and at most
+    /// ttl_max_ms.
     #[arg(long, env = "FENCED_TTL_MIN_MS")]
-    pub ttl_min_ms: Option<u64>,
-    /// Longest lease a client may ask for, ms.
+    pub ttl_min_ms: Option<Within<1, 86_400_000>>,
+    /// Longest lease a client may ask for, ms. 1 to 86400000.
     #[arg(long, env = "FENCED_TTL_MAX_MS")]
-    pub ttl_max_ms: Option<u64>,
-    /// Longest a blocking acquire may wait on the server, ms.
+    pub ttl_max_ms: Option<Within<1, 86_400_000>>,
+    /// Longest a blocking acquire may wait on the server, ms. 0 to 86400000.
     #[arg(long, env = "FENCED_WAIT_MAX_MS")]
-    pub wait_max_ms: Option<u64>,
+    pub wait_max_ms: Option<Within<0, 86_400_000>>,
     /// Raft election timeout, ms: a follower stands for election once it has
     /// not heard from a leader for twice this and a pre-vote majority agrees,
-    /// checking every quarter to half of it.
+    /// checking every quarter to half of it. 50 to 60000.
     #[arg(long, env = "FENCED_ELECTION_TIMEOUT_MS")]
-    pub election_timeout_ms: Option<u64>,
-    /// Raft heartbeat interval, ms.
+    pub election_timeout_ms: Option<Within<50, 60_000>>,
+    /// Raft heartbeat interval, ms. 10 to 59999, and below
+    /// election_timeout_ms.
     #[arg(long, env = "FENCED_HEARTBEAT_MS")]
-    pub heartbeat_ms: Option<u64>,
-    /// Snapshot (and purge the log) every this many entries.
+    pub heartbeat_ms: Option<Within<10, 59_999>>,
+    /// Snapshot (and purge the log) every this many entries. 10 to 10000000.
     #[arg(long, env = "FENCED_SNAPSHOT_LOGS")]
-    pub snapshot_logs: Option<u64>,
-    /// Most commands waiting to be proposed.
+    pub snapshot_logs: Option<Within<10, 10_000_000>>,
+    /// Most commands waiting to be proposed. 1 to 10000000.
     #[arg(long, env = "FENCED_MAX_PENDING")]
-    pub max_pending: Option<usize>,
-    /// Most commands in one log entry.
+    pub max_pending: Option<Within<1, 10_000_000>>,
+    /// Most commands in one log entry. 1 to 4096.
     #[arg(long, env = "FENCED_MAX_BATCH")]
-    pub max_batch: Option<usize>,
-    /// Most blocking acquires parked on this node.
+    pub max_batch: Option<Within<1, { fenced_core::MAX_BATCH_COMMANDS as u64 }>>,
+    /// Most blocking acquires parked on this node. 1 to 10000000.
     #[arg(long, env = "FENCED_MAX_PARKED")]
-    pub max_parked: Option<usize>,
-    /// How long a write may take to commit before the caller hears "unknown", ms.
+    pub max_parked: Option<Within<1, 10_000_000>>,
+    /// How long a write may take to commit before the caller hears "unknown", ms. 100 to 600000.
     #[arg(long, env = "FENCED_REQUEST_TIMEOUT_MS")]
-    pub request_timeout_ms: Option<u64>,
+    pub request_timeout_ms: Option<Within<100, 600_000>>,
     /// Prometheus `/metrics` over HTTP on host:port; off when unset.
     #[arg(long, env = "FENCED_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
@@ -94,72 +98,74 @@ pub struct RunSettings {
     /// Roles and the identities that have them, TOML; turns auth on. Reread on SIGHUP.
     #[arg(long, env = "FENCED_AUTH_POLICY")]
     pub auth_policy: Option<PathBuf>,
-    /// Most live leases one identity may hold (with auth on).
+    /// Most live leases one identity may hold (with auth on). 1 to 10000000.
     #[arg(long, env = "FENCED_MAX_LEASES_PER_IDENTITY")]
-    pub max_leases_per_identity: Option<u64>,
-    /// Most blocking acquires one identity may have waiting (with auth on).
+    pub max_leases_per_identity: Option<Within<1, 10_000_000>>,
+    /// Most blocking acquires one identity may have waiting (with auth on). 1 to 10000000.
     #[arg(long, env = "FENCED_MAX_WAITERS_PER_IDENTITY")]
-    pub max_waiters_per_identity: Option<u64>,
+    pub max_waiters_per_identity: Option<Within<1, 10_000_000>>,
     /// Grants remembered per resource for History (0 to 64). Shapes the
-    /// replicated state: give every node the same value.
+    /// replicated state: give every node the same value. 0 to 64.
     #[arg(long, env = "FENCED_HISTORY_PER_RESOURCE")]
-    pub history_per_resource: Option<u64>,
-    /// Most open Watch streams on this node.
+    pub history_per_resource: Option<Within<0, { fenced_core::MAX_HISTORY_PER_RESOURCE as u64 }>>,
+    /// Most open Watch streams on this node. 1 to 100000.
     #[arg(long, env = "FENCED_MAX_WATCHERS")]
-    pub max_watchers: Option<u64>,
-    /// Most open Watch streams of one identity on this node (with auth on).
+    pub max_watchers: Option<Within<1, 100_000>>,
+    /// Most open Watch streams of one identity on this node (with auth on). 1 to 100000.
     #[arg(long, env = "FENCED_MAX_WATCHERS_PER_IDENTITY")]
-    pub max_watchers_per_identity: Option<u64>,
+    pub max_watchers_per_identity: Option<Within<1, 100_000>>,
     /// Messages a Watch stream may have waiting for its client; a client
-    /// that leaves it full for 5 s is sent FellBehind.
+    /// that leaves it full for 5 s is sent FellBehind. 1 to 65536.
     #[arg(long, env = "FENCED_WATCH_BUFFER")]
-    pub watch_buffer: Option<u64>,
+    pub watch_buffer: Option<Within<1, 65_536>>,
     /// Most open connections per listener (client port and peer port);
-    /// beyond it a new connection is closed at once.
+    /// beyond it a new connection is closed at once. 16 to 1000000.
     #[arg(long, env = "FENCED_MAX_CONNECTIONS")]
-    pub max_connections: Option<usize>,
+    pub max_connections: Option<Within<16, 1_000_000>>,
     /// Most connections per listener still in their TLS handshake (or,
-    /// on the peer port, not yet routed); beyond it the oldest is closed.
+    /// on the peer port, not yet routed); beyond it the oldest is closed. 16 to 100000.
     #[arg(long, env = "FENCED_MAX_PENDING_HANDSHAKES")]
-    pub max_pending_handshakes: Option<usize>,
+    pub max_pending_handshakes: Option<Within<16, 100_000>>,
     /// Of those, most from one address; beyond it that address's oldest
-    /// is closed.
+    /// is closed. 1 to 100000, and at most max_pending_handshakes.
     #[arg(long, env = "FENCED_MAX_PENDING_HANDSHAKES_PER_SOURCE")]
-    pub max_pending_handshakes_per_source: Option<usize>,
-    /// Most concurrent HTTP/2 streams (calls) per connection.
+    pub max_pending_handshakes_per_source: Option<Within<1, 100_000>>,
+    /// Most concurrent HTTP/2 streams (calls) per connection. 1 to 100000.
     #[arg(long, env = "FENCED_MAX_CONCURRENT_STREAMS")]
-    pub max_concurrent_streams: Option<u32>,
-    /// HTTP/2 keep-alive ping interval, ms.
+    pub max_concurrent_streams: Option<Within<1, 100_000>>,
+    /// HTTP/2 keep-alive ping interval, ms. 1000 to 3600000.
     #[arg(long, env = "FENCED_HTTP2_KEEPALIVE_INTERVAL_MS")]
-    pub http2_keepalive_interval_ms: Option<u64>,
-    /// How long an HTTP/2 keep-alive ping may go unanswered, ms.
+    pub http2_keepalive_interval_ms: Option<Within<1_000, 3_600_000>>,
+    /// How long an HTTP/2 keep-alive ping may go unanswered, ms. 1000 to 600000.
     #[arg(long, env = "FENCED_HTTP2_KEEPALIVE_TIMEOUT_MS")]
-    pub http2_keepalive_timeout_ms: Option<u64>,
-    /// A connection that sends nothing for this long is closed, ms.
+    pub http2_keepalive_timeout_ms: Option<Within<1_000, 600_000>>,
+    /// A connection that sends nothing for this long is closed, ms. 1000 to
+    /// 86400000, and at least a keep-alive ping's interval plus its timeout.
     #[arg(long, env = "FENCED_IDLE_TIMEOUT_MS")]
-    pub idle_timeout_ms: Option<u64>,
-    /// Most live leases in the whole cluster; acquires beyond are refused.
+    pub idle_timeout_ms: Option<Within<1_000, 86_400_000>>,
+    /// Most live leases in the whole cluster; acquires beyond are refused. 1 to 10000000.
     #[arg(long, env = "FENCED_MAX_LIVE_LEASES")]
-    pub max_live_leases: Option<u64>,
-    /// Most waiting acquires in the whole cluster; waits beyond are refused.
+    pub max_live_leases: Option<Within<1, 10_000_000>>,
+    /// Most waiting acquires in the whole cluster; waits beyond are refused. 1 to 10000000.
     #[arg(long, env = "FENCED_MAX_WAITERS")]
-    pub max_waiters: Option<u64>,
-    /// Most open sessions in the whole cluster; opens beyond are refused.
+    pub max_waiters: Option<Within<1, 10_000_000>>,
+    /// Most open sessions in the whole cluster; opens beyond are refused. 1 to 1000000.
     #[arg(long, env = "FENCED_MAX_SESSIONS")]
-    pub max_sessions: Option<u64>,
-    /// Most open sessions of one identity; opens beyond are refused.
+    pub max_sessions: Option<Within<1, 1_000_000>>,
+    /// Most open sessions of one identity; opens beyond are refused. 1 to 1000000.
     #[arg(long, env = "FENCED_MAX_SESSIONS_PER_IDENTITY")]
-    pub max_sessions_per_identity: Option<u64>,
-    /// Largest snapshot received from a leader, bytes.
+    pub max_sessions_per_identity: Option<Within<1, 1_000_000>>,
+    /// Largest snapshot received from a leader, bytes. 1048576 to 1073741824.
     #[arg(long, env = "FENCED_MAX_SNAPSHOT_BYTES")]
-    pub max_snapshot_bytes: Option<u64>,
-    /// Most keys in the fenced store (the Kv service); puts beyond are refused.
+    pub max_snapshot_bytes: Option<Within<{ 1 << 20 }, { 1 << 30 }>>,
+    /// Most keys in the fenced store (the Kv service); puts beyond are refused. 1 to 10000000.
     #[arg(long, env = "FENCED_KV_MAX_KEYS")]
-    pub kv_max_keys: Option<u64>,
+    pub kv_max_keys: Option<Within<1, 10_000_000>>,
     /// Most bytes of keys plus values in the fenced store; at most half of
     /// max_snapshot_bytes, since every snapshot carries the whole store.
+    /// 65536 to 536870912.
     #[arg(long, env = "FENCED_KV_MAX_TOTAL_BYTES")]
-    pub kv_max_total_bytes: Option<u64>,
+    pub kv_max_total_bytes: Option<Within<{ fenced_core::KV_VALUE_MAX_BYTES as u64 }, { 1 << 29 }>>,
     /// Test-only: run the leader clock this many parts per million fast (or slow).
     #[arg(long, env = "FENCED_TEST_CLOCK_SKEW_PPM", hide = true)]
     pub test_clock_skew_ppm: Option<i64>,
@@ -297,164 +303,86 @@ impl RunSettings {
         };
         let mut cfg = NodeConfig::new(id, data_dir, listen, peer_listen, initial_cluster);
         cfg.join = join;
+        // Each value is within its own bounds already (its type); what is
+        // left here is the default for a value not given and the checks
+        // between settings.
         let l = &mut cfg.limits;
-        l.ttl_min_ms = self.ttl_min_ms.unwrap_or(l.ttl_min_ms);
-        l.ttl_max_ms = self.ttl_max_ms.unwrap_or(l.ttl_max_ms);
-        l.wait_max_ms = self.wait_max_ms.unwrap_or(l.wait_max_ms);
-        l.max_live_leases = bounded(
-            "max_live_leases",
-            self.max_live_leases,
-            l.max_live_leases,
-            1,
-            10_000_000,
-        )?;
-        l.max_waiters = bounded(
-            "max_waiters",
-            self.max_waiters,
-            l.max_waiters,
-            1,
-            10_000_000,
-        )?;
-        l.max_sessions = bounded(
-            "max_sessions",
-            self.max_sessions,
-            l.max_sessions,
-            1,
-            1_000_000,
-        )?;
-        l.max_sessions_per_identity = bounded(
-            "max_sessions_per_identity",
-            self.max_sessions_per_identity,
-            l.max_sessions_per_identity,
-            1,
-            1_000_000,
-        )?;
+        l.ttl_min_ms = given(self.ttl_min_ms, l.ttl_min_ms);
+        l.ttl_max_ms = given(self.ttl_max_ms, l.ttl_max_ms);
+        l.wait_max_ms = given(self.wait_max_ms, l.wait_max_ms);
+        l.max_live_leases = given(self.max_live_leases, l.max_live_leases);
+        l.max_waiters = given(self.max_waiters, l.max_waiters);
+        l.max_sessions = given(self.max_sessions, l.max_sessions);
+        l.max_sessions_per_identity =
+            given(self.max_sessions_per_identity, l.max_sessions_per_identity);
+        l.kv_max_keys = given(self.kv_max_keys, l.kv_max_keys);
         l.validate().map_err(|e| e.to_string())?;
-        cfg.election_timeout_ms = bounded(
-            "election_timeout_ms",
-            self.election_timeout_ms,
-            cfg.election_timeout_ms,
-            50,
-            60_000,
-        )?;
-        cfg.heartbeat_ms = bounded(
-            "heartbeat_ms",
-            self.heartbeat_ms,
-            cfg.heartbeat_ms,
-            10,
-            cfg.election_timeout_ms - 1,
-        )?;
-        cfg.snapshot_logs = bounded(
-            "snapshot_logs",
-            self.snapshot_logs,
-            cfg.snapshot_logs,
-            10,
-            10_000_000,
-        )?;
-        cfg.proposer.max_pending = bounded(
-            "max_pending",
-            self.max_pending.map(|v| v as u64),
-            cfg.proposer.max_pending as u64,
-            1,
-            10_000_000,
-        )? as usize;
-        cfg.proposer.max_batch = bounded(
-            "max_batch",
-            self.max_batch.map(|v| v as u64),
-            cfg.proposer.max_batch as u64,
-            1,
-            fenced_core::MAX_BATCH_COMMANDS as u64,
-        )? as usize;
-        cfg.max_parked = bounded(
-            "max_parked",
-            self.max_parked.map(|v| v as u64),
-            cfg.max_parked as u64,
-            1,
-            10_000_000,
-        )? as usize;
-        cfg.request_timeout = Duration::from_millis(bounded(
-            "request_timeout_ms",
-            self.request_timeout_ms,
-            cfg.request_timeout.as_millis() as u64,
-            100,
-            600_000,
-        )?);
+        cfg.election_timeout_ms = given(self.election_timeout_ms, cfg.election_timeout_ms);
+        cfg.heartbeat_ms = given(self.heartbeat_ms, cfg.heartbeat_ms);
+        if cfg.heartbeat_ms >= cfg.election_timeout_ms {
+            return Err(format!(
+                "heartbeat_ms: must be below election_timeout_ms ({}), got {}",
+                cfg.election_timeout_ms, cfg.heartbeat_ms
+            ));
+        }
+        cfg.snapshot_logs = given(self.snapshot_logs, cfg.snapshot_logs);
+        cfg.proposer.max_pending = given_usize(self.max_pending, cfg.proposer.max_pending);
+        cfg.proposer.max_batch = given_usize(self.max_batch, cfg.proposer.max_batch);
+        cfg.max_parked = given_usize(self.max_parked, cfg.max_parked);
+        cfg.request_timeout = given_ms(self.request_timeout_ms, cfg.request_timeout);
         let s = &mut cfg.server_limits;
-        s.max_connections = bounded(
-            "max_connections",
-            self.max_connections.map(|v| v as u64),
-            s.max_connections as u64,
-            16,
-            1_000_000,
-        )? as usize;
-        s.max_pending_handshakes = bounded(
-            "max_pending_handshakes",
-            self.max_pending_handshakes.map(|v| v as u64),
-            s.max_pending_handshakes as u64,
-            16,
-            100_000,
-        )? as usize;
-        // One address's share is at most the whole budget.
-        s.max_pending_handshakes_per_source = bounded(
-            "max_pending_handshakes_per_source",
-            self.max_pending_handshakes_per_source.map(|v| v as u64),
-            (s.max_pending_handshakes_per_source as u64).min(s.max_pending_handshakes as u64),
-            1,
-            s.max_pending_handshakes as u64,
-        )? as usize;
-        s.max_concurrent_streams = bounded(
-            "max_concurrent_streams",
-            self.max_concurrent_streams.map(u64::from),
-            u64::from(s.max_concurrent_streams),
-            1,
-            100_000,
-        )? as u32;
-        s.http2_keepalive_interval = Duration::from_millis(bounded(
-            "http2_keepalive_interval_ms",
-            self.http2_keepalive_interval_ms,
-            s.http2_keepalive_interval.as_millis() as u64,
-            1_000,
-            3_600_000,
-        )?);
-        s.http2_keepalive_timeout = Duration::from_millis(bounded(
-            "http2_keepalive_timeout_ms",
-            self.http2_keepalive_timeout_ms,
-            s.http2_keepalive_timeout.as_millis() as u64,
-            1_000,
-            600_000,
-        )?);
+        s.max_connections = given_usize(self.max_connections, s.max_connections);
+        s.max_pending_handshakes =
+            given_usize(self.max_pending_handshakes, s.max_pending_handshakes);
+        // One address's share is at most the whole budget; a budget below
+        // the default share lowers the default with it.
+        s.max_pending_handshakes_per_source = match self.max_pending_handshakes_per_source {
+            Some(v) if v.get_usize() > s.max_pending_handshakes => {
+                return Err(format!(
+                    "max_pending_handshakes_per_source: must be at most \
+                     max_pending_handshakes ({}), got {v}",
+                    s.max_pending_handshakes
+                ))
+            }
+            Some(v) => v.get_usize(),
+            None => s
+                .max_pending_handshakes_per_source
+                .min(s.max_pending_handshakes),
+        };
+        s.max_concurrent_streams = self
+            .max_concurrent_streams
+            .map_or(s.max_concurrent_streams, |v| {
+                u32::try_from(v.get()).unwrap_or(u32::MAX)
+            });
+        s.http2_keepalive_interval =
+            given_ms(self.http2_keepalive_interval_ms, s.http2_keepalive_interval);
+        s.http2_keepalive_timeout =
+            given_ms(self.http2_keepalive_timeout_ms, s.http2_keepalive_timeout);
+        s.idle_timeout = given_ms(self.idle_timeout_ms, s.idle_timeout);
         // A live client answers keep-alive pings, so the idle timeout must
         // leave room for at least one ping and its answer.
-        let ping_round =
-            (s.http2_keepalive_interval + s.http2_keepalive_timeout).as_millis() as u64;
-        s.idle_timeout = Duration::from_millis(bounded(
-            "idle_timeout_ms",
-            self.idle_timeout_ms,
-            s.idle_timeout.as_millis() as u64,
-            ping_round.max(1_000),
-            86_400_000,
-        )?);
-        s.max_snapshot_bytes = bounded(
-            "max_snapshot_bytes",
-            self.max_snapshot_bytes,
-            s.max_snapshot_bytes,
-            1 << 20,
-            1 << 30,
-        )?;
-        cfg.limits.kv_max_keys = bounded(
-            "kv_max_keys",
-            self.kv_max_keys,
-            cfg.limits.kv_max_keys,
-            1,
-            10_000_000,
-        )?;
-        cfg.limits.kv_max_total_bytes = bounded(
-            "kv_max_total_bytes",
-            self.kv_max_total_bytes,
-            cfg.limits.kv_max_total_bytes.min(s.max_snapshot_bytes / 2),
-            fenced_core::KV_VALUE_MAX_BYTES as u64,
-            s.max_snapshot_bytes / 2,
-        )?;
+        let ping_round = s.http2_keepalive_interval + s.http2_keepalive_timeout;
+        if s.idle_timeout < ping_round {
+            return Err(format!(
+                "idle_timeout_ms: must be at least http2_keepalive_interval_ms plus \
+                 http2_keepalive_timeout_ms ({}), got {}",
+                ping_round.as_millis(),
+                s.idle_timeout.as_millis()
+            ));
+        }
+        s.max_snapshot_bytes = given(self.max_snapshot_bytes, s.max_snapshot_bytes);
+        // Every snapshot carries the whole store.
+        let kv_ceiling = s.max_snapshot_bytes / 2;
+        cfg.limits.kv_max_total_bytes = match self.kv_max_total_bytes {
+            Some(v) if v.get() > kv_ceiling => {
+                return Err(format!(
+                    "kv_max_total_bytes: must be at most half of max_snapshot_bytes \
+                     ({kv_ceiling}), got {v}"
+                ))
+            }
+            Some(v) => v.get(),
+            None => cfg.limits.kv_max_total_bytes.min(kv_ceiling),
+        };
         cfg.metrics_listen = self
             .metrics_listen
             .filter(|a| !a.is_empty())
@@ -464,48 +392,17 @@ impl RunSettings {
             tokens: self.auth_tokens,
             policy: self.auth_policy,
         };
-        cfg.max_leases_per_identity = bounded(
-            "max_leases_per_identity",
-            self.max_leases_per_identity,
-            cfg.max_leases_per_identity,
-            1,
-            10_000_000,
-        )?;
-        cfg.max_waiters_per_identity = bounded(
-            "max_waiters_per_identity",
-            self.max_waiters_per_identity,
-            cfg.max_waiters_per_identity,
-            1,
-            10_000_000,
-        )?;
-        cfg.history_per_resource = as_usize(bounded(
-            "history_per_resource",
-            self.history_per_resource,
-            cfg.history_per_resource as u64,
-            0,
-            fenced_core::MAX_HISTORY_PER_RESOURCE as u64,
-        )?);
-        cfg.max_watchers = as_usize(bounded(
-            "max_watchers",
-            self.max_watchers,
-            cfg.max_watchers as u64,
-            1,
-            100_000,
-        )?);
-        cfg.max_watchers_per_identity = as_usize(bounded(
-            "max_watchers_per_identity",
+        cfg.max_leases_per_identity =
+            given(self.max_leases_per_identity, cfg.max_leases_per_identity);
+        cfg.max_waiters_per_identity =
+            given(self.max_waiters_per_identity, cfg.max_waiters_per_identity);
+        cfg.history_per_resource = given_usize(self.history_per_resource, cfg.history_per_resource);
+        cfg.max_watchers = given_usize(self.max_watchers, cfg.max_watchers);
+        cfg.max_watchers_per_identity = given_usize(
             self.max_watchers_per_identity,
-            cfg.max_watchers_per_identity as u64,
-            1,
-            100_000,
-        )?);
-        cfg.watch_buffer = as_usize(bounded(
-            "watch_buffer",
-            self.watch_buffer,
-            cfg.watch_buffer as u64,
-            1,
-            65_536,
-        )?);
+            cfg.max_watchers_per_identity,
+        );
+        cfg.watch_buffer = given_usize(self.watch_buffer, cfg.watch_buffer);
         cfg.tls = tls_settings(
             self.tls_cert,
             self.tls_key,
@@ -629,22 +526,23 @@ fn secure_default(cfg: &NodeConfig, insecure: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn bounded(
-    field: &str,
-    value: Option<u64>,
-    default: u64,
-    min: u64,
-    max: u64,
-) -> Result<u64, String> {
-    let v = value.unwrap_or(default);
-    if v < min || v > max {
-        return Err(format!("{field}: must be between {min} and {max}, got {v}"));
-    }
-    Ok(v)
+/// A value given, or the default.
+fn given<const MIN: u64, const MAX: u64>(value: Option<Within<MIN, MAX>>, default: u64) -> u64 {
+    value.map_or(default, Within::get)
 }
 
-fn as_usize(v: u64) -> usize {
-    usize::try_from(v).unwrap_or(usize::MAX)
+fn given_usize<const MIN: u64, const MAX: u64>(
+    value: Option<Within<MIN, MAX>>,
+    default: usize,
+) -> usize {
+    value.map_or(default, Within::get_usize)
+}
+
+fn given_ms<const MIN: u64, const MAX: u64>(
+    value: Option<Within<MIN, MAX>>,
+    default: Duration,
+) -> Duration {
+    value.map_or(default, |v| Duration::from_millis(v.get()))
 }
 
 fn resolve(field: &str, addr: &str) -> Result<SocketAddr, String> {
@@ -761,6 +659,10 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    fn w<const MIN: u64, const MAX: u64>(value: u64) -> Within<MIN, MAX> {
+        Within::new(value).unwrap()
+    }
+
     #[test]
     fn an_initial_cluster_parses_with_and_without_client_addresses() {
         let m =
@@ -811,18 +713,41 @@ mod tests {
         RunSettings::from_arg_matches(&matches).unwrap()
     }
 
-    /// Every setting given, each as the value 7 (a number, a path and an
-    /// address alike parse from it), `join` and `initial_cluster` in turn.
+    /// Every setting given, each as the first of a few values its parser
+    /// takes (a number within its bounds, a path or an address),
+    /// `join` and `initial_cluster` in turn.
     fn every_setting(skip: &str) -> Vec<String> {
         let command = <RunSettings as clap::Args>::augment_args(clap::Command::new("run"));
         let mut args = Vec::new();
         for arg in command.get_arguments().filter(|a| a.get_id() != skip) {
             args.push(format!("--{}", arg.get_long().unwrap()));
             if arg.get_action().takes_values() {
-                args.push("7".into());
+                let taken = ["7", "1000", "65536", "1048576"]
+                    .into_iter()
+                    .find(|v| takes(arg, v).is_ok())
+                    .unwrap();
+                args.push(taken.into());
             }
         }
         args
+    }
+
+    /// Whether `arg` alone takes `value`, or clap's refusal.
+    fn takes(arg: &clap::Arg, value: &str) -> Result<(), String> {
+        let given = format!("--{}={value}", arg.get_long().unwrap());
+        <RunSettings as clap::Args>::augment_args(clap::Command::new("run"))
+            .try_get_matches_from(["run", &given])
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// What `fenced run` says of `args`, when it refuses them.
+    fn refusal(args: &[&str]) -> String {
+        let command = <RunSettings as clap::Args>::augment_args(clap::Command::new("run"));
+        command
+            .try_get_matches_from(std::iter::once("run").chain(args.iter().copied()))
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -851,12 +776,13 @@ mod tests {
         for skip in ["join", "initial_cluster"] {
             let all = parse_run(&every_setting(skip));
             assert!(all.id == Some(7) && all.insecure && all.data_dir.is_some());
+            assert_eq!(all.election_timeout_ms, Some(w(1000)));
             assert_eq!(parse_run(&all.to_args().unwrap()), all);
         }
         let few = RunSettings {
             id: Some(2),
             listen: Some("127.0.0.1:7102".into()),
-            max_batch: Some(16),
+            max_batch: Some(w(16)),
             ..Default::default()
         };
         assert_eq!(
@@ -880,13 +806,13 @@ max_batch = 8",
         )
         .unwrap();
         let merged = RunSettings {
-            max_batch: Some(9),
+            max_batch: Some(w(9)),
             ..Default::default()
         }
         .or_file(file)
         .unwrap();
         assert!(merged.insecure);
-        assert_eq!(merged.max_batch, Some(9));
+        assert_eq!(merged.max_batch, Some(w(9)));
     }
 
     #[test]
@@ -1044,20 +970,64 @@ max_batch = 8",
     }
 
     #[test]
-    fn out_of_bounds_tuning_is_refused_by_name() {
-        let s = RunSettings {
-            id: Some(1),
-            data_dir: Some("/tmp/x".into()),
-            listen: Some("127.0.0.1:1".into()),
-            peer_listen: Some("127.0.0.1:2".into()),
-            initial_cluster: Some("1=127.0.0.1:2".into()),
-            max_batch: Some(1_000_000),
-            ..Default::default()
-        };
-        let err = s.into_node_config().unwrap_err();
+    fn out_of_bounds_tuning_is_refused_where_it_is_read_naming_the_setting() {
+        // A flag (or its variable: clap reads both alike).
+        let err = refusal(&["--max-batch", "1000000"]);
         assert!(
-            err.starts_with("max_batch: must be between 1 and 4096"),
+            err.contains("--max-batch")
+                && err.contains("must be a whole number between 1 and 4096, got 1000000"),
             "{err}"
+        );
+        // An operator's typo that would otherwise wrap or overflow a timer.
+        for (flag, bounds) in [
+            ("--wait-max-ms", "between 0 and 86400000"),
+            ("--ttl-max-ms", "between 1 and 86400000"),
+            ("--request-timeout-ms", "between 100 and 600000"),
+        ] {
+            for bad in ["18446744073709551615", "18446744073709551616", "-1"] {
+                let err = refusal(&[&format!("{flag}={bad}")]);
+                assert!(
+                    err.contains(flag) && err.contains(bounds),
+                    "{flag} {bad}: {err}"
+                );
+            }
+        }
+        // A file's key.
+        let err = toml::from_str::<RunSettings>("max_batch = 1000000").unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("max_batch")
+                && err.contains("must be a whole number between 1 and 4096, got 1000000"),
+            "{err}"
+        );
+    }
+
+    /// Every bounded setting's help gives the bounds its type enforces, so
+    /// `fenced run --help` cannot drift from what is refused.
+    #[test]
+    fn every_bounded_settings_help_gives_its_bounds() {
+        let command = <RunSettings as clap::Args>::augment_args(clap::Command::new("run"));
+        let mut bounded = 0;
+        for arg in command.get_arguments() {
+            let Err(e) = takes(arg, "18446744073709551615") else {
+                continue;
+            };
+            let Some(rest) = e.split("between ").nth(1) else {
+                continue;
+            };
+            let (min, rest) = rest.split_once(" and ").unwrap();
+            let max = rest.split(',').next().unwrap();
+            let help = arg.get_help().unwrap().to_string().replace('\n', " ");
+            assert!(
+                help.contains(&format!("{min} to {max}")),
+                "--{}: help {help:?} does not give {min} to {max}",
+                arg.get_long().unwrap()
+            );
+            bounded += 1;
+        }
+        assert_eq!(
+            bounded, 30,
+            "every numeric setting but the test clock's is bounded"
         );
     }
 
@@ -1093,53 +1063,45 @@ max_batch = 8",
         for (settings, needle) in [
             (
                 RunSettings {
-                    max_connections: Some(0),
+                    max_pending_handshakes: Some(w(100)),
+                    max_pending_handshakes_per_source: Some(w(101)),
                     ..base()
                 },
-                "max_connections: must be between 16 and",
+                "max_pending_handshakes_per_source: must be at most max_pending_handshakes \
+                 (100), got 101",
             ),
             (
                 RunSettings {
-                    max_pending_handshakes: Some(8),
+                    idle_timeout_ms: Some(w(5_000)),
                     ..base()
                 },
-                "max_pending_handshakes: must be between 16 and 100000, got 8",
+                "idle_timeout_ms: must be at least http2_keepalive_interval_ms plus \
+                 http2_keepalive_timeout_ms (40000), got 5000",
             ),
             (
                 RunSettings {
-                    max_pending_handshakes: Some(100),
-                    max_pending_handshakes_per_source: Some(101),
+                    election_timeout_ms: Some(w(100)),
+                    heartbeat_ms: Some(w(100)),
                     ..base()
                 },
-                "max_pending_handshakes_per_source: must be between 1 and 100, got 101",
+                "heartbeat_ms: must be below election_timeout_ms (100), got 100",
             ),
             (
                 RunSettings {
-                    max_live_leases: Some(0),
+                    max_snapshot_bytes: Some(w(2 << 20)),
+                    kv_max_total_bytes: Some(w((1 << 20) + 1)),
                     ..base()
                 },
-                "max_live_leases: must be between 1 and",
+                "kv_max_total_bytes: must be at most half of max_snapshot_bytes (1048576), \
+                 got 1048577",
             ),
             (
                 RunSettings {
-                    max_waiters: Some(20_000_000),
+                    ttl_min_ms: Some(w(5_000)),
+                    ttl_max_ms: Some(w(4_000)),
                     ..base()
                 },
-                "max_waiters: must be between 1 and",
-            ),
-            (
-                RunSettings {
-                    idle_timeout_ms: Some(5_000),
-                    ..base()
-                },
-                "idle_timeout_ms: must be between 40000 and",
-            ),
-            (
-                RunSettings {
-                    max_concurrent_streams: Some(0),
-                    ..base()
-                },
-                "max_concurrent_streams: must be between 1 and",
+                "ttl_min_ms",
             ),
         ] {
             let err = settings.into_node_config().unwrap_err();

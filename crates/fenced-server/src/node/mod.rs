@@ -8,6 +8,7 @@
 pub mod config;
 pub mod dev;
 pub mod peer_listener;
+pub mod within;
 
 use std::{
     collections::BTreeMap,
