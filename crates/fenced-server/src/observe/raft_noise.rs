@@ -4,8 +4,9 @@
 //! openraft 0.9 logs at ERROR every vote request and every replication
 //! attempt that fails, whatever the cause, at WARN the leader's progress
 //! update after each failed heartbeat, and at WARN every answer that
-//! arrives after the election it belonged to ended. Three of these say
-//! nothing an operator must act on:
+//! arrives after the election it belonged to ended, and at ERROR every call
+//! into a core that has stopped. Four of these say nothing an operator must
+//! act on:
 //!
 //! - a call that failed as [`openraft::error::Unreachable`], and the
 //!   leader's "update progress error" and "heartbeat error" that follow it
@@ -21,7 +22,12 @@
 //!   pause; the outage itself is what the transport reports;
 //! - "A message will be ignored because vote changed": a late vote
 //!   answer or higher-vote notice for an election or term already over; the
-//!   candidate that won with two of three votes always gets the third after.
+//!   candidate that won with two of three votes always gets the third after;
+//! - a call into a core that stopped because the node asked it to
+//!   (`Fatal::Stopped`: a write or read of the node's own still in flight
+//!   at shutdown): the caller is answered "unknown" and the node logs its
+//!   stop itself. A core that stopped on a storage error or a panic
+//!   (`Fatal::StorageError`, `Fatal::Panicked`) is still an error.
 //!
 //! Only those exact events are dropped, by their message and the error they
 //! carry; every other openraft warning and error (timeouts, a peer's error
@@ -47,7 +53,7 @@ impl<S: Subscriber> Layer<S> for QuietRaftNoise {
         }
         let mut fields = Fields::default();
         event.record(&mut fields);
-        !is_noise(&fields.message, &fields.error)
+        !is_noise(&fields.message, &fields.error) && !is_shutdown(&fields.message, &fields)
     }
 }
 
@@ -73,10 +79,20 @@ pub fn is_noise(message: &str, error: &str) -> bool {
                 || message.starts_with("error replication to target=")))
 }
 
+/// Whether an openraft error reports a call into a core that stopped
+/// because it was shut down: the core's result (`core_result`) or the
+/// caller's error is exactly `Fatal::Stopped`.
+fn is_shutdown(message: &str, fields: &Fields) -> bool {
+    fields.core_result == "Err(Stopped)"
+        || (fields.error == "Stopped"
+            && (message.starts_with("error when ") || message == "core_call fatal error"))
+}
+
 #[derive(Default)]
 struct Fields {
     message: String,
     error: String,
+    core_result: String,
 }
 
 impl Visit for Fields {
@@ -84,6 +100,7 @@ impl Visit for Fields {
         match field.name() {
             "message" => self.message = format!("{value:?}"),
             "error" | "err" | "result" => self.error = format!("{value:?}"),
+            "core_result" => self.core_result = format!("{value:?}"),
             _ => {}
         }
     }
@@ -184,12 +201,33 @@ mod tests {
             tracing::error!(target: "fenced_server::node", error = %refused, "while requesting vote");
             tracing::warn!(target: "openraft::engine::handler::replication_handler", request_id = %"HeartBeat", result = %refused, "update progress error");
             tracing::warn!(target: "openraft::engine::handler::replication_handler", "heartbeat error: {}, no update to inflight data", refused);
+            // A write in flight when the node stopped its core, as openraft
+            // 0.9 logs it twice; a core stopped by a storage error is kept.
+            let stopped = "Stopped";
+            tracing::error!(target: "openraft::raft::raft_inner", core_result = ?Err::<(), _>(stopped_fatal()), "failure {}; message: {}", "receiving rx from RaftCore", "");
+            tracing::error!(target: "openraft::raft::raft_inner", error = ?stopped_fatal(), "error when {}", "openraft::raft::raft_inner::RaftInner<_>::recv_msg");
+            tracing::error!(target: "openraft::raft::raft_inner", error = ?stopped_fatal(), "core_call fatal error");
+            tracing::error!(target: "openraft::raft::raft_inner", core_result = ?Err::<(), _>(storage_fatal()), "failure {}; message: {}", "receiving rx from RaftCore", "");
+            tracing::error!(target: "openraft::raft::raft_inner", error = %stopped, "error when {}", "something::else");
         });
         let text = String::from_utf8_lossy(&out.0.lock().unwrap_or_else(PoisonError::into_inner))
             .to_string();
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines.len(), 3, "{text}");
         assert!(lines[0].contains("timeout"), "{text}");
         assert!(lines[1].contains("fenced_server::node"), "{text}");
+        assert!(lines[2].contains("StorageError"), "{text}");
+    }
+
+    fn stopped_fatal() -> openraft::error::Fatal<u64> {
+        openraft::error::Fatal::Stopped
+    }
+
+    fn storage_fatal() -> openraft::error::Fatal<u64> {
+        openraft::error::Fatal::StorageError(openraft::StorageError::from_io_error(
+            openraft::ErrorSubject::Store,
+            openraft::ErrorVerb::Write,
+            std::io::Error::other("disk full"),
+        ))
     }
 }
