@@ -395,6 +395,16 @@ impl Recorder {
     }
 }
 
+impl crate::calls::Record for Recorder {
+    fn invoke(&self, e: Event) -> Event {
+        Recorder::invoke(self, e)
+    }
+
+    fn complete(&self, invoked: &Event, result: Result<Answer, String>) {
+        Recorder::complete(self, invoked, result);
+    }
+}
+
 impl RecorderInner {
     fn push(&mut self, e: Event) {
         let line = serde_json::to_string(&e).map_err(|e| e.to_string());

@@ -3,6 +3,7 @@
 //! can fail.
 
 pub mod auth;
+pub mod calls;
 pub mod check;
 pub mod cluster;
 pub mod history;

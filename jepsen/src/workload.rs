@@ -24,14 +24,17 @@ use std::{
 
 use fenced_core::{OwnerId, ResourceName, Token};
 use fenced_proto::v1::{
-    kv_client::KvClient, kv_put_response, lock_client::LockClient, AcquireRequest, DescribeRequest,
-    KvGetRequest, KvPutRequest, KvRefusalReason, ReleaseRequest, RenewRequest,
+    kv_client::KvClient, kv_put_response, lock_client::LockClient, KvGetRequest, KvPutRequest,
+    KvRefusalReason,
 };
 use fenced_resource::{FenceStore, Write, WriteOutcome};
 use tokio::sync::RwLock;
 use tonic::transport::Channel;
 
-use crate::history::{event, Answer, Event, Recorder, F};
+use crate::{
+    calls::{LockCall, LockWorker, Record, Transport},
+    history::{event, Answer, Event, Recorder, F},
+};
 
 /// How long one request may take before its outcome is unknown.
 const RPC_TIMEOUT: Duration = Duration::from_secs(2);
@@ -128,40 +131,71 @@ async fn timed<T>(
     }
 }
 
-/// One worker's handle on the lock service.
-struct Worker {
-    id: u32,
+/// How a campaign worker's lock calls reach the cluster: a node that is up,
+/// at random, over its gRPC channel, once the nemesis lets calls through.
+struct Campaign {
     ctx: Arc<Ctx>,
-    rng: fastrand::Rng,
     /// Only describes: not held by idle periods.
     reader: bool,
 }
 
-impl Worker {
+impl Campaign {
+    /// Waits while the workers are paused, and (but for the reader) while
+    /// the nemesis holds an idle period.
     async fn gate(&self) {
         if !self.reader {
             let _i = self.ctx.idle.read().await;
         }
         let _g = self.ctx.freeze.read().await;
     }
+}
 
-    fn begin(&mut self, mut e: Event) -> (Event, LockClient<Channel>) {
-        let (node, client) = match self.ctx.node(&mut self.rng) {
-            Some((n, c)) => (Some(n), Some(c)),
-            None => (None, None),
-        };
-        e.node = node;
-        let invoked = self.ctx.rec.invoke(e);
-        // Ctx always has clients; a missing one only yields an unknown op.
-        let client = client.unwrap_or_else(|| {
-            LockClient::new(Channel::from_static("http://127.0.0.1:9").connect_lazy())
-        });
-        (invoked, client)
+impl Transport for Campaign {
+    type Channel = LockClient<Channel>;
+
+    fn record(&self) -> &dyn Record {
+        &self.ctx.rec
+    }
+
+    fn stopped(&self) -> bool {
+        self.ctx.stopped()
+    }
+
+    async fn route(&mut self, rng: &mut fastrand::Rng) -> Option<(u64, LockClient<Channel>)> {
+        self.gate().await;
+        self.ctx.node(rng)
+    }
+
+    async fn send(
+        &mut self,
+        mut c: LockClient<Channel>,
+        call: LockCall,
+        _: &mut fastrand::Rng,
+    ) -> Result<Answer, String> {
+        match call {
+            LockCall::Acquire(r) => timed(c.acquire(req(r))).await.and_then(Answer::of_acquire),
+            LockCall::Renew(r) => timed(c.renew(req(r))).await.and_then(Answer::of_renew),
+            LockCall::Release(r) => timed(c.release(req(r))).await.and_then(Answer::of_release),
+            LockCall::Describe(r) => timed(c.describe(req(r))).await.map(Answer::of_describe),
+        }
+    }
+}
+
+/// One campaign worker: lock calls, and beside them writes through the
+/// protected resource and the fenced store.
+struct Worker {
+    lock: LockWorker<Campaign>,
+    ctx: Arc<Ctx>,
+}
+
+impl Worker {
+    fn id(&self) -> u32 {
+        self.lock.id
     }
 
     /// Records the invocation and picks a kv client on a node that is up.
     fn begin_kv(&mut self, mut e: Event) -> (Event, KvClient<Channel>) {
-        let node = self.ctx.node(&mut self.rng).map(|(n, _)| n);
+        let node = self.ctx.node(&mut self.lock.rng).map(|(n, _)| n);
         let client = node.and_then(|n| {
             self.ctx
                 .kv_clients
@@ -190,8 +224,8 @@ impl Worker {
         token: u64,
         stale: bool,
     ) -> Option<Answer> {
-        self.gate().await;
-        let mut e = event(self.id, F::KvPut, resource);
+        self.lock.transport.gate().await;
+        let mut e = event(self.id(), F::KvPut, resource);
         e.owner = Some(owner.to_string());
         e.token = Some(token);
         e.key = Some(key.to_string());
@@ -221,8 +255,8 @@ impl Worker {
 
     /// A linearizable kv get of `key` (a key of `resource`).
     async fn kv_get(&mut self, key: &str, resource: &str) -> Option<Answer> {
-        self.gate().await;
-        let mut e = event(self.id, F::KvGet, resource);
+        self.lock.transport.gate().await;
+        let mut e = event(self.id(), F::KvGet, resource);
         e.key = Some(key.to_string());
         let (e, mut c) = self.begin_kv(e);
         let r = timed(c.get(req(KvGetRequest {
@@ -241,88 +275,6 @@ impl Worker {
         r.ok()
     }
 
-    async fn acquire(&mut self, resource: &str, owner: OwnerId, ttl_ms: u64) -> Option<Answer> {
-        self.gate().await;
-        let mut e = event(self.id, F::Acquire, resource);
-        e.owner = Some(owner.to_string());
-        e.ttl_ms = Some(ttl_ms);
-        let (e, mut c) = self.begin(e);
-        let r = timed(c.acquire(req(AcquireRequest {
-            label: String::new(),
-            resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
-            ttl_ms,
-            wait_ms: 0,
-        })))
-        .await
-        .and_then(Answer::of_acquire);
-        self.ctx.rec.complete(&e, r.clone());
-        r.ok()
-    }
-
-    async fn renew(
-        &mut self,
-        resource: &str,
-        owner: OwnerId,
-        token: u64,
-        ttl_ms: u64,
-    ) -> Option<Answer> {
-        self.gate().await;
-        let mut e = event(self.id, F::Renew, resource);
-        e.owner = Some(owner.to_string());
-        e.token = Some(token);
-        e.ttl_ms = Some(ttl_ms);
-        let (e, mut c) = self.begin(e);
-        let r = timed(c.renew(req(RenewRequest {
-            resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
-            token,
-            ttl_ms,
-        })))
-        .await
-        .and_then(Answer::of_renew);
-        self.ctx.rec.complete(&e, r.clone());
-        r.ok()
-    }
-
-    async fn release(
-        &mut self,
-        resource: &str,
-        owner: OwnerId,
-        token: u64,
-        stale: bool,
-    ) -> Option<Answer> {
-        self.gate().await;
-        let mut e = event(self.id, F::Release, resource);
-        e.owner = Some(owner.to_string());
-        e.token = Some(token);
-        e.deliberate_stale = stale;
-        let (e, mut c) = self.begin(e);
-        let r = timed(c.release(req(ReleaseRequest {
-            resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
-            token,
-        })))
-        .await
-        .and_then(Answer::of_release);
-        self.ctx.rec.complete(&e, r.clone());
-        r.ok()
-    }
-
-    async fn describe(&mut self, resource: &str) -> Option<Answer> {
-        self.gate().await;
-        let e = event(self.id, F::Describe, resource);
-        let (e, mut c) = self.begin(e);
-        let r = timed(c.describe(req(DescribeRequest {
-            resource: resource.as_bytes().to_vec(),
-            allow_stale: false,
-        })))
-        .await
-        .map(Answer::of_describe);
-        self.ctx.rec.complete(&e, r.clone());
-        r.ok()
-    }
-
     /// A write through the protected resource, keyed by the resource name.
     async fn write(
         &mut self,
@@ -331,8 +283,8 @@ impl Worker {
         token: u64,
         stale: bool,
     ) -> Option<Answer> {
-        self.gate().await;
-        let mut e = event(self.id, F::Write, resource);
+        self.lock.transport.gate().await;
+        let mut e = event(self.id(), F::Write, resource);
         e.owner = Some(owner.to_string());
         e.token = Some(token);
         e.deliberate_stale = stale;
@@ -364,10 +316,6 @@ impl Worker {
         r.ok()
     }
 
-    async fn sleep_ms(&mut self, lo: u64, hi: u64) {
-        tokio::time::sleep(Duration::from_millis(self.rng.u64(lo..=hi))).await;
-    }
-
     fn remember(&self, resource: &str, owner: OwnerId, token: u64) {
         let mut past = self.ctx.past.lock().unwrap_or_else(PoisonError::into_inner);
         let list = past.entry(resource.to_string()).or_default();
@@ -382,7 +330,9 @@ impl Worker {
         let list = past.get(resource)?;
         let newest = list.iter().map(|(_, t)| *t).max()?;
         let older: Vec<&(OwnerId, u64)> = list.iter().filter(|(_, t)| *t < newest).collect();
-        older.get(self.rng.usize(..older.len().max(1))).map(|g| **g)
+        older
+            .get(self.lock.rng.usize(..older.len().max(1)))
+            .map(|g| **g)
     }
 
     fn abandon_slot(&self, slot: usize, generation: u64) {
@@ -396,47 +346,28 @@ impl Worker {
         }
     }
 
-    /// Acquires with retries of the same owner id while the outcome is unknown.
-    async fn acquire_definite(
-        &mut self,
-        resource: &str,
-        owner: OwnerId,
-        ttl_ms: u64,
-    ) -> Option<Answer> {
-        for _ in 0..3 {
-            if let Some(a) = self.acquire(resource, owner, ttl_ms).await {
-                return Some(a);
-            }
-            if self.ctx.stopped() {
-                break;
-            }
-            self.sleep_ms(50, 200).await;
-        }
-        None
-    }
-
     async fn long_cycle(&mut self) {
-        let slot = self.rng.usize(..self.ctx.slots.len().max(1));
+        let slot = self.lock.rng.usize(..self.ctx.slots.len().max(1));
         let generation = self
             .ctx
             .slots
             .get(slot)
             .map_or(0, |s| s.load(Ordering::SeqCst));
         let resource = format!("long-{slot}-g{generation}");
-        if self.rng.f64() < 0.15 {
+        if self.lock.rng.f64() < 0.15 {
             if let Some((o, t)) = self.older_grant(&resource) {
                 self.write(&resource, o, t, true).await;
-                let key = worker_key(&resource, self.id);
+                let key = worker_key(&resource, self.id());
                 self.kv_put(&key, &resource, o, t, true).await;
-                self.release(&resource, o, t, true).await;
+                self.lock.release(&resource, o, t, true).await;
             }
         }
         let owner = OwnerId::random();
         let ttl = self.ctx.long_ttl_ms;
-        let token = match self.acquire_definite(&resource, owner, ttl).await {
+        let token = match self.lock.acquire_definite(&resource, owner, ttl).await {
             Some(Answer::Granted { token, .. }) => token,
             Some(_) => {
-                self.sleep_ms(10, 60).await;
+                self.lock.sleep_ms(10, 60).await;
                 return;
             }
             None => {
@@ -447,22 +378,27 @@ impl Worker {
         };
         self.remember(&resource, owner, token);
         self.write(&resource, owner, token, false).await;
-        self.renew(&resource, owner, token, ttl).await;
+        self.lock.renew(&resource, owner, token, ttl).await;
         self.write(&resource, owner, token, false).await;
-        let key = worker_key(&resource, self.id);
+        let key = worker_key(&resource, self.id());
         self.kv_put(&key, &resource, owner, token, false).await;
-        self.describe(&resource).await;
-        if self.rng.f64() < 0.05 {
+        self.lock.describe(&resource).await;
+        if self.lock.rng.f64() < 0.05 {
             self.abandon_slot(slot, generation);
             return;
         }
         let mut released = false;
         for _ in 0..3 {
-            if self.release(&resource, owner, token, false).await.is_some() {
+            if self
+                .lock
+                .release(&resource, owner, token, false)
+                .await
+                .is_some()
+            {
                 released = true;
                 break;
             }
-            if self.ctx.stopped() {
+            if self.lock.stopped() {
                 break;
             }
         }
@@ -472,38 +408,38 @@ impl Worker {
     }
 
     async fn short_cycle(&mut self, resources: usize) {
-        let resource = format!("short-{}", self.rng.usize(..resources.max(1)));
+        let resource = format!("short-{}", self.lock.rng.usize(..resources.max(1)));
         let ttl = self.ctx.short_ttl_ms;
         let owner = OwnerId::random();
-        let token = match self.acquire_definite(&resource, owner, ttl).await {
+        let token = match self.lock.acquire_definite(&resource, owner, ttl).await {
             Some(Answer::Granted { token, .. }) => token,
             _ => {
-                self.sleep_ms(50, 150).await;
+                self.lock.sleep_ms(50, 150).await;
                 return;
             }
         };
         self.remember(&resource, owner, token);
         self.write(&resource, owner, token, false).await;
-        let own = worker_key(&resource, self.id);
+        let own = worker_key(&resource, self.id());
         let shared = shared_key(&resource);
         self.kv_put(&own, &resource, owner, token, false).await;
-        if self.rng.f64() < 0.3 {
+        if self.lock.rng.f64() < 0.3 {
             // The article's worker: stops renewing for longer than its lease
             // (a GC pause, a slow disk), then writes with its old token.
-            self.sleep_ms(ttl + 300, ttl + 1500).await;
-            self.describe(&resource).await;
+            self.lock.sleep_ms(ttl + 300, ttl + 1500).await;
+            self.lock.describe(&resource).await;
             self.write(&resource, owner, token, true).await;
             // Late puts: on its own key only the holder check can refuse it.
             self.kv_put(&own, &resource, owner, token, true).await;
             self.kv_put(&shared, &resource, owner, token, true).await;
-            self.release(&resource, owner, token, false).await;
+            self.lock.release(&resource, owner, token, false).await;
             return;
         }
-        self.renew(&resource, owner, token, ttl).await;
+        self.lock.renew(&resource, owner, token, ttl).await;
         self.kv_put(&shared, &resource, owner, token, false).await;
-        self.describe(&resource).await;
+        self.lock.describe(&resource).await;
         self.write(&resource, owner, token, false).await;
-        self.release(&resource, owner, token, false).await;
+        self.lock.release(&resource, owner, token, false).await;
     }
 }
 
@@ -514,27 +450,31 @@ const SHORT_RESOURCES: usize = 2;
 pub fn spawn(ctx: &Arc<Ctx>, seed: u64, long: u32, short: u32) -> Vec<tokio::task::JoinHandle<()>> {
     let mut handles = Vec::new();
     for i in 0..=long + short {
-        let mut w = Worker {
-            id: i,
+        let reader = i == long + short;
+        let rng = fastrand::Rng::with_seed(seed.wrapping_mul(1_000_003).wrapping_add(u64::from(i)));
+        let campaign = Campaign {
             ctx: ctx.clone(),
-            rng: fastrand::Rng::with_seed(seed.wrapping_mul(1_000_003).wrapping_add(u64::from(i))),
-            reader: i == long + short,
+            reader,
+        };
+        let mut w = Worker {
+            lock: LockWorker::new(i, rng, campaign),
+            ctx: ctx.clone(),
         };
         let is_long = i < long;
         handles.push(tokio::spawn(async move {
-            while !w.ctx.stopped() {
-                if w.reader {
-                    let r = format!("short-{}", w.rng.usize(..SHORT_RESOURCES));
-                    w.describe(&r).await;
+            while !w.lock.stopped() {
+                if reader {
+                    let r = format!("short-{}", w.lock.rng.usize(..SHORT_RESOURCES));
+                    w.lock.describe(&r).await;
                     // Reads of the keys the short-TTL workers put.
-                    let owner = long + w.rng.u32(..short.max(1));
-                    let key = if w.rng.bool() {
+                    let owner = long + w.lock.rng.u32(..short.max(1));
+                    let key = if w.lock.rng.bool() {
                         shared_key(&r)
                     } else {
                         worker_key(&r, owner)
                     };
                     w.kv_get(&key, &r).await;
-                    w.sleep_ms(50, 150).await;
+                    w.lock.sleep_ms(50, 150).await;
                 } else if is_long {
                     w.long_cycle().await;
                 } else {

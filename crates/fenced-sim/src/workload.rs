@@ -16,14 +16,17 @@ use std::{
     time::Duration,
 };
 
-use fenced_core::OwnerId;
-use fenced_jepsen::history::{event, Answer, Event, Phase, F};
-use fenced_proto::v1::{
-    lock_server::Lock, AcquireRequest, DescribeRequest, ReleaseRequest, RenewRequest,
+use fenced_jepsen::{
+    calls::{LockCall, LockWorker, Record, Transport},
+    history::{Answer, Event, Phase},
 };
-use fenced_server::{rpc::FORWARDED, types::NodeId};
+use fenced_proto::v1::lock_server::Lock;
+use fenced_server::{
+    rpc::{LockService, FORWARDED},
+    types::NodeId,
+};
 use tokio::time::Instant;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Status};
 
 use crate::world::Cluster;
 
@@ -54,30 +57,6 @@ impl History {
         u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    fn invoke(&self, mut e: Event) -> Event {
-        e.op = self.next_op.fetch_add(1, Ordering::SeqCst);
-        e.phase = Phase::Invoke;
-        e.t_ns = self.now_ns();
-        self.push(e.clone());
-        e
-    }
-
-    fn complete(&self, invoked: &Event, result: &Result<Answer, String>) {
-        let mut e = invoked.clone();
-        e.t_ns = self.now_ns();
-        match result {
-            Ok(a) => {
-                e.phase = Phase::Ok;
-                e.answer = Some(a.clone());
-            }
-            Err(why) => {
-                e.phase = Phase::Info;
-                e.error = Some(why.clone());
-            }
-        }
-        self.push(e);
-    }
-
     fn push(&self, e: Event) {
         self.events
             .lock()
@@ -90,6 +69,32 @@ impl History {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+}
+
+impl Record for History {
+    fn invoke(&self, mut e: Event) -> Event {
+        e.op = self.next_op.fetch_add(1, Ordering::SeqCst);
+        e.phase = Phase::Invoke;
+        e.t_ns = self.now_ns();
+        self.push(e.clone());
+        e
+    }
+
+    fn complete(&self, invoked: &Event, result: Result<Answer, String>) {
+        let mut e = invoked.clone();
+        e.t_ns = self.now_ns();
+        match result {
+            Ok(a) => {
+                e.phase = Phase::Ok;
+                e.answer = Some(a);
+            }
+            Err(why) => {
+                e.phase = Phase::Info;
+                e.error = Some(why);
+            }
+        }
+        self.push(e);
     }
 }
 
@@ -107,76 +112,22 @@ pub struct Workload {
     pub long_ttl_ms: u64,
 }
 
-struct Worker {
-    id: u32,
+/// How a simulated worker's calls reach a node: the node's own Lock
+/// service, marked as forwarded so that a node that does not lead names the
+/// leader instead of forwarding over a network the simulation does not
+/// have; the worker then follows the name.
+struct Simulated {
     w: Arc<Workload>,
-    rng: fastrand::Rng,
-    /// The node this worker sends to: the last leader it was told of.
+    /// The last leader this worker was told of.
     target: NodeId,
 }
 
-fn request<T>(msg: T) -> Request<T> {
-    let mut r = Request::new(msg);
-    // Marked as forwarded: a node that does not lead says so (and names
-    // the leader) instead of forwarding over a network the simulation
-    // does not have.
-    r.metadata_mut()
-        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
-    r
-}
-
-impl Worker {
-    fn stopped(&self) -> bool {
-        self.w.stop.load(Ordering::SeqCst)
+impl Simulated {
+    fn any_node(&self, rng: &mut fastrand::Rng) -> NodeId {
+        self.w.cluster.ids()[rng.usize(..3)]
     }
 
-    async fn sleep_ms(&mut self, lo: u64, hi: u64) {
-        tokio::time::sleep(Duration::from_millis(self.rng.u64(lo..hi))).await;
-    }
-
-    fn owner(&mut self) -> OwnerId {
-        let bytes: [u8; 16] = std::array::from_fn(|_| self.rng.u8(..));
-        let id = uuid::Builder::from_random_bytes(bytes).into_uuid();
-        OwnerId::new(id).unwrap_or_else(|_| OwnerId::random())
-    }
-
-    /// Sends one call to the worker's node and records it. A refusal that
-    /// names the leader moves the worker there.
-    async fn call<Req, Resp, Fut>(
-        &mut self,
-        e: Event,
-        send: impl FnOnce(fenced_server::rpc::LockService, Request<Req>) -> Fut,
-        req: Req,
-        answer: impl FnOnce(Resp) -> Result<Answer, String>,
-    ) -> Option<Answer>
-    where
-        Fut: std::future::Future<Output = Result<Response<Resp>, Status>>,
-    {
-        let Some(service) = self.w.cluster.service(self.target) else {
-            // The node is down: try another, recording nothing.
-            self.target = self.w.cluster.ids()[self.rng.usize(..3)];
-            self.sleep_ms(20, 100).await;
-            return None;
-        };
-        let mut e = e;
-        e.node = Some(self.target);
-        let invoked = self.w.history.invoke(e);
-        let result = match tokio::time::timeout(CALL_TIMEOUT, send(service, request(req))).await {
-            Ok(Ok(resp)) => answer(resp.into_inner()),
-            Ok(Err(status)) => {
-                self.follow_hint(&status);
-                Err(format!("{:?}: {}", status.code(), status.message()))
-            }
-            Err(_) => {
-                self.target = self.w.cluster.ids()[self.rng.usize(..3)];
-                Err("timed out".into())
-            }
-        };
-        self.w.history.complete(&invoked, &result);
-        result.ok()
-    }
-
-    fn follow_hint(&mut self, status: &Status) {
+    fn follow_hint(&mut self, status: &Status, rng: &mut fastrand::Rng) {
         let hinted = status
             .metadata()
             .get(fenced_server::headers::LEADER_HEADER)
@@ -185,155 +136,134 @@ impl Worker {
             .and_then(|id| NodeId::from_str(id).ok());
         self.target = match hinted {
             Some(id) if id != self.target => id,
-            _ => self.w.cluster.ids()[self.rng.usize(..3)],
+            _ => self.any_node(rng),
         };
     }
+}
 
-    async fn acquire(&mut self, resource: &str, owner: OwnerId, ttl_ms: u64) -> Option<Answer> {
-        let mut e = event(self.id, F::Acquire, resource);
-        e.owner = Some(owner.to_string());
-        e.ttl_ms = Some(ttl_ms);
-        let req = AcquireRequest {
-            label: String::new(),
-            resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
-            ttl_ms,
-            wait_ms: 0,
-        };
-        self.call(
-            e,
-            |s, r| async move { s.acquire(r).await },
-            req,
-            Answer::of_acquire,
-        )
-        .await
+fn request<T>(msg: T) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut()
+        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    r
+}
+
+impl Transport for Simulated {
+    type Channel = LockService;
+
+    fn record(&self) -> &dyn Record {
+        &*self.w.history
     }
 
-    async fn renew(&mut self, resource: &str, owner: OwnerId, token: u64, ttl_ms: u64) {
-        let mut e = event(self.id, F::Renew, resource);
-        e.owner = Some(owner.to_string());
-        e.token = Some(token);
-        e.ttl_ms = Some(ttl_ms);
-        let req = RenewRequest {
-            resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
-            token,
-            ttl_ms,
-        };
-        self.call(
-            e,
-            |s, r| async move { s.renew(r).await },
-            req,
-            Answer::of_renew,
-        )
-        .await;
+    fn stopped(&self) -> bool {
+        self.w.stop.load(Ordering::SeqCst)
     }
 
-    async fn release(&mut self, resource: &str, owner: OwnerId, token: u64) -> Option<Answer> {
-        let mut e = event(self.id, F::Release, resource);
-        e.owner = Some(owner.to_string());
-        e.token = Some(token);
-        let req = ReleaseRequest {
-            resource: resource.as_bytes().to_vec(),
-            owner_id: owner.as_bytes().to_vec(),
-            token,
-        };
-        self.call(
-            e,
-            |s, r| async move { s.release(r).await },
-            req,
-            Answer::of_release,
-        )
-        .await
-    }
-
-    async fn describe(&mut self, resource: &str) {
-        let e = event(self.id, F::Describe, resource);
-        let req = DescribeRequest {
-            resource: resource.as_bytes().to_vec(),
-            allow_stale: false,
-        };
-        self.call(
-            e,
-            |s, r| async move { s.describe(r).await },
-            req,
-            |d| Ok(Answer::of_describe(d)),
-        )
-        .await;
-    }
-
-    async fn acquire_definite(
-        &mut self,
-        resource: &str,
-        owner: OwnerId,
-        ttl: u64,
-    ) -> Option<Answer> {
-        for _ in 0..3 {
-            if let Some(a) = self.acquire(resource, owner, ttl).await {
-                return Some(a);
-            }
-            if self.stopped() {
-                break;
-            }
-            self.sleep_ms(50, 200).await;
+    async fn route(&mut self, rng: &mut fastrand::Rng) -> Option<(u64, LockService)> {
+        if let Some(service) = self.w.cluster.service(self.target) {
+            return Some((self.target, service));
         }
+        // The node is down: try another, recording nothing.
+        self.target = self.any_node(rng);
+        tokio::time::sleep(Duration::from_millis(rng.u64(20..100))).await;
         None
     }
 
-    async fn short_cycle(&mut self) {
-        let resource = format!("short-{}", self.rng.u64(..SHORT_RESOURCES));
-        let ttl = self.w.short_ttl_ms;
-        let owner = self.owner();
-        let Some(Answer::Granted { token, .. }) =
-            self.acquire_definite(&resource, owner, ttl).await
-        else {
-            self.sleep_ms(50, 150).await;
-            return;
-        };
-        if self.rng.u32(..10) < 3 {
-            // Stops renewing for longer than its lease, then comes back.
-            self.sleep_ms(ttl + 300, ttl + 1_500).await;
-            self.renew(&resource, owner, token, ttl).await;
-            self.describe(&resource).await;
-            self.release(&resource, owner, token).await;
-            return;
+    async fn send(
+        &mut self,
+        service: LockService,
+        call: LockCall,
+        rng: &mut fastrand::Rng,
+    ) -> Result<Answer, String> {
+        let answered = tokio::time::timeout(CALL_TIMEOUT, async {
+            match call {
+                LockCall::Acquire(r) => service
+                    .acquire(request(r))
+                    .await
+                    .map(|a| Answer::of_acquire(a.into_inner())),
+                LockCall::Renew(r) => service
+                    .renew(request(r))
+                    .await
+                    .map(|a| Answer::of_renew(a.into_inner())),
+                LockCall::Release(r) => service
+                    .release(request(r))
+                    .await
+                    .map(|a| Answer::of_release(a.into_inner())),
+                LockCall::Describe(r) => service
+                    .describe(request(r))
+                    .await
+                    .map(|a| Ok(Answer::of_describe(a.into_inner()))),
+            }
+        })
+        .await;
+        match answered {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(status)) => {
+                self.follow_hint(&status, rng);
+                Err(format!("{:?}: {}", status.code(), status.message()))
+            }
+            Err(_) => {
+                self.target = self.any_node(rng);
+                Err("timed out".into())
+            }
         }
-        self.sleep_ms(0, ttl / 3).await;
-        self.renew(&resource, owner, token, ttl).await;
-        self.describe(&resource).await;
-        self.release(&resource, owner, token).await;
     }
+}
 
-    /// A long lease on a resource of its own generation: a lease whose
-    /// outcome stays unknown may hold its resource for the rest of the run,
-    /// so the worker moves on to a new name.
-    async fn long_cycle(&mut self, generation: &mut u64) {
-        let resource = format!("long-{}-g{generation}", self.id);
-        let ttl = self.w.long_ttl_ms;
-        let owner = self.owner();
-        let token = match self.acquire_definite(&resource, owner, ttl).await {
-            Some(Answer::Granted { token, .. }) => token,
-            Some(_) => {
-                self.sleep_ms(10, 60).await;
-                return;
-            }
-            None => {
-                *generation += 1;
-                return;
-            }
-        };
-        self.renew(&resource, owner, token, ttl).await;
-        self.describe(&resource).await;
-        for _ in 0..3 {
-            if self.release(&resource, owner, token).await.is_some() {
-                return;
-            }
-            if self.stopped() {
-                break;
-            }
-        }
-        *generation += 1;
+type Worker = LockWorker<Simulated>;
+
+async fn short_cycle(w: &mut Worker, short_ttl_ms: u64) {
+    let resource = format!("short-{}", w.rng.u64(..SHORT_RESOURCES));
+    let ttl = short_ttl_ms;
+    let owner = w.owner();
+    let Some(Answer::Granted { token, .. }) = w.acquire_definite(&resource, owner, ttl).await
+    else {
+        w.sleep_ms(50, 150).await;
+        return;
+    };
+    if w.rng.u32(..10) < 3 {
+        // Stops renewing for longer than its lease, then comes back.
+        w.sleep_ms(ttl + 300, ttl + 1_500).await;
+        w.renew(&resource, owner, token, ttl).await;
+        w.describe(&resource).await;
+        w.release(&resource, owner, token, false).await;
+        return;
     }
+    w.sleep_ms(0, ttl / 3).await;
+    w.renew(&resource, owner, token, ttl).await;
+    w.describe(&resource).await;
+    w.release(&resource, owner, token, false).await;
+}
+
+/// A long lease on a resource of its own generation: a lease whose
+/// outcome stays unknown may hold its resource for the rest of the run,
+/// so the worker moves on to a new name.
+async fn long_cycle(w: &mut Worker, long_ttl_ms: u64, generation: &mut u64) {
+    let resource = format!("long-{}-g{generation}", w.id);
+    let ttl = long_ttl_ms;
+    let owner = w.owner();
+    let token = match w.acquire_definite(&resource, owner, ttl).await {
+        Some(Answer::Granted { token, .. }) => token,
+        Some(_) => {
+            w.sleep_ms(10, 60).await;
+            return;
+        }
+        None => {
+            *generation += 1;
+            return;
+        }
+    };
+    w.renew(&resource, owner, token, ttl).await;
+    w.describe(&resource).await;
+    for _ in 0..3 {
+        if w.release(&resource, owner, token, false).await.is_some() {
+            return;
+        }
+        if w.stopped() {
+            break;
+        }
+    }
+    *generation += 1;
 }
 
 /// Starts the workers; they stop at `w.stop`.
@@ -350,14 +280,14 @@ pub fn spawn(
             let mut r = rng.lock();
             (r.u64(..), ids[r.usize(..ids.len())])
         };
-        let mut worker = Worker {
-            id,
+        let transport = Simulated {
             w: Arc::clone(w),
-            rng: fastrand::Rng::with_seed(seed),
             target: first,
         };
+        let mut worker = Worker::new(id, fastrand::Rng::with_seed(seed), transport);
         let reader = id == short + long;
         let is_long = id >= short && !reader;
+        let (short_ttl_ms, long_ttl_ms) = (w.short_ttl_ms, w.long_ttl_ms);
         handles.push(tokio::spawn(async move {
             let mut generation = 0;
             while !worker.stopped() {
@@ -366,9 +296,9 @@ pub fn spawn(
                     worker.describe(&r).await;
                     worker.sleep_ms(50, 150).await;
                 } else if is_long {
-                    worker.long_cycle(&mut generation).await;
+                    long_cycle(&mut worker, long_ttl_ms, &mut generation).await;
                 } else {
-                    worker.short_cycle().await;
+                    short_cycle(&mut worker, short_ttl_ms).await;
                 }
             }
         }));
