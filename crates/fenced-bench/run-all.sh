@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs fenced, etcd (three members) and PostgreSQL (one node, the article's
-# lease table and stored procedure) side by side on this machine and prints
-# one table. Clients list every endpoint as configured and look for no
+# Runs fenced, etcd (three members) and PostgreSQL (the article's lease
+# table and stored procedure, on one node and on a primary with one
+# synchronous standby) side by side on this machine and prints one table. Clients list every endpoint as configured and look for no
 # leader (pass --find-leader or --follower-first to change that).
 #
 #   bash crates/fenced-bench/run-all.sh [extra fenced-bench flags]
@@ -35,7 +35,7 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-./target/release/fenced-bench --systems fenced,etcd,postgres --work-dir "$work" "$@" &
+./target/release/fenced-bench --systems fenced,etcd,postgres,postgres-sync --work-dir "$work" "$@" &
 bench_pid=$!
 status=0
 wait "$bench_pid" || status=$?

@@ -25,7 +25,8 @@ use systems::Kind;
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Benchmarks fenced against etcd's lock and the article's PostgreSQL lease table")]
 pub struct Args {
-    /// Systems to measure, in order: fenced, etcd, postgres.
+    /// Systems to measure, in order: fenced, etcd, postgres (one node),
+    /// postgres-sync (a primary with one synchronous standby).
     #[arg(long, value_delimiter = ',', default_value = "fenced")]
     pub systems: Vec<String>,
     /// Scenarios: s1 s2 s3 s4 s5 s6 rolling budgets validate million repair
@@ -240,7 +241,8 @@ async fn run(args: Args) -> Result<bool> {
             "fenced" => Kind::Fenced,
             "etcd" => Kind::Etcd,
             "postgres" | "postgresql" | "pg" => Kind::Postgres,
-            other => bail!("unknown system {other:?}: fenced, etcd or postgres"),
+            "postgres-sync" | "pg-sync" => Kind::PostgresSync,
+            other => bail!("unknown system {other:?}: fenced, etcd, postgres or postgres-sync"),
         });
     }
     for round in 1..=args.rounds {

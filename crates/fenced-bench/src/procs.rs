@@ -6,6 +6,7 @@ use std::{
     fs::File,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
@@ -364,76 +365,76 @@ fn as_user(user: Option<&str>, program: PathBuf) -> Command {
     }
 }
 
+/// Whether this process runs as root (PostgreSQL then runs as another user).
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// The name the primary knows its synchronous standby by.
+const STANDBY_NAME: &str = "standby1";
+
 impl LocalPostgres {
     /// `os_user`: the user to run as when the benchmark runs as root
     /// (PostgreSQL refuses to run as root).
     pub fn start(dir: &Path, os_user: &str) -> Result<LocalPostgres> {
-        let is_root = Command::new("id")
-            .arg("-u")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-            .unwrap_or(false);
-        let user = is_root.then_some(os_user);
-        let data = dir.join("postgres");
-        std::fs::create_dir_all(&data)?;
-        if let Some(u) = user {
-            let ok = Command::new("chown")
-                .arg("-R")
-                .arg(u)
-                .arg(dir)
-                .status()
-                .context("chown of the PostgreSQL directory")?
-                .success();
-            if !ok {
-                bail!("chown -R {u} {} failed", dir.display());
+        let user = running_as_root().then_some(os_user);
+        let data = init(dir, user)?;
+        spawn_postgres(dir, user, &data, "postgres", &[])
+    }
+
+    /// A primary whose every commit waits until one synchronous standby
+    /// has it on its disk too (`synchronous_commit = on` with
+    /// `synchronous_standby_names`), and that standby, made by
+    /// `pg_basebackup` and streaming from it: the highly available
+    /// equivalent of one Raft group. Returns (primary, standby).
+    pub fn start_with_sync_standby(
+        dir: &Path,
+        os_user: &str,
+    ) -> Result<(LocalPostgres, LocalPostgres)> {
+        let user = running_as_root().then_some(os_user);
+        let data = init(dir, user)?;
+        let names = format!("synchronous_standby_names={STANDBY_NAME}");
+        let primary = spawn_postgres(dir, user, &data, "postgres", &[&names])?;
+        let standby_data = dir.join("standby");
+        // The primary takes a moment to accept connections.
+        let started = std::time::Instant::now();
+        loop {
+            let out = as_user(user, pg_bin("pg_basebackup"))
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &primary.port.to_string(),
+                    "-U",
+                    "bench",
+                ])
+                .args(["-D", &standby_data.display().to_string()])
+                .args(["-X", "stream", "-R", "-c", "fast"])
+                .output()
+                .context("running pg_basebackup")?;
+            if out.status.success() {
+                break;
             }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!(
+                    "pg_basebackup failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            // A failed attempt may leave a partial directory behind.
+            let _ = std::fs::remove_dir_all(&standby_data);
+            std::thread::sleep(Duration::from_millis(200));
         }
-        let out = as_user(user, pg_bin("initdb"))
-            .args([
-                "-D",
-                &data.display().to_string(),
-                "-U",
-                "bench",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-            ])
-            .output()
-            .context("running initdb")?;
-        if !out.status.success() {
-            bail!(
-                "initdb failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        let port = free_port()?;
-        let mut cmd = as_user(user, pg_bin("postgres"));
-        cmd.args([
-            "-D",
-            &data.display().to_string(),
-            "-p",
-            &port.to_string(),
-            "-c",
-            "listen_addresses=127.0.0.1",
-            "-c",
-            &format!("unix_socket_directories={}", dir.display()),
-            "-c",
-            "fsync=on",
-            "-c",
-            "synchronous_commit=on",
-            "-c",
-            "full_page_writes=on",
-            "-c",
-            "max_connections=400",
-            "-c",
-            "shared_buffers=256MB",
-        ]);
-        let proc = Proc::spawn("postgres", &mut cmd, &dir.join("postgres.log"))?;
-        Ok(LocalPostgres {
-            port,
-            proc,
-            user: "bench".into(),
-        })
+        let conninfo = format!(
+            "primary_conninfo=host=127.0.0.1 port={} user=bench application_name={STANDBY_NAME}",
+            primary.port
+        );
+        let standby = spawn_postgres(dir, user, &standby_data, "standby", &[&conninfo])?;
+        Ok((primary, standby))
     }
 
     pub fn url(&self) -> String {
@@ -442,4 +443,83 @@ impl LocalPostgres {
             self.port, self.user
         )
     }
+}
+
+/// A new data directory under `dir`, made by initdb (as `user` when given).
+fn init(dir: &Path, user: Option<&str>) -> Result<PathBuf> {
+    let data = dir.join("postgres");
+    std::fs::create_dir_all(&data)?;
+    if let Some(u) = user {
+        let ok = Command::new("chown")
+            .arg("-R")
+            .arg(u)
+            .arg(dir)
+            .status()
+            .context("chown of the PostgreSQL directory")?
+            .success();
+        if !ok {
+            bail!("chown -R {u} {} failed", dir.display());
+        }
+    }
+    let out = as_user(user, pg_bin("initdb"))
+        .args([
+            "-D",
+            &data.display().to_string(),
+            "-U",
+            "bench",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+        ])
+        .output()
+        .context("running initdb")?;
+    if !out.status.success() {
+        bail!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(data)
+}
+
+/// Starts a server on `data` at a free loopback port, durable (fsync,
+/// synchronous_commit, full pages), with `extra` settings (`name=value`).
+fn spawn_postgres(
+    dir: &Path,
+    user: Option<&str>,
+    data: &Path,
+    name: &str,
+    extra: &[&str],
+) -> Result<LocalPostgres> {
+    let port = free_port()?;
+    let mut cmd = as_user(user, pg_bin("postgres"));
+    cmd.args([
+        "-D",
+        &data.display().to_string(),
+        "-p",
+        &port.to_string(),
+        "-c",
+        "listen_addresses=127.0.0.1",
+        "-c",
+        &format!("unix_socket_directories={}", dir.display()),
+        "-c",
+        "fsync=on",
+        "-c",
+        "synchronous_commit=on",
+        "-c",
+        "full_page_writes=on",
+        "-c",
+        "max_connections=400",
+        "-c",
+        "shared_buffers=256MB",
+    ]);
+    for setting in extra {
+        cmd.args(["-c", setting]);
+    }
+    let proc = Proc::spawn(name, &mut cmd, &dir.join(format!("{name}.log")))?;
+    Ok(LocalPostgres {
+        port,
+        proc,
+        user: "bench".into(),
+    })
 }

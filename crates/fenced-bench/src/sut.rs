@@ -63,7 +63,7 @@ impl Probe {
 pub struct Sut {
     pub target: Target,
     pub cluster: Option<Started>,
-    _postgres: Option<LocalPostgres>,
+    _postgres: Vec<LocalPostgres>,
     probe: Probe,
 }
 
@@ -197,7 +197,7 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
                 },
                 target: Target::Fenced { endpoints },
                 cluster,
-                _postgres: None,
+                _postgres: Vec::new(),
             })
         }
         Kind::Etcd => {
@@ -231,24 +231,37 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
                 },
                 target: Target::Etcd { endpoints },
                 cluster,
-                _postgres: None,
+                _postgres: Vec::new(),
             })
         }
-        Kind::Postgres => {
-            let (url, pg) = match &args.pg_url {
-                Some(u) => (u.clone(), None),
+        Kind::Postgres | Kind::PostgresSync => {
+            let sync_standby = kind == Kind::PostgresSync;
+            let (url, servers) = match &args.pg_url {
+                Some(u) if !sync_standby => (u.clone(), Vec::new()),
+                Some(_) => bail!(
+                    "--pg-url names one server; postgres-sync starts its own primary and standby"
+                ),
+                None if sync_standby => {
+                    let (primary, standby) =
+                        LocalPostgres::start_with_sync_standby(dir, &args.pg_os_user)?;
+                    println!(
+                        "postgres-sync: primary on port {}, synchronous standby on port {}",
+                        primary.port, standby.port
+                    );
+                    (primary.url(), vec![primary, standby])
+                }
                 None => {
                     let pg = LocalPostgres::start(dir, &args.pg_os_user)?;
-                    (pg.url(), Some(pg))
+                    (pg.url(), vec![pg])
                 }
             };
-            let target = Target::Postgres { url };
+            let target = Target::Postgres { url, sync_standby };
             wait_until(Duration::from_secs(30), "PostgreSQL ready", || {
                 let t = target.clone();
                 async move { t.prepare().await.is_ok() }
             })
             .await?;
-            let pids = pg.as_ref().and_then(|p| p.proc.pid()).into_iter().collect();
+            let pids = servers.iter().filter_map(|p| p.proc.pid()).collect();
             Ok(Sut {
                 probe: Probe {
                     pids,
@@ -257,7 +270,7 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
                 },
                 target,
                 cluster: None,
-                _postgres: pg,
+                _postgres: servers,
             })
         }
     }

@@ -31,6 +31,8 @@ pub enum Kind {
     Fenced,
     Etcd,
     Postgres,
+    /// The same procedure on a primary with one synchronous standby.
+    PostgresSync,
 }
 
 impl Kind {
@@ -39,6 +41,7 @@ impl Kind {
             Kind::Fenced => "fenced",
             Kind::Etcd => "etcd",
             Kind::Postgres => "postgres",
+            Kind::PostgresSync => "postgres-sync",
         }
     }
 }
@@ -70,17 +73,13 @@ where
 pub enum Target {
     /// Every endpoint, in the order the run chose (as configured unless
     /// `--find-leader` or `--follower-first`).
-    Fenced {
-        endpoints: Vec<String>,
-    },
+    Fenced { endpoints: Vec<String> },
     /// Every member, the one clients talk to first (the first configured
     /// unless `--find-leader` or `--follower-first`), then the others.
-    Etcd {
-        endpoints: Vec<String>,
-    },
-    Postgres {
-        url: String,
-    },
+    Etcd { endpoints: Vec<String> },
+    /// `sync_standby`: the server is a primary whose commits wait for one
+    /// synchronous standby.
+    Postgres { url: String, sync_standby: bool },
 }
 
 /// A granted lock: the token and what the system needs to release or renew.
@@ -176,7 +175,14 @@ pub struct EtcdSession {
         tokio::sync::mpsc::Sender<etcdpb::LeaseKeepAliveRequest>,
         tonic::Streaming<etcdpb::LeaseKeepAliveResponse>,
     )>,
+    /// Grants whose token is still checked against the lock key's create
+    /// revision (the warm-up); afterwards a grant costs the Lock call only.
+    checks_left: u32,
 }
+
+/// The first grants of each etcd client whose token (the Lock answer's
+/// header revision) is checked against a Range of the lock key.
+const ETCD_TOKEN_CHECKS: u32 = 3;
 
 pub struct PgSession {
     client: tokio_postgres::Client,
@@ -211,17 +217,38 @@ impl Target {
         match self {
             Target::Fenced { .. } => Kind::Fenced,
             Target::Etcd { .. } => Kind::Etcd,
-            Target::Postgres { .. } => Kind::Postgres,
+            Target::Postgres {
+                sync_standby: false,
+                ..
+            } => Kind::Postgres,
+            Target::Postgres {
+                sync_standby: true, ..
+            } => Kind::PostgresSync,
         }
     }
 
     /// Prepares the system (the PostgreSQL table and procedure).
     pub async fn prepare(&self) -> Result<()> {
-        if let Target::Postgres { url } = self {
+        if let Target::Postgres { url, sync_standby } = self {
             let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
                 .await
                 .context("connecting to PostgreSQL")?;
             tokio::spawn(conn);
+            if *sync_standby {
+                // Measured only once a standby confirms every commit
+                // (before that, a commit would wait for one to connect).
+                let row = client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+                        &[],
+                    )
+                    .await
+                    .context("reading pg_stat_replication")?;
+                let synced: i64 = row.get(0);
+                if synced < 1 {
+                    bail!("no synchronous standby streaming yet");
+                }
+            }
             client
                 .batch_execute(PG_SCHEMA)
                 .await
@@ -256,9 +283,10 @@ impl Target {
                     current: 0,
                     session_lease,
                     keepalive: None,
+                    checks_left: ETCD_TOKEN_CHECKS,
                 }))
             }
-            Target::Postgres { url } => {
+            Target::Postgres { url, .. } => {
                 let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
                     .await
                     .context("connecting to PostgreSQL")?;
@@ -367,22 +395,22 @@ impl Session {
                         bail!("etcd Lock {resource}: {status}")
                     }
                 };
-                // The token: the lock key's create revision. Read on the
-                // member that answered the Lock, which applied it already.
-                let range = KvClient::new(s.channel.clone())
-                    .range(etcd_req(etcdpb::RangeRequest {
-                        key: resp.key.clone(),
-                        serializable: true,
-                        ..Default::default()
-                    }))
-                    .await
-                    .with_context(|| format!("etcd Range of the lock key of {resource}"))?
-                    .into_inner();
-                let kv = range.kvs.first().with_context(|| {
-                    format!("etcd lock key of {resource} is missing after Lock")
-                })?;
-                let token = u64::try_from(kv.create_revision)
-                    .with_context(|| format!("negative create revision on {resource}"))?;
+                // The token: the answer's header revision, the store's
+                // revision once this client held the lock: the lock key's
+                // create revision when nothing was ahead of it, else the
+                // revision at which the last key ahead was seen deleted.
+                // Either is above every earlier holder's, and etcd's own
+                // client reads it from the same answer with no second call.
+                let token = resp
+                    .header
+                    .as_ref()
+                    .and_then(|h| u64::try_from(h.revision).ok())
+                    .filter(|r| *r > 0)
+                    .with_context(|| format!("etcd Lock of {resource}: no header revision"))?;
+                if s.checks_left > 0 {
+                    s.checks_left -= 1;
+                    s.check_token(resource, &resp.key, token).await?;
+                }
                 Ok(Some(Grant {
                     token,
                     handle: Handle::Etcd {
@@ -526,6 +554,33 @@ impl Session {
 }
 
 impl EtcdSession {
+    /// Warm-up: the lock key exists and was created at or before `token`
+    /// (read on the member that answered the Lock, which applied it).
+    async fn check_token(&self, resource: &str, key: &[u8], token: u64) -> Result<()> {
+        let range = KvClient::new(self.channel.clone())
+            .range(etcd_req(etcdpb::RangeRequest {
+                key: key.to_vec(),
+                serializable: true,
+                ..Default::default()
+            }))
+            .await
+            .with_context(|| format!("etcd Range of the lock key of {resource}"))?
+            .into_inner();
+        let kv = range
+            .kvs
+            .first()
+            .with_context(|| format!("etcd lock key of {resource} is missing after Lock"))?;
+        let created = u64::try_from(kv.create_revision)
+            .with_context(|| format!("negative create revision on {resource}"))?;
+        if created > token {
+            bail!(
+                "etcd Lock of {resource}: header revision {token} below the lock key's \
+                 create revision {created}: not a fencing token"
+            );
+        }
+        Ok(())
+    }
+
     fn next_endpoint(&mut self) -> Result<()> {
         self.current = (self.current + 1) % self.endpoints.len().max(1);
         let addr = self

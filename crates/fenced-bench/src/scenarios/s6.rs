@@ -22,7 +22,7 @@ pub async fn run(cx: &mut Ctx<'_>) -> Result<()> {
     let (kind, duration) = (cx.kind, cx.duration);
     let ledger = Arc::clone(&cx.ledger);
     let (sut, table) = (&mut cx.sut, &mut *cx.table);
-    if kind == Kind::Postgres {
+    if matches!(kind, Kind::Postgres | Kind::PostgresSync) {
         return Ok(());
     }
     if let Some(cluster) = sut.cluster.as_mut() {
