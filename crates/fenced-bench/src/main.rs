@@ -127,6 +127,13 @@ pub struct Args {
     /// server's): what snapshots of a large table cost, measured apart.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub fenced_snapshot_logs: Option<u64>,
+    /// The started fenced cluster's `--election-timeout-ms` (default: the
+    /// server's): what failover and spurious elections cost, measured apart.
+    #[arg(long)]
+    pub fenced_election_timeout_ms: Option<u64>,
+    /// The started fenced cluster's `--heartbeat-ms` (default: the server's).
+    #[arg(long)]
+    pub fenced_heartbeat_ms: Option<u64>,
     /// Where the SVG chart of the run goes (throughput by client count,
     /// latency percentiles per scenario); its path is printed.
     #[arg(long, default_value = "fenced-bench.svg")]

@@ -227,6 +227,13 @@ pub fn report(kind: Kind, name: &str, run: &Run, before: ProbeSample, after: Pro
             syncs as f64 / ops
         ));
     }
+    if kind == Kind::Fenced && before.term > 0 {
+        // Elections during the run: none should happen that no fault caused.
+        line.push_str(&format!(
+            "; elections {}",
+            after.term.saturating_sub(before.term)
+        ));
+    }
     for (k, v) in &run.extra {
         line.push_str(&format!("; {k} {v:.2}"));
     }

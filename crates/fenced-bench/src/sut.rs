@@ -31,6 +31,8 @@ pub struct ProbeSample {
     pub log_syncs: u64,
     pub applied_entries: u64,
     pub applied_commands: u64,
+    /// The highest Raft term a node reports: each election raises it.
+    pub term: u64,
 }
 
 impl Probe {
@@ -45,6 +47,7 @@ impl Probe {
             for (_, status) in client.status_of_each().await {
                 if let Ok(st) = status {
                     s.log_syncs += st.log_syncs;
+                    s.term = s.term.max(st.term);
                     // The most advanced node's counts (all apply the same log).
                     if st.applied_entries >= max_entries {
                         max_entries = st.applied_entries;
@@ -172,6 +175,16 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
                     c.spec_mut().settings.snapshot_logs =
                         Some(Within::new(n).context("--fenced-snapshot-logs")?);
                     println!("fenced: a snapshot every {n} log entries");
+                }
+                if let Some(ms) = args.fenced_election_timeout_ms {
+                    c.spec_mut().settings.election_timeout_ms =
+                        Some(Within::new(ms).context("--fenced-election-timeout-ms")?);
+                    println!("fenced: election timeout {ms} ms");
+                }
+                if let Some(ms) = args.fenced_heartbeat_ms {
+                    c.spec_mut().settings.heartbeat_ms =
+                        Some(Within::new(ms).context("--fenced-heartbeat-ms")?);
+                    println!("fenced: heartbeat every {ms} ms");
                 }
                 if args.fenced_tls {
                     println!("fenced: TLS on both ports, every client over https");
