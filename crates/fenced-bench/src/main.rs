@@ -264,7 +264,11 @@ async fn run(args: Args) -> Result<bool> {
         };
         std::fs::create_dir_all(&round_dir)?;
         for &kind in &kinds {
-            run_system(&args, kind, &round_dir, &mut table, &mut out).await?;
+            // A directory per system: the two PostgreSQL systems would
+            // otherwise meet in one data directory.
+            let system_dir = round_dir.join(kind.name());
+            std::fs::create_dir_all(&system_dir)?;
+            run_system(&args, kind, &system_dir, &mut table, &mut out).await?;
         }
     }
     table.print();
