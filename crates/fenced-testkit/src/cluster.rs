@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use fenced_proto::v1::{cluster_client::ClusterClient, StatusRequest, StatusResponse};
-use fenced_server::node::config::RunSettings;
+use fenced_server::node::config::{RunSettings, Within};
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
@@ -202,7 +202,7 @@ impl Cluster {
     pub fn settings_of(&self, id: u64) -> Result<RunSettings> {
         let node = self.node(id)?;
         let mut own = RunSettings {
-            id: Some(id),
+            id: Some(Within::new(id).with_context(|| format!("node id {id}"))?),
             data_dir: Some(node.data_dir.clone()),
             listen: Some(node.client_addr()),
             peer_listen: Some(node.peer_addr()),
@@ -541,7 +541,6 @@ fn signal_pid(pid: u32, signal: Signal) -> Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::Within;
 
     fn spec(dir: &Path) -> ClusterSpec {
         let mut spec = ClusterSpec::loopback(Path::new("/bin/fenced"), dir, 3).unwrap();

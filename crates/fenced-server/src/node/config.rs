@@ -25,9 +25,9 @@ use crate::{
 #[derive(Debug, Clone, Default, PartialEq, Eq, Args, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunSettings {
-    /// This node's id (>= 1), unique in the cluster.
+    /// This node's id, unique in the cluster. 1 to 18446744073709551615.
     #[arg(long, env = "FENCED_ID")]
-    pub id: Option<u64>,
+    pub id: Option<Within<1, { u64::MAX }>>,
     /// Where the Raft log and snapshots live.
     #[arg(long, env = "FENCED_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -256,10 +256,7 @@ impl RunSettings {
 
     /// Checks every setting and builds the node's configuration.
     pub fn into_node_config(self) -> Result<NodeConfig, String> {
-        let id = self.id.ok_or("id: required (--id or FENCED_ID)")?;
-        if id == 0 {
-            return Err("id: must be at least 1".into());
-        }
+        let id = self.id.ok_or("id: required (--id or FENCED_ID)")?.get();
         let data_dir = self
             .data_dir
             .ok_or("data_dir: required (--data-dir or FENCED_DATA_DIR)")?;
@@ -694,12 +691,12 @@ mod tests {
     #[test]
     fn flags_win_over_the_file() {
         let flags = RunSettings {
-            id: Some(2),
+            id: Some(w(2)),
             ..Default::default()
         };
         let file: RunSettings = toml::from_str("id = 1\ndata_dir = \"/var/lib/fenced\"").unwrap();
         let merged = flags.or_file(file).unwrap();
-        assert_eq!(merged.id, Some(2));
+        assert_eq!(merged.id, Some(w(2)));
         assert_eq!(merged.data_dir, Some(PathBuf::from("/var/lib/fenced")));
     }
 
@@ -775,12 +772,12 @@ mod tests {
     fn a_launcher_gets_back_every_setting_from_its_flags() {
         for skip in ["join", "initial_cluster"] {
             let all = parse_run(&every_setting(skip));
-            assert!(all.id == Some(7) && all.insecure && all.data_dir.is_some());
+            assert!(all.id == Some(w(7)) && all.insecure && all.data_dir.is_some());
             assert_eq!(all.election_timeout_ms, Some(w(1000)));
             assert_eq!(parse_run(&all.to_args().unwrap()), all);
         }
         let few = RunSettings {
-            id: Some(2),
+            id: Some(w(2)),
             listen: Some("127.0.0.1:7102".into()),
             max_batch: Some(w(16)),
             ..Default::default()
@@ -822,7 +819,7 @@ max_batch = 8",
 
     fn on(listen: &str, peer: &str) -> RunSettings {
         RunSettings {
-            id: Some(1),
+            id: Some(w(1)),
             data_dir: Some("/tmp/x".into()),
             listen: Some(listen.into()),
             peer_listen: Some(peer.into()),
@@ -992,6 +989,9 @@ max_batch = 8",
                 );
             }
         }
+        // Node ids start at 1.
+        let err = refusal(&["--id=0"]);
+        assert!(err.contains("--id") && err.contains("between 1 and"), "{err}");
         // A file's key.
         let err = toml::from_str::<RunSettings>("max_batch = 1000000").unwrap_err();
         let err = err.to_string();
@@ -1034,7 +1034,7 @@ max_batch = 8",
     #[test]
     fn the_limits_come_from_the_file_and_are_bounded_by_name() {
         let base = || RunSettings {
-            id: Some(1),
+            id: Some(w(1)),
             data_dir: Some("/tmp/x".into()),
             listen: Some("127.0.0.1:1".into()),
             peer_listen: Some("127.0.0.1:2".into()),

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tracing_subscriber::fmt::MakeWriter;
 
 use crate::{
-    node::config::RunSettings,
+    node::config::{RunSettings, Within},
     node::{failed_path, Listeners, NodeConfig, RunningNode},
     types::{NodeId, Raft},
 };
@@ -84,8 +84,9 @@ pub fn configs(layout: &[DevNode]) -> Result<Vec<NodeConfig>, String> {
     layout
         .iter()
         .map(|n| {
+            let id = Within::new(n.id).map_err(|e| format!("node {}: id: {e}", n.id))?;
             RunSettings {
-                id: Some(n.id),
+                id: Some(id),
                 data_dir: Some(n.data_dir.clone()),
                 listen: Some(n.client.clone()),
                 peer_listen: Some(n.peer.clone()),
