@@ -134,6 +134,10 @@ pub struct Args {
     /// The started fenced cluster's `--heartbeat-ms` (default: the server's).
     #[arg(long)]
     pub fenced_heartbeat_ms: Option<u64>,
+    /// The started fenced cluster's `--election-check-ms` (default: the
+    /// server's).
+    #[arg(long)]
+    pub fenced_election_check_ms: Option<u64>,
     /// Where the SVG chart of the run goes (throughput by client count,
     /// latency percentiles per scenario); its path is printed.
     #[arg(long, default_value = "fenced-bench.svg")]

@@ -186,6 +186,11 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
                         Some(Within::new(ms).context("--fenced-heartbeat-ms")?);
                     println!("fenced: heartbeat every {ms} ms");
                 }
+                if let Some(ms) = args.fenced_election_check_ms {
+                    c.spec_mut().settings.election_check_ms =
+                        Some(Within::new(ms).context("--fenced-election-check-ms")?);
+                    println!("fenced: election checks every {ms} ms");
+                }
                 if args.fenced_tls {
                     println!("fenced: TLS on both ports, every client over https");
                 }

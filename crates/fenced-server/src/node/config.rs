@@ -70,6 +70,14 @@ pub struct RunSettings {
     /// checking every quarter to half of it. 50 to 60000.
     #[arg(long, env = "FENCED_ELECTION_TIMEOUT_MS")]
     pub election_timeout_ms: Option<Within<50, 60_000>>,
+    /// How often a follower that has heard from no leader for its lease
+    /// (twice the election timeout) checks whether to stand, ms: each wait
+    /// is drawn between half this and this. Unset: the election timeout.
+    /// Shorter makes failover sooner without shortening the lease that
+    /// keeps a briefly stalled leader in place. 10 to 60000, and at most
+    /// election_timeout_ms.
+    #[arg(long, env = "FENCED_ELECTION_CHECK_MS")]
+    pub election_check_ms: Option<Within<10, 60_000>>,
     /// Raft heartbeat interval, ms. 10 to 59999, and below
     /// election_timeout_ms.
     #[arg(long, env = "FENCED_HEARTBEAT_MS")]
@@ -321,6 +329,15 @@ impl RunSettings {
                 "heartbeat_ms: must be below election_timeout_ms ({}), got {}",
                 cfg.election_timeout_ms, cfg.heartbeat_ms
             ));
+        }
+        if let Some(check) = self.election_check_ms {
+            if check.get() > cfg.election_timeout_ms {
+                return Err(format!(
+                    "election_check_ms: must be at most election_timeout_ms ({}), got {check}",
+                    cfg.election_timeout_ms
+                ));
+            }
+            cfg.election_check_ms = Some(check.get());
         }
         cfg.snapshot_logs = given(self.snapshot_logs, cfg.snapshot_logs);
         cfg.proposer.max_pending = given_usize(self.max_pending, cfg.proposer.max_pending);
@@ -991,7 +1008,10 @@ max_batch = 8",
         }
         // Node ids start at 1.
         let err = refusal(&["--id=0"]);
-        assert!(err.contains("--id") && err.contains("between 1 and"), "{err}");
+        assert!(
+            err.contains("--id") && err.contains("between 1 and"),
+            "{err}"
+        );
         // A file's key.
         let err = toml::from_str::<RunSettings>("max_batch = 1000000").unwrap_err();
         let err = err.to_string();
@@ -1009,7 +1029,8 @@ max_batch = 8",
         let command = <RunSettings as clap::Args>::augment_args(clap::Command::new("run"));
         let mut bounded = 0;
         for arg in command.get_arguments() {
-            let Err(e) = takes(arg, "18446744073709551615") else {
+            // Past u64: refused by every bounded setting, naming its bounds.
+            let Err(e) = takes(arg, "18446744073709551616") else {
                 continue;
             };
             let Some(rest) = e.split("between ").nth(1) else {
@@ -1026,7 +1047,7 @@ max_batch = 8",
             bounded += 1;
         }
         assert_eq!(
-            bounded, 30,
+            bounded, 32,
             "every numeric setting but the test clock's is bounded"
         );
     }
@@ -1094,6 +1115,13 @@ max_batch = 8",
                 },
                 "kv_max_total_bytes: must be at most half of max_snapshot_bytes (1048576), \
                  got 1048577",
+            ),
+            (
+                RunSettings {
+                    election_check_ms: Some(w(600)),
+                    ..base()
+                },
+                "election_check_ms: must be at most election_timeout_ms (500), got 600",
             ),
             (
                 RunSettings {

@@ -79,6 +79,9 @@ pub struct NodeConfig {
     pub join: Option<Join>,
     pub limits: Limits,
     pub election_timeout_ms: u64,
+    /// How often a follower checks whether to stand once its leader lease
+    /// ran out; `None`: every half to one election timeout.
+    pub election_check_ms: Option<u64>,
     pub heartbeat_ms: u64,
     /// Build a snapshot (and purge the log behind it) every this many entries.
     pub snapshot_logs: u64,
@@ -127,6 +130,7 @@ impl NodeConfig {
             join: None,
             limits: Limits::default(),
             election_timeout_ms: 500,
+            election_check_ms: None,
             heartbeat_ms: 100,
             snapshot_logs: 10_000,
             snapshot_log_bytes: 16 << 20,
@@ -473,6 +477,10 @@ impl NodeCore {
         .with_reachability(Arc::clone(&reachability))
         .with_repair(Arc::clone(&repair_gate))
         .with_wire(wire);
+        let election = match cfg.election_check_ms {
+            Some(ms) => election.with_check_interval(Duration::from_millis(ms)),
+            None => election,
+        };
         let election = Arc::new(match &sim {
             Some(sim) => election.with_jitter_seed(sim.seed),
             None => election,

@@ -90,6 +90,18 @@ impl Election {
         }
     }
 
+    /// Checks every `half` to `check` instead of every half to one
+    /// election timeout: how soon after the lease runs out a node stands
+    /// (`--election-check-ms`), apart from the lease that decides whether
+    /// it may.
+    pub fn with_check_interval(self, check: Duration) -> Self {
+        Self {
+            check_min: check / 2,
+            check_max: check,
+            ..self
+        }
+    }
+
     /// Spreads the checks from `seed`: the same seed, the same checks.
     pub fn with_jitter_seed(self, seed: u64) -> Self {
         Self {
@@ -170,8 +182,8 @@ impl Election {
         self.check_min + Duration::from_nanos(offset)
     }
 
-    /// Checks at random intervals (a quarter to a half of the shortest
-    /// election timeout) whether this node should stand, until
+    /// Checks at random intervals (half to one election timeout, or to
+    /// `--election-check-ms`) whether this node should stand, until
     /// `stop`: a voter that is not the leader and has not heard from one
     /// within the lease asks the other voters, and calls an election when a
     /// majority would vote for it.
@@ -345,5 +357,16 @@ mod tests {
             .all(|d| *d >= Duration::from_millis(250) && *d < Duration::from_millis(500)));
         let distinct: std::collections::BTreeSet<_> = draws.iter().collect();
         assert!(distinct.len() > 150, "{} distinct of 200", distinct.len());
+    }
+
+    #[test]
+    fn a_check_interval_of_its_own_moves_the_checks_not_the_lease() {
+        let (e, _dir) = election(200, 400);
+        let e = e.with_check_interval(Duration::from_millis(40));
+        let draws: Vec<Duration> = (0..200).map(|r| e.next_check(r)).collect();
+        assert!(draws
+            .iter()
+            .all(|d| *d >= Duration::from_millis(20) && *d < Duration::from_millis(40)));
+        assert_eq!(e.lease, Duration::from_millis(400));
     }
 }
