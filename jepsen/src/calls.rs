@@ -192,26 +192,14 @@ mod tests {
     struct Memory(Mutex<Vec<Event>>);
 
     impl Record for Memory {
-        fn invoke(&self, mut e: Event) -> Event {
+        fn invoke(&self, e: Event) -> Event {
             let mut events = self.0.lock().unwrap();
-            e.op = events.len() as u64;
-            e.phase = Phase::Invoke;
+            let e = e.invoked(events.len() as u64, 0);
             events.push(e.clone());
             e
         }
         fn complete(&self, invoked: &Event, result: Result<Answer, String>) {
-            let mut e = invoked.clone();
-            match result {
-                Ok(a) => {
-                    e.phase = Phase::Ok;
-                    e.answer = Some(a);
-                }
-                Err(why) => {
-                    e.phase = Phase::Info;
-                    e.error = Some(why);
-                }
-            }
-            self.0.lock().unwrap().push(e);
+            self.0.lock().unwrap().push(invoked.completed(0, result));
         }
     }
 

@@ -248,6 +248,34 @@ pub struct Event {
     pub error: Option<String>,
 }
 
+impl Event {
+    /// `self` as invoked: operation `op` at `t_ns`.
+    pub fn invoked(mut self, op: u64, t_ns: u64) -> Event {
+        self.op = op;
+        self.phase = Phase::Invoke;
+        self.t_ns = t_ns;
+        self
+    }
+
+    /// The completion of this invocation at `t_ns`: a definite answer or,
+    /// with `Err`, an unknown outcome.
+    pub fn completed(&self, t_ns: u64, result: Result<Answer, String>) -> Event {
+        let mut e = self.clone();
+        e.t_ns = t_ns;
+        match result {
+            Ok(answer) => {
+                e.phase = Phase::Ok;
+                e.answer = Some(answer);
+            }
+            Err(error) => {
+                e.phase = Phase::Info;
+                e.error = Some(error);
+            }
+        }
+        e
+    }
+}
+
 /// An invocation paired with its completion.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Op {
@@ -356,12 +384,10 @@ impl Recorder {
     }
 
     /// Records an invocation; returns the event to complete later.
-    pub fn invoke(&self, mut e: Event) -> Event {
+    pub fn invoke(&self, e: Event) -> Event {
         let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        e.op = g.next_op;
+        let e = e.invoked(g.next_op, self.now_ns());
         g.next_op += 1;
-        e.phase = Phase::Invoke;
-        e.t_ns = self.now_ns();
         g.push(e.clone());
         e
     }
@@ -369,18 +395,7 @@ impl Recorder {
     /// Records the completion of `invoked`: a definite answer or, with
     /// `Err`, an unknown outcome.
     pub fn complete(&self, invoked: &Event, result: Result<Answer, String>) {
-        let mut e = invoked.clone();
-        e.t_ns = self.now_ns();
-        match result {
-            Ok(answer) => {
-                e.phase = Phase::Ok;
-                e.answer = Some(answer);
-            }
-            Err(error) => {
-                e.phase = Phase::Info;
-                e.error = Some(error);
-            }
-        }
+        let e = invoked.completed(self.now_ns(), result);
         let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         g.push(e);
     }

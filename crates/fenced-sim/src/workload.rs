@@ -18,7 +18,7 @@ use std::{
 
 use fenced_jepsen::{
     calls::{LockCall, LockWorker, Record, Transport},
-    history::{Answer, Event, Phase},
+    history::{Answer, Event},
 };
 use fenced_proto::v1::lock_server::Lock;
 use fenced_server::{
@@ -73,28 +73,14 @@ impl History {
 }
 
 impl Record for History {
-    fn invoke(&self, mut e: Event) -> Event {
-        e.op = self.next_op.fetch_add(1, Ordering::SeqCst);
-        e.phase = Phase::Invoke;
-        e.t_ns = self.now_ns();
+    fn invoke(&self, e: Event) -> Event {
+        let e = e.invoked(self.next_op.fetch_add(1, Ordering::SeqCst), self.now_ns());
         self.push(e.clone());
         e
     }
 
     fn complete(&self, invoked: &Event, result: Result<Answer, String>) {
-        let mut e = invoked.clone();
-        e.t_ns = self.now_ns();
-        match result {
-            Ok(a) => {
-                e.phase = Phase::Ok;
-                e.answer = Some(a);
-            }
-            Err(why) => {
-                e.phase = Phase::Info;
-                e.error = Some(why);
-            }
-        }
-        self.push(e);
+        self.push(invoked.completed(self.now_ns(), result));
     }
 }
 
