@@ -18,6 +18,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use anyhow::{bail, Result};
 use clap::Parser;
 use fenced_bench::check::TokenLedger;
+use fenced_testkit::Within;
 
 use report::{Outcome, Table};
 use systems::Kind;
@@ -123,21 +124,23 @@ pub struct Args {
     /// costs, against a run without it.
     #[arg(long)]
     pub fenced_tls: bool,
+    // The next four take the server's own types: a bound that drifts from
+    // `fenced run`'s does not compile where they are passed on.
     /// The started fenced cluster's `--snapshot-logs` (default: the
     /// server's): what snapshots of a large table cost, measured apart.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
-    pub fenced_snapshot_logs: Option<u64>,
+    #[arg(long)]
+    pub fenced_snapshot_logs: Option<Within<10, 10_000_000>>,
     /// The started fenced cluster's `--election-timeout-ms` (default: the
     /// server's): what failover and spurious elections cost, measured apart.
     #[arg(long)]
-    pub fenced_election_timeout_ms: Option<u64>,
+    pub fenced_election_timeout_ms: Option<Within<50, 60_000>>,
     /// The started fenced cluster's `--heartbeat-ms` (default: the server's).
     #[arg(long)]
-    pub fenced_heartbeat_ms: Option<u64>,
+    pub fenced_heartbeat_ms: Option<Within<10, 59_999>>,
     /// The started fenced cluster's `--election-check-ms` (default: the
     /// server's).
     #[arg(long)]
-    pub fenced_election_check_ms: Option<u64>,
+    pub fenced_election_check_ms: Option<Within<10, 60_000>>,
     /// Where the SVG chart of the run goes (throughput by client count,
     /// latency percentiles per scenario); its path is printed.
     #[arg(long, default_value = "fenced-bench.svg")]

@@ -8,7 +8,6 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use fenced_client::Client;
-use fenced_testkit::Within;
 
 use crate::{
     load::Run,
@@ -171,24 +170,21 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
         Kind::Fenced => {
             let (endpoints, cluster) = if args.fenced_endpoints.is_empty() {
                 let mut c = procs::fenced_cluster(&fenced_bin(args)?, dir, args.fenced_tls)?;
+                let settings = &mut c.spec_mut().settings;
+                settings.snapshot_logs = args.fenced_snapshot_logs;
+                settings.election_timeout_ms = args.fenced_election_timeout_ms;
+                settings.heartbeat_ms = args.fenced_heartbeat_ms;
+                settings.election_check_ms = args.fenced_election_check_ms;
                 if let Some(n) = args.fenced_snapshot_logs {
-                    c.spec_mut().settings.snapshot_logs =
-                        Some(Within::new(n).context("--fenced-snapshot-logs")?);
                     println!("fenced: a snapshot every {n} log entries");
                 }
                 if let Some(ms) = args.fenced_election_timeout_ms {
-                    c.spec_mut().settings.election_timeout_ms =
-                        Some(Within::new(ms).context("--fenced-election-timeout-ms")?);
                     println!("fenced: election timeout {ms} ms");
                 }
                 if let Some(ms) = args.fenced_heartbeat_ms {
-                    c.spec_mut().settings.heartbeat_ms =
-                        Some(Within::new(ms).context("--fenced-heartbeat-ms")?);
                     println!("fenced: heartbeat every {ms} ms");
                 }
                 if let Some(ms) = args.fenced_election_check_ms {
-                    c.spec_mut().settings.election_check_ms =
-                        Some(Within::new(ms).context("--fenced-election-check-ms")?);
                     println!("fenced: election checks every {ms} ms");
                 }
                 if args.fenced_tls {
