@@ -217,6 +217,7 @@ impl Election {
                 candidate: self.me,
                 last_log_id: self.log.last(),
             };
+            let asked_with = self.log.vote();
             let granted = 1 + self.ask(&voters, &req).await;
             let won = pre_vote::is_majority(granted, voters.len());
             tracing::info!(
@@ -226,10 +227,12 @@ impl Election {
                 won,
                 "pre-vote: no leader heard within the lease"
             );
-            let term_now = raft.metrics().borrow().current_term;
-            if !pre_vote::stands_after_pre_vote(won, term, term_now, self.heard_lately()) {
+            if !self.stands(won, asked_with) {
                 if won {
-                    tracing::info!(term, term_now, "pre-vote won, but a leader came meanwhile");
+                    tracing::info!(
+                        term,
+                        "pre-vote won, but this node voted or heard from a leader meanwhile"
+                    );
                 }
                 continue;
             }
@@ -238,6 +241,13 @@ impl Election {
                 return;
             }
         }
+    }
+
+    /// Whether this node, having won (or lost) a pre-vote asked while it
+    /// held `asked_with`, calls an election now
+    /// ([`pre_vote::stands_after_pre_vote`]).
+    fn stands(&self, won: bool, asked_with: Option<openraft::Vote<NodeId>>) -> bool {
+        pre_vote::stands_after_pre_vote(won, asked_with, self.log.vote(), self.heard_lately())
     }
 
     /// How many other voters grant `req`, counted until, with this node's
@@ -324,6 +334,43 @@ mod tests {
         let started = Instant::now();
         assert_eq!(e.ask(&voters, &req).await, 0);
         assert!(started.elapsed() >= Duration::from_millis(1_900));
+    }
+
+    #[tokio::test]
+    async fn a_node_that_votes_for_another_while_its_pre_vote_is_out_does_not_stand() {
+        use openraft::{storage::RaftLogStorage, Vote};
+
+        let (e, _dir) = election(4_000, 8_000);
+        let req = PreVoteRequest {
+            candidate: 1,
+            last_log_id: None,
+        };
+        // Voter 2 grants the pre-vote; before its answer arrives, node 3's
+        // vote request (its own pre-vote won at the same moment) has reached
+        // this node and been granted: the vote this node holds is node 3's.
+        let log = e.log.clone();
+        let granting_while_voting = crate::peer::network::fake_peer(move |_| {
+            let mut log = log.clone();
+            async move {
+                log.save_vote(&Vote::new(1, 3)).await.unwrap();
+                Some(codec::encode("pre_vote", &PreVoteResponse { granted: true }).unwrap())
+            }
+        })
+        .await;
+        let voters = vec![(1, String::new()), (2, granting_while_voting)];
+        let asked_with = e.log.vote();
+        let granted = e.ask(&voters, &req).await;
+        assert!(pre_vote::is_majority(1 + granted, voters.len()), "won");
+        assert_eq!(e.log.vote(), Some(Vote::new(1, 3)));
+        assert!(
+            !e.stands(true, asked_with),
+            "standing now would depose node 3, elected with this node's vote"
+        );
+
+        // Asked again while holding that vote, and nothing changes: it stands.
+        let asked_with = e.log.vote();
+        assert!(e.stands(true, asked_with));
+        assert!(!e.stands(false, asked_with), "a lost pre-vote never stands");
     }
 
     fn election(min_ms: u64, max_ms: u64) -> (Election, tempfile::TempDir) {

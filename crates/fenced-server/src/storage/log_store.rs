@@ -544,6 +544,13 @@ impl LogStore {
         last_log_id(&self.wal()).max(self.horizon.deferred())
     }
 
+    /// The vote this node holds: set by openraft (through `save_vote`)
+    /// before it answers a vote request, so it is never behind that answer,
+    /// unlike openraft's metrics.
+    pub fn vote(&self) -> Option<Vote<NodeId>> {
+        self.wal().log_state().vote().map(|v| v.0)
+    }
+
     fn wal(&self) -> MutexGuard<'_, raft_log::RaftLog<WalTypes>> {
         self.wal.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -677,7 +684,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        Ok(self.wal().log_state().vote().map(|v| v.0))
+        Ok(self.vote())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
