@@ -163,6 +163,28 @@ async fn flush_earlier_writes() {
     }
 }
 
+/// The fenced settings given on the command line (snapshot interval and
+/// election timings), for a cluster this benchmark starts, and says which.
+pub fn use_fenced_settings(args: &Args, c: &mut fenced_testkit::Cluster) {
+    let settings = &mut c.spec_mut().settings;
+    settings.snapshot_logs = args.fenced_snapshot_logs;
+    settings.election_timeout_ms = args.fenced_election_timeout_ms;
+    settings.heartbeat_ms = args.fenced_heartbeat_ms;
+    settings.election_check_ms = args.fenced_election_check_ms;
+    if let Some(n) = args.fenced_snapshot_logs {
+        println!("fenced: a snapshot every {n} log entries");
+    }
+    if let Some(ms) = args.fenced_election_timeout_ms {
+        println!("fenced: election timeout {ms} ms");
+    }
+    if let Some(ms) = args.fenced_heartbeat_ms {
+        println!("fenced: heartbeat every {ms} ms");
+    }
+    if let Some(ms) = args.fenced_election_check_ms {
+        println!("fenced: election checks every {ms} ms");
+    }
+}
+
 pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
     flush_earlier_writes().await;
     let ticks = procs::clock_ticks_per_second();
@@ -170,23 +192,7 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
         Kind::Fenced => {
             let (endpoints, cluster) = if args.fenced_endpoints.is_empty() {
                 let mut c = procs::fenced_cluster(&fenced_bin(args)?, dir, args.fenced_tls)?;
-                let settings = &mut c.spec_mut().settings;
-                settings.snapshot_logs = args.fenced_snapshot_logs;
-                settings.election_timeout_ms = args.fenced_election_timeout_ms;
-                settings.heartbeat_ms = args.fenced_heartbeat_ms;
-                settings.election_check_ms = args.fenced_election_check_ms;
-                if let Some(n) = args.fenced_snapshot_logs {
-                    println!("fenced: a snapshot every {n} log entries");
-                }
-                if let Some(ms) = args.fenced_election_timeout_ms {
-                    println!("fenced: election timeout {ms} ms");
-                }
-                if let Some(ms) = args.fenced_heartbeat_ms {
-                    println!("fenced: heartbeat every {ms} ms");
-                }
-                if let Some(ms) = args.fenced_election_check_ms {
-                    println!("fenced: election checks every {ms} ms");
-                }
+                use_fenced_settings(args, &mut c);
                 if args.fenced_tls {
                     println!("fenced: TLS on both ports, every client over https");
                 }

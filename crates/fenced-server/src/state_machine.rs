@@ -13,9 +13,10 @@ use std::{
     io::Cursor,
     path::Path,
     sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError,
     },
+    time::{Duration, Instant},
 };
 
 use fenced_core::{
@@ -59,6 +60,8 @@ struct Data {
 /// The state shared between the state machine and the services that read it.
 pub struct Shared {
     data: RwLock<Data>,
+    /// An apply is waiting for the state ([`Shared::write_for_apply`]).
+    apply_waiting: AtomicBool,
     /// Told of every applied entry's events; owned by `node.rs`, which
     /// hands the same one to the services that park callers.
     parking: Arc<Parking>,
@@ -82,6 +85,47 @@ impl Shared {
 
     fn write(&self) -> RwLockWriteGuard<'_, Data> {
         self.data.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn try_write(&self) -> Option<RwLockWriteGuard<'_, Data>> {
+        match self.data.try_write() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The state for an apply, waited for without blocking the runtime
+    /// thread. A snapshot's encode reads the state on a blocking thread for
+    /// as long as it takes (about a second with a million leases); an apply
+    /// that blocked its thread on the lock meanwhile stopped the node's
+    /// heartbeats and its answers to the leader, and an election followed
+    /// (three while a million leases were taken, at a 200 ms election
+    /// timeout). Reads from other blocking threads let a waiting apply in
+    /// first ([`Shared::read_behind_apply`]), so a run of them cannot hold
+    /// it back.
+    async fn write_for_apply(&self) -> RwLockWriteGuard<'_, Data> {
+        loop {
+            if let Some(guard) = self.try_write() {
+                self.apply_waiting.store(false, Ordering::Release);
+                return guard;
+            }
+            self.apply_waiting.store(true, Ordering::Release);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// A read from a blocking thread that first lets a waiting apply in
+    /// (for at most 100 ms: called by mistake on the runtime thread, it
+    /// delays, never deadlocks).
+    fn read_behind_apply(&self) -> RwLockReadGuard<'_, Data> {
+        let started = Instant::now();
+        while self.apply_waiting.load(Ordering::Acquire)
+            && started.elapsed() < Duration::from_millis(100)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.read()
     }
 
     /// The cluster time of the latest applied entry.
@@ -270,7 +314,7 @@ impl Shared {
     /// [`fenced_core::LeaseTable::leases`]: a pass over the records under
     /// `prefix`, so call it off the runtime thread.
     pub fn leases(&self, prefix: &str, now: ClusterTime, limit: usize) -> fenced_core::LeaseList {
-        self.read().table.leases(prefix, now, limit)
+        self.read_behind_apply().table.leases(prefix, now, limit)
     }
 
     /// [`LeaseTable::last_token`]: every token granted from now on is above
@@ -297,7 +341,7 @@ impl Shared {
     /// computed off the runtime thread) and the last entry applied to them,
     /// read together.
     pub fn table_snapshot(&self) -> (Option<LogId>, (TableSnapshot, KvSnapshot)) {
-        let data = self.read();
+        let data = self.read_behind_apply();
         (
             data.last_applied,
             (data.table.snapshot(), data.table.kv_snapshot()),
@@ -374,6 +418,7 @@ impl StateMachine {
         Ok(Self {
             shared: Arc::new(Shared {
                 data: RwLock::new(data),
+                apply_waiting: AtomicBool::new(false),
                 parking,
                 counters,
                 snapshots,
@@ -507,7 +552,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let revision;
         let mut retired = None;
         {
-            let mut data = self.shared.write();
+            let mut data = self.shared.write_for_apply().await;
             for entry in entries {
                 data.last_applied = Some(entry.log_id);
                 let term = entry.log_id.leader_id.term;

@@ -36,6 +36,9 @@ const TTL: Duration = Duration::from_secs(3600);
 pub struct Figures {
     pub leases: usize,
     pub fill_s: f64,
+    /// Elections while the leases were taken, the nodes snapshotting the
+    /// table as it grew, and until they settled: none should happen.
+    pub fill_elections: u64,
     pub rss_mb: Vec<f64>,
     pub peak_rss_mb: Vec<f64>,
     pub shutdown_s: f64,
@@ -77,7 +80,7 @@ pub async fn run(cx: &mut Ctx<'_>) -> Result<()> {
     let out = &mut *cx.out;
     let n = usize::try_from(args.million_leases)?;
     let clients = usize::try_from(args.million_clients)?;
-    let f = measure(&fenced_bin(args)?, cx.dir, n, clients).await?;
+    let f = measure(args, cx.dir, n, clients).await?;
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     table.put(
         &format!("million: fill {n} leases (s)"),
@@ -134,6 +137,18 @@ pub async fn run(cx: &mut Ctx<'_>) -> Result<()> {
             f.leases
         ));
     }
+    table.put(
+        "million: elections while filling",
+        Kind::Fenced,
+        f.fill_elections as f64,
+        false,
+    );
+    if f.fill_elections > 0 {
+        out.failures.push(format!(
+            "million: {} election(s) while {} leases were taken and snapshotted (target: none)",
+            f.fill_elections, f.leases
+        ));
+    }
     if f.serving_s > 5.0 {
         out.failures.push(format!(
             "million: the restarted cluster served after {:.3} s (target 5 s)",
@@ -149,21 +164,23 @@ pub async fn run(cx: &mut Ctx<'_>) -> Result<()> {
 /// succeeds and a sampled lease is described as held with its token. Then
 /// checks every sampled lease and that the next token is above all.
 async fn measure(
-    bin: &std::path::Path,
+    args: &crate::Args,
     dir: &std::path::Path,
     n: usize,
     clients: usize,
 ) -> Result<Figures> {
-    let mut c = cluster_for(bin, dir, "million", n)?;
+    let mut c = cluster_for(&fenced_bin(args)?, dir, "million", n)?;
+    crate::sut::use_fenced_settings(args, &mut c);
     // The start-up's own timings (snapshot loaded, log replayed) are info.
     c.spec_mut().set_env(
         "FENCED_LOG",
-        "warn,fenced_server::state_machine=info,fenced_server::node=info,fenced_server::election=info",
+        "warn,fenced_server::state_machine=info,fenced_server::node=info,fenced_server::replication::election=info",
     );
     c.start_all()?;
     let eps = c.endpoints();
     let client = systems::fenced_client(&eps)?;
     wait_for_grant(&client, Duration::from_secs(30)).await?;
+    let term_before = highest_term(&client).await;
 
     let prefix = format!("million-{}", scenarios::nonce());
     let samples: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
@@ -178,6 +195,10 @@ async fn measure(
     // Let snapshots being built finish and the followers catch up.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let statuses = client.status_of_each().await;
+    let fill_elections = highest_term(&client).await.saturating_sub(term_before);
+    println!(
+        "[million] elections while filling and snapshotting: {fill_elections} (term {term_before} before)"
+    );
     for (ep, s) in &statuses {
         let s = s
             .as_ref()
@@ -262,6 +283,7 @@ async fn measure(
     Ok(Figures {
         leases: n,
         fill_s,
+        fill_elections,
         rss_mb,
         peak_rss_mb,
         shutdown_s,
@@ -287,6 +309,17 @@ pub(super) fn cluster_for(
     c.spec_mut().settings.max_live_leases =
         Some(Within::new(leases).context("the scenario's lease count")?);
     Ok(c)
+}
+
+/// The highest Raft term any node reports (each election raises it).
+async fn highest_term(client: &Client) -> u64 {
+    client
+        .status_of_each()
+        .await
+        .into_iter()
+        .filter_map(|(_, s)| s.ok().map(|s| s.term))
+        .max()
+        .unwrap_or(0)
 }
 
 pub(super) async fn wait_for_grant(client: &Client, within: Duration) -> Result<()> {

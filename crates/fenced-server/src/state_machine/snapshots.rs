@@ -961,6 +961,53 @@ mod tests {
         (log, sm)
     }
 
+    /// A snapshot's encode reads the state on a blocking thread for as long
+    /// as it takes; an apply meanwhile waits for it without holding the
+    /// runtime thread, which keeps sending heartbeats and answering the
+    /// leader (blocked, it let an election happen).
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_apply_waiting_for_a_snapshot_encode_leaves_the_runtime_thread_free() {
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, mut sm) = node(dir.path()).await;
+        let entries = log.try_get_log_entries(11..=12).await.unwrap();
+
+        let shared = Arc::clone(&sm.shared);
+        let (held, is_held) = std::sync::mpsc::channel();
+        let encode = std::thread::spawn(move || {
+            let _state = shared.read();
+            held.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        });
+        is_held.recv().unwrap();
+        let ticks = Arc::new(AtomicU64::new(0));
+        let ticker = tokio::spawn({
+            let ticks = Arc::clone(&ticks);
+            async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    ticks.fetch_add(1, Relaxed);
+                }
+            }
+        });
+        let started = std::time::Instant::now();
+        sm.apply(entries).await.unwrap();
+        let waited = started.elapsed();
+        encode.join().unwrap();
+        ticker.abort();
+
+        assert!(
+            waited >= std::time::Duration::from_millis(200),
+            "the apply waited for the encode: {waited:?}"
+        );
+        let ticks = ticks.load(Relaxed);
+        assert!(
+            ticks >= 20,
+            "the runtime thread ran another task {ticks} times in {waited:?}"
+        );
+        assert_eq!(sm.shared.read().last_applied.map(|l| l.index), Some(12));
+    }
+
     #[tokio::test]
     async fn an_older_build_finishing_after_a_newer_install_is_discarded() {
         let dir = tempfile::tempdir().unwrap();
