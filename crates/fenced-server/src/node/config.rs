@@ -67,7 +67,7 @@ pub struct RunSettings {
     pub wait_max_ms: Option<Within<0, 86_400_000>>,
     /// Raft election timeout, ms: a follower stands for election once it has
     /// not heard from a leader for twice this and a pre-vote majority agrees,
-    /// checking every quarter to half of it. 50 to 60000.
+    /// checking every half to one timeout. 50 to 60000.
     #[arg(long, env = "FENCED_ELECTION_TIMEOUT_MS")]
     pub election_timeout_ms: Option<Within<50, 60_000>>,
     /// How often a follower that has heard from no leader for its lease
