@@ -111,6 +111,16 @@ async fn a_frame_over_the_cap_closes_the_peer_connection_and_is_counted() {
     let mut buf = [0u8; 16];
     let read = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await;
     assert!(matches!(read, Ok(Ok(0) | Err(_))), "{read:?}");
+    // The listener counts the refusal once its connection task has ended,
+    // which is also what closes the socket: the count may trail the close
+    // this test saw by a moment.
+    let counted = tokio::time::timeout(Duration::from_secs(5), async {
+        while node.ctx.counters.limits.peer_frames.load(Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "the frame over the cap was never counted");
     assert_eq!(node.ctx.counters.limits.peer_frames.load(Relaxed), 1);
     node.shutdown().await;
 }
