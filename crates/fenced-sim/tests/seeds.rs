@@ -35,7 +35,7 @@ fn seeds_of_faults_pass_every_checker() {
     let seeds: u64 = std::env::var("FENCED_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(12);
+        .unwrap_or(20);
     let mut faults = 0;
     let mut seen = Vec::new();
     for seed in 1..=seeds {
