@@ -978,11 +978,11 @@ impl<'a> Nemesis<'a> {
                 let new_term = self.hold_and_watch(Duration::from_millis(1500), term).await;
                 r.evidence =
                     format!("stopped state seen: {stopped}; new leader elected: {new_term}");
-                // A leader paused past its followers' election timers must be
-                // replaced. A follower of a committed leader waits the leader
-                // lease (election_timeout_max) plus its own election timeout,
-                // and twice election_timeout_max more once it has seen a
-                // longer log: up to 4 s with the default 500–1000 ms.
+                // A leader paused past its followers' leases must be
+                // replaced. A follower stands once it has not heard from a
+                // leader for its lease (election_timeout_max, 400 ms by
+                // default) and a pre-vote majority agrees; 4.5 s leaves
+                // room for a cluster run with a longer election timeout.
                 // Not without a majority of the voters up while it lasted
                 // (a replacement beside it killed one).
                 let majority_left = rest.len() - down.len() > voters / 2;

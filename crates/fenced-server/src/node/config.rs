@@ -65,21 +65,24 @@ pub struct RunSettings {
     /// Longest a blocking acquire may wait on the server, ms. 0 to 86400000.
     #[arg(long, env = "FENCED_WAIT_MAX_MS")]
     pub wait_max_ms: Option<Within<0, 86_400_000>>,
-    /// Raft election timeout, ms: a follower stands for election once it has
-    /// not heard from a leader for twice this and a pre-vote majority agrees,
-    /// checking every half to one timeout. 50 to 60000.
+    /// Raft election timeout, ms (default 200): a follower stands for
+    /// election once it has not heard from a leader for twice this and a
+    /// pre-vote majority agrees, checking every tenth to fifth of it. 50 to
+    /// 60000.
     #[arg(long, env = "FENCED_ELECTION_TIMEOUT_MS")]
     pub election_timeout_ms: Option<Within<50, 60_000>>,
     /// How often a follower that has heard from no leader for its lease
     /// (twice the election timeout) checks whether to stand, ms: each wait
-    /// is drawn between half this and this. Unset: the election timeout.
+    /// is drawn between half this and this. Unset: a fifth of the election
+    /// timeout.
     /// Shorter makes failover sooner without shortening the lease that
     /// keeps a briefly stalled leader in place. 10 to 60000, and at most
     /// election_timeout_ms.
     #[arg(long, env = "FENCED_ELECTION_CHECK_MS")]
     pub election_check_ms: Option<Within<10, 60_000>>,
-    /// Raft heartbeat interval, ms. 10 to 59999, and below
-    /// election_timeout_ms.
+    /// How often a leader sends a heartbeat, ms (default 50). An
+    /// AppendEntries may take at least 100 ms, however short this is. 10 to
+    /// 59999, and below election_timeout_ms.
     #[arg(long, env = "FENCED_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<Within<10, 59_999>>,
     /// Snapshot (and purge the log) every this many entries. 10 to 10000000.
@@ -1121,7 +1124,7 @@ max_batch = 8",
                     election_check_ms: Some(w(600)),
                     ..base()
                 },
-                "election_check_ms: must be at most election_timeout_ms (500), got 600",
+                "election_check_ms: must be at most election_timeout_ms (200), got 600",
             ),
             (
                 RunSettings {

@@ -80,7 +80,7 @@ pub struct NodeConfig {
     pub limits: Limits,
     pub election_timeout_ms: u64,
     /// How often a follower checks whether to stand once its leader lease
-    /// ran out; `None`: every half to one election timeout.
+    /// ran out; `None`: every tenth to fifth of the election timeout.
     pub election_check_ms: Option<u64>,
     pub heartbeat_ms: u64,
     /// Build a snapshot (and purge the log behind it) every this many entries.
@@ -129,9 +129,12 @@ impl NodeConfig {
             initial_cluster,
             join: None,
             limits: Limits::default(),
-            election_timeout_ms: 500,
+            // docs/decisions/replication.md, "The election timeout is
+            // 200 ms": grants again within half a second of losing the
+            // leader, and a leader stalled 300 ms is not replaced.
+            election_timeout_ms: 200,
             election_check_ms: None,
-            heartbeat_ms: 100,
+            heartbeat_ms: 50,
             snapshot_logs: 10_000,
             snapshot_log_bytes: 16 << 20,
             proposer: ProposerConfig {
@@ -367,7 +370,12 @@ impl NodeCore {
 
         let raft_config = openraft::Config {
             cluster_name: "fenced".into(),
-            heartbeat_interval: cfg.heartbeat_ms,
+            // The deadline of an AppendEntries; heartbeats are fenced's
+            // (crate::replication::heartbeat).
+            heartbeat_interval: crate::replication::heartbeat::append_deadline_ms(
+                cfg.heartbeat_ms,
+                cfg.election_timeout_ms,
+            ),
             election_timeout_min: cfg.election_timeout_ms,
             election_timeout_max: cfg.election_timeout_ms * 2,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_logs),
@@ -467,6 +475,7 @@ impl NodeCore {
         // Elections start from fenced's pre-vote (crate::replication::election),
         // not from openraft's timer.
         raft.runtime_config().elect(false);
+        raft.runtime_config().heartbeat(false);
         let election = Election::new(
             cfg.id,
             Duration::from_millis(cfg.election_timeout_ms),
@@ -563,6 +572,11 @@ impl NodeCore {
                 let (raft, stop) = (raft.clone(), stop.clone());
                 async move { election.run(raft, stop).await }
             }),
+            tokio::spawn(crate::replication::heartbeat::run(
+                raft.clone(),
+                Duration::from_millis(cfg.heartbeat_ms),
+                stop.clone(),
+            )),
             snapshot_by_bytes,
         ];
         let mut tasks = tasks;

@@ -82,8 +82,8 @@ impl Election {
         Self {
             me,
             lease: election_timeout_max,
-            check_min: election_timeout_min / 2,
-            check_max: election_timeout_min,
+            check_min: election_timeout_min / 10,
+            check_max: election_timeout_min / 5,
             ask_within: election_timeout_min,
             last_contact: Mutex::new(None),
             jitter: RandomState::new().hash_one(me),
@@ -95,8 +95,8 @@ impl Election {
         }
     }
 
-    /// Checks every half of `check` to `check` instead of every half to
-    /// one election timeout: how soon after the lease runs out a node stands
+    /// Checks every half of `check` to `check` instead of every tenth to
+    /// fifth of the election timeout: how soon after the lease runs out a node stands
     /// (`--election-check-ms`), apart from the lease that decides whether
     /// it may.
     pub fn with_check_interval(self, check: Duration) -> Self {
@@ -187,8 +187,8 @@ impl Election {
         self.check_min + Duration::from_nanos(offset)
     }
 
-    /// Checks at random intervals (half to one election timeout, or half
-    /// of `--election-check-ms` to it) whether this node should stand, until
+    /// Checks at random intervals (a tenth to a fifth of the election
+    /// timeout, or half of `--election-check-ms` to it) whether this node should stand, until
     /// `stop`: a voter that is not the leader and has not heard from one
     /// within the lease asks the other voters, and calls an election when a
     /// majority would vote for it.
@@ -401,12 +401,12 @@ mod tests {
     }
 
     #[test]
-    fn checks_are_spread_over_half_the_shortest_election_timeout() {
+    fn checks_are_spread_over_a_tenth_to_a_fifth_of_the_election_timeout() {
         let (e, _dir) = election(500, 1000);
         let draws: Vec<Duration> = (0..200).map(|r| e.next_check(r)).collect();
         assert!(draws
             .iter()
-            .all(|d| *d >= Duration::from_millis(250) && *d < Duration::from_millis(500)));
+            .all(|d| *d >= Duration::from_millis(50) && *d < Duration::from_millis(100)));
         let distinct: std::collections::BTreeSet<_> = draws.iter().collect();
         assert!(distinct.len() > 150, "{} distinct of 200", distinct.len());
     }

@@ -11,6 +11,8 @@
 //! - **Cluster time on every message**, made durable on the followers that
 //!   confirm a read ([`stream::Stream::durable_time`], [`follower`]).
 //! - **A pre-vote** before any election ([`pre_vote`], [`election`]).
+//! - **Heartbeats at `--heartbeat-ms`**, triggered by fenced, apart from
+//!   the deadline of an AppendEntries ([`heartbeat`]).
 //! - **Giving up a restored leadership** before Raft starts ([`restart`]).
 //!
 //! The decisions are sans-IO, pure functions and small state machines from
@@ -53,6 +55,7 @@ pub mod copies;
 pub mod early;
 pub mod election;
 pub mod follower;
+pub mod heartbeat;
 pub mod pre_vote;
 pub mod restart;
 pub mod sender;
