@@ -11,8 +11,8 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use fenced_client::{AcquireOutcome, Client, OwnerId, Token};
-use fenced_proto::v1::TokenState;
+use fenced_client::{AcquireOutcome, Client, ClientError, OwnerId, Token};
+use fenced_proto::v1::{StatusResponse, TokenState};
 use fenced_testkit::Within;
 
 use super::Ctx;
@@ -180,7 +180,7 @@ async fn measure(
     let eps = c.endpoints();
     let client = systems::fenced_client(&eps)?;
     wait_for_grant(&client, Duration::from_secs(30)).await?;
-    let term_before = highest_term(&client).await;
+    let term_before = highest_term(&client.status_of_each().await);
 
     let prefix = format!("million-{}", scenarios::nonce());
     let samples: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
@@ -195,7 +195,7 @@ async fn measure(
     // Let snapshots being built finish and the followers catch up.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let statuses = client.status_of_each().await;
-    let fill_elections = highest_term(&client).await.saturating_sub(term_before);
+    let fill_elections = highest_term(&statuses).saturating_sub(term_before);
     println!(
         "[million] elections while filling and snapshotting: {fill_elections} (term {term_before} before)"
     );
@@ -311,13 +311,11 @@ pub(super) fn cluster_for(
     Ok(c)
 }
 
-/// The highest Raft term any node reports (each election raises it).
-async fn highest_term(client: &Client) -> u64 {
-    client
-        .status_of_each()
-        .await
-        .into_iter()
-        .filter_map(|(_, s)| s.ok().map(|s| s.term))
+/// The highest Raft term among the nodes' statuses (each election raises it).
+fn highest_term(statuses: &[(String, Result<StatusResponse, ClientError>)]) -> u64 {
+    statuses
+        .iter()
+        .filter_map(|(_, s)| s.as_ref().ok().map(|s| s.term))
         .max()
         .unwrap_or(0)
 }

@@ -96,9 +96,9 @@ impl Election {
     }
 
     /// Checks every half of `check` to `check` instead of every tenth to
-    /// fifth of the election timeout: how soon after the lease runs out a node stands
-    /// (`--election-check-ms`), apart from the lease that decides whether
-    /// it may.
+    /// fifth of the election timeout: how soon after the lease runs out a
+    /// node stands (`--election-check-ms`), apart from the lease that
+    /// decides whether it may.
     pub fn with_check_interval(self, check: Duration) -> Self {
         Self {
             check_min: check / 2,
@@ -188,8 +188,8 @@ impl Election {
     }
 
     /// Checks at random intervals (a tenth to a fifth of the election
-    /// timeout, or half of `--election-check-ms` to it) whether this node should stand, until
-    /// `stop`: a voter that is not the leader and has not heard from one
+    /// timeout, or half of `--election-check-ms` to it) whether this node
+    /// should stand, until `stop`: a voter that is not the leader and has not heard from one
     /// within the lease asks the other voters, and calls an election when a
     /// majority would vote for it.
     pub async fn run(&self, raft: Raft, stop: CancellationToken) {
@@ -316,10 +316,7 @@ mod tests {
     async fn a_pre_vote_does_not_wait_for_a_silent_voter_once_it_has_a_majority() {
         // Answers count as refusals after the shortest election timeout, 2 s.
         let (e, _dir) = election(2_000, 4_000);
-        let req = PreVoteRequest {
-            candidate: 1,
-            last_log_id: None,
-        };
+        let req = pre_vote_of_node_1();
         let granting = voter(Some(true)).await;
         let refusing = voter(Some(false)).await;
         let silent = voter(None).await;
@@ -346,10 +343,7 @@ mod tests {
         use openraft::{storage::RaftLogStorage, Vote};
 
         let (e, _dir) = election(4_000, 8_000);
-        let req = PreVoteRequest {
-            candidate: 1,
-            last_log_id: None,
-        };
+        let req = pre_vote_of_node_1();
         // Voter 2 grants the pre-vote; before its answer arrives, node 3's
         // vote request (its own pre-vote won at the same moment) has reached
         // this node and been granted: the vote this node holds is node 3's.
@@ -376,6 +370,14 @@ mod tests {
         let asked_with = e.log.vote();
         assert!(e.stands(true, asked_with));
         assert!(!e.stands(false, asked_with), "a lost pre-vote never stands");
+    }
+
+    /// Node 1 asks, with an empty log.
+    fn pre_vote_of_node_1() -> PreVoteRequest {
+        PreVoteRequest {
+            candidate: 1,
+            last_log_id: None,
+        }
     }
 
     fn election(min_ms: u64, max_ms: u64) -> (Election, tempfile::TempDir) {
