@@ -174,7 +174,20 @@ pub struct FaultRecord {
     /// while its disk was full (checked by `invariants::full_disk_stops`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub full_disk_stopped: Option<bool>,
+    /// A leader paused for at most [`KEEPS_LEADER_MS`], every other voter
+    /// up: whether no other node was elected (checked by
+    /// `invariants::short_pause_keeps_leader`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_kept: Option<bool>,
 }
+
+/// The longest leader pause after which the same leader must still lead:
+/// with the default settings a follower's lease is 400 ms from the last
+/// heartbeat it heard and heartbeats are 50 ms apart, so a 300 ms stop
+/// leaves the followers at most 350 ms without one, 50 ms of margin for the
+/// signals and the leader's wake-up (docs/decisions/replication.md, "The
+/// election timeout is 200 ms").
+pub const KEEPS_LEADER_MS: u64 = 300;
 
 /// Leader observations: (time, leader id, term), one per change seen.
 #[derive(Default)]
@@ -577,6 +590,7 @@ impl<'a> Nemesis<'a> {
             idle_ns: None,
             damage_refused: None,
             full_disk_stopped: None,
+            leader_kept: None,
         };
         self.current = format!("{tag} {}", fault.name());
         if !self.idle.is_zero() && fault.moves_leader() {
@@ -995,6 +1009,15 @@ impl<'a> Nemesis<'a> {
                     && target == l
                     && majority_left;
                 r.took_effect = stopped && (new_term || !needs_election);
+                // An election after a pause shorter than the followers'
+                // lease is one that nothing caused.
+                if matches!(fault, Fault::PauseLeader { ms } if ms <= KEEPS_LEADER_MS)
+                    && stopped
+                    && target == l
+                    && down.is_empty()
+                {
+                    r.leader_kept = Some(!new_term);
+                }
                 drop(claim);
             }
             Fault::StaleLeaderWakes => {

@@ -556,6 +556,9 @@ async fn run_in(
     if records.iter().any(|r| r.full_disk_stopped.is_some()) {
         findings.push(invariants::full_disk_stops(&records));
     }
+    if records.iter().any(|r| r.leader_kept.is_some()) {
+        findings.push(invariants::short_pause_keeps_leader(&records));
+    }
     let (lin, lin_resources) = linear::check_long_resources(&ops, cfg.lin_budget);
     let mut counterexample = None;
     let lin_text = match &lin {
@@ -885,34 +888,64 @@ mod tests {
             idle_ns: None,
             damage_refused: None,
             full_disk_stopped: None,
+            leader_kept: None,
         }
+    }
+
+    /// One fault that held, one that did not (the only violation, named
+    /// after `failed`), one the checker does not judge; returns the finding.
+    fn judged(
+        held: &str,
+        failed: &str,
+        unjudged: FaultRecord,
+        mark: impl Fn(&mut FaultRecord, bool),
+        check: impl Fn(&[FaultRecord]) -> invariants::Finding,
+    ) -> invariants::Finding {
+        let mut ok = fault(held, 1, 2, false);
+        mark(&mut ok, true);
+        let mut bad = fault(failed, 3, 4, false);
+        mark(&mut bad, false);
+        let found = check(&[ok, bad, unjudged]);
+        assert_eq!(found.checked, 2);
+        assert_eq!(found.violations.len(), 1, "{:?}", found.violations);
+        assert!(found.violations[0].starts_with(&format!("{failed} on n1")));
+        found
+    }
+
+    #[test]
+    fn a_short_leader_pause_that_elected_another_is_a_violation() {
+        let found = judged(
+            "pause-leader-300ms",
+            "pause-leader-300ms",
+            fault("pause-leader-5000ms", 5, 6, false),
+            |r, ok| r.leader_kept = Some(ok),
+            invariants::short_pause_keeps_leader,
+        );
+        assert!(found.violations[0].contains("another node was elected"));
     }
 
     #[test]
     fn a_damaged_file_that_was_not_refused_is_a_violation() {
-        let mut refused = fault("damage-random", 1, 2, false);
-        refused.damage_refused = Some(true);
-        let mut loaded = fault("damage-leader", 3, 4, false);
-        loaded.damage_refused = Some(false);
-        let kill = fault("kill-leader", 5, 6, false);
-        let found = invariants::damage_refused(&[refused, loaded, kill]);
-        assert_eq!(found.checked, 2);
-        assert_eq!(found.violations.len(), 1, "{:?}", found.violations);
-        assert!(found.violations[0].starts_with("damage-leader on n1"));
+        judged(
+            "damage-random",
+            "damage-leader",
+            fault("kill-leader", 5, 6, false),
+            |r, ok| r.damage_refused = Some(ok),
+            invariants::damage_refused,
+        );
     }
 
     #[test]
     fn a_node_that_ran_on_past_a_full_disk_is_a_violation() {
-        let mut stopped = fault("full-disk-random", 1, 2, false);
-        stopped.full_disk_stopped = Some(true);
-        let mut ran_on = fault("full-disk-leader", 3, 4, false);
-        ran_on.full_disk_stopped = Some(false);
         let mut damaged = fault("damage-leader", 5, 6, false);
         damaged.damage_refused = Some(false);
-        let found = invariants::full_disk_stops(&[stopped, ran_on, damaged]);
-        assert_eq!(found.checked, 2);
-        assert_eq!(found.violations.len(), 1, "{:?}", found.violations);
-        assert!(found.violations[0].starts_with("full-disk-leader on n1"));
+        judged(
+            "full-disk-random",
+            "full-disk-leader",
+            damaged,
+            |r, ok| r.full_disk_stopped = Some(ok),
+            invariants::full_disk_stops,
+        );
     }
 
     #[test]

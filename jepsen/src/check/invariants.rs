@@ -258,6 +258,20 @@ pub fn full_disk_stops(records: &[crate::nemesis::FaultRecord]) -> Finding {
     )
 }
 
+/// A leader paused for no longer than its followers' lease allows
+/// ([`crate::nemesis::KEEPS_LEADER_MS`]) still led afterwards: a pause that
+/// short is a garbage-collection stall or a busy host, and an election it
+/// caused would cost every client a failover for nothing
+/// (docs/decisions/replication.md, "The election timeout is 200 ms").
+pub fn short_pause_keeps_leader(records: &[crate::nemesis::FaultRecord]) -> Finding {
+    each_fault_held(
+        "a short leader pause elects no other",
+        records,
+        |r| r.leader_kept,
+        "another node was elected",
+    )
+}
+
 /// The protected resource accepted tokens in non-decreasing order (by the
 /// version it assigned), and never accepted a write whose token was below one
 /// it had accepted before the write was sent.

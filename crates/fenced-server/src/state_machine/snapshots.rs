@@ -961,6 +961,20 @@ mod tests {
         (log, sm)
     }
 
+    /// A snapshot encode's stand-in: a thread that holds a read of the
+    /// state for `how_long`; returns once it holds it.
+    fn encode_for(sm: &StateMachine, how_long: std::time::Duration) -> std::thread::JoinHandle<()> {
+        let shared = Arc::clone(&sm.shared);
+        let (held, is_held) = std::sync::mpsc::channel();
+        let encode = std::thread::spawn(move || {
+            let _state = shared.read();
+            held.send(()).unwrap();
+            std::thread::sleep(how_long);
+        });
+        is_held.recv().unwrap();
+        encode
+    }
+
     /// A snapshot's encode reads the state on a blocking thread for as long
     /// as it takes; an apply meanwhile waits for it without holding the
     /// runtime thread, which keeps sending heartbeats and answering the
@@ -972,14 +986,7 @@ mod tests {
         let (mut log, mut sm) = node(dir.path()).await;
         let entries = log.try_get_log_entries(11..=12).await.unwrap();
 
-        let shared = Arc::clone(&sm.shared);
-        let (held, is_held) = std::sync::mpsc::channel();
-        let encode = std::thread::spawn(move || {
-            let _state = shared.read();
-            held.send(()).unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(300));
-        });
-        is_held.recv().unwrap();
+        let encode = encode_for(&sm, std::time::Duration::from_millis(300));
         let ticks = Arc::new(AtomicU64::new(0));
         let ticker = tokio::spawn({
             let ticks = Arc::clone(&ticks);
@@ -1006,6 +1013,48 @@ mod tests {
             "the runtime thread ran another task {ticks} times in {waited:?}"
         );
         assert_eq!(sm.shared.read().last_applied.map(|l| l.index), Some(12));
+    }
+
+    /// A read from a blocking thread (lease listing, digest) made while an
+    /// apply waits lets the apply in first, so a run of such reads cannot
+    /// keep the apply out; an apply that never comes holds it 100 ms at most.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_blocking_read_lets_a_waiting_apply_in_first_and_waits_for_no_stuck_one() {
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, mut sm) = node(dir.path()).await;
+        let entries = log.try_get_log_entries(11..=12).await.unwrap();
+
+        let encode = encode_for(&sm, Duration::from_millis(60));
+        let shared = Arc::clone(&sm.shared);
+        let listing = std::thread::spawn(move || {
+            while !shared
+                .apply_waiting
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            shared.read_behind_apply().last_applied.map(|l| l.index)
+        });
+        sm.apply(entries).await.unwrap();
+        encode.join().unwrap();
+        assert_eq!(
+            listing.join().unwrap(),
+            Some(12),
+            "the read came after the apply that was waiting"
+        );
+
+        sm.shared
+            .apply_waiting
+            .store(true, std::sync::atomic::Ordering::Release);
+        let started = std::time::Instant::now();
+        let applied = sm.shared.read_behind_apply().last_applied.map(|l| l.index);
+        let waited = started.elapsed();
+        assert_eq!(applied, Some(12));
+        assert!(
+            (Duration::from_millis(100)..Duration::from_secs(2)).contains(&waited),
+            "a stuck apply held the read {waited:?}, not about 100 ms"
+        );
     }
 
     #[tokio::test]
