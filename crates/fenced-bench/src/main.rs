@@ -191,6 +191,12 @@ async fn run_system(
         kind.name(),
         cx.ledger.resources()
     );
+    for (run, n) in cx.sut.take_elections() {
+        cx.out.failures.push(format!(
+            "{}: {n} election(s) during {run}, a run that injects no fault (target: none)",
+            kind.name()
+        ));
+    }
     if let Some(mut c) = cx.sut.cluster.take() {
         c.kill_all();
     }

@@ -3,6 +3,7 @@
 
 use std::{
     path::{Path, PathBuf},
+    sync::{Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -67,9 +68,23 @@ pub struct Sut {
     pub cluster: Option<Started>,
     _postgres: Vec<LocalPostgres>,
     probe: Probe,
+    /// Elections seen during a measured run (none of which injects a
+    /// fault): the run's name and how many.
+    elections: Mutex<Vec<(String, u64)>>,
 }
 
 impl Sut {
+    /// The elections seen during measured runs so far, by run; none should
+    /// happen that no fault caused.
+    pub fn take_elections(&self) -> Vec<(String, u64)> {
+        std::mem::take(
+            &mut *self
+                .elections
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
     pub async fn measure<F, Fut>(&self, name: &str, f: F) -> Result<Run>
     where
         F: FnOnce() -> Fut,
@@ -81,6 +96,13 @@ impl Sut {
             .with_context(|| format!("{} {name}", self.target.kind().name()))?;
         let after = self.probe.sample().await;
         report(self.target.kind(), name, &run, before, after);
+        let elections = after.term.saturating_sub(before.term);
+        if before.term > 0 && elections > 0 {
+            self.elections
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((name.to_string(), elections));
+        }
         Ok(run)
     }
 }
@@ -218,6 +240,7 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
                 target: Target::Fenced { endpoints },
                 cluster,
                 _postgres: Vec::new(),
+                elections: Default::default(),
             })
         }
         Kind::Etcd => {
@@ -252,6 +275,7 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
                 target: Target::Etcd { endpoints },
                 cluster,
                 _postgres: Vec::new(),
+                elections: Default::default(),
             })
         }
         Kind::Postgres | Kind::PostgresSync => {
@@ -291,6 +315,7 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
                 target,
                 cluster: None,
                 _postgres: servers,
+                elections: Default::default(),
             })
         }
     }
