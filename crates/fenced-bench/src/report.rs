@@ -227,12 +227,9 @@ pub fn report(kind: Kind, name: &str, run: &Run, before: ProbeSample, after: Pro
             syncs as f64 / ops
         ));
     }
-    if kind == Kind::Fenced && before.term > 0 {
+    if let Some(n) = before.elections_until(&after) {
         // Elections during the run: none should happen that no fault caused.
-        line.push_str(&format!(
-            "; elections {}",
-            after.term.saturating_sub(before.term)
-        ));
+        line.push_str(&format!("; elections {n}"));
     }
     for (k, v) in &run.extra {
         line.push_str(&format!("; {k} {v:.2}"));

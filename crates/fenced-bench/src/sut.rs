@@ -35,6 +35,14 @@ pub struct ProbeSample {
     pub term: u64,
 }
 
+impl ProbeSample {
+    /// Elections between this sample and `later`: `None` when no fenced
+    /// node reported a term (another system, or none reachable).
+    pub fn elections_until(&self, later: &ProbeSample) -> Option<u64> {
+        (self.term > 0).then(|| later.term.saturating_sub(self.term))
+    }
+}
+
 impl Probe {
     async fn sample(&self) -> ProbeSample {
         let mut s = ProbeSample {
@@ -96,12 +104,11 @@ impl Sut {
             .with_context(|| format!("{} {name}", self.target.kind().name()))?;
         let after = self.probe.sample().await;
         report(self.target.kind(), name, &run, before, after);
-        let elections = after.term.saturating_sub(before.term);
-        if before.term > 0 && elections > 0 {
+        if let Some(n) = before.elections_until(&after).filter(|n| *n > 0) {
             self.elections
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push((name.to_string(), elections));
+                .push((name.to_string(), n));
         }
         Ok(run)
     }
@@ -324,4 +331,24 @@ pub async fn start_system(args: &Args, kind: Kind, dir: &Path) -> Result<Sut> {
 pub async fn target_for(eps: &[String]) -> Result<Target> {
     let (endpoints, _) = fenced_leader_first(eps).await?;
     Ok(Target::Fenced { endpoints })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProbeSample;
+
+    fn at(term: u64) -> ProbeSample {
+        ProbeSample {
+            term,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn elections_are_the_rise_of_the_term_and_none_without_one() {
+        assert_eq!(at(3).elections_until(&at(3)), Some(0));
+        assert_eq!(at(3).elections_until(&at(5)), Some(2));
+        assert_eq!(at(0).elections_until(&at(5)), None);
+        assert_eq!(at(4).elections_until(&at(0)), Some(0));
+    }
 }
