@@ -550,15 +550,18 @@ async fn run_in(
         phantom_finding,
     ];
     let mut findings = findings;
-    if records.iter().any(|r| r.damage_refused.is_some()) {
-        findings.push(invariants::damage_refused(&records));
-    }
-    if records.iter().any(|r| r.full_disk_stopped.is_some()) {
-        findings.push(invariants::full_disk_stops(&records));
-    }
-    if records.iter().any(|r| r.leader_kept.is_some()) {
-        findings.push(invariants::short_pause_keeps_leader(&records));
-    }
+    // The checks of single faults, listed when a fault of theirs ran.
+    let fault_checks: [fn(&[FaultRecord]) -> invariants::Finding; 3] = [
+        invariants::damage_refused,
+        invariants::full_disk_stops,
+        invariants::short_pause_keeps_leader,
+    ];
+    findings.extend(
+        fault_checks
+            .iter()
+            .map(|check| check(&records))
+            .filter(|f| f.checked > 0),
+    );
     let (lin, lin_resources) = linear::check_long_resources(&ops, cfg.lin_budget);
     let mut counterexample = None;
     let lin_text = match &lin {

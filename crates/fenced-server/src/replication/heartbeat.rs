@@ -28,6 +28,7 @@ pub fn append_deadline_ms(heartbeat_ms: u64, election_timeout_ms: u64) -> u64 {
 
 /// Triggers a heartbeat every `every` while this node leads, until `stop`.
 pub async fn run(raft: Raft, every: Duration, stop: CancellationToken) {
+    let metrics = raft.metrics();
     let mut tick = tokio::time::interval(every);
     // A stalled runtime sends one heartbeat when it resumes, not a burst.
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -36,7 +37,7 @@ pub async fn run(raft: Raft, every: Duration, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if raft.metrics().borrow().state != ServerState::Leader {
+        if metrics.borrow().state != ServerState::Leader {
             continue;
         }
         if let Err(error) = raft.trigger().heartbeat().await {
