@@ -60,23 +60,64 @@ pub fn clock_ticks_per_second() -> u64 {
         .unwrap_or(100)
 }
 
-/// (ppid, utime + stime in ticks) of a process.
-fn stat_of(pid: u32) -> Option<(u32, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may contain spaces; fields resume after the last ')'.
-    let rest = &text[text.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state): ppid is field 4, utime 14, stime 15.
-    let ppid = fields.get(1)?.parse().ok()?;
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((ppid, utime + stime))
+/// One process's line of /proc/<pid>/stat, as far as CPU time goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Times {
+    pid: u32,
+    ppid: u32,
+    /// utime + stime: its own CPU time, in ticks.
+    own: u64,
+    /// cutime + cstime: the CPU time of its children that ended and that it
+    /// waited for (a PostgreSQL server's backends of closed sessions).
+    reaped: u64,
 }
 
-/// CPU time (user + system) of `pids` and of all their descendants (a
-/// PostgreSQL server's backends, started under `runuser`), in microseconds.
+fn stat_of(pid: u32) -> Option<Times> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces; fields resume after the last ')'.
+    let rest = text.get(text.rfind(')')?.checked_add(2)?..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): ppid is field 4, utime 14, stime 15,
+    // cutime 16, cstime 17.
+    let field = |i: usize| -> Option<u64> { fields.get(i)?.parse().ok() };
+    Some(Times {
+        pid,
+        ppid: fields.get(1)?.parse().ok()?,
+        own: field(11)?.saturating_add(field(12)?),
+        reaped: field(13)?.saturating_add(field(14)?),
+    })
+}
+
+/// The CPU ticks of `roots` and every descendant: each live process's own
+/// time plus what it reaped of children that ended. A child counts once:
+/// live, its own line has its time; ended and waited for, its parent's
+/// `reaped` has it (a zombie not yet waited for is in neither).
+fn tree_ticks(all: &[Times], roots: &[u32]) -> u64 {
+    let mut included: Vec<u32> = roots.to_vec();
+    // Walk down the tree: a process is included once its parent is.
+    loop {
+        let before = included.len();
+        for t in all {
+            if included.contains(&t.ppid) && !included.contains(&t.pid) {
+                included.push(t.pid);
+            }
+        }
+        if included.len() == before {
+            break;
+        }
+    }
+    all.iter()
+        .filter(|t| included.contains(&t.pid))
+        .fold(0u64, |sum, t| {
+            sum.saturating_add(t.own).saturating_add(t.reaped)
+        })
+}
+
+/// CPU time (user + system) of `pids` and of all their descendants, live or
+/// ended (a PostgreSQL server's backends, started under `runuser`: S2's
+/// sessions close before the run's last sample), in microseconds.
 pub fn cpu_micros(pids: &[u32], ticks_per_second: u64) -> u64 {
-    let mut all: Vec<(u32, u32, u64)> = Vec::new();
+    let mut all: Vec<Times> = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {
             let Some(pid) = entry
@@ -86,30 +127,12 @@ pub fn cpu_micros(pids: &[u32], ticks_per_second: u64) -> u64 {
             else {
                 continue;
             };
-            if let Some((ppid, t)) = stat_of(pid) {
-                all.push((pid, ppid, t));
+            if let Some(t) = stat_of(pid) {
+                all.push(t);
             }
         }
     }
-    let mut included: Vec<u32> = pids.to_vec();
-    // Walk down the tree: a process is included once its parent is.
-    loop {
-        let before = included.len();
-        for (pid, ppid, _) in &all {
-            if included.contains(ppid) && !included.contains(pid) {
-                included.push(*pid);
-            }
-        }
-        if included.len() == before {
-            break;
-        }
-    }
-    let ticks: u64 = all
-        .iter()
-        .filter(|(pid, _, _)| included.contains(pid))
-        .map(|(_, _, t)| t)
-        .sum();
-    ticks * 1_000_000 / ticks_per_second.max(1)
+    tree_ticks(&all, pids).saturating_mul(1_000_000) / ticks_per_second.max(1)
 }
 
 /// Resident memory of a process in bytes.
@@ -522,4 +545,48 @@ fn spawn_postgres(
         proc,
         user: "bench".into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(pid: u32, ppid: u32, own: u64, reaped: u64) -> Times {
+        Times {
+            pid,
+            ppid,
+            own,
+            reaped,
+        }
+    }
+
+    #[test]
+    fn a_tree_counts_live_descendants_and_the_children_they_reaped() {
+        // runuser (10) -> postmaster (11) -> a live backend (12); the
+        // postmaster reaped 500 ticks of closed sessions' backends. 99 is
+        // another process; 13 is its child.
+        let all = [
+            t(10, 1, 1, 0),
+            t(11, 10, 20, 500),
+            t(12, 11, 30, 0),
+            t(99, 1, 1000, 7),
+            t(13, 99, 4000, 0),
+        ];
+        assert_eq!(tree_ticks(&all, &[10]), 1 + 20 + 500 + 30);
+        assert_eq!(tree_ticks(&all, &[11]), 20 + 500 + 30);
+        assert_eq!(tree_ticks(&all, &[10, 99]), 551 + 1000 + 7 + 4000);
+        assert_eq!(tree_ticks(&all, &[]), 0);
+        assert_eq!(tree_ticks(&all, &[12345]), 0);
+    }
+
+    #[test]
+    fn this_process_reads_its_own_stat_line() {
+        let me = std::process::id();
+        let times = stat_of(me);
+        assert_eq!(times.map(|t| t.pid), Some(me));
+        assert_eq!(
+            times.map(|t| t.ppid),
+            Some(std::os::unix::process::parent_id())
+        );
+    }
 }
