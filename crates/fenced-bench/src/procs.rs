@@ -73,12 +73,9 @@ struct Times {
 }
 
 fn stat_of(pid: u32) -> Option<Times> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may contain spaces; fields resume after the last ')'.
-    let rest = text.get(text.rfind(')')?.checked_add(2)?..)?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state): ppid is field 4, utime 14, stime 15,
-    // cutime 16, cstime 17.
+    let fields = fenced_testkit::stat_fields(pid)?;
+    // From field 3 (state) on: ppid is field 4, utime 14, stime 15, cutime
+    // 16, cstime 17.
     let field = |i: usize| -> Option<u64> { fields.get(i)?.parse().ok() };
     Some(Times {
         pid,

@@ -19,7 +19,7 @@ pub use cluster::{Cluster, ClusterSpec, NodeSpec, Tls};
 pub use fenced_server::node::config::{RunSettings, Within};
 pub use pki::Pki;
 pub use ports::{free_port, port_range};
-pub use procfs::{is_stopped, pid_alive, status_kib};
+pub use procfs::{is_stopped, pid_alive, stat_fields, status_kib};
 
 use std::path::{Path, PathBuf};
 

@@ -15,11 +15,17 @@ pub fn is_stopped(pid: u32) -> bool {
 
 /// The process state letter of `/proc/<pid>/stat`.
 fn state(pid: u32) -> Option<String> {
+    stat_fields(pid)?.into_iter().next()
+}
+
+/// The fields of `/proc/<pid>/stat` from the state on: the state is the
+/// first, so field N of proc(5) is at index N - 3.
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: the state follows
     // the last ')'.
     let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().next().map(str::to_string)
+    Some(rest.split_whitespace().map(str::to_string).collect())
 }
 
 /// A size field of `/proc/<pid>/status` in KiB, e.g. `VmRSS` (resident
