@@ -29,7 +29,7 @@ use std::{
 use tokio::{task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::pre_vote::{self, Check, PreVoteRequest, PreVoteResponse, Tally};
+use super::pre_vote::{self, Candidacy, Check, PreVoteRequest, PreVoteResponse, Tally};
 use crate::{
     codec,
     peer::network::{Peer, RaftCall, Reachability, Wire},
@@ -57,6 +57,13 @@ pub struct Election {
     /// which may come much more often than a slow voter answers.
     ask_within: Duration,
     last_contact: Mutex<Option<Instant>>,
+    /// This node's candidacy as its pre-vote answers see it, and since when
+    /// (a promise or a stand lasts one lease).
+    candidacy: Mutex<(Candidacy, Instant)>,
+    /// Held while a vote request is answered and while this node decides
+    /// to stand: a vote granted during a pre-vote is seen by the decision,
+    /// and one asked after it reaches openraft after the election started.
+    deciding: tokio::sync::Mutex<()>,
     /// Seeds the spread of the checks: random, or the simulation's seed.
     jitter: u64,
     /// This node's log: the last log id a pre-vote compares.
@@ -86,6 +93,8 @@ impl Election {
             check_max: election_timeout_min / 5,
             ask_within: election_timeout_min,
             last_contact: Mutex::new(None),
+            candidacy: Mutex::new((Candidacy::Idle, Instant::now())),
+            deciding: tokio::sync::Mutex::new(()),
             jitter: RandomState::new().hash_one(me),
             log,
             tls: None,
@@ -156,19 +165,64 @@ impl Election {
             .is_some_and(|t| t.elapsed() < self.lease)
     }
 
+    /// Held while a vote request is answered (see `deciding`).
+    pub async fn voting(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.deciding.lock().await
+    }
+
     /// The voter side of a pre-vote.
     pub fn answer(&self, raft: &Raft, req: &PreVoteRequest) -> PreVoteResponse {
         let state = raft.metrics().borrow().state;
-        let mut resp = pre_vote::answer(state, self.heard_lately(), req, self.log.last());
-        if !self.repair.may_vote() {
-            resp.granted = false;
+        self.answer_in(state, req)
+    }
+
+    fn answer_in(&self, state: openraft::ServerState, req: &PreVoteRequest) -> PreVoteResponse {
+        let granted = {
+            let mut candidacy = self.lock_candidacy();
+            let mine = self.current(&candidacy);
+            let answer = pre_vote::answer(
+                self.me,
+                state,
+                self.heard_lately(),
+                req,
+                self.log.last(),
+                mine,
+            );
+            let granted = answer.granted && self.repair.may_vote();
+            if granted && answer.promised {
+                *candidacy = (Candidacy::Promised(req.candidate), Instant::now());
+            }
+            granted
+        };
+        tracing::debug!(candidate = req.candidate, granted, "pre-vote answered");
+        PreVoteResponse { granted }
+    }
+
+    fn lock_candidacy(&self) -> std::sync::MutexGuard<'_, (Candidacy, Instant)> {
+        self.candidacy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The candidacy held, a promise or a stand older than a lease being
+    /// over.
+    fn current(&self, held: &(Candidacy, Instant)) -> Candidacy {
+        match held {
+            (Candidacy::Promised(_) | Candidacy::Stood, since) if since.elapsed() >= self.lease => {
+                Candidacy::Idle
+            }
+            (mine, _) => *mine,
         }
-        tracing::debug!(
-            candidate = req.candidate,
-            granted = resp.granted,
-            "pre-vote answered"
-        );
-        resp
+    }
+
+    /// Marks this node's own pre-vote out, if it is free to ask.
+    fn begin_asking(&self) -> bool {
+        let mut candidacy = self.lock_candidacy();
+        if self.current(&candidacy) != Candidacy::Idle {
+            return false;
+        }
+        *candidacy = (Candidacy::Asking, Instant::now());
+        true
     }
 
     fn next_check(&self, round: u64) -> Duration {
@@ -215,7 +269,10 @@ impl Election {
                 (m.state, m.current_term, voters)
             };
             let is_voter = voters.iter().any(|(id, _)| *id == self.me);
-            if pre_vote::check(self.heard_lately(), state, is_voter) == Check::Wait {
+            let mine = self.current(&self.lock_candidacy());
+            if pre_vote::check(self.heard_lately(), state, is_voter, mine) == Check::Wait
+                || !self.begin_asking()
+            {
                 continue;
             }
             let req = PreVoteRequest {
@@ -232,27 +289,58 @@ impl Election {
                 won,
                 "pre-vote: no leader heard within the lease"
             );
-            if !self.stands(won, asked_with) {
+            let Some(deciding) = self.decide(won, asked_with).await else {
                 if won {
                     tracing::info!(
                         term,
-                        "pre-vote won, but this node voted or heard from a leader meanwhile"
+                        "pre-vote won, but this node voted, heard from a leader or gave way \
+                         to a higher candidate meanwhile"
                     );
                 }
                 continue;
-            }
-            if let Err(e) = raft.trigger().elect().await {
+            };
+            // Sent while `deciding` is held: a vote request answered after
+            // this decision reaches openraft after the election began.
+            let elected = raft.trigger().elect().await;
+            drop(deciding);
+            if let Err(e) = elected {
                 tracing::warn!(error = %e, "election not started");
                 return;
             }
         }
     }
 
+    /// Decides, once no vote request is being answered, whether this node
+    /// stands; if it does, returns `deciding` held, to be released once the
+    /// election is called.
+    async fn decide(
+        &self,
+        won: bool,
+        asked_with: Option<openraft::Vote<NodeId>>,
+    ) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        let deciding = self.deciding.lock().await;
+        self.stands(won, asked_with).then_some(deciding)
+    }
+
     /// Whether this node, having won (or lost) a pre-vote asked while it
     /// held `asked_with`, calls an election now
-    /// ([`pre_vote::stands_after_pre_vote`]).
+    /// ([`pre_vote::stands_after_pre_vote`]); ends the asking either way.
     fn stands(&self, won: bool, asked_with: Option<openraft::Vote<NodeId>>) -> bool {
-        pre_vote::stands_after_pre_vote(won, asked_with, self.log.vote(), self.heard_lately())
+        let mut candidacy = self.lock_candidacy();
+        let still_asking = candidacy.0 == Candidacy::Asking;
+        let stands = pre_vote::stands_after_pre_vote(
+            won,
+            still_asking,
+            asked_with,
+            self.log.vote(),
+            self.heard_lately(),
+        );
+        if stands {
+            *candidacy = (Candidacy::Stood, Instant::now());
+        } else if still_asking {
+            *candidacy = (Candidacy::Idle, Instant::now());
+        }
+        stands
     }
 
     /// How many other voters grant `req`, counted until, with this node's
@@ -357,6 +445,7 @@ mod tests {
         })
         .await;
         let voters = vec![(1, String::new()), (2, granting_while_voting)];
+        assert!(e.begin_asking());
         let asked_with = e.log.vote();
         let granted = e.ask(&voters, &req).await;
         assert!(pre_vote::is_majority(1 + granted, voters.len()), "won");
@@ -367,9 +456,87 @@ mod tests {
         );
 
         // Asked again while holding that vote, and nothing changes: it stands.
+        assert!(e.begin_asking());
         let asked_with = e.log.vote();
-        assert!(e.stands(true, asked_with));
         assert!(!e.stands(false, asked_with), "a lost pre-vote never stands");
+        assert!(e.begin_asking());
+        assert!(e.stands(true, asked_with));
+        assert!(
+            !e.begin_asking(),
+            "having stood, it does not ask again at once"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_vote_being_granted_during_a_pre_vote_is_seen_by_the_decision_to_stand() {
+        // The race of a five-node start: node 4 granted node 3's vote
+        // while its own pre-vote was out; openraft had set the vote before
+        // node 4 asked, and the grant was recorded after node 4 decided, so
+        // node 4 stood with a higher term and deposed node 3.
+        let (e, _dir) = election(200, 400);
+        let e = Arc::new(e);
+        assert!(e.begin_asking());
+        let asked_with = e.log.vote();
+        let voting = e.voting().await;
+        let deciding = tokio::spawn({
+            let e = Arc::clone(&e);
+            async move { e.decide(true, asked_with).await.is_some() }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !deciding.is_finished(),
+            "decided while a vote was being answered"
+        );
+        // The vote is granted: the node heard from a would-be leader.
+        e.heard_from_leader();
+        drop(voting);
+        assert!(!deciding.await.unwrap(), "stood after granting a vote");
+    }
+
+    #[test]
+    fn a_pre_vote_grant_is_one_at_a_time_for_a_lease() {
+        use openraft::ServerState::Follower;
+        let (e, _dir) = election(20, 40);
+        let req = |candidate| PreVoteRequest {
+            candidate,
+            last_log_id: None,
+        };
+        assert!(e.answer_in(Follower, &req(2)).granted);
+        assert!(
+            e.answer_in(Follower, &req(2)).granted,
+            "the same candidate again"
+        );
+        assert!(!e.answer_in(Follower, &req(3)).granted, "another candidate");
+        assert!(!e.begin_asking(), "promised: it does not ask");
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(
+            e.answer_in(Follower, &req(3)).granted,
+            "the promise ran out"
+        );
+    }
+
+    #[test]
+    fn an_asking_node_gives_its_grant_only_to_a_higher_candidate_and_then_does_not_stand() {
+        use openraft::ServerState::Follower;
+        let (e, _dir) = election(200, 400);
+        assert!(e.begin_asking());
+        let lower = PreVoteRequest {
+            candidate: 0,
+            last_log_id: None,
+        };
+        let higher = PreVoteRequest {
+            candidate: 2,
+            last_log_id: None,
+        };
+        assert!(
+            !e.answer_in(Follower, &lower).granted,
+            "keeps its own grant"
+        );
+        assert!(e.stands(true, None), "still its own");
+        let (e, _dir) = election(200, 400);
+        assert!(e.begin_asking());
+        assert!(e.answer_in(Follower, &higher).granted, "gives way upwards");
+        assert!(!e.stands(true, None), "its grant went to node 2");
     }
 
     /// Node 1 asks, with an empty log.
