@@ -243,9 +243,10 @@ impl Election {
 
     /// Checks at random intervals (a tenth to a fifth of the election
     /// timeout, or half of `--election-check-ms` to it) whether this node
-    /// should stand, until `stop`: a voter that is not the leader and has
-    /// not heard from one within the lease asks the other voters, and calls
-    /// an election when a majority would vote for it.
+    /// should stand, until `stop`: a voter that is not the leader, has not
+    /// heard from one within the lease and has not promised its pre-vote to
+    /// another candidate asks the other voters, and calls an election when
+    /// a majority would vote for it.
     pub async fn run(&self, raft: Raft, stop: CancellationToken) {
         let mut round = 0u64;
         loop {
