@@ -189,7 +189,7 @@ impl Election {
                 mine,
             );
             let granted = answer.granted && self.repair.may_vote();
-            if granted && answer.promised {
+            if granted && answer.promises {
                 *candidacy = (Candidacy::Promised(req.candidate), Instant::now());
             }
             granted
@@ -204,21 +204,26 @@ impl Election {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The candidacy held, a promise or a stand older than a lease being
-    /// over.
+    /// The candidacy held: a promise or a stand lasts a lease, and a
+    /// promise then lapses for another.
     fn current(&self, held: &(Candidacy, Instant)) -> Candidacy {
-        match held {
-            (Candidacy::Promised(_) | Candidacy::Stood, since) if since.elapsed() >= self.lease => {
-                Candidacy::Idle
-            }
-            (mine, _) => *mine,
+        let (mine, since) = *held;
+        let age = since.elapsed();
+        match mine {
+            Candidacy::Promised(_) if age >= self.lease.saturating_mul(2) => Candidacy::Idle,
+            Candidacy::Promised(to) if age >= self.lease => Candidacy::Lapsed(to),
+            Candidacy::Stood if age >= self.lease => Candidacy::Idle,
+            mine => mine,
         }
     }
 
     /// Marks this node's own pre-vote out, if it is free to ask.
     fn begin_asking(&self) -> bool {
         let mut candidacy = self.lock_candidacy();
-        if self.current(&candidacy) != Candidacy::Idle {
+        if !matches!(
+            self.current(&candidacy),
+            Candidacy::Idle | Candidacy::Lapsed(_)
+        ) {
             return false;
         }
         *candidacy = (Candidacy::Asking, Instant::now());
@@ -328,7 +333,13 @@ impl Election {
     /// ([`pre_vote::stands_after_pre_vote`]); ends the asking either way.
     fn stands(&self, won: bool, asked_with: Option<openraft::Vote<NodeId>>) -> bool {
         let mut candidacy = self.lock_candidacy();
-        let still_asking = candidacy.0 == Candidacy::Asking;
+        // The grants counted are promised for a lease from when they were
+        // given, after the ask began: a decision later than that (a vote
+        // answered meanwhile waited on a slow disk) could meet them
+        // promised to another.
+        let fresh = self.lease.saturating_sub(self.ask_within / 2);
+        let asking = candidacy.0 == Candidacy::Asking;
+        let still_asking = asking && candidacy.1.elapsed() < fresh;
         let stands = pre_vote::stands_after_pre_vote(
             won,
             still_asking,
@@ -338,7 +349,7 @@ impl Election {
         );
         if stands {
             *candidacy = (Candidacy::Stood, Instant::now());
-        } else if still_asking {
+        } else if asking {
             *candidacy = (Candidacy::Idle, Instant::now());
         }
         stands
@@ -514,6 +525,56 @@ mod tests {
             e.answer_in(Follower, &req(3)).granted,
             "the promise ran out"
         );
+    }
+
+    #[test]
+    fn a_candidate_that_cannot_win_does_not_hold_its_voters_by_asking_again() {
+        // Five voters, the leader gone: node 2's log is shorter than nodes
+        // 4 and 5's, as long as this node's. Node 2 asks every check and
+        // loses every time (4 and 5 refuse it); were each grant a new
+        // promise, this node would stay promised to it and nodes 4 and 5
+        // could never win either.
+        use openraft::ServerState::Follower;
+        // A promise lasts the lease, 200 ms, and lapses for as long again.
+        let (e, _dir) = election(100, 200);
+        let req = |candidate| PreVoteRequest {
+            candidate,
+            last_log_id: None,
+        };
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(120) {
+            assert!(e.answer_in(Follower, &req(2)).granted, "node 2, promised");
+            assert!(
+                !e.answer_in(Follower, &req(4)).granted,
+                "promised to node 2"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(220).saturating_sub(started.elapsed()));
+        assert!(
+            !e.answer_in(Follower, &req(2)).granted,
+            "asking again did not lengthen the promise, and it lapsed for node 2"
+        );
+        assert!(e.answer_in(Follower, &req(4)).granted, "node 4 may win now");
+        assert!(
+            !e.answer_in(Follower, &req(2)).granted,
+            "promised to node 4"
+        );
+    }
+
+    #[test]
+    fn a_decision_later_than_its_grants_promises_does_not_stand_and_asks_again() {
+        // The lease is 40 ms, the shortest election timeout 20: grants
+        // counted more than 30 ms ago may be promised to another by now.
+        let (e, _dir) = election(20, 40);
+        assert!(e.begin_asking());
+        std::thread::sleep(Duration::from_millis(35));
+        assert!(
+            !e.stands(true, None),
+            "stood on grants that may have lapsed"
+        );
+        assert!(e.begin_asking(), "free to ask again");
+        assert!(e.stands(true, None));
     }
 
     #[test]

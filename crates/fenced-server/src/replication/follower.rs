@@ -124,9 +124,10 @@ impl RaftPeer {
             RaftCall::Vote => {
                 let req: openraft::raft::VoteRequest<NodeId> = decode_call(call, body)?;
                 self.admit(call, from, req.vote.leader_id().voted_for())?;
-                let _gate = floor.gate.write().await;
-                // A decision to stand waits for this answer (election.rs).
+                // A decision to stand waits for this answer (election.rs),
+                // also while it waits for the appends ahead of it.
                 let _voting = self.election.voting().await;
+                let _gate = floor.gate.write().await;
                 let resp = raft.vote(req).await;
                 if stream::after_vote(&resp) {
                     self.election.heard_from_leader();

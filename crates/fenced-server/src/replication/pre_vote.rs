@@ -42,18 +42,26 @@ pub enum Candidacy {
     /// It granted this candidate's pre-vote lately: it grants no other and
     /// does not stand itself until the promise ends.
     Promised(NodeId),
+    /// Its promise to this candidate ended: for as long again it grants
+    /// anyone but that candidate, so that one which cannot win (a shorter
+    /// log than a majority's, a partition) does not hold its voters by
+    /// asking again and again. (Had the candidate been elected, this node
+    /// would hear from it and grant no one anyway.)
+    Lapsed(NodeId),
     /// Its own pre-vote is out: it has granted itself.
     Asking,
     /// It won its pre-vote and stood lately: it grants no one.
     Stood,
 }
 
-/// A voter's answer, and whether it promised the candidate.
+/// A voter's answer, and whether it makes a new promise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Answer {
     pub granted: bool,
-    /// This node is now [`Candidacy::Promised`] to the candidate.
-    pub promised: bool,
+    /// This node is now [`Candidacy::Promised`] to the candidate, from now
+    /// on; a grant to the candidate it is promised to already keeps the
+    /// promise's start, so asking again does not lengthen it.
+    pub promises: bool,
 }
 
 /// Whether candidate `req` ranks above a node `me` whose log ends at
@@ -85,17 +93,20 @@ pub fn answer(
 ) -> Answer {
     let leader = state == ServerState::Leader;
     let would = grants_pre_vote(leader || heard_lately, req.last_log_id, my_last);
-    let granted = would
-        && match mine {
-            Candidacy::Idle => true,
-            Candidacy::Promised(to) => to == req.candidate,
-            Candidacy::Asking => ranks_above(req, me, my_last),
-            Candidacy::Stood => false,
-        };
-    Answer {
-        granted,
-        promised: granted,
-    }
+    let (granted, promises) = match mine {
+        Candidacy::Idle => (would, would),
+        Candidacy::Promised(to) => (would && to == req.candidate, false),
+        Candidacy::Lapsed(to) => {
+            let granted = would && to != req.candidate;
+            (granted, granted)
+        }
+        Candidacy::Asking => {
+            let granted = would && ranks_above(req, me, my_last);
+            (granted, granted)
+        }
+        Candidacy::Stood => (false, false),
+    };
+    Answer { granted, promises }
 }
 
 /// Whether `granted` answers, this node's own included, make a majority of
@@ -121,7 +132,7 @@ pub fn check(heard_lately: bool, state: ServerState, is_voter: bool, mine: Candi
     if heard_lately
         || matches!(state, ServerState::Leader | ServerState::Shutdown)
         || !is_voter
-        || mine != Candidacy::Idle
+        || !matches!(mine, Candidacy::Idle | Candidacy::Lapsed(_))
     {
         Check::Wait
     } else {
@@ -246,6 +257,8 @@ mod tests {
         for mine in [Candidacy::Promised(2), Candidacy::Stood, Candidacy::Asking] {
             assert_eq!(check(false, Follower, true, mine), Check::Wait, "{mine:?}");
         }
+        let lapsed = Candidacy::Lapsed(2);
+        assert_eq!(check(false, Follower, true, lapsed), Check::AskVoters);
     }
 
     #[test]
@@ -309,16 +322,29 @@ mod tests {
         let at = |mine, candidate| answer(3, Follower, false, &req(candidate), id(2, 10), mine);
         let yes = Answer {
             granted: true,
-            promised: true,
+            promises: true,
         };
         let no = Answer {
             granted: false,
-            promised: false,
+            promises: false,
         };
         assert_eq!(at(Candidacy::Idle, 2), yes, "idle: a lower one");
         assert_eq!(at(Candidacy::Idle, 4), yes, "idle: a higher one");
-        assert_eq!(at(Candidacy::Promised(4), 4), yes, "the same one again");
+        assert_eq!(
+            at(Candidacy::Promised(4), 4),
+            Answer {
+                granted: true,
+                promises: false
+            },
+            "the same one again, the promise not lengthened"
+        );
         assert_eq!(at(Candidacy::Promised(4), 5), no, "promised to another");
+        assert_eq!(
+            at(Candidacy::Lapsed(4), 4),
+            no,
+            "the one whose promise lapsed"
+        );
+        assert_eq!(at(Candidacy::Lapsed(4), 5), yes, "lapsed: anyone else");
         assert_eq!(at(Candidacy::Asking, 4), yes, "asking: gives way upwards");
         assert_eq!(at(Candidacy::Asking, 2), no, "asking: keeps its own grant");
         assert_eq!(at(Candidacy::Stood, 5), no, "stood: voted for itself");
@@ -400,7 +426,7 @@ mod tests {
                     };
                     let t = to as usize;
                     let a = answer(to, ServerState::Follower, false, &req, None, mine[t]);
-                    if a.promised {
+                    if a.promises {
                         mine[t] = Candidacy::Promised(from);
                     }
                     in_flight.push(Msg::Reply {
