@@ -217,13 +217,13 @@ impl Election {
         }
     }
 
-    /// Marks this node's own pre-vote out, if it is free to ask.
-    fn begin_asking(&self) -> bool {
+    /// Marks this node's own pre-vote out if [`pre_vote::check`] says a
+    /// node in `state`, voter or not, asks now; the candidacy is read and
+    /// set under one lock, so no promise comes in between.
+    fn begin_asking(&self, state: openraft::ServerState, is_voter: bool) -> bool {
         let mut candidacy = self.lock_candidacy();
-        if !matches!(
-            self.current(&candidacy),
-            Candidacy::Idle | Candidacy::Lapsed(_)
-        ) {
+        let mine = self.current(&candidacy);
+        if pre_vote::check(self.heard_lately(), state, is_voter, mine) == Check::Wait {
             return false;
         }
         *candidacy = (Candidacy::Asking, Instant::now());
@@ -275,10 +275,7 @@ impl Election {
                 (m.state, m.current_term, voters)
             };
             let is_voter = voters.iter().any(|(id, _)| *id == self.me);
-            let mine = self.current(&self.lock_candidacy());
-            if pre_vote::check(self.heard_lately(), state, is_voter, mine) == Check::Wait
-                || !self.begin_asking()
-            {
+            if !self.begin_asking(state, is_voter) {
                 continue;
             }
             let req = PreVoteRequest {
@@ -397,6 +394,8 @@ impl Election {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+    use openraft::ServerState::Follower;
+
     use super::*;
 
     /// A voter at a local port that answers every pre-vote with `granted`,
@@ -416,7 +415,7 @@ mod tests {
     async fn a_pre_vote_does_not_wait_for_a_silent_voter_once_it_has_a_majority() {
         // Answers count as refusals after the shortest election timeout, 2 s.
         let (e, _dir) = election(2_000, 4_000);
-        let req = pre_vote_of_node_1();
+        let req = pre_vote_of(1);
         let granting = voter(Some(true)).await;
         let refusing = voter(Some(false)).await;
         let silent = voter(None).await;
@@ -443,7 +442,7 @@ mod tests {
         use openraft::{storage::RaftLogStorage, Vote};
 
         let (e, _dir) = election(4_000, 8_000);
-        let req = pre_vote_of_node_1();
+        let req = pre_vote_of(1);
         // Voter 2 grants the pre-vote; before its answer arrives, node 3's
         // vote request (its own pre-vote won at the same moment) has reached
         // this node and been granted: the vote this node holds is node 3's.
@@ -457,7 +456,7 @@ mod tests {
         })
         .await;
         let voters = vec![(1, String::new()), (2, granting_while_voting)];
-        assert!(e.begin_asking());
+        assert!(e.begin_asking(Follower, true));
         let asked_with = e.log.vote();
         let granted = e.ask(&voters, &req).await;
         assert!(pre_vote::is_majority(1 + granted, voters.len()), "won");
@@ -468,13 +467,13 @@ mod tests {
         );
 
         // Asked again while holding that vote, and nothing changes: it stands.
-        assert!(e.begin_asking());
+        assert!(e.begin_asking(Follower, true));
         let asked_with = e.log.vote();
         assert!(!e.stands(false, asked_with), "a lost pre-vote never stands");
-        assert!(e.begin_asking());
+        assert!(e.begin_asking(Follower, true));
         assert!(e.stands(true, asked_with));
         assert!(
-            !e.begin_asking(),
+            !e.begin_asking(Follower, true),
             "having stood, it does not ask again at once"
         );
     }
@@ -487,7 +486,7 @@ mod tests {
         // node 4 stood with a higher term and deposed node 3.
         let (e, _dir) = election(200, 400);
         let e = Arc::new(e);
-        assert!(e.begin_asking());
+        assert!(e.begin_asking(Follower, true));
         let asked_with = e.log.vote();
         let voting = e.voting().await;
         let deciding = tokio::spawn({
@@ -507,19 +506,15 @@ mod tests {
 
     #[test]
     fn a_pre_vote_grant_is_one_at_a_time_for_a_lease() {
-        use openraft::ServerState::Follower;
         let (e, _dir) = election(20, 40);
-        let req = |candidate| PreVoteRequest {
-            candidate,
-            last_log_id: None,
-        };
+        let req = pre_vote_of;
         assert!(e.answer_in(Follower, &req(2)).granted);
         assert!(
             e.answer_in(Follower, &req(2)).granted,
             "the same candidate again"
         );
         assert!(!e.answer_in(Follower, &req(3)).granted, "another candidate");
-        assert!(!e.begin_asking(), "promised: it does not ask");
+        assert!(!e.begin_asking(Follower, true), "promised: it does not ask");
         std::thread::sleep(Duration::from_millis(60));
         assert!(
             e.answer_in(Follower, &req(3)).granted,
@@ -534,13 +529,9 @@ mod tests {
         // loses every time (4 and 5 refuse it); were each grant a new
         // promise, this node would stay promised to it and nodes 4 and 5
         // could never win either.
-        use openraft::ServerState::Follower;
         // A promise lasts the lease, 200 ms, and lapses for as long again.
         let (e, _dir) = election(100, 200);
-        let req = |candidate| PreVoteRequest {
-            candidate,
-            last_log_id: None,
-        };
+        let req = pre_vote_of;
         let started = std::time::Instant::now();
         while started.elapsed() < Duration::from_millis(120) {
             assert!(e.answer_in(Follower, &req(2)).granted, "node 2, promised");
@@ -567,44 +558,36 @@ mod tests {
         // The lease is 40 ms, the shortest election timeout 20: grants
         // counted more than 30 ms ago may be promised to another by now.
         let (e, _dir) = election(20, 40);
-        assert!(e.begin_asking());
+        assert!(e.begin_asking(Follower, true));
         std::thread::sleep(Duration::from_millis(35));
         assert!(
             !e.stands(true, None),
             "stood on grants that may have lapsed"
         );
-        assert!(e.begin_asking(), "free to ask again");
+        assert!(e.begin_asking(Follower, true), "free to ask again");
         assert!(e.stands(true, None));
     }
 
     #[test]
     fn an_asking_node_gives_its_grant_only_to_a_higher_candidate_and_then_does_not_stand() {
-        use openraft::ServerState::Follower;
         let (e, _dir) = election(200, 400);
-        assert!(e.begin_asking());
-        let lower = PreVoteRequest {
-            candidate: 0,
-            last_log_id: None,
-        };
-        let higher = PreVoteRequest {
-            candidate: 2,
-            last_log_id: None,
-        };
+        assert!(e.begin_asking(Follower, true));
+        let (lower, higher) = (pre_vote_of(0), pre_vote_of(2));
         assert!(
             !e.answer_in(Follower, &lower).granted,
             "keeps its own grant"
         );
         assert!(e.stands(true, None), "still its own");
         let (e, _dir) = election(200, 400);
-        assert!(e.begin_asking());
+        assert!(e.begin_asking(Follower, true));
         assert!(e.answer_in(Follower, &higher).granted, "gives way upwards");
         assert!(!e.stands(true, None), "its grant went to node 2");
     }
 
-    /// Node 1 asks, with an empty log.
-    fn pre_vote_of_node_1() -> PreVoteRequest {
+    /// `candidate` asks, with an empty log.
+    fn pre_vote_of(candidate: NodeId) -> PreVoteRequest {
         PreVoteRequest {
-            candidate: 1,
+            candidate,
             last_log_id: None,
         }
     }
