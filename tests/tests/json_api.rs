@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fenced_client::Client;
-use fenced_tests::{tls_connect, tls_connect_offering, write_auth_files, Cluster};
+use fenced_tests::{
+    free_port, http_get, tls_connect, tls_connect_offering, write_auth_files, Cluster,
+};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
@@ -108,6 +110,22 @@ fn owner() -> String {
 
 fn acquire_body(resource: &str, owner_id: &str) -> Value {
     json!({ "resource": b64(resource.as_bytes()), "ownerId": owner_id, "ttlMs": "30000" })
+}
+
+/// Tokens and a policy in `dir`: `reader-token` may read `billing/`,
+/// `worker-token` may also lock it, `ops-token` is an admin.
+fn billing_auth_files(dir: &std::path::Path) -> (String, String) {
+    write_auth_files(
+        dir,
+        &[
+            ("reader", "reader-token", "billing-reader"),
+            ("worker", "worker-token", "billing-worker"),
+            ("ops", "ops-token", "ops"),
+        ],
+        "[roles.billing-reader]\nread = [\"billing/\"]\n\
+         [roles.billing-worker]\nlock = [\"billing/\"]\nread = [\"billing/\"]\n\
+         [roles.ops]\nadmin = true\n",
+    )
 }
 
 #[test]
@@ -243,6 +261,73 @@ async fn every_listed_call_is_routed() {
     assert!(none.body.contains("/v1/openapi.json"), "{none:?}");
 }
 
+/// The per-call metrics count a JSON call under the method it called, with
+/// the code it answered: refusals were counted as `unknown` and OK, so an
+/// operator whose workers speak JSON saw neither their calls nor the
+/// PERMISSION_DENIED of someone probing with a read-only token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_calls_are_counted_under_their_method_with_their_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tokens, policy) = billing_auth_files(dir.path());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let cluster = Cluster::start_with(1, |s| {
+        s.auth_tokens = Some(tokens.as_str().into());
+        s.auth_policy = Some(policy.as_str().into());
+        s.metrics_listen = Some(metrics.clone());
+    })
+    .await;
+    let addr = cluster.nodes()[0].client_addr();
+    // An acquire as `bearer`, each with an owner of its own.
+    let acquire_as = |bearer: Option<&'static str>| {
+        let (addr, body) = (addr.clone(), acquire_body("billing/metrics", &owner()));
+        async move { post(&addr, "/v1/lock/acquire", bearer, &body).await }
+    };
+
+    let granted = acquire_as(Some("worker-token")).await;
+    assert_eq!(granted.status, 200, "{granted:?}");
+    for _ in 0..2 {
+        let refused = acquire_as(Some("reader-token")).await;
+        assert_eq!(refused.status, 403, "{refused:?}");
+    }
+    let anonymous = acquire_as(None).await;
+    assert_eq!(anonymous.status, 401, "{anonymous:?}");
+    let get = send(&addr, "GET", "/v1/lock/acquire", &[], "").await;
+    assert_eq!(get.status, 405, "{get:?}");
+    let none = send(&addr, "POST", "/v1/lock/steal", &[], "").await;
+    assert_eq!(none.status, 404, "{none:?}");
+
+    let (status, exposition) = http_get(&metrics, "/metrics").await;
+    assert_eq!(status, 200, "{exposition}");
+    fenced_server::observe::exposition::check(&exposition)
+        .unwrap_or_else(|e| panic!("{e}\n{exposition}"));
+    let acquire = "port=\"client\",method=\"fenced.v1.Lock/Acquire\"";
+    for (code, n) in [
+        ("OK", 1),
+        ("PERMISSION_DENIED", 2),
+        ("UNAUTHENTICATED", 1),
+        ("UNIMPLEMENTED", 1),
+    ] {
+        let line = format!("fenced_rpc_requests_total{{{acquire},code=\"{code}\"}} {n}\n");
+        assert!(exposition.contains(&line), "{line}{exposition}");
+    }
+    assert!(
+        exposition.contains(&format!(
+            "fenced_rpc_duration_seconds_count{{{acquire}}} 5\n"
+        )),
+        "{exposition}"
+    );
+    assert!(
+        exposition.contains(
+            "fenced_rpc_requests_total{port=\"client\",method=\"unknown\",code=\"NOT_FOUND\"} 1\n"
+        ),
+        "{exposition}"
+    );
+    assert!(
+        !exposition.contains("method=\"unknown\",code=\"OK\""),
+        "no JSON call is an unknown OK: {exposition}"
+    );
+}
+
 /// Watch answers server-sent events: the start, then each event as JSON
 /// with its wall time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,17 +400,7 @@ async fn watch_streams_server_sent_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_auth_on_json_callers_get_exactly_their_permissions() {
     let dir = tempfile::tempdir().unwrap();
-    let (tokens, policy) = write_auth_files(
-        dir.path(),
-        &[
-            ("reader", "reader-token", "billing-reader"),
-            ("worker", "worker-token", "billing-worker"),
-            ("ops", "ops-token", "ops"),
-        ],
-        "[roles.billing-reader]\nread = [\"billing/\"]\n\
-         [roles.billing-worker]\nlock = [\"billing/\"]\nread = [\"billing/\"]\n\
-         [roles.ops]\nadmin = true\n",
-    );
+    let (tokens, policy) = billing_auth_files(dir.path());
     let cluster = Cluster::start_with(3, |s| {
         s.auth_tokens = Some(tokens.as_str().into());
         s.auth_policy = Some(policy.as_str().into());

@@ -5,7 +5,9 @@
 //! The code is read from the response headers: a unary call that fails is
 //! answered "trailers only", with `grpc-status` in the headers; a response
 //! without one carries its status in the trailers, which for the unary calls
-//! here means OK. A server stream is timed to its first headers.
+//! here means OK. A server stream is timed to its first headers. A call of
+//! the HTTP/JSON API has no gRPC framing: its answer carries [`Answered`]
+//! in its extensions instead, the method it called and the code it answered.
 
 use std::{
     collections::BTreeMap,
@@ -60,9 +62,44 @@ pub struct RpcMetrics {
 /// The label a call to `path` is counted under: its method's name when a
 /// service routes it, else [`UNKNOWN`]. Never text from the caller.
 fn routed(path: &str) -> &'static str {
-    let Some(method) = path.strip_prefix('/') else {
-        return UNKNOWN;
-    };
+    path.strip_prefix('/').map_or(UNKNOWN, routed_method)
+}
+
+/// What a service that is not gRPC (the HTTP/JSON API) answered, put in
+/// its response's extensions for this layer: the method it called, if the
+/// path named one, and the gRPC code of its answer. The method still passes
+/// [`routed_method`], so only the services' methods become labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answered {
+    pub method: Option<&'static str>,
+    pub code: tonic::Code,
+}
+
+/// The label and code of a response: [`Answered`] when the service put one
+/// in its extensions, else the path's method and the `grpc-status` header
+/// (none: OK, in the trailers).
+fn label_and_code<RB>(
+    path_label: &'static str,
+    resp: &http::Response<RB>,
+) -> (&'static str, usize) {
+    if let Some(answered) = resp.extensions().get::<Answered>() {
+        return (
+            answered.method.map_or(UNKNOWN, routed_method),
+            answered.code as usize,
+        );
+    }
+    let code = resp
+        .headers()
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    (path_label, code)
+}
+
+/// `method` (`package.Service/Method`) when a service routes it, else
+/// [`UNKNOWN`].
+fn routed_method(method: &str) -> &'static str {
     fenced_proto::METHODS
         .binary_search(&method)
         .ok()
@@ -72,13 +109,28 @@ fn routed(path: &str) -> &'static str {
 }
 
 impl RpcMetrics {
+    #[cfg(test)]
     fn stats(&self, port: Port, path: &str) -> Arc<MethodStats> {
+        self.series_of(port, routed(path))
+    }
+
+    /// The series of a label from [`routed`] or [`routed_method`].
+    fn series_of(&self, port: Port, label: &'static str) -> Arc<MethodStats> {
         let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
         Arc::clone(
             series
-                .entry((port.name(), routed(path)))
+                .entry((port.name(), label))
                 .or_insert_with(|| Arc::new(MethodStats::new())),
         )
+    }
+
+    /// Counts one answered call: its code, and how long it took.
+    fn count(&self, port: Port, label: &'static str, code: usize, took: std::time::Duration) {
+        let stats = self.series_of(port, label);
+        if let Some(n) = stats.codes.get(code.min(CODES - 1)) {
+            n.fetch_add(1, Relaxed);
+        }
+        stats.latency.observe_duration(took);
     }
 
     /// Appends `fenced_rpc_requests_total` and `fenced_rpc_duration_seconds`.
@@ -92,7 +144,7 @@ impl RpcMetrics {
             .collect();
         let _ = writeln!(
             out,
-            "# HELP fenced_rpc_requests_total gRPC calls answered, by port, method and status code.\n\
+            "# HELP fenced_rpc_requests_total Calls answered (gRPC, and HTTP/JSON under the method it calls), by port, method and status code.\n\
              # TYPE fenced_rpc_requests_total counter"
         );
         for ((port, method), stats) in &series {
@@ -110,7 +162,7 @@ impl RpcMetrics {
         }
         let _ = writeln!(
             out,
-            "# HELP fenced_rpc_duration_seconds Time from a gRPC call's arrival to its response headers, by port and method.\n\
+            "# HELP fenced_rpc_duration_seconds Time from a call's arrival to its response headers, by port and method.\n\
              # TYPE fenced_rpc_duration_seconds histogram"
         );
         for ((port, method), stats) in &series {
@@ -194,25 +246,18 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let stats = self.metrics.stats(self.port, req.uri().path());
+        let (metrics, port) = (Arc::clone(&self.metrics), self.port);
+        let path_label = routed(req.uri().path());
         let started = Instant::now();
         let call = self.inner.call(req);
         Box::pin(async move {
             let res = call.await;
-            let code = match &res {
-                Ok(resp) => resp
-                    .headers()
-                    .get("grpc-status")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .unwrap_or(0),
+            let (label, code) = match &res {
+                Ok(resp) => label_and_code(path_label, resp),
                 // The transport failed the call: UNKNOWN.
-                Err(_) => 2,
+                Err(_) => (path_label, 2),
             };
-            if let Some(n) = stats.codes.get(code.min(CODES - 1)) {
-                n.fetch_add(1, Relaxed);
-            }
-            stats.latency.observe_duration(started.elapsed());
+            metrics.count(port, label, code, started.elapsed());
             res
         })
     }
@@ -331,5 +376,95 @@ mod tests {
         assert!(out.contains(
             "fenced_rpc_duration_seconds_count{port=\"client\",method=\"fenced.v1.Lock/Acquire\"} 1\n"
         ), "{out}");
+    }
+
+    fn answer(answered: Option<Answered>, grpc_status: Option<&'static str>) -> http::Response<()> {
+        let mut resp = http::Response::new(());
+        if let Some(a) = answered {
+            resp.extensions_mut().insert(a);
+        }
+        if let Some(code) = grpc_status {
+            resp.headers_mut()
+                .insert("grpc-status", http::HeaderValue::from_static(code));
+        }
+        resp
+    }
+
+    /// A JSON call is counted under the method it called with the code it
+    /// answered; before, every one was `unknown` and OK, refusals included.
+    #[test]
+    fn a_json_answer_is_counted_under_its_method_with_its_code() {
+        let refused = Answered {
+            method: Some("fenced.v1.Lock/Acquire"),
+            code: tonic::Code::PermissionDenied,
+        };
+        assert_eq!(
+            label_and_code(UNKNOWN, &answer(Some(refused), None)),
+            ("fenced.v1.Lock/Acquire", 7)
+        );
+        let no_call = Answered {
+            method: None,
+            code: tonic::Code::NotFound,
+        };
+        assert_eq!(
+            label_and_code(UNKNOWN, &answer(Some(no_call), None)),
+            (UNKNOWN, 5)
+        );
+        // A gRPC answer: the path's label, the header's code, OK without one.
+        let path = routed("/fenced.v1.Lock/Release");
+        assert_eq!(label_and_code(path, &answer(None, Some("14"))), (path, 14));
+        assert_eq!(label_and_code(path, &answer(None, None)), (path, 0));
+    }
+
+    /// The extension's method passes the same list as a path: a method no
+    /// service has is `unknown`, never a label of its own.
+    #[test]
+    fn an_answered_method_outside_the_services_is_unknown() {
+        for method in ["fenced.v1.Lock/Invented", "fenced.v1.x\",port=\"peer", ""] {
+            let answered = Answered {
+                method: Some(method),
+                code: tonic::Code::Ok,
+            };
+            assert_eq!(
+                label_and_code(UNKNOWN, &answer(Some(answered), None)),
+                (UNKNOWN, 0),
+                "{method:?}"
+            );
+        }
+    }
+
+    /// Through the layer: the extension decides the series and the code, and
+    /// the exposition shows the refusal.
+    #[tokio::test]
+    async fn the_layer_counts_what_the_answer_says() {
+        #[derive(Clone)]
+        struct Fixed(Answered);
+        impl tower::Service<http::Request<()>> for Fixed {
+            type Response = http::Response<()>;
+            type Error = std::convert::Infallible;
+            type Future = std::future::Ready<Result<http::Response<()>, Self::Error>>;
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+                Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, _: http::Request<()>) -> Self::Future {
+                std::future::ready(Ok(answer(Some(self.0), None)))
+            }
+        }
+        use tower::{Layer, Service};
+        let metrics = Arc::new(RpcMetrics::default());
+        let mut svc =
+            RpcMetricsLayer::new(Arc::clone(&metrics), Port::Client).layer(Fixed(Answered {
+                method: Some("fenced.v1.Lock/Renew"),
+                code: tonic::Code::FailedPrecondition,
+            }));
+        let mut req = http::Request::new(());
+        *req.uri_mut() = http::Uri::from_static("/v1/lock/renew");
+        svc.call(req).await.unwrap();
+        let mut out = String::new();
+        metrics.render(&mut out);
+        assert!(out.contains(
+            "fenced_rpc_requests_total{port=\"client\",method=\"fenced.v1.Lock/Renew\",code=\"FAILED_PRECONDITION\"} 1\n"
+        ), "{out}");
+        assert!(!out.contains("method=\"unknown\""), "{out}");
     }
 }

@@ -31,7 +31,7 @@ use self::{
     request::Refusal,
 };
 use super::{ClusterService, KvService, LockService};
-use crate::security::auth::Auth;
+use crate::{counters::rpc_metrics::Answered, security::auth::Auth};
 
 /// What answers JSON calls on one node's client port.
 pub struct JsonApi {
@@ -102,6 +102,21 @@ impl JsonApi {
                 ),
             ));
         };
+        let mut answer = self.answer_call(call, parts, body).await;
+        // Counted under the method it called, whatever it answered.
+        if let Some(answered) = answer.extensions_mut().get_mut::<Answered>() {
+            answered.method = Some(call.method());
+        }
+        answer
+    }
+
+    /// The answer to a request at `call`'s path.
+    async fn answer_call(
+        &self,
+        call: Call,
+        parts: http::request::Parts,
+        body: Body,
+    ) -> http::Response<Body> {
         if parts.method != Method::POST {
             return only(Method::POST);
         }
@@ -125,7 +140,7 @@ impl JsonApi {
             return refusal_of(&status);
         }
         response(
-            StatusCode::OK,
+            (StatusCode::OK, Code::Ok),
             reply::json_headers(),
             Body::from(self.openapi.clone()),
         )
@@ -238,7 +253,7 @@ where
             Ok(json) => {
                 let mut headers = reply::json_headers();
                 reply::add_metadata(&mut headers, metadata);
-                response(StatusCode::OK, headers, Body::from(json))
+                response((StatusCode::OK, Code::Ok), headers, Body::from(json))
             }
             Err(e) => refusal_of(&Status::internal(format!("the answer did not encode: {e}"))),
         },
@@ -269,7 +284,7 @@ where
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         reply::add_metadata(&mut headers, metadata);
         response(
-            StatusCode::OK,
+            (StatusCode::OK, Code::Ok),
             headers,
             Body::from_stream(sse::events(messages)),
         )
@@ -277,10 +292,20 @@ where
     .await
 }
 
-fn response(status: StatusCode, headers: http::HeaderMap, body: Body) -> http::Response<Body> {
+/// An answer with its HTTP status, and the gRPC code it stands for in the
+/// node's per-call metrics ([`Answered`]; the method is set by
+/// [`JsonApi::answer`] once the path named one).
+fn response(
+    (status, code): (StatusCode, Code),
+    headers: http::HeaderMap,
+    body: Body,
+) -> http::Response<Body> {
     let mut response = http::Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
+    response
+        .extensions_mut()
+        .insert(Answered { method: None, code });
     response
 }
 
@@ -289,7 +314,7 @@ fn refusal_of(status: &Status) -> http::Response<Body> {
     let mut headers = reply::json_headers();
     reply::add_metadata(&mut headers, status.metadata().clone().into_headers());
     response(
-        reply::http_status(status.code()),
+        (reply::http_status(status.code()), status.code()),
         headers,
         Body::from(reply::error_body(status.code(), status.message())),
     )
@@ -298,7 +323,7 @@ fn refusal_of(status: &Status) -> http::Response<Body> {
 /// A refusal before any service saw the request.
 fn refused(refusal: Refusal) -> http::Response<Body> {
     response(
-        refusal.status,
+        (refusal.status, refusal.code),
         reply::json_headers(),
         Body::from(reply::error_body(refusal.code, &refusal.message)),
     )
